@@ -1,0 +1,179 @@
+"""Drafter checkpoints: load the three layouts users bring, save the SpecForge one.
+
+- SpecForge layout: `config.json` + `model.safetensors` (or shards with `model.safetensors.index.json`)
+  holding every tensor, the transfer codes (`transfer_codes`) and `transfer_ready` included.
+- Reference-release layout: the same, but the codes live in `transfer.safetensors` as `codes`.
+- DFlash checkpoint (architecture DFlashDraftModel): loaded as itself, or as a DSpine warm start whose
+  injection weights are zero (so it computes exactly what the DFlash drafter computes) and whose transfer
+  space is computed from the target's LM head.
+
+Loading is strict: a missing, unexpected or mis-shaped tensor, or unusable codes, raise
+`DrafterConfigError` naming the tensor and what was expected.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import DrafterConfig, DrafterConfigError, DSpineSettings
+from .model import DSpineDrafter
+from .transfer import check_codes, compute_transfer_space
+
+MODEL_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+TRANSFER_FILE = "transfer.safetensors"
+CODES_KEY = "transfer_codes"
+READY_KEY = "transfer_ready"
+
+
+def read_tensors(path: str) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory's model files (single file or shards)."""
+    single, index = os.path.join(path, MODEL_FILE), os.path.join(path, INDEX_FILE)
+    if os.path.isfile(single):
+        return load_file(single)
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        tensors: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            tensors.update(load_file(os.path.join(path, shard)))
+        return tensors
+    raise DrafterConfigError(f"checkpoint {path}: neither {MODEL_FILE} nor {INDEX_FILE} found")
+
+
+def _strip_prefix(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # Some exports nest the drafter under `model.`; only strip when every name carries it.
+    if tensors and all(k.startswith("model.") for k in tensors):
+        return {k[len("model."):]: v for k, v in tensors.items()}
+    return tensors
+
+
+def load_state_strict(
+    model: DSpineDrafter, tensors: dict[str, torch.Tensor], source: str, names: set[str] | None = None
+) -> None:
+    """Copy `tensors` into `model`, refusing missing, unexpected or mis-shaped names.
+
+    names: the subset of the model's tensors the checkpoint must hold exactly (default: all of them).
+    """
+    state = model.state_dict()
+    expected = {k: v for k, v in state.items() if names is None or k in names}
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing:
+        raise DrafterConfigError(f"checkpoint {source}: missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    if unexpected:
+        raise DrafterConfigError(
+            f"checkpoint {source}: unexpected tensors {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''} "
+            f"(not part of a {model.cfg.kind} drafter with this config)"
+        )
+    for name, ref in expected.items():
+        if tuple(tensors[name].shape) != tuple(ref.shape):
+            raise DrafterConfigError(
+                f"checkpoint {source}: tensor `{name}` expected shape {tuple(ref.shape)}, found {tuple(tensors[name].shape)}"
+            )
+    model.load_state_dict({k: tensors[k].to(ref.dtype) for k, ref in expected.items()}, strict=names is None)
+
+
+def check_dspine_transfer(model: DSpineDrafter, source: str) -> None:
+    cfg = model.cfg
+    check_codes(model.transfer_codes, cfg.vocab_size, cfg.dspine.transfer_rank)
+    if not bool(model.transfer_ready):
+        raise DrafterConfigError(f"checkpoint {source}: `transfer_ready` is false; the transfer codes were never set")
+
+
+def load_drafter(
+    path: str,
+    *,
+    as_dspine: bool = False,
+    target_head: torch.Tensor | None = None,
+    dspine_settings: DSpineSettings | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> DSpineDrafter:
+    """Load a drafter from `path`.
+
+    as_dspine: a DFlash checkpoint becomes a DSpine warm start (needs `target_head` [V, H] for the codes).
+    target_head, when given, is also checked against the drafter's vocabulary and width.
+    """
+    cfg = DrafterConfig.from_file(path)
+    if target_head is not None:
+        cfg.check_target(target_hidden_size=target_head.shape[1], target_vocab_size=target_head.shape[0])
+    tensors = _strip_prefix(read_tensors(path))
+    width = tensors.get("fc.weight")
+    if width is not None and width.shape[1] != len(cfg.target_layer_ids) * cfg.hidden_size:
+        raise DrafterConfigError(
+            f"checkpoint {path}: `fc.weight` width expected {len(cfg.target_layer_ids) * cfg.hidden_size} "
+            f"(len(target_layer_ids)={len(cfg.target_layer_ids)} × hidden_size={cfg.hidden_size}), "
+            f"found {width.shape[1]}"
+        )
+
+    if cfg.kind == "dflash" and as_dspine:
+        return warm_start_from_dflash(cfg, tensors, target_head, dspine_settings, path).to(device=device, dtype=dtype)
+
+    if cfg.is_dspine:
+        transfer_path = os.path.join(path, TRANSFER_FILE)
+        if CODES_KEY not in tensors and os.path.isfile(transfer_path):
+            # Reference-release layout: codes in their own file; their presence means they were computed.
+            side = load_file(transfer_path)
+            if "codes" not in side:
+                raise DrafterConfigError(f"checkpoint {transfer_path}: expected tensor `codes`, found {sorted(side)}")
+            tensors[CODES_KEY] = side["codes"]
+            tensors.setdefault(READY_KEY, torch.tensor(True))
+        if CODES_KEY not in tensors:
+            check_codes(None, cfg.vocab_size, cfg.dspine.transfer_rank)
+        if READY_KEY not in tensors:
+            raise DrafterConfigError(f"checkpoint {path}: missing tensor `{READY_KEY}`")
+    model = DSpineDrafter(cfg)
+    load_state_strict(model, tensors, path)
+    if cfg.is_dspine:
+        check_dspine_transfer(model, path)
+    return model.to(device=device, dtype=dtype)
+
+
+def warm_start_from_dflash(
+    cfg: DrafterConfig,
+    tensors: dict[str, torch.Tensor],
+    target_head: torch.Tensor | None,
+    settings: DSpineSettings | None,
+    source: str,
+) -> DSpineDrafter:
+    """A DSpine drafter on a trained DFlash backbone: zero writes, codes and readouts from the head.
+
+    The DFlash backbone was trained bidirectional inside the block; the DSpine drafter is causal, which is
+    the one behavioural change (DESIGN §1) and what the DSpine fine-tune adapts to.
+    """
+    if target_head is None:
+        raise DrafterConfigError("warm start from a DFlash checkpoint needs the target's LM head for the transfer codes")
+    dcfg = cfg.as_dspine(settings)
+    model = DSpineDrafter(dcfg)
+    backbone = {k for k in model.state_dict() if not k.startswith("injection.") and k not in (CODES_KEY, READY_KEY)}
+    load_state_strict(model, tensors, source, names=backbone)
+    init_dspine_transfer(model, target_head)
+    return model
+
+
+def init_dspine_transfer(model: DSpineDrafter, target_head: torch.Tensor) -> None:
+    """Compute the transfer space of a fresh DSpine drafter from the target head; R_l = Dᵀ."""
+    space = compute_transfer_space(target_head, model.cfg.dspine.transfer_rank)
+    with torch.no_grad():
+        model.transfer_codes.copy_(space.codes.to(model.transfer_codes.dtype))
+        model.transfer_ready.fill_(True)
+        model.injection.init_readouts(space.directions)
+
+
+def save_drafter(model: DSpineDrafter, path: str, layout: str = "specforge") -> None:
+    """Write `config.json` + `model.safetensors` (SpecForge layout). `layout="release"` moves the codes to
+    `transfer.safetensors` (`codes`), as the reference release does."""
+    if layout not in ("specforge", "release"):
+        raise ValueError(f"layout: expected 'specforge' or 'release', found {layout!r}")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(model.cfg.to_dict(), f, indent=2)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if layout == "release" and CODES_KEY in state:
+        save_file({"codes": state.pop(CODES_KEY).float()}, os.path.join(path, TRANSFER_FILE))
+        state.pop(READY_KEY, None)
+    save_file(state, os.path.join(path, MODEL_FILE))

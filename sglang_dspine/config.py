@@ -1,0 +1,261 @@
+"""Drafter configuration: parse and validate the `config.json` of a DSpine or DFlash drafter.
+
+The format is a Qwen3 config plus the DFlash fields (`block_size`, `num_target_layers`,
+`dflash_config {mask_token_id, target_layer_ids}`) and, for DSpine, `dspine_config` (DESIGN.md §1).
+Every inconsistency raises `DrafterConfigError` naming the field, what was expected and what was found.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+DSPINE_ARCH = "DSpineDraftModel"
+DFLASH_ARCH = "DFlashDraftModel"
+
+
+class DrafterConfigError(ValueError):
+    """A drafter config or checkpoint that cannot be used as it is."""
+
+
+@dataclass
+class DSpineSettings:
+    """`dspine_config`: the DSpine-only hyper-parameters (architecture and training objective)."""
+
+    transfer_rank: int = 1024
+    message_size: int = 512
+    top_k: int = 16
+    ce_weight: float = 0.1
+    alignment_weight: float = 0.1
+    alignment_warmup_steps: int = 1000
+    replacement_layers: int = 1
+    replacement_probability: float = 0.5
+    replacement_hold_ratio: float = 0.1
+    replacement_end_ratio: float = 0.5
+    candidate_mass_threshold: float = 0.5
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DSpineSettings":
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in known}
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class DrafterConfig:
+    """The fields the drafter needs, validated. `raw` keeps the whole json so saving loses nothing."""
+
+    kind: str  # "dspine" or "dflash"
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    block_size: int
+    is_causal: bool
+    num_target_layers: int
+    mask_token_id: int
+    target_layer_ids: list[int]
+    attention_bias: bool = False
+    dspine: DSpineSettings | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_dspine(self) -> bool:
+        return self.kind == "dspine"
+
+    # ---------------------------------------------------------------- parsing
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DrafterConfig":
+        d = copy.deepcopy(d)
+        archs = d.get("architectures") or []
+        if archs == [DSPINE_ARCH] or (DSPINE_ARCH in archs):
+            kind = "dspine"
+        elif DFLASH_ARCH in archs:
+            kind = "dflash"
+        else:
+            raise DrafterConfigError(
+                f"config.json architectures: expected [{DSPINE_ARCH!r}] or [{DFLASH_ARCH!r}], found {archs!r}"
+            )
+        if kind == "dspine" and "dspine_config" not in d:
+            raise DrafterConfigError("config.json: architecture DSpineDraftModel but no `dspine_config` field")
+
+        def need(key: str, where: dict[str, Any] = d, prefix: str = "") -> Any:
+            if key not in where or where[key] is None:
+                raise DrafterConfigError(f"config.json: missing required field `{prefix}{key}`")
+            return where[key]
+
+        hidden = int(need("hidden_size"))
+        heads = int(need("num_attention_heads"))
+        head_dim = int(d.get("head_dim") or hidden // heads)
+        rope_theta = _rope_theta(d)
+        dflash = need("dflash_config")
+        block_size = int(need("block_size"))
+        mask_token_id = int(need("mask_token_id", dflash, "dflash_config."))
+        target_layer_ids = [int(x) for x in need("target_layer_ids", dflash, "dflash_config.")]
+        # DSpine is causal inside the block; DFlash checkpoints are bidirectional (DESIGN §1).
+        is_causal = bool(d.get("is_causal", kind == "dspine"))
+        cfg = cls(
+            kind=kind,
+            hidden_size=hidden,
+            intermediate_size=int(need("intermediate_size")),
+            num_hidden_layers=int(need("num_hidden_layers")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=head_dim,
+            vocab_size=int(need("vocab_size")),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            block_size=block_size,
+            is_causal=is_causal,
+            num_target_layers=int(need("num_target_layers")),
+            mask_token_id=mask_token_id,
+            target_layer_ids=target_layer_ids,
+            attention_bias=bool(d.get("attention_bias", False)),
+            dspine=DSpineSettings.from_dict(d["dspine_config"]) if kind == "dspine" else None,
+            raw=d,
+        )
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_file(cls, path: str) -> "DrafterConfig":
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise DrafterConfigError(f"drafter config not found: {path}")
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
+
+    # ------------------------------------------------------------- validation
+    def validate(self) -> None:
+        if self.block_size < 2:
+            raise DrafterConfigError(f"config.json block_size: expected >= 2, found {self.block_size}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise DrafterConfigError(
+                f"config.json dflash_config.mask_token_id: expected in [0, {self.vocab_size}), "
+                f"found {self.mask_token_id}"
+            )
+        if not self.target_layer_ids:
+            raise DrafterConfigError("config.json dflash_config.target_layer_ids: expected a non-empty list")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        if bad:
+            raise DrafterConfigError(
+                f"config.json dflash_config.target_layer_ids: expected ids in [0, {self.num_target_layers}) "
+                f"(num_target_layers), found {bad}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise DrafterConfigError(
+                f"config.json num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.dspine is not None:
+            s = self.dspine
+            if not 1 <= s.top_k <= self.vocab_size:
+                raise DrafterConfigError(
+                    f"config.json dspine_config.top_k: expected in [1, {self.vocab_size}], found {s.top_k}"
+                )
+            if not 1 <= s.transfer_rank <= self.hidden_size:
+                raise DrafterConfigError(
+                    f"config.json dspine_config.transfer_rank: expected in [1, {self.hidden_size}] "
+                    f"(hidden_size), found {s.transfer_rank}"
+                )
+            if s.message_size < 1:
+                raise DrafterConfigError(
+                    f"config.json dspine_config.message_size: expected >= 1, found {s.message_size}"
+                )
+            if not self.is_causal:
+                raise DrafterConfigError("config.json is_causal: DSpine drafters are causal inside the block, found false")
+
+    def check_target(self, target_hidden_size: int, target_vocab_size: int, target_num_layers: int | None = None) -> None:
+        """Refuse a drafter that does not fit the target it is paired with."""
+        if self.hidden_size != target_hidden_size:
+            raise DrafterConfigError(
+                f"drafter hidden_size: expected {target_hidden_size} (the target's), found {self.hidden_size}"
+            )
+        if self.vocab_size != target_vocab_size:
+            raise DrafterConfigError(
+                f"drafter vocab_size: expected {target_vocab_size} (the target's), found {self.vocab_size}"
+            )
+        if target_num_layers is not None and self.num_target_layers != target_num_layers:
+            raise DrafterConfigError(
+                f"drafter num_target_layers: expected {target_num_layers} (the target's num_hidden_layers), "
+                f"found {self.num_target_layers}"
+            )
+
+    # ----------------------------------------------------------------- saving
+    def to_dict(self) -> dict[str, Any]:
+        d = copy.deepcopy(self.raw)
+        d.update(
+            architectures=[DSPINE_ARCH if self.is_dspine else DFLASH_ARCH],
+            model_type=d.get("model_type", "qwen3"),
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            vocab_size=self.vocab_size,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            block_size=self.block_size,
+            is_causal=self.is_causal,
+            num_target_layers=self.num_target_layers,
+            attention_bias=self.attention_bias,
+            layer_types=["full_attention"] * self.num_hidden_layers,
+        )
+        d.setdefault("hidden_act", "silu")
+        d["dflash_config"] = {
+            **d.get("dflash_config", {}),
+            "mask_token_id": self.mask_token_id,
+            "target_layer_ids": list(self.target_layer_ids),
+        }
+        if self.dspine is not None:
+            d["dspine_config"] = self.dspine.to_dict()
+        else:
+            d.pop("dspine_config", None)
+        return d
+
+    def as_dspine(self, settings: DSpineSettings | None = None) -> "DrafterConfig":
+        """The DSpine config of the same backbone (a DFlash drafter as a DSpine warm start)."""
+        d = self.to_dict()
+        d["architectures"] = [DSPINE_ARCH]
+        d["is_causal"] = True
+        d["dspine_config"] = (settings or self.dspine or DSpineSettings()).to_dict()
+        return DrafterConfig.from_dict(d)
+
+
+def _rope_theta(d: dict[str, Any]) -> float:
+    """rope_theta from either the flat field or transformers 5's `rope_parameters`; only default RoPE."""
+    params = d.get("rope_parameters") or {}
+    scaling = d.get("rope_scaling") or {}
+    for p in (params, scaling):
+        kind = p.get("rope_type") or p.get("type")
+        if kind not in (None, "default"):
+            raise DrafterConfigError(f"config.json rope type: only default RoPE is supported, found {kind!r}")
+    theta = d.get("rope_theta", params.get("rope_theta"))
+    if theta is None:
+        raise DrafterConfigError("config.json: missing required field `rope_theta`")
+    return float(theta)
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """DFlash's rule: evenly spread from layer 1 to layer num_target_layers-3 (middle layer for one)."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    if end <= start:
+        raise DrafterConfigError(
+            f"target has {num_target_layers} layers: too few to spread {num_draft_layers} target layer ids"
+        )
+    span = end - start
+    return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]

@@ -1,0 +1,154 @@
+"""Offline speculative generation: a transformers target (Qwen3) verifies the drafter's blocks.
+
+This is the offline evaluator of training and the lab, and runs on CPU. Each round drafts one block
+[anchor, mask × (B-1)] from the context the target has verified, verifies it in one target pass, and keeps
+the longest accepted prefix plus one token from the target. Greedy (T=0) accepts exact matches; at T>0 the
+draft is deterministic, so target-only rejection sampling (accept d with probability p(d), else sample from
+p with d removed) gives exactly the target's own distribution.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .decoding import BlockDraft
+from .model import DSpineDrafter
+
+
+@dataclass
+class SpecResult:
+    tokens: list[int]  # generated tokens (prompt excluded)
+    accept_lengths: list[int] = field(default_factory=list)  # per round: accepted drafts + 1
+    block_size: int = 0
+
+    @property
+    def tau(self) -> float:
+        """Mean acceptance length: tokens produced per verify round."""
+        return sum(self.accept_lengths) / max(len(self.accept_lengths), 1)
+
+    def position_acceptance(self) -> list[float]:
+        """Fraction of rounds whose draft was accepted at least up to block position i (i = 1..B-1)."""
+        n = max(len(self.accept_lengths), 1)
+        return [sum(a - 1 >= i for a in self.accept_lengths) / n for i in range(1, self.block_size)]
+
+
+def target_parts(target) -> tuple[torch.nn.Module, torch.Tensor]:
+    """(embedding module, LM head weight [V, H]) of a transformers causal LM."""
+    return target.get_input_embeddings(), target.get_output_embeddings().weight
+
+
+def target_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
+    """Concatenate the outputs of target layers `layer_ids` (hidden_states[0] is the embedding output)."""
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    if temperature == 0:
+        return int(logits.argmax())
+    p = torch.softmax(logits.float() / temperature, dim=-1)
+    return int(torch.multinomial(p, 1, generator=generator))
+
+
+def verify(
+    logits: torch.Tensor, draft: list[int], temperature: float, generator: torch.Generator | None
+) -> tuple[int, int]:
+    """Verify `draft` (positions 1..B-1) against target logits [B, V] of [anchor, draft...].
+
+    Returns (number of accepted draft tokens, the target's next token).
+    """
+    for i, d in enumerate(draft):
+        row = logits[i]
+        if temperature == 0:
+            t = int(row.argmax())
+            if t != d:
+                return i, t
+            continue
+        p = torch.softmax(row.float() / temperature, dim=-1)
+        u = torch.rand((), generator=generator)
+        if u < p[d]:
+            continue
+        residual = p.clone()
+        residual[d] = 0
+        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    return len(draft), _pick(logits[len(draft)], temperature, generator)
+
+
+class DrafterProposer:
+    """Drafts blocks with a drafter, keeping its context keys/values as the target verifies tokens."""
+
+    def __init__(self, drafter: DSpineDrafter, target):
+        self.drafter = drafter
+        self.embed, self.head = target_parts(target)
+        self.ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def extend(self, hidden_states: tuple[torch.Tensor, ...], start: int, count: int) -> None:
+        """Add the first `count` verified tokens of a target pass (positions start..) to the context."""
+        feats = target_features(hidden_states, self.drafter.cfg.target_layer_ids)[:, :count].to(self.head.dtype)
+        kv = self.drafter.context_kv(feats, (start + torch.arange(count, device=feats.device))[None])
+        if self.ctx_kv is None:
+            self.ctx_kv = kv
+        else:
+            self.ctx_kv = [(torch.cat([k, nk], 1), torch.cat([v, nv], 1)) for (k, v), (nk, nv) in zip(self.ctx_kv, kv)]
+
+    def propose(self, anchor: int, s: int) -> list[int]:
+        """Draft positions 1..B-1 of the block whose anchor sits at position s."""
+        cfg, device = self.drafter.cfg, self.head.device
+        b = cfg.block_size
+        block = torch.tensor([[anchor] + [cfg.mask_token_id] * (b - 1)], device=device)
+        positions = (s + torch.arange(b, device=device)).view(1, 1, b)
+        visible = torch.ones(1, 1, s, dtype=torch.bool, device=device)
+        anchors = torch.tensor([[anchor]], device=device)
+        out = self.drafter.forward_blocks(self.embed(block).view(1, 1, b, -1), positions, self.ctx_kv, visible, anchors)
+        drafted = self.drafter.draft(out, self.head, anchors.view(1))
+        return (drafted.tokens if isinstance(drafted, BlockDraft) else drafted)[0].tolist()
+
+
+@torch.no_grad()
+def speculative_generate(
+    target,
+    drafter: "DSpineDrafter | DrafterProposer",
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    eos_token_ids: set[int] | None = None,
+    generator: torch.Generator | None = None,
+    block_size: int | None = None,
+) -> SpecResult:
+    """Generate with block drafts verified by `target` (a transformers causal LM, batch of one).
+
+    `drafter` is a DSpineDrafter or any object with `extend(hidden_states, start, count)` and
+    `propose(anchor, position) -> list[int]` (block_size then says the block length).
+    """
+    from transformers import DynamicCache
+
+    proposer = DrafterProposer(drafter, target) if isinstance(drafter, DSpineDrafter) else drafter
+    b = block_size or proposer.drafter.cfg.block_size
+    device = target.get_output_embeddings().weight.device
+    eos = eos_token_ids or set()
+
+    cache = DynamicCache()
+    out = target(input_ids=torch.tensor([prompt_ids], device=device), past_key_values=cache, use_cache=True,
+                 output_hidden_states=True)
+    proposer.extend(out.hidden_states, 0, len(prompt_ids))
+    anchor = _pick(out.logits[0, -1], temperature, generator)
+    result = SpecResult(tokens=[anchor], block_size=b)
+
+    while len(result.tokens) < max_new_tokens and anchor not in eos:
+        s = len(prompt_ids) + len(result.tokens) - 1  # position of the anchor
+        draft = proposer.propose(anchor, s)
+        positions = (s + torch.arange(b, device=device)).view(1, b)
+        out = target(input_ids=torch.tensor([[anchor] + draft], device=device), past_key_values=cache,
+                     use_cache=True, output_hidden_states=True, position_ids=positions)
+        accepted, nxt = verify(out.logits[0], draft, temperature, generator)
+        result.accept_lengths.append(accepted + 1)
+        # Keep the target's cache and the drafter's context up to the last verified token (anchor + accepted).
+        cache.crop(s + accepted + 1)
+        proposer.extend(out.hidden_states, s, accepted + 1)
+        for t in draft[:accepted] + [nxt]:
+            result.tokens.append(t)
+            if t in eos or len(result.tokens) >= max_new_tokens:
+                break
+        anchor = result.tokens[-1]
+    result.tokens = result.tokens[:max_new_tokens]
+    return result

@@ -1,0 +1,55 @@
+"""Tiny random Qwen3 targets and matching drafter configs, for tests and smoke runs (no hub needed)."""
+from __future__ import annotations
+
+import torch
+
+from .config import DrafterConfig, DSpineSettings
+
+
+def make_target(vocab: int = 64, hidden: int = 64, layers: int = 4, heads: int = 4, kv_heads: int = 2,
+                head_dim: int = 16, inter: int = 128, seed: int = 0, tie: bool = False,
+                init_std: float = 0.5):
+    """A random transformers Qwen3ForCausalLM in float32. A large init_std gives peaked, tie-free logits."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=tie,
+        initializer_range=init_std, rms_norm_eps=1e-6,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg).float().eval()
+    return model
+
+
+def drafter_config_for(target, kind: str = "dspine", block_size: int = 4, layers: int = 2,
+                       transfer_rank: int = 16, message_size: int = 8, top_k: int = 4,
+                       mask_token_id: int | None = None, target_layer_ids: list[int] | None = None) -> DrafterConfig:
+    """A drafter config that fits `target` (a transformers Qwen3 model)."""
+    t = target.config
+    n_target = t.num_hidden_layers
+    d = {
+        "architectures": ["DSpineDraftModel" if kind == "dspine" else "DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": t.hidden_size,
+        "intermediate_size": t.intermediate_size,
+        "num_hidden_layers": layers,
+        "num_attention_heads": t.num_attention_heads,
+        "num_key_value_heads": t.num_key_value_heads,
+        "head_dim": t.head_dim,
+        "vocab_size": t.vocab_size,
+        "rms_norm_eps": t.rms_norm_eps,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": t.max_position_embeddings,
+        "block_size": block_size,
+        "is_causal": kind == "dspine",
+        "num_target_layers": n_target,
+        "dflash_config": {
+            "mask_token_id": t.vocab_size - 1 if mask_token_id is None else mask_token_id,
+            "target_layer_ids": target_layer_ids or [1, n_target - 2],
+        },
+    }
+    if kind == "dspine":
+        d["dspine_config"] = DSpineSettings(transfer_rank=transfer_rank, message_size=message_size, top_k=top_k).to_dict()
+    return DrafterConfig.from_dict(d)

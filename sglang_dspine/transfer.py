@@ -1,0 +1,95 @@
+"""Transfer space: fixed token codes computed once from the target's LM head (DESIGN.md §1).
+
+Rows of the head W (V×H) are normalised to unit length, centred on their mean, and projected on the top
+`rank` principal directions, each whitened by the square root of its eigenvalue; the code of a token is
+that projection normalised to unit length. Codes stand for known tokens; the drafter's features stand for
+predicted ones, in the same space.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import DrafterConfigError
+
+
+@dataclass
+class TransferSpace:
+    codes: torch.Tensor  # [V, r] float32, unit rows
+    directions: torch.Tensor  # [H, r] float32, principal directions D (columns), largest eigenvalue first
+    eigenvalues: torch.Tensor  # [r] float32, descending
+
+
+def _unit_rows(w: torch.Tensor) -> torch.Tensor:
+    w = w.to(torch.float64)
+    norms = w.norm(dim=1, keepdim=True)
+    if bool((norms == 0).any()):
+        raise DrafterConfigError("lm_head: a row of the target head is all zeros; its token has no direction")
+    return w / norms
+
+
+def compute_transfer_space(
+    lm_head: torch.Tensor, rank: int, chunk_rows: int = 16384, min_eigenvalue: float = 1e-10
+) -> TransferSpace:
+    """Codes from the head `lm_head` [V, H]. Float64 statistics, chunked over rows, deterministic.
+
+    Eigenvector signs are fixed so that each direction's largest-magnitude entry is positive, which makes
+    the result independent of the eigen-solver's arbitrary sign choice.
+    """
+    if lm_head.dim() != 2:
+        raise DrafterConfigError(f"lm_head: expected a 2-D [vocab, hidden] matrix, found shape {tuple(lm_head.shape)}")
+    vocab, hidden = lm_head.shape
+    if not 1 <= rank <= hidden:
+        raise DrafterConfigError(f"transfer_rank: expected in [1, {hidden}] (hidden size), found {rank}")
+    if not bool(torch.isfinite(lm_head).all()):
+        raise DrafterConfigError("lm_head: the target head has non-finite entries")
+
+    # Pass 1: mean of unit rows. Pass 2: covariance of the centred unit rows. Both in float64 chunks so a
+    # 151k×4096 head never needs a float64 copy of itself.
+    total = torch.zeros(hidden, dtype=torch.float64)
+    for s in range(0, vocab, chunk_rows):
+        total += _unit_rows(lm_head[s : s + chunk_rows]).sum(0)
+    mean = total / vocab
+    cov = torch.zeros(hidden, hidden, dtype=torch.float64)
+    for s in range(0, vocab, chunk_rows):
+        x = _unit_rows(lm_head[s : s + chunk_rows]) - mean
+        cov += x.T @ x
+    cov /= vocab
+
+    evals, evecs = torch.linalg.eigh(cov)  # ascending
+    evals, evecs = evals.flip(0)[:rank], evecs.flip(1)[:, :rank]
+    positive = int((evals > min_eigenvalue).sum())
+    if positive < rank:
+        raise DrafterConfigError(
+            f"transfer_rank: the head has only {positive} principal directions with eigenvalue > {min_eigenvalue}, "
+            f"expected at least {rank} (the rank); lower transfer_rank"
+        )
+    pivot = evecs.abs().argmax(0)
+    signs = torch.sign(evecs[pivot, torch.arange(rank)])
+    evecs = evecs * signs
+
+    codes = torch.empty(vocab, rank, dtype=torch.float32)
+    whiten = evecs / evals.sqrt()
+    for s in range(0, vocab, chunk_rows):
+        z = (_unit_rows(lm_head[s : s + chunk_rows]) - mean) @ whiten
+        codes[s : s + chunk_rows] = torch.nn.functional.normalize(z, dim=1).to(torch.float32)
+    return TransferSpace(codes=codes, directions=evecs.to(torch.float32), eigenvalues=evals.to(torch.float32))
+
+
+def check_codes(codes: torch.Tensor | None, vocab_size: int, rank: int, name: str = "transfer_codes") -> None:
+    """Refuse codes that are missing, mis-shaped, all zero or non-finite."""
+    if codes is None:
+        raise DrafterConfigError(
+            f"checkpoint: `{name}` missing; a DSpine drafter needs its transfer codes "
+            "(in the model file or in transfer.safetensors as `codes`)"
+        )
+    if tuple(codes.shape) != (vocab_size, rank):
+        raise DrafterConfigError(
+            f"checkpoint `{name}`: expected shape ({vocab_size}, {rank}) (vocab_size, transfer_rank), "
+            f"found {tuple(codes.shape)}"
+        )
+    if not bool(torch.isfinite(codes).all()):
+        raise DrafterConfigError(f"checkpoint `{name}`: expected finite values, found NaN or inf")
+    if not bool((codes != 0).any()):
+        raise DrafterConfigError(f"checkpoint `{name}`: all zeros; the transfer space was never computed")
