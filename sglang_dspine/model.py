@@ -163,11 +163,13 @@ class DSpineDrafter(nn.Module):
         ctx_visible: torch.Tensor,
         anchors: torch.Tensor,
         predecessor_override: list[torch.Tensor | None] | None = None,
+        override_blocks: torch.Tensor | None = None,
     ) -> BlockOutput:
         """block_embeds: [N, nb, B, H] target embeddings of [anchor, mask...]; block_positions: [N, nb, B];
         ctx_visible: [N, nb, S] bool; anchors: [N, nb] token ids.
         predecessor_override[l]: [N, nb, B-1, r] predecessors to use at layer l instead of features
-        (training's predecessor replacement)."""
+        (training's predecessor replacement); override_blocks: [N, nb] bool, the blocks the override applies
+        to (default: all); the others keep their feature predecessors."""
         n, nb, b, h = block_embeds.shape
         mask = self.block_mask(ctx_visible)
         x = block_embeds.reshape(n, nb * b, h)
@@ -180,17 +182,21 @@ class DSpineDrafter(nn.Module):
                 pre_last = x.view(n, nb, b, h)
             if self.injection is not None:
                 override = predecessor_override[l] if predecessor_override is not None else None
-                x = self._inject(l, x.view(n, nb, b, h), anchor_codes, override).view(n, nb * b, h)
+                x = self._inject(l, x.view(n, nb, b, h), anchor_codes, override, override_blocks).view(n, nb * b, h)
             states.append(x.view(n, nb, b, h))
         return BlockOutput(hidden=self.norm(x).view(n, nb, b, h), pre_last=pre_last, layer_states=states)
 
-    def _inject(self, l, x, anchor_codes, override):
+    def _inject(self, l, x, anchor_codes, override, override_blocks=None):
         if override is None:
             return self.injection(l, x, anchor_codes)
         inj = self.injection
         feat = inj.feature(l, x)
+        pred = override.to(x.dtype)
+        if override_blocks is not None:
+            own = inj.predecessors(feat, anchor_codes)
+            pred = torch.where(override_blocks[..., None, None], pred, own.to(x.dtype))
         tail = x[..., 1:, :]
-        tail = tail + inj.delta(l, tail, feat[..., 1:, :], override.to(x.dtype))
+        tail = tail + inj.delta(l, tail, feat[..., 1:, :], pred)
         return torch.cat([x[..., :1, :], tail], dim=-2)
 
     def refine_normed(self, pre_last: torch.Tensor, pred_codes: torch.Tensor) -> torch.Tensor:
