@@ -18,7 +18,7 @@ import os
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import DrafterConfig, DrafterConfigError, DSpineSettings
+from .config import DSPINE_ARCH, DrafterConfig, DrafterConfigError, DSpineSettings
 from .model import DSpineDrafter
 from .transfer import check_codes, compute_transfer_space
 
@@ -84,6 +84,35 @@ def check_dspine_transfer(model: DSpineDrafter, source: str) -> None:
         raise DrafterConfigError(f"checkpoint {source}: `transfer_ready` is false; the transfer codes were never set")
 
 
+def _read_config(path: str) -> DrafterConfig:
+    """The drafter config; a reference-release directory (codes in transfer.safetensors, a config without
+    `dspine_config`) is read by the release's own rules (its converter's): DSpine architecture, block size
+    16, full attention, top_k 16, rank and message size taken from the tensors."""
+    cfg_file = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_file):
+        raise DrafterConfigError(f"drafter config not found: {cfg_file}")
+    with open(cfg_file, encoding="utf-8") as f:
+        raw = json.load(f)
+    if set(raw) == {"config"}:  # the release may wrap its config
+        raw = raw["config"]
+    if "dspine_config" not in raw and os.path.isfile(os.path.join(path, TRANSFER_FILE)):
+        tensors = _strip_prefix(read_tensors(path))
+        for name in ("injection.readouts.0.weight", "injection.message.weight"):
+            if name not in tensors:
+                raise DrafterConfigError(f"reference-release checkpoint {path}: missing tensor `{name}`")
+        n_layers = int(raw.get("num_hidden_layers", 0))
+        raw = {**raw, "architectures": [DSPINE_ARCH], "block_size": 16, "is_causal": True,
+               "use_sliding_window": False, "sliding_window": None, "layer_types": ["full_attention"] * n_layers}
+        raw.pop("auto_map", None)
+        raw["dflash_config"] = {**raw.get("dflash_config", {}), "block_size": 16}
+        raw["dspine_config"] = {
+            "transfer_rank": int(tensors["injection.readouts.0.weight"].shape[0]),
+            "message_size": int(tensors["injection.message.weight"].shape[0]),
+            "top_k": 16,
+        }
+    return DrafterConfig.from_dict(raw)
+
+
 def load_drafter(
     path: str,
     *,
@@ -98,7 +127,7 @@ def load_drafter(
     as_dspine: a DFlash checkpoint becomes a DSpine warm start (needs `target_head` [V, H] for the codes).
     target_head, when given, is also checked against the drafter's vocabulary and width.
     """
-    cfg = DrafterConfig.from_file(path)
+    cfg = _read_config(path)
     if target_head is not None:
         cfg.check_target(target_hidden_size=target_head.shape[1], target_vocab_size=target_head.shape[0])
     tensors = _strip_prefix(read_tensors(path))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -24,26 +25,59 @@ class DrafterConfigError(ValueError):
 class DSpineSettings:
     """`dspine_config`: the DSpine-only hyper-parameters (architecture and training objective)."""
 
+    # Defaults are the reference's (SpecForge `DSpineConfig`).
     transfer_rank: int = 1024
     message_size: int = 512
     top_k: int = 16
     ce_weight: float = 0.1
-    alignment_weight: float = 0.1
-    alignment_warmup_steps: int = 1000
-    replacement_layers: int = 1
+    alignment_weight: float = 0.5
+    alignment_warmup_steps: int = 146
+    replacement_layers: int = 3
     replacement_probability: float = 0.5
-    replacement_hold_ratio: float = 0.1
-    replacement_end_ratio: float = 0.5
-    candidate_mass_threshold: float = 0.5
+    replacement_hold_ratio: float = 1 / 6
+    replacement_end_ratio: float = 1 / 3
+    candidate_mass_threshold: float = 1e-4
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DSpineSettings":
         known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in d.items() if k in known}
-        return cls(**kwargs)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise DrafterConfigError(f"config.json dspine_config: unknown fields {unknown}")
+        out = cls(**d)
+        out.validate()
+        return out
+
+    def validate(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "int" and (isinstance(v, bool) or not isinstance(v, int)):
+                raise DrafterConfigError(f"config.json dspine_config.{f.name}: expected an integer, found {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise DrafterConfigError(f"config.json dspine_config.{f.name}: expected a finite number, found {v!r}")
+        checks = [
+            ("message_size", self.message_size >= 1, ">= 1"),
+            ("ce_weight", 0 <= self.ce_weight <= 1, "in [0, 1]"),
+            ("alignment_weight", self.alignment_weight >= 0, ">= 0"),
+            ("alignment_warmup_steps", self.alignment_warmup_steps >= 0, ">= 0"),
+            ("replacement_layers", self.replacement_layers >= 0, ">= 0"),
+            ("replacement_probability", 0 <= self.replacement_probability <= 1, "in [0, 1]"),
+            ("replacement_hold_ratio", 0 <= self.replacement_hold_ratio < self.replacement_end_ratio <= 1,
+             "with 0 <= replacement_hold_ratio < replacement_end_ratio <= 1"),
+            ("candidate_mass_threshold", 0 <= self.candidate_mass_threshold < 1, "in [0, 1)"),
+        ]
+        for name, ok, want in checks:
+            if not ok:
+                raise DrafterConfigError(f"config.json dspine_config.{name}: expected {want}, found {getattr(self, name)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def scaled_for(cls, hidden_size: int, vocab_size: int, **overrides: Any) -> "DSpineSettings":
+        """Defaults scaled to a backbone: the reference's r = H/4 (1024 at H = 4096) and m = r/2, capped there."""
+        rank = min(1024, max(1, hidden_size // 4), vocab_size - 1)
+        return cls(**{"transfer_rank": rank, "message_size": max(1, min(512, rank // 2)), **overrides})
 
 
 @dataclass
@@ -99,9 +133,19 @@ class DrafterConfig:
         head_dim = int(d.get("head_dim") or hidden // heads)
         rope_theta = _rope_theta(d)
         dflash = need("dflash_config")
-        block_size = int(need("block_size"))
+        _refuse_unsupported(d, dflash)
+        # z-lab reads knobs from dflash_config first, then the top level; both present must agree.
+        if "block_size" in dflash and "block_size" in d and int(dflash["block_size"]) != int(d["block_size"]):
+            raise DrafterConfigError(
+                f"config.json block_size: top level {d['block_size']} and dflash_config.block_size "
+                f"{dflash['block_size']} disagree"
+            )
+        block_size = int(dflash.get("block_size", need("block_size")))
         mask_token_id = int(need("mask_token_id", dflash, "dflash_config."))
-        target_layer_ids = [int(x) for x in need("target_layer_ids", dflash, "dflash_config.")]
+        if dflash.get("target_layer_ids") is not None:
+            target_layer_ids = [int(x) for x in dflash["target_layer_ids"]]
+        else:  # DFlash's documented default when the field is absent
+            target_layer_ids = default_target_layer_ids(int(need("num_target_layers")), int(need("num_hidden_layers")))
         # DSpine is causal inside the block; DFlash checkpoints are bidirectional (DESIGN §1).
         is_causal = bool(d.get("is_causal", kind == "dspine"))
         cfg = cls(
@@ -164,14 +208,11 @@ class DrafterConfig:
                 raise DrafterConfigError(
                     f"config.json dspine_config.top_k: expected in [1, {self.vocab_size}], found {s.top_k}"
                 )
-            if not 1 <= s.transfer_rank <= self.hidden_size:
+            limit = min(self.hidden_size, self.vocab_size - 1)
+            if not 1 <= s.transfer_rank <= limit:
                 raise DrafterConfigError(
-                    f"config.json dspine_config.transfer_rank: expected in [1, {self.hidden_size}] "
-                    f"(hidden_size), found {s.transfer_rank}"
-                )
-            if s.message_size < 1:
-                raise DrafterConfigError(
-                    f"config.json dspine_config.message_size: expected >= 1, found {s.message_size}"
+                    f"config.json dspine_config.transfer_rank: expected in [1, {limit}] "
+                    f"(min(hidden_size, vocab_size - 1)), found {s.transfer_rank}"
                 )
             if not self.is_causal:
                 raise DrafterConfigError("config.json is_causal: DSpine drafters are causal inside the block, found false")
@@ -230,8 +271,24 @@ class DrafterConfig:
         d = self.to_dict()
         d["architectures"] = [DSPINE_ARCH]
         d["is_causal"] = True
-        d["dspine_config"] = (settings or self.dspine or DSpineSettings()).to_dict()
+        d["dspine_config"] = (settings or self.dspine or DSpineSettings.scaled_for(self.hidden_size, self.vocab_size)).to_dict()
         return DrafterConfig.from_dict(d)
+
+
+def _refuse_unsupported(d: dict[str, Any], dflash: dict[str, Any]) -> None:
+    """Variants of the DFlash format that this drafter does not implement are refused, never ignored."""
+    types = d.get("layer_types")
+    if types is not None and any(t != "full_attention" for t in types):
+        raise DrafterConfigError(f"config.json layer_types: only full_attention layers are supported, found {types}")
+    if d.get("use_sliding_window"):
+        raise DrafterConfigError("config.json use_sliding_window: sliding-window drafters are not supported, found true")
+    for key, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None)):
+        value = dflash.get(key, d.get(key, neutral))
+        if value not in (neutral, 0, 0.0) or (neutral == 1.0 and value != 1.0):
+            raise DrafterConfigError(f"config.json {key}: only {neutral!r} is supported, found {value!r}")
+    mode = dflash.get("attention_mode", d.get("attention_mode", "gqa"))
+    if mode not in ("gqa", "mha"):
+        raise DrafterConfigError(f"config.json attention_mode: only gqa/mha is supported, found {mode!r}")
 
 
 def _rope_theta(d: dict[str, Any]) -> float:

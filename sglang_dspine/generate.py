@@ -91,9 +91,10 @@ class DrafterProposer:
         else:
             self.ctx_kv = [(torch.cat([k, nk], 1), torch.cat([v, nv], 1)) for (k, v), (nk, nv) in zip(self.ctx_kv, kv)]
 
-    def propose(self, anchor: int, s: int) -> list[int]:
-        """Draft positions 1..B-1 of the block whose anchor sits at position s."""
+    def propose(self, sequence: list[int]) -> list[int]:
+        """Draft positions 1..B-1 of the block whose anchor is the last token of `sequence`."""
         cfg, device = self.drafter.cfg, self.head.device
+        anchor, s = sequence[-1], len(sequence) - 1
         b = cfg.block_size
         block = torch.tensor([[anchor] + [cfg.mask_token_id] * (b - 1)], device=device)
         positions = (s + torch.arange(b, device=device)).view(1, 1, b)
@@ -118,7 +119,7 @@ def speculative_generate(
     """Generate with block drafts verified by `target` (a transformers causal LM, batch of one).
 
     `drafter` is a DSpineDrafter or any object with `extend(hidden_states, start, count)` and
-    `propose(anchor, position) -> list[int]` (block_size then says the block length).
+    `propose(sequence) -> list[int]` (block_size then says the block length).
     """
     from transformers import DynamicCache
 
@@ -136,7 +137,7 @@ def speculative_generate(
 
     while len(result.tokens) < max_new_tokens and anchor not in eos:
         s = len(prompt_ids) + len(result.tokens) - 1  # position of the anchor
-        draft = proposer.propose(anchor, s)
+        draft = proposer.propose(list(prompt_ids) + result.tokens)
         positions = (s + torch.arange(b, device=device)).view(1, b)
         out = target(input_ids=torch.tensor([[anchor] + draft], device=device), past_key_values=cache,
                      use_cache=True, output_hidden_states=True, position_ids=positions)

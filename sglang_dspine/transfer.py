@@ -17,8 +17,8 @@ from .config import DrafterConfigError
 @dataclass
 class TransferSpace:
     codes: torch.Tensor  # [V, r] float32, unit rows
-    directions: torch.Tensor  # [H, r] float32, principal directions D (columns), largest eigenvalue first
-    eigenvalues: torch.Tensor  # [r] float32, descending
+    directions: torch.Tensor  # [H, r] float32, principal directions D (columns), ascending eigenvalue (as eigh)
+    eigenvalues: torch.Tensor  # [r] float32, ascending
 
 
 def _unit_rows(w: torch.Tensor) -> torch.Tensor:
@@ -30,13 +30,18 @@ def _unit_rows(w: torch.Tensor) -> torch.Tensor:
 
 
 def compute_transfer_space(
-    lm_head: torch.Tensor, rank: int, chunk_rows: int = 16384, min_eigenvalue: float = 1e-10
+    lm_head: torch.Tensor, rank: int, chunk_rows: int = 16384, min_relative_eigenvalue: float = 1e-9
 ) -> TransferSpace:
-    """Codes from the head `lm_head` [V, H]. Float64 statistics, chunked over rows, deterministic.
+    """Codes from the head `lm_head` [V, H]. Chunked over rows, deterministic, float32 result.
 
-    Eigenvector signs are fixed so that each direction's largest-magnitude entry is positive, which makes
-    the result independent of the eigen-solver's arbitrary sign choice.
+    Matches the reference (SpecForge `initialize_transfer_space`): the top `rank` eigenpairs of the scatter
+    matrix kept in eigh's ascending order. Two deliberate differences, neither changing what a code means:
+    statistics accumulate in float64 (a 151k-row scatter in float32 loses digits the small eigenvalues
+    need), and each direction's sign is fixed (largest-magnitude entry positive) so the result does not
+    depend on the solver's arbitrary sign choice. A direction counts as present when its eigenvalue exceeds
+    `min_relative_eigenvalue` times the largest one (exact zeros come out as round-off).
     """
+    lm_head = lm_head.detach()
     if lm_head.dim() != 2:
         raise DrafterConfigError(f"lm_head: expected a 2-D [vocab, hidden] matrix, found shape {tuple(lm_head.shape)}")
     vocab, hidden = lm_head.shape
@@ -58,13 +63,14 @@ def compute_transfer_space(
     cov /= vocab
 
     evals, evecs = torch.linalg.eigh(cov)  # ascending
-    evals, evecs = evals.flip(0)[:rank], evecs.flip(1)[:, :rank]
-    positive = int((evals > min_eigenvalue).sum())
+    floor = min_relative_eigenvalue * float(evals[-1].clamp_min(0))
+    positive = int((evals > floor).sum()) if floor > 0 else 0
     if positive < rank:
         raise DrafterConfigError(
-            f"transfer_rank: the head has only {positive} principal directions with eigenvalue > {min_eigenvalue}, "
+            f"transfer_rank: the head has only {positive} principal directions with positive eigenvalue, "
             f"expected at least {rank} (the rank); lower transfer_rank"
         )
+    evals, evecs = evals[-rank:], evecs[:, -rank:]
     pivot = evecs.abs().argmax(0)
     signs = torch.sign(evecs[pivot, torch.arange(rank)])
     evecs = evecs * signs

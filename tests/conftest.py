@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random Qwen3 targets and drafters built on the spot (no hub, float32, CPU)."""
+import os
+
+import pytest
+import torch
+
+from sglang_dspine.checkpoint import init_dspine_transfer
+from sglang_dspine.model import DSpineDrafter
+from sglang_dspine.tiny import drafter_config_for, make_target
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run on the device by scripts/device/*.sh)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def target():
+    return make_target(seed=0)
+
+
+def randomize_injection(drafter: DSpineDrafter, seed: int = 0, std: float = 0.2) -> DSpineDrafter:
+    """Give the zero-initialised injection weights random values so the injection does something."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in drafter.injection.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return drafter
+
+
+@pytest.fixture
+def dspine(target):
+    torch.manual_seed(1)
+    d = DSpineDrafter(drafter_config_for(target)).eval()
+    init_dspine_transfer(d, target.lm_head.weight)
+    return randomize_injection(d)

@@ -1,0 +1,124 @@
+"""Checkpoint layouts round-trip, and every broken checkpoint is refused with a message naming the field."""
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import randomize_injection
+from sglang_dspine.checkpoint import load_drafter, save_drafter
+from sglang_dspine.config import DrafterConfig, DrafterConfigError
+from sglang_dspine.model import DSpineDrafter
+from sglang_dspine.tiny import drafter_config_for
+
+
+def outputs(drafter, target, s=6, anchor=3):
+    b = drafter.cfg.block_size
+    feats = torch.randn(1, s, len(drafter.cfg.target_layer_ids) * drafter.cfg.hidden_size,
+                        generator=torch.Generator().manual_seed(0))
+    kv = drafter.context_kv(feats, torch.arange(s)[None])
+    ids = torch.tensor([[anchor] + [drafter.cfg.mask_token_id] * (b - 1)])
+    emb = target.get_input_embeddings()(ids).view(1, 1, b, -1)
+    with torch.no_grad():
+        return drafter.forward_blocks(emb, (s + torch.arange(b)).view(1, 1, b), kv,
+                                      torch.ones(1, 1, s, dtype=torch.bool), torch.tensor([[anchor]])).hidden
+
+
+@pytest.mark.parametrize("layout", ["specforge", "release"])
+def test_dspine_round_trip(tmp_path, dspine, target, layout):
+    save_drafter(dspine, tmp_path, layout=layout)
+    names = set(load_file(tmp_path / "model.safetensors"))
+    if layout == "release":
+        assert "transfer_codes" not in names and set(load_file(tmp_path / "transfer.safetensors")) == {"codes"}
+    else:
+        assert {"transfer_codes", "transfer_ready", "injection.readouts.0.weight", "injection.bias"} <= names
+    back = load_drafter(str(tmp_path), target_head=target.lm_head.weight)
+    for k, v in dspine.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    assert torch.equal(outputs(back, target), outputs(dspine, target))
+
+
+def test_reference_release_config_without_dspine_config(tmp_path, dspine, target):
+    """The reference release ships a plain config (possibly wrapped in {"config": ...}); its converter's rules apply."""
+    save_drafter(dspine, tmp_path, layout="release")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("dspine_config")
+    cfg["architectures"] = ["DFlashDraftModel"]
+    (tmp_path / "config.json").write_text(json.dumps({"config": cfg}))
+    back = load_drafter(str(tmp_path))
+    assert back.cfg.is_dspine and back.cfg.block_size == 16 and back.cfg.dspine.top_k == 16
+    assert back.cfg.dspine.transfer_rank == dspine.cfg.dspine.transfer_rank
+    assert torch.equal(back.transfer_codes, dspine.transfer_codes)
+
+
+def test_dflash_round_trip_and_warm_start(tmp_path, target):
+    torch.manual_seed(3)
+    dflash = DSpineDrafter(drafter_config_for(target, kind="dflash")).eval()
+    save_drafter(dflash, tmp_path)
+    back = load_drafter(str(tmp_path))
+    assert back.cfg.kind == "dflash" and back.injection is None
+    assert torch.equal(outputs(back, target), outputs(dflash, target))
+    warm = load_drafter(str(tmp_path), as_dspine=True, target_head=target.lm_head.weight)
+    assert warm.cfg.is_dspine and warm.cfg.is_causal and bool(warm.transfer_ready)
+    # zero injection: the warm start computes what the DFlash backbone computes under the causal mask
+    causal = DSpineDrafter(DrafterConfig.from_dict({**dflash.cfg.to_dict(), "is_causal": True})).eval()
+    causal.load_state_dict(dflash.state_dict())
+    assert torch.equal(outputs(warm, target), outputs(causal, target))
+    with pytest.raises(DrafterConfigError, match="LM head"):
+        load_drafter(str(tmp_path), as_dspine=True)
+
+
+def _corrupt(tmp_path, dspine, tensors=None, config=None):
+    save_drafter(dspine, tmp_path)
+    if tensors is not None:
+        state = load_file(tmp_path / "model.safetensors")
+        tensors(state)
+        save_file(state, tmp_path / "model.safetensors")
+    if config is not None:
+        cfg = json.loads((tmp_path / "config.json").read_text())
+        config(cfg)
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+def _set(d, path, value):
+    *keys, last = path.split(".")
+    for k in keys:
+        d = d[k]
+    d[last] = value
+
+
+CASES = {
+    "codes missing": (lambda s: s.pop("transfer_codes"), None, "transfer_codes` missing"),
+    "codes all zero": (lambda s: s["transfer_codes"].zero_(), None, "all zeros"),
+    "codes non-finite": (lambda s: s["transfer_codes"].__setitem__((0, 0), float("inf")), None, "NaN or inf"),
+    "transfer_ready false": (lambda s: s.__setitem__("transfer_ready", torch.tensor(False)), None, "transfer_ready` is false"),
+    "fc width": (lambda s: s.__setitem__("fc.weight", torch.zeros(64, 64 * 3)), None, "fc.weight` width expected 128"),
+    "unexpected tensor": (lambda s: s.__setitem__("extra.weight", torch.zeros(2)), None, "unexpected tensors"),
+    "mis-shaped tensor": (lambda s: s.__setitem__("injection.bias", torch.zeros(3)), None, "injection.bias` expected shape"),
+    "mask id": (None, lambda c: _set(c, "dflash_config.mask_token_id", 64), "mask_token_id: expected in \\[0, 64\\)"),
+    "block size": (None, lambda c: c.__setitem__("block_size", 1), "block_size: expected >= 2"),
+    "top_k zero": (None, lambda c: _set(c, "dspine_config.top_k", 0), "top_k: expected in \\[1, 64\\]"),
+    "top_k above vocab": (None, lambda c: _set(c, "dspine_config.top_k", 65), "top_k: expected in \\[1, 64\\]"),
+    "bidirectional dspine": (None, lambda c: c.__setitem__("is_causal", False), "is_causal"),
+    "unknown architecture": (None, lambda c: c.__setitem__("architectures", ["LlamaForCausalLM"]), "architectures"),
+    "sliding layers": (None, lambda c: c.__setitem__("layer_types", ["sliding_attention", "full_attention"]), "layer_types"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_refused_checkpoints(tmp_path, dspine, case):
+    tensors, config, msg = CASES[case]
+    path = _corrupt(tmp_path, dspine, tensors, config)
+    with pytest.raises(DrafterConfigError, match=msg):
+        load_drafter(path)
+
+
+def test_refuses_a_drafter_for_another_target(tmp_path, dspine, target):
+    save_drafter(dspine, tmp_path)
+    head = target.lm_head.weight
+    with pytest.raises(DrafterConfigError, match="vocab_size: expected 80 \\(the target's\\), found 64"):
+        load_drafter(str(tmp_path), target_head=torch.randn(80, head.shape[1]))
+    with pytest.raises(DrafterConfigError, match="hidden_size: expected 32 \\(the target's\\), found 64"):
+        load_drafter(str(tmp_path), target_head=torch.randn(head.shape[0], 32))
