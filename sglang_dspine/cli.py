@@ -1,0 +1,432 @@
+"""`sglang-dspine` command line: data, train, export, eval (and whatever other modules register).
+
+Subcommands live in a small registry: a module adds one with
+
+    from sglang_dspine.cli import register_command
+    register_command("name", "one-line help", add_arguments, run)   # run(args) -> exit code or None
+
+and lists itself in `COMMAND_MODULES` (imported when the parser is built; a missing module is skipped).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+# Modules that register more subcommands when imported (others append theirs here).
+COMMAND_MODULES: list[str] = []
+
+
+@dataclass
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int | None]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def register_command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+                     run: Callable[[argparse.Namespace], int | None]) -> None:
+    if name in COMMANDS and COMMANDS[name].run is not run:
+        raise ValueError(f"sglang-dspine: subcommand {name!r} registered twice")
+    COMMANDS[name] = Command(name, help, add_arguments, run)
+
+
+class CLIError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+# ------------------------------------------------------------------------------------------- helpers
+def _dtype(name: str):
+    import torch
+
+    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+             "fp32": torch.float32, "float32": torch.float32}
+    if name not in table:
+        raise CLIError(f"--dtype: expected one of {sorted(table)}, found {name!r}")
+    return table[name]
+
+
+def _device(name: str | None) -> str:
+    import torch
+
+    return name or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_target(path: str, dtype: str | None = None, device: str | None = None):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dev = _device(device)
+    dt = _dtype(dtype) if dtype else (torch.bfloat16 if dev.startswith("cuda") else torch.float32)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt)
+    except (OSError, ValueError) as e:
+        raise CLIError(f"--target {path}: cannot load a transformers causal LM ({e})") from e
+    return model.to(dev).eval()
+
+
+def load_tokenizer(path: str | None, fallback: str | None, required: bool = False):
+    from transformers import AutoTokenizer
+
+    for p in [x for x in (path, fallback) if x]:
+        try:
+            return AutoTokenizer.from_pretrained(p)
+        except (OSError, ValueError, TypeError) as e:
+            if p == path:
+                raise CLIError(f"--tokenizer {p}: cannot load a tokenizer ({e})") from e
+    if required:
+        raise CLIError("no tokenizer found with the target; give --tokenizer (or use `prompt_ids` records)")
+    return None
+
+
+def _thinking(v: str) -> bool | None:
+    return {"on": True, "off": False, "auto": None}[v]
+
+
+def _int_list(v: str) -> list[int]:
+    try:
+        return [int(x) for x in v.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, found {v!r}") from None
+
+
+def _add_prompt_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", help="tokenizer path (default: the target's)")
+    p.add_argument("--thinking", choices=["on", "off", "auto"], default="auto",
+                   help="enable_thinking for chat templates that read it (auto: the template's default)")
+    p.add_argument("--system-prompt", help="a system message put in front of every chat")
+    p.add_argument("--split", default="train", help="split of a datasets dataset (default: train)")
+    p.add_argument("--limit", type=int, help="use only the first N prompts")
+
+
+# ---------------------------------------------------------------------------------------------- data
+def _data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="target model path (transformers / SGLang)")
+    p.add_argument("--prompts", required=True,
+                   help="JSONL with `prompt`, `messages` or `prompt_ids` per line, or a datasets dataset")
+    p.add_argument("--output", required=True, help="output JSONL of token ids (appended; reruns resume)")
+    _add_prompt_args(p)
+    p.add_argument("--backend", choices=["auto", "sglang", "hf"], default="auto",
+                   help="auto: SGLang's offline engine on a GPU, transformers generation on CPU")
+    p.add_argument("--max-new-tokens", type=int, default=2048)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the reference regenerates greedily)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-prompt-len", type=int, help="skip prompts longer than this many tokens")
+    p.add_argument("--batch-size", type=int, default=256, help="prompts per engine call (written after each)")
+    p.add_argument("--eos-token-id", type=_int_list, default=[], help="extra end tokens, comma-separated")
+    p.add_argument("--tp-size", type=int, default=1, help="SGLang tensor parallel size")
+    p.add_argument("--dp-size", type=int, default=1, help="SGLang data parallel size")
+    p.add_argument("--mem-fraction-static", type=float, help="SGLang static memory fraction")
+    p.add_argument("--dtype", help="target dtype (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--device", help="device for the transformers backend (default: cuda if present)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _data_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from .data import HFGenerator, SGLangGenerator, eos_ids_of, regenerate
+
+    backend = args.backend
+    if backend == "auto":
+        backend = "sglang" if torch.cuda.is_available() else "hf"
+    tokenizer = load_tokenizer(args.tokenizer, args.target)
+    if backend == "hf":
+        model = load_target(args.target, args.dtype, args.device)
+        eos = eos_ids_of(tokenizer, model, args.eos_token_id)
+        gen = HFGenerator(model, eos, args.max_new_tokens, args.temperature, args.top_p, args.seed)
+    else:
+        from transformers import AutoConfig, GenerationConfig
+
+        eos = set(args.eos_token_id)
+        try:
+            eos |= eos_ids_of(tokenizer, None)
+            gc = GenerationConfig.from_pretrained(args.target)
+            e = gc.eos_token_id
+            eos |= set([e] if isinstance(e, int) else (e or []))
+        except OSError:
+            pass
+        try:
+            e = AutoConfig.from_pretrained(args.target).eos_token_id
+            eos |= set([e] if isinstance(e, int) else (e or []))
+        except (OSError, ValueError):
+            pass
+        kw: dict[str, Any] = {"tp_size": args.tp_size, "dp_size": args.dp_size}
+        if args.mem_fraction_static:
+            kw["mem_fraction_static"] = args.mem_fraction_static
+        if args.dtype:
+            kw["dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
+        gen = SGLangGenerator(args.target, eos, args.max_new_tokens, args.temperature, args.top_p, args.seed, **kw)
+    try:
+        stats = regenerate(args.prompts, args.output, gen, tokenizer, enable_thinking=_thinking(args.thinking),
+                           system_prompt=args.system_prompt, split=args.split, limit=args.limit,
+                           max_prompt_len=args.max_prompt_len, batch_size=args.batch_size,
+                           progress=not args.no_progress)
+    finally:
+        gen.close()
+    print(json.dumps({"output": args.output, "backend": backend, **stats}))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- train
+_BOOL_SWITCHES = {"backbone_loss", "refinement_loss", "alignment_loss", "replacement"}
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    from .config import DSpineSettings
+    from .training import TrainConfig
+
+    d = TrainConfig()
+    p.add_argument("--target", required=True, help="target model path (transformers)")
+    p.add_argument("--data", required=True, help="regenerated JSONL from `sglang-dspine data`")
+    p.add_argument("--output-dir", required=True, help="checkpoints, metrics.jsonl and final/ go here")
+    p.add_argument("--kind", choices=["dspine", "dflash"], default="dspine")
+    p.add_argument("--init", help="start from a drafter checkpoint (a DFlash one becomes a DSpine warm start)")
+    g = p.add_argument_group("fresh drafter")
+    g.add_argument("--num-draft-layers", type=int, default=d.num_draft_layers)
+    g.add_argument("--block-size", type=int, default=d.block_size)
+    g.add_argument("--target-layer-ids", type=_int_list, help="comma-separated (default: DFlash's spread rule)")
+    g.add_argument("--mask-token-id", type=int, help="default: vocab_size - 1")
+    g = p.add_argument_group("DSpine settings (dspine_config; default: the drafter's or the reference's)")
+    for f in fields(DSpineSettings):
+        g.add_argument(f"--{f.name.replace('_', '-')}", dest=f"dspine_{f.name}",
+                       type=int if f.type in (int, "int") else float, default=None)
+    g = p.add_argument_group("objective")
+    g.add_argument("--num-anchors", type=int, default=d.num_anchors, help="blocks per sequence")
+    g.add_argument("--gamma", type=float, help="position decay γ (default: 7 for B=16, scaled with B as DFlash)")
+    for name in sorted(_BOOL_SWITCHES):
+        g.add_argument(f"--no-{name.replace('_', '-')}", dest=name, action="store_false",
+                       help=f"switch off the {name.replace('_', ' ')} term")
+    g.add_argument("--dflash-ce-weight", type=float, default=d.dflash_ce_weight,
+                   help="DFlash objective: weight of CE against L1 to the teacher (1 = CE only)")
+    g.add_argument("--freeze-backbone", action="store_true", help="train only the DSpine injection weights")
+    g.add_argument("--objective-chunk-blocks", type=int, default=d.objective_chunk_blocks)
+    g = p.add_argument_group("optimisation")
+    for name in ("lr", "min_lr_ratio", "warmup_ratio", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm",
+                 "epochs", "init_std"):
+        g.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
+    for name in ("batch_size", "grad_accum", "max_length", "seed", "log_every", "save_every", "keep_checkpoints"):
+        g.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
+    g.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (overrides --epochs)")
+    g.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+    g.add_argument("--device", help="default: cuda:LOCAL_RANK if present, else cpu")
+    g.add_argument("--no-resume", dest="resume", action="store_false", help="ignore checkpoints in --output-dir")
+    g.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def train_config_from_args(args: argparse.Namespace):
+    from .config import DSpineSettings
+    from .training import TrainConfig
+
+    kw = {}
+    for f in fields(TrainConfig):
+        if f.name in ("dspine",):
+            continue
+        if hasattr(args, f.name):
+            kw[f.name] = getattr(args, f.name)
+    kw["dspine"] = {f.name: getattr(args, f"dspine_{f.name}") for f in fields(DSpineSettings)
+                    if getattr(args, f"dspine_{f.name}", None) is not None}
+    tc = TrainConfig(**kw)
+    try:
+        tc.validate()
+    except ValueError as e:
+        raise CLIError(str(e)) from e
+    return tc
+
+
+def _train_run(args: argparse.Namespace) -> int:
+    from .training import train
+
+    tc = train_config_from_args(args)
+    if not os.path.isfile(tc.data):
+        raise CLIError(f"--data {tc.data}: not found (make it with `sglang-dspine data`)")
+    if tc.init and not os.path.isfile(os.path.join(tc.init, "config.json")):
+        raise CLIError(f"--init {tc.init}: no config.json there")
+    import torch
+
+    target = load_target(args.target, "fp32" if tc.precision == "fp32" or
+                         (tc.precision == "auto" and not torch.cuda.is_available()) else "bf16",
+                         "cpu")  # train() moves it to its device
+    summary = train(tc, target=target)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(summary))
+    return 0
+
+
+# -------------------------------------------------------------------------------------------- export
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True,
+                   help="a drafter directory, or a training --output-dir (its latest checkpoint)")
+    p.add_argument("--output", required=True, help="directory to write the serving checkpoint to")
+    p.add_argument("--layout", choices=["specforge", "release"], default="specforge",
+                   help="specforge: codes inside model.safetensors; release: codes in transfer.safetensors")
+    p.add_argument("--dtype", default="bf16", help="tensor dtype of the export (bf16, fp16, fp32)")
+    p.add_argument("--target", help="check the drafter against this target (hidden size, vocab, layers)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing export")
+
+
+def _export_run(args: argparse.Namespace) -> int:
+    from .checkpoint import load_drafter, save_drafter
+    from .config import DrafterConfigError
+    from .training import resolve_checkpoint
+
+    try:
+        src = resolve_checkpoint(args.checkpoint)
+    except FileNotFoundError as e:
+        raise CLIError(str(e)) from e
+    if os.path.isfile(os.path.join(args.output, "config.json")) and not args.force:
+        raise CLIError(f"--output {args.output}: a checkpoint is already there (use --force to overwrite)")
+    model = load_drafter(src)
+    if args.target:
+        from transformers import AutoConfig
+
+        t = AutoConfig.from_pretrained(args.target)
+        try:
+            model.cfg.check_target(t.hidden_size, t.vocab_size, t.num_hidden_layers)
+        except DrafterConfigError as e:
+            raise CLIError(str(e)) from e
+    dt = _dtype(args.dtype)
+    codes = model.transfer_codes.clone() if model.cfg.is_dspine else None
+    model = model.to(dt)
+    if codes is not None:  # the codes stay float32: they are fixed data, not weights
+        model.transfer_codes = codes
+    raw = dict(model.cfg.raw)
+    raw["dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
+    model.cfg.raw = raw
+    save_drafter(model, args.output, layout=args.layout)
+    print(json.dumps({"source": src, "output": args.output, "layout": args.layout, "dtype": raw["dtype"],
+                      "kind": model.cfg.kind}))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- eval
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="target model path (transformers)")
+    p.add_argument("--drafter", required=True, help="drafter checkpoint (or a training --output-dir)")
+    p.add_argument("--prompts", required=True,
+                   help="JSONL with `prompt`/`messages`/`prompt_ids` (or regenerated data: input_ids + prompt_len)")
+    _add_prompt_args(p)
+    p.add_argument("--as-dspine", action="store_true", help="evaluate a DFlash checkpoint as a DSpine warm start")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--eos-token-id", type=_int_list, default=[], help="extra end tokens, comma-separated")
+    p.add_argument("--check-greedy", action="store_true",
+                   help="at temperature 0, also generate with the target alone and report exact matches")
+    p.add_argument("--dtype", help="target and drafter dtype (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--device")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", help="write the JSON result here (always printed too)")
+
+
+def _eval_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from .checkpoint import load_drafter
+    from .data import HFGenerator, eos_ids_of, iter_records, prompt_ids
+    from .generate import speculative_generate
+    from .training import resolve_checkpoint
+
+    try:
+        src = resolve_checkpoint(args.drafter)
+    except FileNotFoundError as e:
+        raise CLIError(str(e)) from e
+    dev = _device(args.device)
+    target = load_target(args.target, args.dtype, dev)
+    head = target.get_output_embeddings().weight
+    drafter = load_drafter(src, as_dspine=args.as_dspine, target_head=head.detach().float().cpu(),
+                           dtype=head.dtype, device=dev)
+    drafter.cfg.check_target(head.shape[1], head.shape[0], target.config.num_hidden_layers)
+    tokenizer = load_tokenizer(args.tokenizer, args.target)
+    eos = eos_ids_of(tokenizer, target, args.eos_token_id)
+    # generate.py draws its acceptance uniforms on the CPU: a CUDA generator cannot serve them, so on a GPU
+    # sampling is seeded globally instead.
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed) if args.temperature > 0 and dev == "cpu" else None
+    check = args.check_greedy and args.temperature == 0
+    ref = HFGenerator(target, eos, args.max_new_tokens) if check else None
+    per, all_accept = [], []
+    t0 = time.time()
+    for i, (rid, rec) in enumerate(iter_records(args.prompts, args.split)):
+        if args.limit is not None and i >= args.limit:
+            break
+        ids = prompt_ids(rec, tokenizer, _thinking(args.thinking), args.system_prompt,
+                         where=f"{args.prompts} id {rid}")
+        res = speculative_generate(target, drafter, ids, args.max_new_tokens, args.temperature, eos, gen)
+        row: dict[str, Any] = {"id": rid, "tau": res.tau, "tokens": len(res.tokens), "rounds": len(res.accept_lengths)}
+        if check:
+            row["matches_target"] = ref.generate([ids])[0].output_ids == res.tokens
+        per.append(row)
+        all_accept.extend(res.accept_lengths)
+    if not per:
+        raise CLIError(f"--prompts {args.prompts}: no prompts")
+    b = drafter.cfg.block_size
+    n = max(len(all_accept), 1)
+    out: dict[str, Any] = {
+        "tau": sum(all_accept) / n,
+        "tau_mean_per_prompt": sum(r["tau"] for r in per) / len(per),
+        "position_acceptance": [sum(a - 1 >= i for a in all_accept) / n for i in range(1, b)],
+        "rounds": len(all_accept), "tokens": sum(r["tokens"] for r in per), "prompts": len(per),
+        "drafter": src, "kind": drafter.cfg.kind, "block_size": b, "target": args.target,
+        "temperature": args.temperature, "seconds": time.time() - t0, "per_prompt": per,
+    }
+    if check:
+        out["all_match_target"] = all(r["matches_target"] for r in per)
+    text = json.dumps(out, indent=2)
+    if args.output:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0 if not check or out["all_match_target"] else 1
+
+
+register_command("data", "regenerate responses with the target into a JSONL of token ids + loss masks",
+                 _data_args, _data_run)
+register_command("train", "train a DSpine or DFlash drafter (torchrun for several GPUs)", _train_args, _train_run)
+register_command("export", "write the serving checkpoint of a trained drafter", _export_args, _export_run)
+register_command("eval", "offline acceptance length τ of a drafter with the target (JSON)", _eval_args, _eval_run)
+
+
+# ---------------------------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    for mod in COMMAND_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            pass
+    parser = argparse.ArgumentParser(prog="sglang-dspine", description="DSpine drafters: data, training, export, eval")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for cmd in COMMANDS.values():
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .config import DrafterConfigError
+    from .data import DataError
+
+    try:
+        rc = args._run(args)
+    except (CLIError, DrafterConfigError, DataError) as e:
+        print(f"sglang-dspine {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
