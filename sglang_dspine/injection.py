@@ -22,8 +22,8 @@ NORMALIZE_EPS = 1e-12
 
 
 def rms(h: torch.Tensor) -> torch.Tensor:
-    """‖h‖ / √H over the last axis, kept as a trailing singleton so it broadcasts over h."""
-    return h.norm(dim=-1, keepdim=True) / math.sqrt(h.shape[-1])
+    """‖h‖ / √H over the last axis (no epsilon, float32 like the reference), as a broadcastable singleton."""
+    return (h.float().norm(dim=-1, keepdim=True) / math.sqrt(h.shape[-1])).to(h.dtype)
 
 
 class AdjacentInjection(nn.Module):
@@ -61,7 +61,7 @@ class AdjacentInjection(nn.Module):
     def feature(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """φ_l(h) = √r · normalize(R_l h)."""
         z = self.readouts[layer](h)
-        return math.sqrt(self.rank) * F.normalize(z, dim=-1, eps=NORMALIZE_EPS)
+        return (math.sqrt(self.rank) * F.normalize(z.float(), dim=-1, eps=NORMALIZE_EPS)).to(h.dtype)
 
     def delta(self, layer: int, h: torch.Tensor, feat: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
         """rms(h) · U_l(σ(G_r feat + G_p pred + b) ⊙ M pred): what the write adds to h."""

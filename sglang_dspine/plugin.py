@@ -1,0 +1,136 @@
+"""SGLang plugin: registers the DSPINE speculative algorithm and the DSpineDraftModel architecture.
+
+Loaded through the `sglang.srt.plugins` entry point in the server process and in every scheduler process.
+SGLang only logs a plugin's exception and later fails with "Unknown speculative algorithm name", so
+`register()` prints the real cause loudly before re-raising.
+
+DSPINE is a DFlash-family algorithm: it answers every `is_*()` like DFLASH so the scheduler, model runner
+and CUDA-graph runners take the DFlash paths (hidden-state capture, draft KV sizing, overlap, graphs).
+SGLang 0.5.17's `CustomSpecAlgo` lacks three methods the scheduler calls (`need_topk`,
+`carries_draft_hidden_states`, `create_future_map`); they, and the server-argument handling, are taken
+from SGLang's own `SpeculativeAlgorithm` implementations applied to this object (no copies).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+logger = logging.getLogger(__name__)
+
+ALGORITHM = "DSPINE"
+ARCHITECTURE = "DSpineDraftModel"
+_registered = False
+
+
+def _dspine_algo_class():
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    def _as_sglang(name):
+        # SpeculativeAlgorithm's method, run on this object: its body only asks self.is_*().
+        impl = getattr(SpeculativeAlgorithm, name)
+        return lambda self, *a, **k: impl(self, *a, **k)
+
+    class DSpineAlgo(CustomSpecAlgo):
+        is_dflash = is_dflash_family = lambda self: True
+        supports_target_verify_for_draft = supports_grammar_overlap = lambda self: True
+        need_topk = _as_sglang("need_topk")
+        carries_draft_hidden_states = _as_sglang("carries_draft_hidden_states")
+        create_future_map = _as_sglang("create_future_map")
+        _dflash_server_args = _as_sglang("handle_server_args")
+
+        def handle_server_args(self, server_args) -> None:
+            self._dflash_server_args(server_args)
+            check_server_args(server_args)
+
+    return DSpineAlgo
+
+
+def check_server_args(server_args) -> None:
+    """DSpine's own start-up checks, after DFlash's: the drafter must be a valid DSpine drafter for this target."""
+    from .config import DrafterConfig, DrafterConfigError
+
+    if server_args.tp_size != 1:
+        raise ValueError(
+            f"{ALGORITHM}: --tp-size {server_args.tp_size} is not supported yet (tensor parallelism is issue 7); use --tp-size 1"
+        )
+    draft_path = server_args.speculative_draft_model_path
+    if not os.path.isdir(draft_path):
+        raise ValueError(f"{ALGORITHM}: --speculative-draft-model-path must be a local directory, found {draft_path!r}")
+    try:
+        cfg = DrafterConfig.from_file(draft_path)
+        if not cfg.is_dspine:
+            raise DrafterConfigError(
+                f"{draft_path} is a {cfg.kind} drafter (architectures {cfg.raw.get('architectures')}); "
+                f"serve it with --speculative-algorithm DFLASH, or convert it with `sglang-dspine` to a DSpine drafter"
+            )
+        target = _target_text_config(server_args)
+        cfg.check_target(target_hidden_size=int(target.hidden_size), target_vocab_size=int(target.vocab_size),
+                         target_num_layers=int(target.num_hidden_layers))
+        block = int(server_args.speculative_num_draft_tokens)
+        if block != cfg.block_size:
+            raise DrafterConfigError(
+                f"drafter block_size {cfg.block_size} but --speculative-num-draft-tokens/--speculative-dflash-block-size "
+                f"is {block}; they must be equal"
+            )
+        if server_args.speculative_draft_load_format != "dummy":
+            _check_codes_present(draft_path)
+    except DrafterConfigError as e:
+        raise ValueError(f"{ALGORITHM}: refusing drafter {draft_path}: {e}") from e
+
+
+def _target_text_config(server_args):
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    cfg = get_config(server_args.model_path, trust_remote_code=server_args.trust_remote_code,
+                     revision=server_args.revision)
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def _check_codes_present(draft_path: str) -> None:
+    """Cheap start-up check (file headers only) that the transfer codes exist; values are checked at load."""
+    from safetensors import safe_open
+
+    from .checkpoint import CODES_KEY, TRANSFER_FILE
+    from .config import DrafterConfigError
+
+    names = set()
+    for f in sorted(os.listdir(draft_path)):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(draft_path, f), framework="pt") as st:
+                names.update(("codes" if f == TRANSFER_FILE and k == "codes" else k) for k in st.keys())
+    if CODES_KEY not in names and "codes" not in names:
+        raise DrafterConfigError(
+            f"no transfer codes: expected tensor `{CODES_KEY}` in the model files or `codes` in {TRANSFER_FILE}"
+        )
+
+
+def _worker_factory(server_args):
+    from .worker import DSpineWorker
+
+    return DSpineWorker
+
+
+def register() -> None:
+    """Entry point: idempotent; loud on failure."""
+    global _registered
+    if _registered:
+        return
+    try:
+        from sglang.srt.models.registry import ModelRegistry
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        try:
+            SpeculativeAlgorithm.from_string(ALGORITHM)
+        except ValueError:
+            SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, spec_class=_dspine_algo_class())(_worker_factory)
+        from .sglang_model import DSpineDraftModel
+
+        ModelRegistry.models[ARCHITECTURE] = DSpineDraftModel
+    except Exception:
+        msg = f"sglang-dspine: registering {ALGORITHM} failed; SGLang will report 'Unknown speculative algorithm'"
+        logger.exception(msg)
+        print(msg, file=sys.stderr, flush=True)
+        raise
+    _registered = True

@@ -1,0 +1,128 @@
+"""DSpineDraftModel for SGLang: the DFlash draft model plus adjacent injection after every layer.
+
+The backbone is SGLang's `DFlashDraftModel` unchanged (RadixAttention over the draft KV pool, fused
+linears, context K/V written by the DFlash worker); `is_causal: true` in the config makes its block
+attention causal. This class adds what DSpine needs on top:
+- the injection after every layer on the flat [bs*B, H] block layout. SGLang defers the residual add, so
+  the layer's state is `hidden + residual`; after injecting we restart the residual chain from the result;
+- the last layer's pre-injection states and the anchors, kept for the worker's candidate decoding;
+- a strict weight loader: SGLang's DFlash loader silently drops names it does not know (the transfer codes
+  and injection weights among them) and never reports missing ones.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Optional
+
+import torch
+from safetensors.torch import load_file
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.models.dflash import DFlashDraftModel
+
+from .checkpoint import CODES_KEY, READY_KEY, TRANSFER_FILE
+from .config import DrafterConfig, DrafterConfigError
+from .injection import AdjacentInjection
+from .model import DSpineDrafter
+from .transfer import check_codes
+
+
+class DSpineDraftModel(DFlashDraftModel):
+    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
+        super().__init__(config, quant_config=quant_config, prefix=prefix)
+        self.dspine_config = DrafterConfig.from_dict(config.to_dict())
+        if not self.dspine_config.is_dspine:
+            raise DrafterConfigError(f"DSpineDraftModel needs a DSpine config, found a {self.dspine_config.kind} one")
+        s, h = self.dspine_config.dspine, int(config.hidden_size)
+        self.injection = AdjacentInjection(h, s.transfer_rank, s.message_size, len(self.layers))
+        self.register_buffer("transfer_codes", torch.zeros(int(config.vocab_size), s.transfer_rank))
+        self.register_buffer("transfer_ready", torch.tensor(False))
+        self.top_k = s.top_k
+        # Written by every forward, read by the worker's decoding right after it (inside the same graph).
+        self.last_pre_injection: Optional[torch.Tensor] = None
+        self.last_anchors: Optional[torch.Tensor] = None
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
+                pp_proxy_tensors=None) -> LogitsProcessorOutput:
+        if input_embeds is None:
+            raise ValueError("DSpineDraftModel requires `input_embeds` (the target's embedding of the block)")
+        b, h = self.block_size, input_embeds.shape[-1]
+        n = input_embeds.shape[0]
+        if n == 0:
+            return LogitsProcessorOutput(next_token_logits=None, hidden_states=input_embeds)
+        if n % b:
+            raise ValueError(f"DSpineDraftModel: {n} tokens is not a whole number of blocks of {b}")
+        anchors = input_ids.view(-1, b)[:, 0]
+        anchor_codes = self.transfer_codes[anchors]
+        x, residual = input_embeds, None
+        last = len(self.layers) - 1
+        for l, layer in enumerate(self.layers):
+            x, residual = layer(positions, x, forward_batch, residual)
+            x = x + residual  # the layer's full state (SGLang defers this add to the next norm)
+            if l == last:
+                self.last_pre_injection = x
+            x = self.injection(l, x.view(-1, b, h), anchor_codes).view(n, h)
+            residual = None
+        self.last_anchors = anchors
+        return LogitsProcessorOutput(next_token_logits=None, hidden_states=self.norm(x))
+
+    def refine_normed(self, pre_last: torch.Tensor, pred_codes: torch.Tensor) -> torch.Tensor:
+        """norm(refine(h̃, a)): [..., H], [..., K, r] -> [..., K, H] (SGLang's RMSNorm wants 2-D input)."""
+        out = self.injection.refine(pre_last, pred_codes)
+        return self.norm(out.reshape(-1, out.shape[-1])).view(out.shape)
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
+        ours: dict[str, torch.Tensor] = {}
+        seen: set[str] = set()
+
+        def backbone():
+            for name, w in weights:
+                key = name[len("model."):] if name.startswith("model.") else name
+                if key == "codes":  # the reference release's transfer.safetensors
+                    key = CODES_KEY
+                seen.add(key)
+                if key.startswith("injection.") or key in (CODES_KEY, READY_KEY):
+                    ours[key] = w
+                else:
+                    yield name, w
+
+        super().load_weights(backbone())
+        self._check_names(seen)
+        if CODES_KEY not in ours:
+            side = os.path.join(getattr(self.config, "_name_or_path", "") or "", TRANSFER_FILE)
+            if os.path.isfile(side):  # sharded checkpoints: SGLang only reads the files the index names
+                ours[CODES_KEY] = load_file(side)["codes"]
+        if CODES_KEY in ours and READY_KEY not in ours:
+            ours[READY_KEY] = torch.tensor(True)  # the release layout: codes present means computed
+        own = {k: v for k, v in self.state_dict().items() if k.startswith("injection.") or k in (CODES_KEY, READY_KEY)}
+        for name, param in own.items():
+            if name not in ours:
+                if name == CODES_KEY:
+                    check_codes(None, self.dspine_config.vocab_size, self.dspine_config.dspine.transfer_rank)
+                raise DrafterConfigError(f"DSpine drafter checkpoint: missing tensor `{name}`")
+            if tuple(ours[name].shape) != tuple(param.shape):
+                raise DrafterConfigError(
+                    f"DSpine drafter checkpoint: tensor `{name}` expected shape {tuple(param.shape)}, found {tuple(ours[name].shape)}"
+                )
+            param.data.copy_(ours[name].to(device=param.device, dtype=param.dtype))
+        check_codes(ours[CODES_KEY], self.dspine_config.vocab_size, self.dspine_config.dspine.transfer_rank)
+        if not bool(ours[READY_KEY]):
+            raise DrafterConfigError("DSpine drafter checkpoint: `transfer_ready` is false; the transfer codes were never set")
+
+    def _check_names(self, seen: set[str]) -> None:
+        """Every tensor the plain drafter defines must arrive, and nothing else (SGLang's loader would not say)."""
+        with torch.device("meta"):
+            expected = set(DSpineDrafter(self.dspine_config).state_dict())
+        expected.discard(READY_KEY)  # optional in the release layout
+        missing = sorted(expected - seen)
+        if missing == [CODES_KEY]:
+            return  # may come from transfer.safetensors beside a sharded checkpoint; checked by the caller
+        unexpected = sorted(seen - expected - {READY_KEY})
+        if missing or unexpected:
+            raise DrafterConfigError(
+                f"DSpine drafter checkpoint: missing tensors {missing[:8]}, unexpected tensors {unexpected[:8]}"
+            )
+
+
+EntryClass = [DSpineDraftModel]
