@@ -1,0 +1,384 @@
+"""End-to-end DSPINE serving evidence on the GPU machine (issue 4, items a-g).
+
+Starts, side by side on one GPU, SGLang servers without speculation, with DSPINE and with DFLASH (plus the
+same plain/DSPINE pair with --enable-deterministic-inference), tries to start servers on broken drafters,
+and measures: greedy agreement with near-tie analysis (a), a T=1 two-sample test (b), a 48-client load
+through the OpenAI API (c), CUDA graphs in the decode logs (d), accept length in /server_info and the logs
+(e), DFLASH in the same build (f), refusals (g). Writes JSON to --out and benchmarks/results/.
+
+Usage (from the repo root, after `source scripts/device/setup.sh`):
+    python3 scripts/device/serve_e2e.py --models DIR --out $OUT
+DIR holds target/, dspine/ and dflash/ (a trained lab pair); without --models tiny random ones are made.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures as cf
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import torch
+
+from sglang_dspine.provenance import provenance  # noqa: E402
+
+SERVER = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--attention-backend", "triton",
+          "--sampling-backend", "pytorch", "--grammar-backend", "none", "--cuda-graph-max-bs", "48",
+          "--mem-fraction-static", "0.1", "--log-level", "info", "--decode-log-interval", "10"]
+
+
+# ----------------------------------------------------------------------------------------- models
+def make_tiny_models(root: str) -> None:
+    """A tiny Qwen3 target (BPE tokenizer trained on local sources), a DSpine drafter with codes from its head
+    and random injection, and a random DFlash drafter. Logit gaps are widened (head × 8) so bf16 near-ties
+    are rarer; the result is labelled as such."""
+    import glob
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    from sglang_dspine.checkpoint import init_dspine_transfer, save_drafter
+    from sglang_dspine.model import DSpineDrafter
+    from sglang_dspine.tiny import drafter_config_for
+
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    files = sorted(glob.glob(os.path.join(site, "torch", "nn", "**", "*.py"), recursive=True))[:300]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
+    tok.train_from_iterator((open(f, errors="ignore").read() for f in files),
+                            trainers.BpeTrainer(vocab_size=4096, special_tokens=special,
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   mask_token="<|MASK|>")
+    tdir = os.path.join(root, "target")
+    fast.save_pretrained(tdir)
+    cfg = Qwen3Config(vocab_size=len(fast), hidden_size=256, intermediate_size=768, num_hidden_layers=6,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+                      tie_word_embeddings=False, eos_token_id=fast.eos_token_id, bos_token_id=fast.eos_token_id)
+    torch.manual_seed(0)
+    target = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8.0)
+    target.to(torch.bfloat16).save_pretrained(tdir)
+    target = target.float()
+    for kind in ("dspine", "dflash"):
+        dcfg = drafter_config_for(target, kind=kind, block_size=16, layers=2, transfer_rank=64, message_size=32,
+                                  top_k=8, mask_token_id=fast.mask_token_id, target_layer_ids=[1, 3])
+        torch.manual_seed(1)
+        d = DSpineDrafter(dcfg)
+        for p in d.parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02)
+        if kind == "dspine":
+            init_dspine_transfer(d, target.lm_head.weight)
+            with torch.no_grad():
+                for w in d.injection.writes:
+                    w.weight.normal_(0, 0.02)
+        save_drafter(d.to(torch.bfloat16), os.path.join(root, kind))
+        fast.save_pretrained(os.path.join(root, kind))
+
+
+def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:
+    """name -> (drafter dir, extra args, message the refusal must contain)."""
+    from safetensors.torch import load_file, save_file
+
+    src = os.path.join(root, "dspine")
+    bad = {}
+
+    def variant(name, edit_cfg=None, edit_tensors=None):
+        dst = os.path.join(root, "bad_" + name)
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst)
+        if edit_cfg:
+            p = os.path.join(dst, "config.json")
+            c = json.load(open(p))
+            edit_cfg(c)
+            json.dump(c, open(p, "w"))
+        if edit_tensors:
+            p = os.path.join(dst, "model.safetensors")
+            t = load_file(p)
+            edit_tensors(t)
+            save_file(t, p)
+        return dst
+
+    bad["no_codes"] = (variant("no_codes", edit_tensors=lambda t: t.pop("transfer_codes")), [], "no transfer codes")
+    bad["wrong_vocab"] = (variant("wrong_vocab", edit_cfg=lambda c: c.update(vocab_size=c["vocab_size"] + 64)), [],
+                          "vocab_size: expected")
+    bad["wrong_block_size"] = (src, ["--speculative-num-draft-tokens", "8"], "block_size 16 but")
+    bad["zero_codes"] = (variant("zero_codes", edit_tensors=lambda t: t["transfer_codes"].zero_()), [], "all zeros")
+    return bad
+
+
+# ---------------------------------------------------------------------------------------- servers
+class Server:
+    def __init__(self, name, port, args, out):
+        self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
+        self.log = os.path.join(out, f"server_{name}.log")
+        self.proc = subprocess.Popen(SERVER + ["--port", str(port)] + args, stdout=open(self.log, "w"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.started = time.time()
+        self.up_after = None
+
+    def wait(self, timeout=420) -> bool:
+        while time.time() - self.started < timeout:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=2)
+                self.up_after = time.time() - self.started
+                return True
+            except Exception:
+                time.sleep(1)
+        return False
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+
+    def tail(self, n=30):
+        return "".join(open(self.log, errors="ignore").readlines()[-n:])
+
+
+def post(url, payload, timeout=120):
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
+
+
+def generate(server, input_ids, max_new, temperature=0.0, seed=None, logprobs=0):
+    sp = {"max_new_tokens": max_new, "temperature": temperature, "ignore_eos": True}
+    if seed is not None:
+        sp["sampling_seed"] = seed
+    body = {"input_ids": input_ids, "sampling_params": sp}
+    if logprobs:
+        body.update(return_logprob=True, top_logprobs_num=logprobs, logprob_start_len=len(input_ids) - 1)
+    return post(server.url + "/generate", body)
+
+
+def server_info(server):
+    return json.loads(urllib.request.urlopen(server.url + "/server_info", timeout=10).read())
+
+
+# ------------------------------------------------------------------------------------------ tests
+def prompts_for(tokenizer, n, seed=0):
+    rng = random.Random(seed)
+    starts = ["def forward(self, x):", "import torch\n", "class Linear(Module):", "    return F.", "# Copyright",
+              "def __init__(self, in_features, out_features", "    if bias is not None:", '"""Applies a', "for i in range(",
+              "    @property\n    def", "x = torch.", "        self.weight = Parameter("]
+    out = []
+    for i in range(n):
+        text = starts[i % len(starts)] + ("" if i < len(starts) else " " + " ".join(rng.sample(starts, 2)))
+        out.append(tokenizer(text)["input_ids"])
+    return out
+
+
+def greedy_agreement(base, spec, prompts, max_new, pool):
+    outs_b = list(pool.map(lambda p: generate(base, p, max_new)["output_ids"], prompts))
+    outs_s = list(pool.map(lambda p: generate(spec, p, max_new)["output_ids"], prompts))
+    same = [a == b for a, b in zip(outs_b, outs_s)]
+    gaps = []
+    for p, a, b in zip(prompts, outs_b, outs_s):
+        if a == b:
+            continue
+        k = next(i for i in range(min(len(a), len(b))) if a[i] != b[i])
+        r = generate(base, p + a[:k], 1, logprobs=2)
+        top = r["meta_info"]["output_top_logprobs"][-1]
+        gaps.append({"position": k, "top2_logprob_gap": float(top[0][0] - top[1][0]),
+                     "plain_token": a[k], "spec_token": b[k]})
+    return {"prompts": len(prompts), "identical": sum(same), "match_rate": sum(same) / len(prompts),
+            "divergences": gaps}
+
+
+def t1_test(base, spec, prompts, samples, pool):
+    """Two-sample chi-square on the joint of the first three sampled tokens, per prompt; Bonferroni over prompts."""
+    from scipy.stats import chi2_contingency
+
+    results = []
+    for i, p in enumerate(prompts):
+        draw = lambda srv, s: tuple(generate(srv, p, 3, temperature=1.0, seed=s)["output_ids"])
+        a = collections.Counter(pool.map(lambda s: draw(base, s), range(samples)))
+        b = collections.Counter(pool.map(lambda s: draw(spec, 10**6 + s), range(samples)))
+        cells = sorted(set(a) | set(b), key=lambda c: -(a[c] + b[c]))
+        big = [c for c in cells if a[c] + b[c] >= 10]
+        rest = [c for c in cells if a[c] + b[c] < 10]
+        table = [[a[c] for c in big] + [sum(a[c] for c in rest)], [b[c] for c in big] + [sum(b[c] for c in rest)]]
+        table = [[x for x, keep in zip(row, [True] * len(big) + [bool(rest)]) if keep] for row in table]
+        pval = float(chi2_contingency(table)[1]) if len(table[0]) > 1 else 1.0
+        results.append({"prompt": i, "cells": len(table[0]), "distinct_sequences": len(cells), "pvalue": pval})
+    adjusted = min(1.0, min(r["pvalue"] for r in results) * len(results))
+    return {"samples_per_server": samples, "per_prompt": results, "bonferroni_min_pvalue": adjusted}
+
+
+def load_test(server, tokenizer, clients, seconds):
+    """`clients` concurrent OpenAI-API clients for `seconds`; every request must come back complete."""
+    sent = ok = errors = 0
+    lock = threading.Lock()
+    err_msgs = []
+    stop = time.time() + seconds
+    texts = ["def forward(self, x):", "import torch\n", "class Linear(Module):", "    return F.", "# Copyright"]
+
+    def client(i):
+        nonlocal sent, ok, errors
+        rng = random.Random(i)
+        while time.time() < stop:
+            with lock:
+                sent += 1
+            try:
+                r = post(server.url + "/v1/completions", {"model": "default", "prompt": rng.choice(texts),
+                                                          "max_tokens": rng.randint(16, 128),
+                                                          "temperature": rng.choice([0.0, 1.0])}, timeout=300)
+                good = r["choices"][0]["text"] is not None and r["usage"]["completion_tokens"] > 0
+                with lock:
+                    ok += good
+                    errors += not good
+            except Exception as e:  # noqa: BLE001 - every failure is counted and reported
+                with lock:
+                    errors += 1
+                    err_msgs.append(repr(e)[:200])
+
+    t = time.time()
+    with cf.ThreadPoolExecutor(clients) as ex:
+        list(ex.map(client, range(clients)))
+    return {"clients": clients, "seconds": time.time() - t, "requests": sent, "completed": ok, "errors": errors,
+            "lost": sent - ok - errors, "error_samples": err_msgs[:5]}
+
+
+# ------------------------------------------------------------------------------------------- main
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=None)
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    ap.add_argument("--prompts", type=int, default=60)
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--t1-samples", type=int, default=400)
+    ap.add_argument("--t1-prompts", type=int, default=3)
+    ap.add_argument("--load-seconds", type=int, default=120)
+    ap.add_argument("--no-deterministic", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    models = args.models
+    label = "trained lab pair" if models else "tiny random target (head x8), random drafters"
+    if models is None:
+        models = "/tmp/e2e_models"
+        if not os.path.isdir(os.path.join(models, "dspine")):
+            make_tiny_models(models)
+    bad = make_bad_drafters(models)
+    target = os.path.join(models, "target")
+    spec = lambda algo, d, *extra: ["--model-path", target, "--speculative-algorithm", algo,
+                                    "--speculative-draft-model-path", d, *extra]
+    servers = {
+        "plain": Server("plain", 30001, ["--model-path", target], args.out),
+        "dspine": Server("dspine", 30002, spec("DSPINE", os.path.join(models, "dspine")), args.out),
+        "dflash": Server("dflash", 30003, spec("DFLASH", os.path.join(models, "dflash")), args.out),
+    }
+    if not args.no_deterministic:
+        det = ["--enable-deterministic-inference"]
+        servers["plain_det"] = Server("plain_det", 30004, ["--model-path", target, *det], args.out)
+        servers["dspine_det"] = Server("dspine_det", 30005, spec("DSPINE", os.path.join(models, "dspine"), *det), args.out)
+    refusals = {n: Server("bad_" + n, 30010 + i, spec("DSPINE", d, *extra), args.out)
+                for i, (n, (d, extra, _)) in enumerate(bad.items())}
+    results = {"models": label, "provenance": provenance(sys.argv)}
+    try:
+        up = {n: s.wait() for n, s in servers.items()}
+        results["startup_seconds"] = {n: s.up_after for n, s in servers.items()}
+        print("servers up:", up, results["startup_seconds"], flush=True)
+        for n, ok in up.items():
+            if not ok:
+                print(f"--- server {n} failed ---\n{servers[n].tail(60)}", flush=True)
+        refused = {}
+        for n, s in refusals.items():
+            try:
+                s.proc.wait(300)
+            except subprocess.TimeoutExpired:
+                pass
+            text = open(s.log, errors="ignore").read()
+            refused[n] = {"exited": s.proc.poll() is not None and s.proc.returncode != 0,
+                          "message_found": bad[n][2] in text,
+                          "message": next((l.strip()[:300] for l in text.splitlines() if "refusing drafter" in l), None)}
+        results["refusals"] = refused
+        if not (up["plain"] and up["dspine"]):
+            raise SystemExit("plain or DSPINE server did not start")
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(target)
+        prompts = prompts_for(tok, args.prompts)
+        with cf.ThreadPoolExecutor(16) as pool:
+            results["greedy_bf16"] = greedy_agreement(servers["plain"], servers["dspine"], prompts, args.max_new, pool)
+            print("greedy bf16:", results["greedy_bf16"]["identical"], "/", args.prompts, flush=True)
+            if up.get("plain_det") and up.get("dspine_det"):
+                results["greedy_deterministic"] = greedy_agreement(servers["plain_det"], servers["dspine_det"], prompts,
+                                                                   args.max_new, pool)
+                print("greedy det:", results["greedy_deterministic"]["identical"], "/", args.prompts, flush=True)
+            if up["dflash"]:
+                results["dflash_greedy_bf16"] = greedy_agreement(servers["plain"], servers["dflash"], prompts[:20],
+                                                                 args.max_new, pool)
+            results["t1"] = t1_test(servers["plain"], servers["dspine"], prompts[: args.t1_prompts], args.t1_samples, pool)
+            print("t1 p:", results["t1"]["bonferroni_min_pvalue"], flush=True)
+        results["load"] = load_test(servers["dspine"], tok, 48, args.load_seconds)
+        print("load:", results["load"], flush=True)
+        for n in ("dspine", "dflash", "dspine_det"):
+            if n in servers and up.get(n):
+                info = server_info(servers[n])
+                log = open(servers[n].log, errors="ignore").read().splitlines()
+                decode = [l for l in log if "Decode batch" in l]
+                results[n + "_server"] = {
+                    "avg_spec_accept_length": [s.get("avg_spec_accept_length") for s in info.get("internal_states", [])],
+                    "decode_log_lines": len(decode),
+                    "cuda_graph_true_lines": sum("cuda graph: True" in l for l in decode),
+                    "cuda_graph_false_lines": sum("cuda graph: False" in l for l in decode),
+                    "last_decode_line": decode[-1][-300:] if decode else None,
+                    "graph_decoding_log": [l[-200:] for l in log if "DSPINE candidate decoding" in l or "kept eager" in l][:3],
+                }
+    finally:
+        for s in list(servers.values()) + list(refusals.values()):
+            s.stop()
+        results["wall_seconds"] = time.time() - t0
+        path = os.path.join(args.out, "serving_e2e.json")
+        json.dump(results, open(path, "w"), indent=1)
+        subprocess.run(["tar", "czf", os.path.join(args.out, "server_logs.tar.gz"), "-C", args.out]
+                       + [f for f in os.listdir(args.out) if f.endswith(".log")])
+        for f in os.listdir(args.out):
+            if f.endswith(".log"):
+                os.remove(os.path.join(args.out, f))
+    summary = summarize(results)
+    json.dump(summary, open(os.path.join(args.out, "serving_e2e_summary.json"), "w"), indent=1)
+    print(json.dumps(summary, indent=1))
+
+
+def summarize(r):
+    exact = r.get("greedy_deterministic") or r.get("greedy_bf16") or {}
+    ref = r.get("refusals", {})
+    srv = r.get("dspine_server", {})
+    return {
+        "models": r.get("models"),
+        "exact_setting": "--enable-deterministic-inference (bf16, triton)" if "greedy_deterministic" in r else "plain bf16",
+        "exact_greedy_match": exact.get("match_rate"),
+        "bf16_greedy_match": r.get("greedy_bf16", {}).get("match_rate"),
+        "divergence_max_top2_gap": max((g["top2_logprob_gap"] for g in exact.get("divergences", [])), default=None),
+        "t1_test_pvalue": r.get("t1", {}).get("bonferroni_min_pvalue"),
+        "load_requests": r.get("load", {}).get("requests"),
+        "load_errors": (r.get("load", {}).get("errors") or 0) + (r.get("load", {}).get("lost") or 0),
+        "cuda_graph": bool(srv.get("cuda_graph_true_lines")) and not srv.get("cuda_graph_false_lines"),
+        "accept_length": (srv.get("avg_spec_accept_length") or [None])[0],
+        "dflash_served": r.get("dflash_greedy_bf16", {}).get("prompts"),
+        "bad_drafters_refused": sum(v["exited"] and v["message_found"] for v in ref.values()),
+        "bad_drafters_tried": len(ref),
+        "commit": r.get("provenance", {}).get("commit"),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""Provenance stamped on every benchmark result: command, git commit, GPU, versions, date."""
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+
+
+def git_commit() -> str:
+    """The commit measured. The GPU machine gets a copy of the tree without .git: pass GIT_COMMIT there."""
+    env = os.environ.get("GIT_COMMIT")
+    if env:
+        return env
+    try:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        out = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def provenance(argv: list[str] | None = None) -> dict:
+    import torch
+
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__}
+    for name in ("triton", "sglang", "transformers"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001 - a missing package is recorded as such
+            versions[name] = None
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "command": " ".join(argv if argv is not None else sys.argv),
+        "commit": git_commit(),
+        "gpu": gpu,
+        "versions": versions,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
