@@ -416,7 +416,8 @@ class DrafterObjective(nn.Module):
         embeds = self.teacher.embed(blocks.block_ids).to(torch.float32)
         # the CE prepass sees the same replacement as the graded pass: it must compute the same CE
         override = self.replacement_override(blocks, embeds.dtype)
-        out = d.forward_blocks(embeds, blocks.positions, ctx_kv, blocks.ctx_visible, blocks.anchors,
+        anchor_tokens = blocks.labels[..., 0]
+        out = d.forward_blocks(embeds, blocks.positions, ctx_kv, blocks.ctx_visible, anchor_tokens,
                                predecessor_override=override, override_blocks=blocks.replace if override else None)
         b = d.cfg.block_size
         m = n * blocks.anchors.shape[1]

@@ -279,8 +279,10 @@ def main():
     target = os.path.join(models, "target")
     spec = lambda algo, d, *extra: ["--model-path", target, "--speculative-algorithm", algo,
                                     "--speculative-draft-model-path", d, *extra]
-    servers = {
-        "plain": Server("plain", 30001, ["--model-path", target], args.out),
+    # The plain server starts alone first so the JIT kernel builds are cached before the others start.
+    servers = {"plain": Server("plain", 30001, ["--model-path", target], args.out)}
+    servers["plain"].wait()
+    servers |= {
         "dspine": Server("dspine", 30002, spec("DSPINE", os.path.join(models, "dspine")), args.out),
         "dflash": Server("dflash", 30003, spec("DFLASH", os.path.join(models, "dflash")), args.out),
     }
