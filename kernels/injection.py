@@ -1,0 +1,230 @@
+"""Fused adjacent injection for the serving layout (DESIGN.md §1, §3).
+
+States are flat `[bs*B, H]`: whole blocks of B rows, B a compile-time constant. For one layer l
+(`sglang_dspine.injection.AdjacentInjection.forward` is the math; this computes the same thing):
+
+    φ_t  = √r · normalize(z_t),  z_t = R_l h_t
+    p_t  = √r · C[anchor]   (block position 1)   |   φ_{t-1}   (positions ≥ 2)
+    h_t += rms(h_t) · U_l(σ(G_r φ_t + G_p p_t + b) ⊙ M p_t)          (position 0 untouched)
+
+Split between cuBLAS and the fused pass (why):
+  1. GEMM  z = h R_lᵀ                       [N, r]   weight-bound (R_l is H×r), cuBLAS does it best.
+  2. GEMM  y = z [G_r; G_p; M]ᵀ             [N, 3m]  one GEMM on the *unnormalised* z: normalisation is a
+     per-row scale s_t = √r / max(‖z_t‖, ε) and commutes with the linear maps, so G φ_t = s_t · (G z_t).
+     The shift is applied after this GEMM: G_p p_t = s_{t-1} · (G_p z_{t-1}) for t at position ≥ 2, exact.
+     Optionally (`fold=True`) steps 1-2 are one GEMM with [R_l; (G_r;G_p;M) R_l] (one launch, more bytes).
+  3. Anchor projections √r·C[a] [G_p; M]ᵀ, [bs, 2m]: the same for every layer (G_p, M are shared), so once
+     per draft step (`anchor_projections`), not per layer.
+  4. Fused kernel (`gate_message`), one program per row: ‖h_t‖ (rms), ‖z_t‖ and ‖z_{t-1}‖ (the feature
+     scales), the in-block shift, the anchor projection for position 1, the gate σ(·), the product with the
+     message, and the rms scale; it writes msg_t = rms(h_t)·g_t ⊙ M p_t (zero on position 0) and optionally
+     the receiver term G_r φ_t, which the transition scoring of the last layer reuses.
+  5. GEMM with residual epilogue: h_out = h + msg U_lᵀ (`addmm`). Scaling msg by rms(h_t) *before* U_l is
+     exact (a row scalar) and lets cuBLAS do the residual write; position-0 rows have msg = 0, so their
+     output is h itself.
+No host synchronisation, no data-dependent shapes: everything is CUDA-graph capturable.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from sglang_dspine.injection import NORMALIZE_EPS, AdjacentInjection
+
+
+# --------------------------------------------------------------------------------------------- weights
+@dataclass
+class InjectionWeights:
+    """The injection weights laid out for the flat serving path (one model dtype, contiguous)."""
+
+    readouts: list[torch.Tensor]  # R_l [r, H]
+    maps: torch.Tensor  # [G_r; G_p; M] [3m, r] (shared by all layers)
+    writes: list[torch.Tensor]  # U_l [H, m]
+    bias: torch.Tensor  # b [m]
+    folded: list[torch.Tensor] | None = None  # [R_l; maps·R_l] [r+3m, H] (fold=True)
+
+    @property
+    def rank(self) -> int:
+        return self.maps.shape[1]
+
+    @property
+    def message_size(self) -> int:
+        return self.bias.shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.readouts)
+
+    @property
+    def pred_maps(self) -> torch.Tensor:
+        """[G_p; M] [2m, r]: the maps applied to a predecessor."""
+        return self.maps[self.message_size:]
+
+    @classmethod
+    @torch.no_grad()
+    def from_module(cls, inj: AdjacentInjection, dtype: torch.dtype | None = None, fold: bool = False) -> "InjectionWeights":
+        dtype = dtype or inj.bias.dtype
+        cvt = lambda t: t.detach().to(dtype).contiguous()  # noqa: E731
+        maps = torch.cat([inj.receiver_gate.weight, inj.predecessor_gate.weight, inj.message.weight], 0)
+        folded = None
+        if fold:
+            # fp32 product, one rounding to the model dtype
+            folded = [cvt(torch.cat([r.weight.float(), maps.float() @ r.weight.float()], 0)) for r in inj.readouts]
+        return cls(
+            readouts=[cvt(r.weight) for r in inj.readouts],
+            maps=cvt(maps),
+            writes=[cvt(w.weight) for w in inj.writes],
+            bias=cvt(inj.bias),
+            folded=folded,
+        )
+
+
+def anchor_projections(w: InjectionWeights, codes: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """[G_p; M](√r·C[anchor]) for each request: [bs, 2m] in the model dtype (the same for every layer)."""
+    dtype = w.maps.dtype
+    pred = math.sqrt(w.rank) * codes[anchors.view(-1)].to(dtype)  # same rounding order as the module
+    return F.linear(pred, w.pred_maps)
+
+
+# ---------------------------------------------------------------------------------------- fused kernel
+@triton.jit
+def _gate_message_kernel(
+    h_ptr, z_ptr, y_ptr, ap_ptr, b_ptr, msg_ptr, recv_ptr,
+    stride_h, stride_z, stride_y, stride_ap, stride_msg, stride_recv,
+    sqrt_r, eps,
+    B: tl.constexpr, H: tl.constexpr, R: tl.constexpr, M: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr, WRITE_RECV: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    n = t // B
+    i = t % B
+    live = i > 0  # position 0 is never written: its message is 0
+    first = i == 1  # predecessor = the anchor's code
+    shifted = i > 1  # predecessor = feature of row t-1 (same block)
+
+    # rms(h_t) = ‖h_t‖ / √H
+    acc_h = tl.zeros([BLOCK_H], tl.float32)
+    for c in range(0, H, BLOCK_H):
+        o = c + tl.arange(0, BLOCK_H)
+        x = tl.load(h_ptr + t * stride_h + o, mask=(o < H) & live, other=0.0).to(tl.float32)
+        acc_h += x * x
+    rms = tl.sqrt(tl.sum(acc_h, 0) / H)
+
+    # feature scales s = √r / max(‖z‖, ε) of this row and of its predecessor row
+    acc_0 = tl.zeros([BLOCK_R], tl.float32)
+    acc_1 = tl.zeros([BLOCK_R], tl.float32)
+    for c in range(0, R, BLOCK_R):
+        o = c + tl.arange(0, BLOCK_R)
+        z0 = tl.load(z_ptr + t * stride_z + o, mask=(o < R) & live, other=0.0).to(tl.float32)
+        z1 = tl.load(z_ptr + (t - 1) * stride_z + o, mask=(o < R) & shifted, other=0.0).to(tl.float32)
+        acc_0 += z0 * z0
+        acc_1 += z1 * z1
+    s0 = sqrt_r / tl.maximum(tl.sqrt(tl.sum(acc_0, 0)), eps)
+    s1 = sqrt_r / tl.maximum(tl.sqrt(tl.sum(acc_1, 0)), eps)
+
+    for c in range(0, M, BLOCK_M):
+        o = c + tl.arange(0, BLOCK_M)
+        om = o < M
+        gr = s0 * tl.load(y_ptr + t * stride_y + o, mask=om & live, other=0.0).to(tl.float32)
+        # shift after the GEMM: row t-1's G_p z and M z, scaled by row t-1's feature scale
+        gp = s1 * tl.load(y_ptr + (t - 1) * stride_y + M + o, mask=om & shifted, other=0.0).to(tl.float32)
+        mp = s1 * tl.load(y_ptr + (t - 1) * stride_y + 2 * M + o, mask=om & shifted, other=0.0).to(tl.float32)
+        gp += tl.load(ap_ptr + n * stride_ap + o, mask=om & first, other=0.0).to(tl.float32)
+        mp += tl.load(ap_ptr + n * stride_ap + M + o, mask=om & first, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + o, mask=om, other=0.0).to(tl.float32)
+        msg = tl.sigmoid(gr + gp + b) * mp * rms
+        msg = tl.where(live, msg, 0.0)
+        tl.store(msg_ptr + t * stride_msg + o, msg.to(msg_ptr.dtype.element_ty), mask=om)
+        if WRITE_RECV:
+            tl.store(recv_ptr + t * stride_recv + o, tl.where(live, gr, 0.0).to(recv_ptr.dtype.element_ty), mask=om)
+
+
+def _check_rows(name: str, t: torch.Tensor, rows: int, cols: int) -> None:
+    if t.dim() != 2 or t.shape[0] != rows or t.shape[1] != cols or t.stride(1) != 1:
+        raise ValueError(f"{name}: expected a [{rows}, {cols}] tensor with contiguous rows, found "
+                         f"{tuple(t.shape)} strides {t.stride()}")
+
+
+def gate_message(h, z, y, anchor_proj, bias, block_size: int, msg_out, recv_out=None):
+    """Fused gate + message (Triton). h [N, H]; z [N, r] (= h R_lᵀ); y [N, 3m] (= z [G_r;G_p;M]ᵀ);
+    anchor_proj [bs, 2m]; bias [m]; writes msg_out [N, m] = rms(h)·σ(G_r φ + G_p p + b) ⊙ M p (0 on position 0)
+    and, if given, recv_out [N, m] = G_r φ (0 on position 0). N = bs·block_size. Returns msg_out."""
+    n_rows, hidden = h.shape
+    rank, m = z.shape[1], bias.shape[0]
+    if n_rows % block_size:
+        raise ValueError(f"h has {n_rows} rows, not a multiple of block_size {block_size}")
+    _check_rows("h", h, n_rows, hidden)
+    _check_rows("z", z, n_rows, rank)
+    _check_rows("y", y, n_rows, 3 * m)
+    _check_rows("anchor_proj", anchor_proj, n_rows // block_size, 2 * m)
+    _check_rows("msg_out", msg_out, n_rows, m)
+    if recv_out is not None:
+        _check_rows("recv_out", recv_out, n_rows, m)
+    _gate_message_kernel[(n_rows,)](
+        h, z, y, anchor_proj, bias.contiguous(), msg_out, recv_out if recv_out is not None else msg_out,
+        h.stride(0), z.stride(0), y.stride(0), anchor_proj.stride(0), msg_out.stride(0),
+        recv_out.stride(0) if recv_out is not None else 0,
+        math.sqrt(rank), NORMALIZE_EPS,
+        B=block_size, H=hidden, R=rank, M=m,
+        BLOCK_H=min(triton.next_power_of_2(hidden), 2048),
+        BLOCK_R=min(triton.next_power_of_2(rank), 1024),
+        BLOCK_M=min(triton.next_power_of_2(m), 512),
+        WRITE_RECV=recv_out is not None,
+        num_warps=4,
+    )
+    return msg_out
+
+
+def gate_message_torch(h, z, y, anchor_proj, bias, block_size: int, msg_out, recv_out=None):
+    """PyTorch reference of `gate_message` (same signature, same outputs), computed in float32."""
+    n_rows, hidden = h.shape
+    bs, rank, m = n_rows // block_size, z.shape[1], bias.shape[0]
+    hf = h.float().view(bs, block_size, hidden)
+    rms = hf.norm(dim=-1, keepdim=True) / math.sqrt(hidden)
+    zf = z.float().view(bs, block_size, rank)
+    s = math.sqrt(rank) / zf.norm(dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
+    yf = y.float().view(bs, block_size, 3 * m) * s  # [G_r φ, G_p φ, M φ] of every row
+    pred = torch.cat([anchor_proj.float().view(bs, 1, 2 * m), yf[:, 1:-1, m:]], dim=1)  # shift by one
+    recv = yf[:, 1:, :m]
+    msg = torch.sigmoid(recv + pred[..., :m] + bias.float()) * pred[..., m:] * rms[:, 1:]
+    zero = msg.new_zeros(bs, 1, m)
+    msg_out.copy_(torch.cat([zero, msg], 1).view(n_rows, m))
+    if recv_out is not None:
+        recv_out.copy_(torch.cat([zero, recv], 1).view(n_rows, m))
+    return msg_out
+
+
+# ------------------------------------------------------------------------------------ one whole layer
+def project(h: torch.Tensor, layer: int, w: InjectionWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cuBLAS part before the fused pass: z = h R_lᵀ and y = z [G_r;G_p;M]ᵀ (views of one buffer if folded)."""
+    if w.folded is not None:
+        zy = F.linear(h, w.folded[layer])
+        return zy[:, : w.rank], zy[:, w.rank:]
+    z = F.linear(h, w.readouts[layer])
+    return z, F.linear(z, w.maps)
+
+
+def inject_flat(h: torch.Tensor, layer: int, w: InjectionWeights, anchor_proj: torch.Tensor, block_size: int,
+                out: torch.Tensor | None = None, recv_out: torch.Tensor | None = None,
+                impl: str = "triton") -> torch.Tensor:
+    """Adjacent injection of one layer on flat states h [bs·B, H] (GEMMs + fused pass + residual GEMM).
+
+    anchor_proj: `anchor_projections(...)` [bs, 2m]. out: where to write (may be h itself for in place;
+    default: a new tensor). recv_out [bs·B, m]: optional G_r φ of each row (the transition scoring uses the
+    last layer's). impl: "triton" or "torch" (the reference pass). Returns the injected states.
+    """
+    z, y = project(h, layer, w)
+    msg = torch.empty(h.shape[0], w.message_size, dtype=h.dtype, device=h.device)
+    fn = gate_message if impl == "triton" else gate_message_torch
+    fn(h, z, y, anchor_proj, w.bias, block_size, msg, recv_out)
+    u = w.writes[layer]  # [H, m]
+    if out is None:
+        return torch.addmm(h, msg, u.t())
+    if out.data_ptr() == h.data_ptr():
+        return h.addmm_(msg, u.t())
+    return torch.addmm(h, msg, u.t(), out=out)
