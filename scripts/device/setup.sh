@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Source on the GPU machine from the repo root: unpacks the SGLang bundle (.devbundle, carried) and installs
-# this package without dependencies so SGLang finds the `sglang.srt.plugins` entry point.
+# Source on the GPU machine from the repo root: unpacks the SGLang bundle (.devbundle, carried) and lays this
+# package out as an installed distribution would (sglang_dspine + kernels as sglang_dspine.kernels + a
+# dist-info whose entry point SGLang's plugin loader finds). The machine has no network, so no pip build.
 source .devbundle/sglang-bundle-setup.sh || return 1
-if ! python3 -c "import sglang_dspine.plugin, sglang_dspine.kernels" 2>/dev/null \
-   || [ "$(python3 -c 'import sglang_dspine,os;print(os.path.dirname(sglang_dspine.__file__))')" != "$PWD/sglang_dspine" ]; then
-  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/tmp/pip-install.log 2>&1 \
-    || { echo "pip install -e . failed:"; tail -20 /tmp/pip-install.log; return 1; }
-fi
+DSPINE_SITE=/tmp/dspine-site
+rm -rf "$DSPINE_SITE" && mkdir -p "$DSPINE_SITE/sglang_dspine-0.1.0.dist-info"
+cp -r sglang_dspine "$DSPINE_SITE/sglang_dspine"
+cp -r kernels "$DSPINE_SITE/sglang_dspine/kernels"
+printf 'Metadata-Version: 2.1\nName: sglang-dspine\nVersion: 0.1.0\n' > "$DSPINE_SITE/sglang_dspine-0.1.0.dist-info/METADATA"
+python3 - "$DSPINE_SITE/sglang_dspine-0.1.0.dist-info/entry_points.txt" <<'PY' || return 1
+import re, sys
+src = open("setup.py").read()
+eps = re.search(r'"sglang.srt.plugins": \["([^"]+)"\]', src).group(1)
+open(sys.argv[1], "w").write(f"[sglang.srt.plugins]\n{eps.replace('=', ' = ', 1)}\n")
+PY
+export PYTHONPATH="$DSPINE_SITE:$PWD:$PYTHONPATH"
 python3 - <<'PY' || return 1
 from importlib.metadata import entry_points
+import sglang_dspine.kernels
 eps = [e.value for e in entry_points(group="sglang.srt.plugins")]
 assert "sglang_dspine.plugin:register" in eps, eps
 print("sglang-dspine plugin entry point:", eps)
