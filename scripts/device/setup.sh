@@ -14,7 +14,8 @@ src = open("setup.py").read()
 eps = re.search(r'"sglang.srt.plugins": \["([^"]+)"\]', src).group(1)
 open(sys.argv[1], "w").write(f"[sglang.srt.plugins]\n{eps.replace('=', ' = ', 1)}\n")
 PY
-export PYTHONPATH="$DSPINE_SITE:$PWD:$PYTHONPATH"
+# Not the repo root: its top-level kernels/ would shadow the `kernels` package transformers and sglang import.
+export PYTHONPATH="$DSPINE_SITE:$PYTHONPATH"
 python3 - <<'PY' || return 1
 from importlib.metadata import entry_points
 import sglang_dspine.kernels
