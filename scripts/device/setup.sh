@@ -3,6 +3,7 @@
 # package out as an installed distribution would (sglang_dspine + kernels as sglang_dspine.kernels + a
 # dist-info whose entry point SGLang's plugin loader finds). The machine has no network, so no pip build.
 source .devbundle/sglang-bundle-setup.sh || return 1
+python3 -m pip uninstall -q -y sglang-dspine >/dev/null 2>&1  # an earlier editable install would shadow this layout
 DSPINE_SITE=/tmp/dspine-site
 rm -rf "$DSPINE_SITE" && mkdir -p "$DSPINE_SITE/sglang_dspine-0.1.0.dist-info"
 cp -r sglang_dspine "$DSPINE_SITE/sglang_dspine"
