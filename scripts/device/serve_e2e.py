@@ -124,7 +124,8 @@ class Server:
         self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
         self.log = os.path.join(out, f"server_{name}.log")
         self.proc = subprocess.Popen(SERVER + ["--port", str(port)] + args, stdout=open(self.log, "w"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     cwd="/tmp")  # not the repo root: its kernels/ would shadow `kernels`
         self.started = time.time()
         self.up_after = None
 

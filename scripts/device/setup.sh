@@ -17,7 +17,8 @@ open(sys.argv[1], "w").write(f"[sglang.srt.plugins]\n{eps.replace('=', ' = ', 1)
 PY
 # Not the repo root: its top-level kernels/ would shadow the `kernels` package transformers and sglang import.
 export PYTHONPATH="$DSPINE_SITE:$PYTHONPATH"
-python3 - <<'PY' || return 1
+# Checked from /tmp: python run from the repo root puts the root (and its kernels/) first on sys.path.
+(cd /tmp && python3 - <<'PY') || return 1
 from importlib.metadata import entry_points
 import sglang_dspine.kernels
 eps = [e.value for e in entry_points(group="sglang.srt.plugins")]
