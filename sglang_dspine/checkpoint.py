@@ -199,8 +199,12 @@ def save_drafter(model: DSpineDrafter, path: str, layout: str = "specforge") -> 
     if layout not in ("specforge", "release"):
         raise ValueError(f"layout: expected 'specforge' or 'release', found {layout!r}")
     os.makedirs(path, exist_ok=True)
+    config = model.cfg.to_dict()
+    # The weights' dtype, under both names transformers has used: servers pick the draft dtype from it.
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    config["dtype"] = config["torch_dtype"] = dtype
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(model.cfg.to_dict(), f, indent=2)
+        json.dump(config, f, indent=2)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if layout == "release" and CODES_KEY in state:
         save_file({"codes": state.pop(CODES_KEY).float()}, os.path.join(path, TRANSFER_FILE))
