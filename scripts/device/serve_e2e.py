@@ -274,8 +274,8 @@ def main():
     label = "trained lab pair" if models else "tiny random target (head x8), random drafters"
     if models is None:
         models = "/tmp/e2e_models"
-        if not os.path.isdir(os.path.join(models, "dspine")):
-            make_tiny_models(models)
+        shutil.rmtree(models, ignore_errors=True)
+        make_tiny_models(models)
     bad = make_bad_drafters(models)
     target = os.path.join(models, "target")
     spec = lambda algo, d, *extra: ["--model-path", target, "--speculative-algorithm", algo,
