@@ -57,13 +57,15 @@ def _select_kernel(x_ptr, g_ptr, val_ptr, idx_ptr, V, G, stride_x, stride_g, str
 def topk(logits: torch.Tensor, k: int, values_out: torch.Tensor | None = None,
          indices_out: torch.Tensor | None = None, scratch: torch.Tensor | None = None):
     """Top-k over the last axis of logits [N, V] (Triton). Returns (values [N, k] in the logits' dtype,
-    indices [N, k] int64), sorted descending. scratch: optional [N, ceil(V/32)] float32 buffer."""
+    indices [N, k] int64), sorted descending. scratch: optional [N, ceil(V/32)] float32 buffer (V ≥ 32·k)."""
     n, v = logits.shape
     if logits.stride(-1) != 1:
         raise ValueError("logits: last axis must be contiguous")
-    g = triton.cdiv(v, GROUP)
-    if k > g:
-        raise ValueError(f"k={k} exceeds the number of groups {g} (V={v})")
+    if not 1 <= k <= v:
+        raise ValueError(f"k={k} must be in [1, V={v}]")
+    # groups of S logits; small vocabularies get smaller groups so that there are at least k of them
+    s = min(GROUP, 1 << ((v // k).bit_length() - 1))
+    g = triton.cdiv(v, s)
     if scratch is None:
         scratch = torch.empty(n, g, dtype=torch.float32, device=logits.device)
     if values_out is None:
@@ -72,12 +74,12 @@ def topk(logits: torch.Tensor, k: int, values_out: torch.Tensor | None = None,
         indices_out = torch.empty(n, k, dtype=torch.long, device=logits.device)
     block_g = 128
     _group_max_kernel[(n, triton.cdiv(g, block_g))](
-        logits, scratch, v, g, logits.stride(0), scratch.stride(0), S=GROUP, BLOCK_G=block_g, num_warps=4)
+        logits, scratch, v, g, logits.stride(0), scratch.stride(0), S=s, BLOCK_G=block_g, num_warps=4)
     bg = triton.next_power_of_2(g)
     _select_kernel[(n,)](
         logits, scratch, values_out, indices_out, v, g, logits.stride(0), scratch.stride(0),
         values_out.stride(0), indices_out.stride(0),
-        K=k, KP=max(16, triton.next_power_of_2(k)), S=GROUP, BLOCK_G=bg, num_warps=8 if bg >= 4096 else 4)
+        K=k, KP=max(16, triton.next_power_of_2(k)), S=s, BLOCK_G=bg, num_warps=8 if bg >= 4096 else 4)
     return values_out, indices_out
 
 

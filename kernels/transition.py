@@ -125,15 +125,17 @@ def _score_kernel(
     pp_rows = pp_ptr + prow * s_pp
     # column passes of width CW: msg is computed once per (pass, k-block); rfac = Rᵀ is lower triangular,
     # so pass cp only needs k-blocks from its first column on.
-    NQ: tl.constexpr = M // BLOCK_Q
+    MP: tl.constexpr = (M + CW - 1) // CW * CW  # m padded to whole passes (masked)
+    NQ: tl.constexpr = MP // BLOCK_Q
     t2 = tl.zeros([RP], tl.float32)
-    for c0 in range(0, M, CW):
+    for c0 in range(0, MP, CW):
         cols = c0 + tl.arange(0, CW)
         acc = tl.zeros([RP, CW], tl.float32)
         for kb in range(c0 // BLOCK_Q, NQ):
             ks = kb * BLOCK_Q + tl.arange(0, BLOCK_Q)
             msg = _message(recv_rows, pp_rows, b_ptr, ks, rvalid, M)
-            lt = tl.load(rf_ptr + ks[:, None] * M + cols[None, :])
+            lt = tl.load(rf_ptr + ks[:, None] * M + cols[None, :], mask=(ks[:, None] < M) & (cols[None, :] < M),
+                         other=0.0)
             acc += tl.dot(msg.to(DOT_DT), lt.to(DOT_DT), input_precision=DOT_PREC)
         t2 += tl.sum(acc * acc, 1)
     t2 = tl.reshape(t2, (PB, KP))
@@ -252,8 +254,6 @@ def transition_scores_walk(pre, recv, uh, cand, anchors, pred_proj, head_proj, h
     bs, npos, hidden = pre.shape
     k = cand.shape[-1]
     m = bias.shape[0]
-    if m % 16:
-        raise ValueError(f"message size {m} must be a multiple of 16 (tensor-core tiles)")
     for name, t, shape in (("recv", recv, (bs, npos, m)), ("uh", uh, (bs, npos, m)), ("cand", cand, (bs, npos, k))):
         if tuple(t.shape) != shape or t.stride(-1) != 1:
             raise ValueError(f"{name}: expected {shape} with a contiguous last axis, found {tuple(t.shape)} {t.stride()}")
@@ -269,8 +269,9 @@ def transition_scores_walk(pre, recv, uh, cand, anchors, pred_proj, head_proj, h
         pb = triton.next_power_of_2(npos)
     kp = max(16, triton.next_power_of_2(k))
     bh, bm, bq, cw, warps = _SCORE_CONFIGS[min(pb, 16)]
-    bq = bq if m % bq == 0 else 16
-    cw = max(bq, math.gcd(m, cw))
+    mp = triton.cdiv(m, 16) * 16  # tensor-core tiles need 16: smaller or odd m is padded with masks
+    bq = bq if mp % bq == 0 else 16
+    cw = max(bq, math.gcd(mp, cw))
     if _interpreting() or rfac.dtype == torch.float32:
         # fp32 operands: exact ("ieee") products; the interpreter also needs fp32 (its bf16 dot is wrong)
         dot_dt, prec = tl.float32, "ieee"
@@ -284,7 +285,7 @@ def transition_scores_walk(pre, recv, uh, cand, anchors, pred_proj, head_proj, h
         head.stride(0), pred_proj.stride(0), head_proj.stride(0),
         norm_eps,
         P=npos, K=k, KP=kp, H=hidden, M=m, PB=pb,
-        BLOCK_H=min(bh, triton.next_power_of_2(hidden)), BLOCK_M=min(bm, triton.next_power_of_2(m)), BLOCK_Q=bq,
+        BLOCK_H=min(bh, triton.next_power_of_2(hidden)), BLOCK_M=max(16, min(bm, triton.next_power_of_2(m))), BLOCK_Q=bq,
         CW=cw, BY_TOKEN=by_token, FUSE_WALK=fuse, DOT_DT=dot_dt, DOT_PREC=prec, num_warps=warps,
     )
     if not fuse:

@@ -17,7 +17,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from sglang_dspine.kernels.injection import _gate_message_kernel
-from sglang_dspine.kernels.topk import _group_max_kernel, _select_kernel
+from sglang_dspine.kernels.top_k import _group_max_kernel, _select_kernel
 from sglang_dspine.kernels.transition import _SCORE_CONFIGS, _score_kernel, _walk_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)

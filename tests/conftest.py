@@ -4,6 +4,11 @@ import os
 import pytest
 import torch
 
+# Without a GPU, Triton kernels run through Triton's interpreter. Triton picks the interpreter when a kernel
+# is decorated, so this must be set before any module of sglang_dspine.kernels is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from sglang_dspine.checkpoint import init_dspine_transfer
 from sglang_dspine.model import DSpineDrafter
 from sglang_dspine.tiny import drafter_config_for, make_target

@@ -1,0 +1,425 @@
+"""Triton kernels (sglang_dspine.kernels) against their PyTorch references and the drafter's own math.
+
+Without a GPU the kernels run through Triton's interpreter (conftest sets TRITON_INTERPRET=1; this module
+checks it really is the interpreter). Outputs are pre-filled with NaN / poison so an unwritten element fails.
+Tests marked `gpu` run the same checks at Qwen3-8B shapes on the device (scripts/device/kernels.sh).
+"""
+import importlib
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import sglang_dspine.kernels as K  # noqa: E402
+from conftest import randomize_injection  # noqa: E402
+from sglang_dspine.decoding import decode_block  # noqa: E402
+from sglang_dspine.injection import AdjacentInjection  # noqa: E402
+from sglang_dspine.kernels import injection as kinj, top_k as ktopk, transition as ktr  # noqa: E402
+
+torch.set_grad_enabled(False)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+POISON = -7_777_777
+
+
+def _interpreted() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(kinj._gate_message_kernel, InterpretedFunction)
+
+
+if DEVICE == "cpu" and not _interpreted():
+    # Imported before TRITON_INTERPRET was set (another module got there first): decorate again.
+    for mod in (kinj, ktopk, ktr, K):
+        importlib.reload(mod)
+    from sglang_dspine.kernels import injection as kinj, top_k as ktopk, transition as ktr  # noqa: E402,F811
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape, g, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEVICE)
+
+
+def rel_err(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+# numbers rounded once to the dtype: relative error of a whole tensor
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def kernel_tol(dtype):
+    """Transition kernel vs its fp32 reference: exact fp32 products in the interpreter and for fp32 on the
+    GPU; bf16/fp16 tensor-core operands on the GPU (msg rounded to the dtype)."""
+    return 1e-5 if DEVICE == "cpu" or dtype == torch.float32 else 1e-2
+
+
+def test_interpreter_is_used_on_cpu():
+    if DEVICE == "cpu":
+        assert os.environ.get("TRITON_INTERPRET") == "1"
+        assert _interpreted()
+        assert isinstance(ktr._score_kernel, type(kinj._gate_message_kernel))
+    else:
+        assert not _interpreted()
+
+
+def make_injection(h, r, m, layers, seed, dtype=torch.float32):
+    torch.manual_seed(seed)
+    inj = AdjacentInjection(h, r, m, layers)
+    g = gen(seed + 1)
+    for p in inj.parameters():
+        p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return inj.to(DEVICE)
+
+
+def unit_codes(v, r, g):
+    return torch.nn.functional.normalize(torch.randn(v, r, generator=g), dim=-1).to(DEVICE)
+
+
+# ------------------------------------------------------------------------------------------ injection
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_recv", [False, True])
+def test_gate_message_kernel_matches_reference(dtype, with_recv):
+    g = gen(0)
+    bs, B, H, r, m = 3, 5, 64, 32, 16
+    n = bs * B
+    h = randn(n, H, g=g, dtype=dtype)
+    zy = randn(n, r + 3 * m + 3, g=g, dtype=dtype)  # z and y as strided views of one buffer (folded GEMM)
+    z, y = zy[:, :r], zy[:, r:r + 3 * m]
+    ap = randn(bs, 2 * m, g=g, dtype=dtype)
+    bias = randn(m, g=g, dtype=dtype, scale=0.3)
+    outs = []
+    for fn in (kinj.gate_message, kinj.gate_message_torch):
+        msg = torch.full((n, m), float("nan"), dtype=dtype, device=DEVICE)
+        recv = torch.full((n, m), float("nan"), dtype=torch.float32, device=DEVICE) if with_recv else None
+        fn(h, z, y, ap, bias, B, msg, recv)
+        assert not msg.isnan().any()
+        outs.append((msg, recv))
+    (msg, recv), (msg_ref, recv_ref) = outs
+    assert (msg.view(bs, B, m)[:, 0] == 0).all()
+    assert rel_err(msg, msg_ref) < TOL[dtype]
+    if with_recv:
+        assert not recv.isnan().any()
+        assert rel_err(recv, recv_ref) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_inject_flat_matches_module(dtype, fold, impl):
+    """inject_flat on flat [bs·B, H] states == AdjacentInjection.forward on [bs, B, H] (the drafter's math)."""
+    bs, B, H, r, m, layers, V = 3, 5, 64, 32, 16, 2, 40
+    inj = make_injection(H, r, m, layers, seed=2)
+    g = gen(3)
+    codes = unit_codes(V, r, g)
+    anchors = torch.randint(0, V, (bs,), generator=g).to(DEVICE)
+    h = randn(bs * B, H, g=g, dtype=dtype)
+    w = kinj.InjectionWeights.from_module(inj, dtype, fold=fold)
+    ap = kinj.anchor_projections(w, codes, anchors)
+    for layer in range(layers):
+        out = torch.full_like(h, float("nan"))
+        got = kinj.inject_flat(h, layer, w, ap, B, out=out, impl=impl)
+        assert got.data_ptr() == out.data_ptr() and not out.isnan().any()
+        # reference: the module in float32 on the same (rounded) inputs and weights
+        inj32 = AdjacentInjection(H, r, m, layers).to(DEVICE)
+        inj32.load_state_dict({k: v.to(dtype).float() for k, v in inj.state_dict().items()})
+        ref = inj32(layer, h.float().view(bs, B, H), codes[anchors]).view(bs * B, H)
+        delta = ref - h.float()
+        assert torch.equal(out.view(bs, B, H)[:, 0], h.view(bs, B, H)[:, 0])  # position 0 untouched
+        assert ((out.double() - ref.double()).norm() / delta.double().norm()).item() < 10 * TOL[dtype]
+        # and the module in the dtype itself agrees as well as its own rounding allows
+        if dtype == torch.float32:
+            assert rel_err(out, inj(layer, h.view(bs, B, H), codes[anchors]).view(bs * B, H)) < 1e-5
+    # in place
+    h2 = h.clone()
+    kinj.inject_flat(h2, 0, w, ap, B, out=h2, impl=impl)
+    assert torch.equal(h2, kinj.inject_flat(h, 0, w, ap, B, impl=impl))
+
+
+# ------------------------------------------------------------------------------------------------ topk
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_topk_matches_torch(dtype):
+    g = gen(5)
+    n, v, k = 6, 1000, 8  # V not a multiple of the group size
+    x = randn(n, v, g=g, dtype=dtype)
+    vals = torch.full((n, k), float("nan"), dtype=dtype, device=DEVICE)
+    idx = torch.full((n, k), POISON, dtype=torch.long, device=DEVICE)
+    ktopk.topk(x, k, vals, idx)
+    ref = torch.topk(x.float(), k, dim=-1)
+    assert torch.equal(vals.float(), ref.values)
+    assert torch.equal(x.gather(1, idx), vals)
+    assert all(len(set(row.tolist())) == k for row in idx.cpu())
+    if dtype == torch.float32:
+        assert torch.equal(idx, ref.indices)
+
+
+def test_topk_with_ties_is_a_valid_topk():
+    g = gen(6)
+    x = torch.randint(-4, 5, (5, 700), generator=g).float().to(DEVICE)  # many ties
+    vals, idx = ktopk.topk(x, 16)
+    ref = torch.topk(x, 16, dim=-1)
+    assert torch.equal(vals, ref.values)
+    assert torch.equal(x.gather(1, idx), vals)
+    assert all(len(set(row.tolist())) == 16 for row in idx.cpu())
+
+
+# ------------------------------------------------------------------------------------------ transition
+def transition_inputs(dtype, bs=3, P=4, H=64, m=16, V=50, k=4, seed=7):
+    g = gen(seed)
+    pre_full = randn(bs, P + 1, H, g=g, dtype=dtype)
+    pre = pre_full[:, 1:]  # strided view, as in serving ([bs, B, H] minus position 0)
+    recv = randn(bs, P, m, g=g)
+    uh = randn(bs, P, m, g=g, dtype=dtype)
+    cand = torch.stack([torch.randperm(V, generator=g)[:k] for _ in range(bs * P)]).view(bs, P, k).to(DEVICE)
+    anchors = torch.randint(0, V, (bs,), generator=g).to(DEVICE)
+    pred_proj = randn(V, 2 * m, g=g, dtype=dtype)
+    head_proj = randn(V, m, g=g, dtype=dtype, scale=0.3)
+    head = randn(V, H, g=g, dtype=dtype)
+    norm_w = (torch.rand(H, generator=g) + 0.5).to(dtype).to(DEVICE)
+    bias = randn(m, g=g, dtype=dtype, scale=0.3)
+    rfac = torch.tril(randn(m, m, g=g, scale=0.3)).to(dtype)
+    return pre, recv, uh, cand, anchors, pred_proj, head_proj, head, norm_w, bias, rfac
+
+
+def poisoned_outputs(bs, P, k):
+    return (torch.full((bs, P, k, k), float("nan"), device=DEVICE),
+            torch.full((bs, P), POISON, dtype=torch.long, device=DEVICE),
+            torch.full((bs, P), POISON, dtype=torch.long, device=DEVICE))
+
+
+def check_walk(scores, choice, tokens, cand):
+    """The walk over the kernel's own table, exactly."""
+    assert torch.equal(choice, ktr.walk(scores))
+    assert torch.equal(tokens, cand.gather(-1, choice.unsqueeze(-1)).squeeze(-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("by_token", [True, False])
+@pytest.mark.parametrize("pb", [1, 2, 4])  # 4 >= P: one program per request, walk fused in
+def test_transition_kernel_matches_reference(dtype, by_token, pb):
+    bs, P, k, m = 3, 4, 4, 16
+    pre, recv, uh, cand, anchors, pred_proj, head_proj, head, norm_w, bias, rfac = transition_inputs(dtype)
+    if not by_token:  # per-(request, position, candidate) rows instead of per-token tables
+        pred_proj = pred_proj[ktr.predecessor_tokens(cand, anchors)].contiguous()
+        head_proj = head_proj[cand].contiguous()
+    args = (pre, recv, uh, cand, anchors, pred_proj, head_proj, head, norm_w, bias, rfac, 1e-6)
+    got = poisoned_outputs(bs, P, k)
+    ktr.transition_scores_walk(*args, *got, by_token=by_token, positions_per_program=pb)
+    ref = poisoned_outputs(bs, P, k)
+    ktr.transition_scores_walk_torch(*args, *ref, by_token=by_token)
+    scores, choice, tokens = got
+    assert not scores.isnan().any()
+    assert rel_err(scores, ref[0]) < kernel_tol(dtype)
+    check_walk(scores, choice, tokens, cand)
+    check_walk(*ref, cand)
+
+
+def tiny_drafter_parts(dspine, target, dtype):
+    d = dspine.to(dtype)
+    w = kinj.InjectionWeights.from_module(d.injection, dtype)
+    head = target.lm_head.weight.to(dtype)
+    return d, w, head
+
+
+@pytest.mark.parametrize("per_token", [True, False])
+@pytest.mark.parametrize("pb", [1, 4])
+def test_transition_walk_matches_decode_block(dspine, target, per_token, pb):
+    """transition_walk == decoding.decode_block with the drafter's refine_normed (float32: exact tokens)."""
+    d, w, head = tiny_drafter_parts(dspine, target, torch.float32)
+    d, head = d.to(DEVICE), head.to(DEVICE)
+    w = kinj.InjectionWeights.from_module(d.injection, torch.float32)
+    g = gen(11)
+    B, H, V, topk = d.cfg.block_size, d.cfg.hidden_size, d.cfg.vocab_size, d.cfg.dspine.top_k
+    bs = 3
+    pre = randn(bs, B - 1, H, g=g)
+    logits = randn(bs, B - 1, V, g=g, scale=3.0)
+    anchors = torch.randint(0, V, (bs,), generator=g).to(DEVICE)
+    ref = decode_block(logits, pre, anchors, topk, d.refine_normed, d.transfer_codes, head)
+    tables = ktr.TransitionTables.build(w, d.transfer_codes, head, d.norm.weight, per_token=per_token)
+    for impl in ("triton", "torch"):
+        out = poisoned_outputs(bs, B - 1, topk)
+        tokens, choice, scores = ktr.transition_walk(pre, ref.candidates, anchors, w, tables, d.transfer_codes, head,
+                                                     d.norm.weight, d.norm.eps, out=out, impl=impl,
+                                                     positions_per_program=pb)
+        assert rel_err(scores, ref.scores) < 1e-5
+        assert torch.equal(choice, ref.choice) and torch.equal(tokens, ref.tokens)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_transition_walk_low_precision_close_to_decode_block(dspine, target, dtype):
+    """In bf16/fp16 the drafter rounds its refined states; ours rounds elsewhere: close, not equal."""
+    d, w, head = tiny_drafter_parts(dspine, target, dtype)
+    d, head = d.to(DEVICE), head.to(DEVICE)
+    g = gen(12)
+    B, H, V, topk = d.cfg.block_size, d.cfg.hidden_size, d.cfg.vocab_size, d.cfg.dspine.top_k
+    bs = 3
+    pre = randn(bs, B - 1, H, g=g, dtype=dtype)
+    logits = randn(bs, B - 1, V, g=g, scale=3.0)
+    anchors = torch.randint(0, V, (bs,), generator=g).to(DEVICE)
+    ref = decode_block(logits, pre, anchors, topk, d.refine_normed, d.transfer_codes, head)
+    tables = ktr.TransitionTables.build(w, d.transfer_codes, head, d.norm.weight)
+    out = poisoned_outputs(bs, B - 1, topk)
+    tokens, choice, scores = ktr.transition_walk(pre, ref.candidates, anchors, w, tables, d.transfer_codes, head,
+                                                 d.norm.weight, d.norm.eps, out=out)
+    assert rel_err(scores, ref.scores) < 3e-2
+    check_walk(scores, choice, tokens, ref.candidates)
+
+
+def test_draft_step_with_kernels_matches_drafter(dspine, target):
+    """The whole draft: drafter layers + inject_flat + topk + transition_walk == DSpineDrafter.draft (fp32)."""
+    d = dspine.to(DEVICE)
+    head = target.lm_head.weight.to(DEVICE)
+    cfg = d.cfg
+    B, H, V = cfg.block_size, cfg.hidden_size, cfg.vocab_size
+    g = gen(13)
+    n, S = 2, 6
+    feats = randn(n, S, len(cfg.target_layer_ids) * H, g=g)
+    ctx_pos = torch.arange(S, device=DEVICE).expand(n, S)
+    ctx_kv = d.context_kv(feats, ctx_pos)
+    emb = randn(n, 1, B, H, g=g)
+    pos = (S + torch.arange(B, device=DEVICE)).expand(n, 1, B)
+    visible = torch.ones(n, 1, S, dtype=torch.bool, device=DEVICE)
+    anchors = torch.randint(0, V, (n,), generator=g).to(DEVICE)
+    out = d.forward_blocks(emb, pos, ctx_kv, visible, anchors.view(n, 1))
+    ref = d.draft(out, head, anchors)
+
+    w = kinj.InjectionWeights.from_module(d.injection, torch.float32)
+    tables = ktr.TransitionTables.build(w, d.transfer_codes, head, d.norm.weight)
+    ap = kinj.anchor_projections(w, d.transfer_codes, anchors)
+    mask = d.block_mask(visible)
+    x = emb.view(n, B, H)
+    recv = torch.full((n * B, w.message_size), float("nan"), device=DEVICE)
+    for l, layer in enumerate(d.layers):
+        x = layer(x, pos.view(n, B), ctx_kv[l], mask)
+        last = l == len(d.layers) - 1
+        pre = x
+        x = kinj.inject_flat(x.reshape(n * B, H), l, w, ap, B, recv_out=recv if last else None).view(n, B, H)
+    assert rel_err(pre, out.pre_last[:, 0]) < 1e-5
+    hidden = d.norm(x)
+    assert rel_err(hidden, out.hidden[:, 0]) < 1e-5
+    logits = (hidden[:, 1:].float() @ head.float().T).reshape(n * (B - 1), V)
+    _, cand = ktopk.topk(logits, cfg.dspine.top_k)
+    cand = cand.view(n, B - 1, -1)
+    assert torch.equal(cand, ref.candidates)
+    tokens, choice, scores = ktr.transition_walk(pre[:, 1:], cand, anchors, w, tables, d.transfer_codes, head,
+                                                 d.norm.weight, d.norm.eps, recv=recv.view(n, B, -1)[:, 1:])
+    assert rel_err(scores, ref.scores) < 1e-5
+    assert torch.equal(tokens, ref.tokens) and torch.equal(choice, ref.choice)
+
+
+# ------------------------------------------------------------------------------------------ GPU only
+QWEN = dict(H=4096, r=1024, m=512, B=16, K=16)
+
+
+def qwen_injection(layers=2, seed=0):
+    inj = AdjacentInjection(QWEN["H"], QWEN["r"], QWEN["m"], layers)
+    g = gen(seed)
+    for p in inj.parameters():  # nn.Linear-like scale: keeps activations O(1)
+        p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1] if p.dim() > 1 else 4))
+    return inj.cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fold", [False, True])
+def test_gpu_inject_flat_qwen_shapes(fold):
+    H, r, m, B = QWEN["H"], QWEN["r"], QWEN["m"], QWEN["B"]
+    bs, V = 8, 4096
+    inj = qwen_injection()
+    g = gen(1)
+    codes = unit_codes(V, r, g)
+    anchors = torch.randint(0, V, (bs,), generator=g).cuda()
+    h = randn(bs * B, H, g=g, dtype=torch.bfloat16)
+    w = kinj.InjectionWeights.from_module(inj, torch.bfloat16, fold=fold)
+    ap = kinj.anchor_projections(w, codes, anchors)
+    inj32 = AdjacentInjection(H, r, m, 2).cuda()
+    inj32.load_state_dict({k: v.bfloat16().float() for k, v in inj.state_dict().items()})
+    for layer in range(2):
+        out = torch.full_like(h, float("nan"))
+        kinj.inject_flat(h, layer, w, ap, B, out=out)
+        out_t = kinj.inject_flat(h, layer, w, ap, B, impl="torch")
+        ref = inj32(layer, h.float().view(bs, B, H), codes[anchors]).view(bs * B, H)
+        delta = (ref - h.float()).double().norm()
+        assert not out.isnan().any()
+        assert torch.equal(out.view(bs, B, H)[:, 0], h.view(bs, B, H)[:, 0])
+        assert ((out.double() - ref.double()).norm() / delta).item() < 0.1
+        assert ((out.double() - out_t.double()).norm() / delta).item() < 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pb", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_transition_qwen_shapes(pb, dtype):
+    H, m, K, P = QWEN["H"], QWEN["m"], QWEN["K"], QWEN["B"] - 1
+    bs, V = 6, 8192
+    pre, recv, uh, cand, anchors, pred_proj, head_proj, head, norm_w, bias, rfac = transition_inputs(
+        dtype, bs=bs, P=P, H=H, m=m, V=V, k=K, seed=3)
+    rfac = torch.tril(torch.randn(m, m, device="cuda") / math.sqrt(m)).to(dtype)
+    args = (pre, recv, uh, cand, anchors, pred_proj, head_proj, head, norm_w, bias, rfac, 1e-6)
+    got = poisoned_outputs(bs, P, K)
+    ktr.transition_scores_walk(*args, *got, positions_per_program=pb)
+    ref = poisoned_outputs(bs, P, K)
+    ktr.transition_scores_walk_torch(*args, *ref)
+    assert not got[0].isnan().any()
+    assert rel_err(got[0], ref[0]) < (1e-3 if dtype == torch.float32 else 1e-2)
+    check_walk(*got, cand)
+
+
+@pytest.mark.gpu
+def test_gpu_topk_vocab():
+    g = gen(4)
+    x = randn(48 * 15, 151936, g=g, dtype=torch.bfloat16, scale=3.0)
+    vals, idx = ktopk.topk(x, 16)
+    ref = torch.topk(x, 16, dim=-1)
+    assert torch.equal(vals, ref.values)
+    assert torch.equal(x.gather(1, idx), vals)
+    assert (idx.sort(-1).values.diff(dim=-1) > 0).all()
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture(dspine, target):
+    """inject_flat + topk + transition_walk captured in one CUDA graph, replayed on new inputs."""
+    d = dspine.cuda()
+    head = target.lm_head.weight.cuda()
+    cfg = d.cfg
+    B, H, V, k = cfg.block_size, cfg.hidden_size, cfg.vocab_size, cfg.dspine.top_k
+    w = kinj.InjectionWeights.from_module(d.injection, torch.float32)
+    tables = ktr.TransitionTables.build(w, d.transfer_codes, head, d.norm.weight)
+    bs = 4
+    h = torch.randn(bs * B, H, device="cuda")
+    anchors = torch.randint(0, V, (bs,), device="cuda")
+
+    def step():
+        ap = kinj.anchor_projections(w, d.transfer_codes, anchors)
+        recv = torch.empty(bs * B, w.message_size, device="cuda")
+        x = h
+        for l in range(cfg.num_hidden_layers):
+            pre = x
+            x = kinj.inject_flat(x, l, w, ap, B, recv_out=recv)
+        logits = (d.norm(x).view(bs, B, H)[:, 1:] @ head.T).reshape(bs * (B - 1), V)
+        _, cand = ktopk.topk(logits, k)
+        return ktr.transition_walk(pre.view(bs, B, H)[:, 1:], cand.view(bs, B - 1, k), anchors, w, tables,
+                                   d.transfer_codes, head, d.norm.weight, d.norm.eps, recv=recv.view(bs, B, -1)[:, 1:])
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    for seed in range(3):
+        torch.manual_seed(seed)
+        h.copy_(torch.randn_like(h))
+        anchors.copy_(torch.randint(0, V, (bs,), device="cuda"))
+        graph.replay()
+        eager = step()
+        for a, b in zip(static, eager):
+            assert torch.equal(a, b)
