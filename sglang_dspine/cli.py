@@ -128,6 +128,10 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem-fraction-static", type=float, help="SGLang static memory fraction")
     p.add_argument("--dtype", help="target dtype (default: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--device", help="device for the transformers backend (default: cuda if present)")
+    p.add_argument("--max-seconds", type=float,
+                   help="start no new batch after this many seconds (a rerun resumes where it stopped)")
+    p.add_argument("--hf-batch-size", type=int, default=1,
+                   help="transformers backend: prompts generated at once, left-padded (1: one at a time, exact)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
 
@@ -144,7 +148,8 @@ def _data_run(args: argparse.Namespace) -> int:
     if backend == "hf":
         model = load_target(args.target, args.dtype, args.device)
         eos = eos_ids_of(tokenizer, model, args.eos_token_id)
-        gen = HFGenerator(model, eos, args.max_new_tokens, args.temperature, args.top_p, args.seed)
+        gen = HFGenerator(model, eos, args.max_new_tokens, args.temperature, args.top_p, args.seed,
+                          batch_size=args.hf_batch_size)
     else:
         from transformers import AutoConfig, GenerationConfig
 
@@ -171,7 +176,7 @@ def _data_run(args: argparse.Namespace) -> int:
         stats = regenerate(args.prompts, args.output, gen, tokenizer, enable_thinking=_thinking(args.thinking),
                            system_prompt=args.system_prompt, split=args.split, limit=args.limit,
                            max_prompt_len=args.max_prompt_len, batch_size=args.batch_size,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, max_seconds=args.max_seconds)
     finally:
         gen.close()
     print(json.dumps({"output": args.output, "backend": backend, **stats}))
@@ -199,7 +204,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mask-token-id", type=int, help="default: vocab_size - 1")
     g = p.add_argument_group("DSpine settings (dspine_config; default: the drafter's or the reference's)")
     for f in fields(DSpineSettings):
-        g.add_argument(f"--{f.name.replace('_', '-')}", dest=f"dspine_{f.name}",
+        g.add_argument(f"--{f.name.replace('_', '-')}", dest=f"dspine_{f.name}", metavar=f.name.upper(),
                        type=int if f.type in (int, "int") else float, default=None)
     g = p.add_argument_group("objective")
     g.add_argument("--num-anchors", type=int, default=d.num_anchors, help="blocks per sequence")
@@ -254,9 +259,10 @@ def _train_run(args: argparse.Namespace) -> int:
         raise CLIError(f"--init {tc.init}: no config.json there")
     import torch
 
-    target = load_target(args.target, "fp32" if tc.precision == "fp32" or
-                         (tc.precision == "auto" and not torch.cuda.is_available()) else "bf16",
-                         "cpu")  # train() moves it to its device
+    cuda = torch.cuda.is_available() and not (tc.device or "").startswith("cpu")
+    device = tc.device or (f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
+    bf16 = tc.precision == "bf16" or (tc.precision == "auto" and cuda)
+    target = load_target(args.target, "bf16" if bf16 else "fp32", device)
     summary = train(tc, target=target)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary))

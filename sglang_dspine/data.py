@@ -140,18 +140,23 @@ def _finish(ids: list[int], eos: set[int], max_new_tokens: int) -> Generation:
 
 
 class HFGenerator:
-    """transformers generation, one prompt at a time (no padding, so greedy output is exactly the target's)."""
+    """transformers generation, one prompt at a time by default (no padding, so greedy output is exactly the
+    target's). batch_size > 1 generates that many prompts at once, left-padded and grouped by length: much
+    faster on a GPU, equal to the one-at-a-time output up to floating-point differences of the padded shapes."""
 
     def __init__(self, model, eos_token_ids: Iterable[int], max_new_tokens: int, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0):
+                 top_p: float = 1.0, seed: int = 0, batch_size: int = 1):
         import torch
 
         self.model, self.eos = model, set(int(t) for t in eos_token_ids)
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.batch_size = max(1, int(batch_size))
         self.device = next(model.parameters()).device
         torch.manual_seed(seed)
 
     def generate(self, prompts: list[list[int]]) -> list[Generation]:
+        if self.batch_size > 1 and len(prompts) > 1:
+            return self._generate_batched(prompts)
         import torch
 
         out = []
@@ -169,6 +174,35 @@ class HFGenerator:
                 y = self.model.generate(x, **kwargs)
             out.append(_finish(y[0, len(ids):].tolist(), self.eos, self.max_new_tokens))
         return out
+
+    def _generate_batched(self, prompts: list[list[int]]) -> list[Generation]:
+        import torch
+
+        pad = min(self.eos) if self.eos else 0
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        out: list[Generation | None] = [None] * len(prompts)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            width = max(len(prompts[i]) for i in idx)
+            x = torch.full((len(idx), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for row, i in enumerate(idx):
+                n = len(prompts[i])
+                x[row, width - n:] = torch.tensor(prompts[i])
+                mask[row, width - n:] = 1
+            kwargs: dict[str, Any] = dict(max_new_tokens=self.max_new_tokens, attention_mask=mask.to(self.device),
+                                          pad_token_id=pad)
+            if self.eos:
+                kwargs["eos_token_id"] = sorted(self.eos)
+            if self.temperature > 0:
+                kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0)
+            else:
+                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            with torch.no_grad():
+                y = self.model.generate(x.to(self.device), **kwargs)
+            for row, i in enumerate(idx):
+                out[i] = _finish(y[row, width:].tolist(), self.eos, self.max_new_tokens)
+        return out  # type: ignore[return-value]
 
     def close(self) -> None:
         pass
@@ -256,9 +290,16 @@ def make_record(rid: str, prompt: list[int], gen: Generation) -> dict[str, Any]:
 
 def regenerate(source: str, output: str, generator, tokenizer=None, *, enable_thinking: bool | None = None,
                system_prompt: str | None = None, split: str = "train", limit: int | None = None,
-               max_prompt_len: int | None = None, batch_size: int = 64, progress: bool = True) -> dict[str, int]:
-    """Regenerate the responses of `source`'s prompts with `generator` into the JSONL `output` (resumable)."""
+               max_prompt_len: int | None = None, batch_size: int = 64, progress: bool = True,
+               max_seconds: float | None = None) -> dict[str, int]:
+    """Regenerate the responses of `source`'s prompts with `generator` into the JSONL `output` (resumable).
+
+    max_seconds: start no new batch after this many seconds (a rerun continues where this one stopped)."""
+    import time
+
     from tqdm import tqdm
+
+    t0 = time.time()
 
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     done = read_done_ids(output)
@@ -305,7 +346,10 @@ def regenerate(source: str, output: str, generator, tokenizer=None, *, enable_th
             pending.append((rid, ids))
             if len(pending) >= batch_size:
                 flush(f)
-        flush(f)
+                if max_seconds is not None and time.time() - t0 >= max_seconds:
+                    stats["stopped_at_max_seconds"] = 1
+                    break
+        flush(f)  # nothing pending after a stop at max_seconds
     bar.close()
     return stats
 

@@ -126,7 +126,7 @@ class TrainConfig:
     warmup_ratio: float = 0.04
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
+    adam_beta2: float = 0.999
     max_grad_norm: float = 1.0
     batch_size: int = 1  # sequences per micro-batch per rank
     grad_accum: int = 1
@@ -269,6 +269,11 @@ def build_drafter(tc: TrainConfig, teacher: TargetTeacher) -> DSpineDrafter:
         else:
             model = load_drafter(tc.init, target_head=head)
             if model.cfg.is_dspine and tc.dspine:
+                arch = {k: v for k, v in tc.dspine.items() if k in ("transfer_rank", "message_size")
+                        and v != getattr(model.cfg.dspine, k)}
+                if arch:
+                    raise DrafterConfigError(f"--init {tc.init}: its {sorted(arch)} cannot change "
+                                             f"(checkpoint: {model.cfg.dspine.to_dict()})")
                 model.cfg.dspine = settings_with(model.cfg.dspine, tc.dspine)
     else:
         cfg = new_drafter_config(teacher.config, tc.kind, tc.num_draft_layers, tc.block_size, tc.target_layer_ids,
@@ -652,8 +657,13 @@ def _autocast(device: torch.device, bf16: bool):
     return contextlib.nullcontext()
 
 
-def train(tc: TrainConfig, target=None, tokenizer=None) -> dict[str, Any]:
+def train(tc: TrainConfig, target=None) -> dict[str, Any]:
     """Train a drafter; returns a summary (steps, last metrics, output paths)."""
+    with torch.enable_grad():  # whatever the caller's grad mode
+        return _train(tc, target)
+
+
+def _train(tc: TrainConfig, target=None) -> dict[str, Any]:
     tc.validate()
     rank, world, local = setup_distributed()
     if tc.device:
