@@ -356,9 +356,16 @@ def regenerate(source: str, output: str, generator, tokenizer=None, *, enable_th
 
 def read_token_data(path: str) -> list[dict[str, Any]]:
     """Records of a regenerated JSONL (`input_ids`, `loss_mask`), checked."""
+    out = list(iter_token_data(path))
+    if not out:
+        raise DataError(f"training data {path}: no records")
+    return out
+
+
+def iter_token_data(path: str) -> Iterator[dict[str, Any]]:
+    """The records of a regenerated JSONL one by one (streaming), checked."""
     if not os.path.isfile(path):
         raise DataError(f"training data {path}: not found (make it with `sglang-dspine data`)")
-    out = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f):
             if not line.strip():
@@ -372,7 +379,4 @@ def read_token_data(path: str) -> list[dict[str, Any]]:
                 raise DataError(f"{path}:{lineno + 1}: expected `input_ids` and `loss_mask`, found keys {sorted(rec)}")
             if len(ids) != len(mask):
                 raise DataError(f"{path}:{lineno + 1}: `input_ids` ({len(ids)}) and `loss_mask` ({len(mask)}) differ in length")
-            out.append(rec)
-    if not out:
-        raise DataError(f"training data {path}: no records")
-    return out
+            yield rec

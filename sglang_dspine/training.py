@@ -40,7 +40,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .checkpoint import init_dspine_transfer, load_drafter, save_drafter
 from .config import DrafterConfig, DrafterConfigError, DSpineSettings, default_target_layer_ids
-from .data import read_token_data
+from .data import DataError, iter_token_data
 from .model import DSpineDrafter
 
 # ============================================================================================ schedules
@@ -573,17 +573,20 @@ class TokenData:
     """Regenerated sequences, truncated to max_length, kept only if they hold a valid anchor."""
 
     def __init__(self, path: str, max_length: int):
-        self.items: list[tuple[list[int], list[int]]] = []
+        import numpy as np
+
+        self.items: list[tuple[Any, Any]] = []  # (int32 ids, uint8 mask): compact for large sets
         self.dropped = 0
-        for rec in read_token_data(path):
-            ids, mask = rec["input_ids"][:max_length], rec["loss_mask"][:max_length]
-            if any(mask[a] and mask[a + 1] for a in range(len(mask) - 1)):
-                self.items.append((ids, mask))
+        for rec in iter_token_data(path):
+            ids = np.asarray(rec["input_ids"][:max_length], dtype=np.int64)
+            mask = np.asarray(rec["loss_mask"][:max_length], dtype=np.float32) > 0.5
+            if (mask[:-1] & mask[1:]).any():
+                self.items.append((ids.astype(np.int32), mask.astype(np.uint8)))
             else:
                 self.dropped += 1
         if not self.items:
-            raise ValueError(f"training data {path}: no sequence has two consecutive response tokens "
-                             f"within max_length={max_length}")
+            raise DataError(f"training data {path}: no sequence has two consecutive response tokens "
+                            f"within max_length={max_length}")
 
     def __len__(self) -> int:
         return len(self.items)
@@ -594,8 +597,8 @@ class TokenData:
         ids = torch.zeros(len(seqs), s, dtype=torch.long)
         mask = torch.zeros(len(seqs), s, dtype=torch.float32)
         for j, (t, m) in enumerate(seqs):
-            ids[j, : len(t)] = torch.tensor(t)
-            mask[j, : len(m)] = torch.tensor(m, dtype=torch.float32)
+            ids[j, : len(t)] = torch.from_numpy(t.astype("int64"))
+            mask[j, : len(m)] = torch.from_numpy(m.astype("float32"))
         return ids.to(device), mask.to(device)
 
 

@@ -493,6 +493,50 @@ def test_accumulation_equals_a_bigger_batch(target, tmp_path):
         assert torch.allclose(v.float(), finals[1][k].float(), atol=5e-5), k
 
 
+DDP_SCRIPT = """
+import sys, torch
+from sglang_dspine.tiny import make_target
+from sglang_dspine.training import TrainConfig, train
+torch.set_num_threads(1)
+data, out, bs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+train(TrainConfig(data=data, output_dir=out, num_draft_layers=2, block_size=4, num_anchors=100, target_layer_ids=[1, 2],
+                  batch_size=bs, max_steps=3, lr=3e-3, replacement=False, progress=False,
+                  dspine=dict(transfer_rank=16, message_size=8, top_k=4, alignment_warmup_steps=1)),
+      target=make_target(seed=0))
+"""
+
+
+def test_torchrun_ddp_equals_one_process(target, tmp_path):
+    """Two ranks (gloo, CPU) with one sequence each train exactly what one process does with both."""
+    import socket
+    import subprocess
+    import sys
+
+    g = torch.Generator().manual_seed(8)
+    data = tmp_path / "d.jsonl"
+    with open(data, "w") as f:
+        for n in (14, 9):
+            p = torch.randint(0, 62, (5,), generator=g).tolist()
+            f.write(json.dumps({"input_ids": p + greedy(target, p, n), "loss_mask": [0] * 5 + [1] * n}) + "\n")
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), str(script), str(data), str(tmp_path / "ddp"), "1"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    subprocess.run([sys.executable, str(script), str(data), str(tmp_path / "one"), "2"], env=env, check=True,
+                   capture_output=True, timeout=300)
+    a, b = (load_drafter(str(tmp_path / x / "final")).state_dict() for x in ("ddp", "one"))
+    for k, v in a.items():
+        assert torch.allclose(v.float(), b[k].float(), atol=5e-5), k
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "ddp" / "metrics.jsonl")]
+    assert steps == [3]  # one log (rank 0 only)
+
+
 # ----------------------------------------------------------------------------------- training pays off
 def test_trained_drafter_accepts_more_than_random(target, tmp_path):
     g = torch.Generator().manual_seed(11)
