@@ -421,5 +421,5 @@ def test_gpu_cuda_graph_capture(dspine, target):
         anchors.copy_(torch.randint(0, V, (bs,), device="cuda"))
         graph.replay()
         eager = step()
-        for a, b in zip(static, eager):
-            assert torch.equal(a, b)
+        assert torch.equal(static[0], eager[0]) and torch.equal(static[1], eager[1])  # tokens, choice
+        torch.testing.assert_close(static[2], eager[2], rtol=1e-5, atol=1e-5)  # cuBLAS may differ in a graph
