@@ -453,9 +453,11 @@ class DrafterObjective(nn.Module):
                 res = fn(*part)
             for k, v in res.items():
                 total[k] = total[k] + v if k in total else v
-        if not total:  # no supervised block at all (cannot happen with valid anchors)
+        if not total:  # no supervised block at all (the data loader never lets this happen)
             zero = hidden.sum() * 0.0
-            total = {k: zero for k in TERM_NAMES}
+            zeros = torch.zeros(b - 1, device=hidden.device)
+            total = {**{k: zero for k in TERM_NAMES}, "correct_pos": zeros, "count_pos": zeros.clone(),
+                     "lead_correct": zero.detach(), "full_blocks": zero.detach(), "coverage": zero.detach()}
         total["denominator"] = blocks.weights.sum()
         return total
 
