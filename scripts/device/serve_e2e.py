@@ -202,24 +202,35 @@ def greedy_agreement(base, spec, prompts, max_new, pool):
             "divergences": gaps}
 
 
-def t1_test(base, spec, prompts, samples, pool):
-    """Two-sample chi-square on the joint of the first three sampled tokens, per prompt; Bonferroni over prompts."""
+def _two_sample(a: collections.Counter, b: collections.Counter, min_count: int = 10):
+    """Chi-square homogeneity test of two samples over the cells with >= min_count draws (rest pooled)."""
     from scipy.stats import chi2_contingency
 
-    results = []
+    cells = sorted(set(a) | set(b), key=lambda c: -(a[c] + b[c]))
+    big = [c for c in cells if a[c] + b[c] >= min_count]
+    rest = [c for c in cells if a[c] + b[c] < min_count]
+    rows = [[s[c] for c in big] + ([sum(s[c] for c in rest)] if rest else []) for s in (a, b)]
+    if len(rows[0]) < 2:
+        return {"cells": len(rows[0]), "pvalue": None}  # no power: every draw distinct (or all the same)
+    return {"cells": len(rows[0]), "pvalue": float(chi2_contingency(rows)[1])}
+
+
+def t1_test(base, spec, prompts, samples, pool):
+    """T=1: the first three sampled tokens of each prompt, plain vs DSPINE, as two samples: chi-square on each
+    position's marginal and on the joint; Bonferroni over every test that had at least two cells."""
+    tests = []
     for i, p in enumerate(prompts):
         draw = lambda srv, s: tuple(generate(srv, p, 3, temperature=1.0, seed=s)["output_ids"])
-        a = collections.Counter(pool.map(lambda s: draw(base, s), range(samples)))
-        b = collections.Counter(pool.map(lambda s: draw(spec, 10**6 + s), range(samples)))
-        cells = sorted(set(a) | set(b), key=lambda c: -(a[c] + b[c]))
-        big = [c for c in cells if a[c] + b[c] >= 10]
-        rest = [c for c in cells if a[c] + b[c] < 10]
-        table = [[a[c] for c in big] + [sum(a[c] for c in rest)], [b[c] for c in big] + [sum(b[c] for c in rest)]]
-        table = [[x for x, keep in zip(row, [True] * len(big) + [bool(rest)]) if keep] for row in table]
-        pval = float(chi2_contingency(table)[1]) if len(table[0]) > 1 else 1.0
-        results.append({"prompt": i, "cells": len(table[0]), "distinct_sequences": len(cells), "pvalue": pval})
-    adjusted = min(1.0, min(r["pvalue"] for r in results) * len(results))
-    return {"samples_per_server": samples, "per_prompt": results, "bonferroni_min_pvalue": adjusted}
+        a = list(pool.map(lambda s: draw(base, s), range(samples)))
+        b = list(pool.map(lambda s: draw(spec, 10**6 + s), range(samples)))
+        for pos in (0, 1, 2, "joint"):
+            key = (lambda x: x) if pos == "joint" else (lambda x, pos=pos: x[pos])
+            r = _two_sample(collections.Counter(map(key, a)), collections.Counter(map(key, b)))
+            tests.append({"prompt": i, "position": pos, **r})
+    valid = [t["pvalue"] for t in tests if t["pvalue"] is not None]
+    adjusted = min(1.0, min(valid) * len(valid)) if valid else None
+    return {"samples_per_server": samples, "tests": tests, "tests_with_power": len(valid),
+            "bonferroni_min_pvalue": adjusted}
 
 
 def load_test(server, tokenizer, clients, seconds):
@@ -310,7 +321,8 @@ def main():
             text = open(s.log, errors="ignore").read()
             refused[n] = {"exited": s.proc.poll() is not None and s.proc.returncode != 0,
                           "message_found": bad[n][2] in text,
-                          "message": next((l.strip()[:300] for l in text.splitlines() if "refusing drafter" in l), None)}
+                          "message": next((l.strip()[:300] for l in text.splitlines()
+                                           if l.startswith(("ValueError: DSPINE", "sglang_dspine.config.DrafterConfigError"))), None)}
         results["refusals"] = refused
         if not (up["plain"] and up["dspine"]):
             raise SystemExit("plain or DSPINE server did not start")
