@@ -21,8 +21,9 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_avail
   echo "SGLang serving needs a CUDA GPU; none is visible here." >&2
   exit 2
 fi
+target="$(realpath "$target")"; drafter="$(realpath "$drafter")"; py="$(realpath "$VENV/bin/python")"
 # Run outside the repo root: its top-level kernels/ folder must not shadow the `kernels` package.
 cd /tmp
-exec "$OLDPWD/$VENV/bin/python" -m sglang.launch_server --model-path "$OLDPWD/$target" \
-  --speculative-algorithm DSPINE --speculative-draft-model-path "$OLDPWD/$drafter" \
+exec "$py" -m sglang.launch_server --model-path "$target" \
+  --speculative-algorithm DSPINE --speculative-draft-model-path "$drafter" \
   --port "${PORT:-30000}" --attention-backend triton --sampling-backend pytorch "$@"
