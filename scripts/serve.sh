@@ -21,7 +21,7 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_avail
   echo "SGLang serving needs a CUDA GPU; none is visible here." >&2
   exit 2
 fi
-target="$(realpath "$target")"; drafter="$(realpath "$drafter")"; py="$(realpath "$VENV/bin/python")"
+target="$(realpath "$target")"; drafter="$(realpath "$drafter")"; py="$(cd "$VENV/bin" && pwd)/python"  # not realpath: that would leave the venv
 # Run outside the repo root: its top-level kernels/ folder must not shadow the `kernels` package.
 cd /tmp
 exec "$py" -m sglang.launch_server --model-path "$target" \
