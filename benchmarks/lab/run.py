@@ -1,0 +1,495 @@
+"""The lab pipeline, stage by stage: corpus -> tokenizer -> target -> data -> train -> export -> eval -> report.
+
+Each stage is one command (printed as it runs), skips itself when its output exists (`--force STAGE` redoes
+it) and prints a short summary. Everything lands under `--out` (default `lab_out/`); the results JSON goes to
+`--results` (default `benchmarks/results/`), and `--pack DIR` writes the built models (target + tokenizer,
+the two exported drafters, the suites' prompts, the results) as `lab_models.tar.gz`, split into parts of at
+most 15 MB (`cat lab_models.tar.gz.part* | tar xz` puts them back together).
+
+  stage      command                                                   output
+  corpus     benchmarks/lab/corpus.py                                  OUT/corpus (train/held-out, suites)
+  tokenizer  benchmarks/lab/tokenizer.py                               OUT/tokenizer
+  target     benchmarks/lab/target.py                                  OUT/target (HF model dir, SGLang-servable)
+  data       sglang-dspine data (target regenerates the responses)     OUT/data/train.jsonl
+  train      sglang-dspine train --kind dflash / --kind dspine          OUT/runs/{dflash,dspine}
+  export     sglang-dspine export (bf16)                               OUT/drafters/{dflash,dspine}
+  eval       sglang-dspine eval, per drafter × suite × temperature     OUT/eval/*.json (offline τ)
+  report     results JSON (+ --pack)                                   RESULTS/lab_<preset>.json
+
+Presets: `tiny` (CPU, tests: < 3 minutes on 2 cores), `budget` (one H200, the whole pipeline in ≈ 9
+minutes), `full` (one H200, stage by stage: the target gets its 7 minutes, more data and steps). Any preset
+value can be overridden with `--set key=value` (e.g. `--set target_seconds=120 --set train_steps=300`).
+
+    python benchmarks/lab/run.py --preset tiny --out /tmp/lab_tiny
+    python benchmarks/lab/run.py --preset budget --out lab_out --pack $OUT --results $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+STAGES = ["corpus", "tokenizer", "target", "data", "train", "export", "eval", "report"]
+KINDS = ("dflash", "dspine")
+SUITES = ("code", "math", "prose")
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        corpus_mb=1.5, train_prompts=40, suite_size=4, corpus_workers=1,
+        vocab=512, tokenizer_mb=1.0,
+        target_args=["--tiny"], target_seconds=10.0,
+        gen_tokens=40, gen_batch=64, data_seconds=None, max_prompt_len=192,
+        draft_layers=2, block_size=8, target_layer_ids="1,2", transfer_rank=16, message_size=8, top_k=4,
+        train_steps=30, train_batch=4, num_anchors=16, max_length=256, train_lr=3e-3,
+        eval_limit=3, eval_tokens=24, temperatures="0", threads=1, jobs=1,
+    ),
+    "budget": dict(
+        corpus_mb=160.0, train_prompts=2000, suite_size=64, corpus_workers=0,
+        vocab=8192, tokenizer_mb=24.0,
+        target_args=[], target_seconds=180.0,
+        gen_tokens=192, gen_batch=768, data_seconds=75.0, max_prompt_len=448,
+        draft_layers=2, block_size=16, target_layer_ids=None, transfer_rank=96, message_size=48, top_k=16,
+        train_steps=400, train_batch=16, num_anchors=128, max_length=640, train_lr=1e-3,
+        eval_limit=40, eval_tokens=128, temperatures="0,1", threads=0, jobs=12,
+    ),
+    "full": dict(
+        corpus_mb=200.0, train_prompts=6000, suite_size=128, corpus_workers=0,
+        vocab=8192, tokenizer_mb=40.0,
+        target_args=[], target_seconds=420.0,
+        gen_tokens=256, gen_batch=1024, data_seconds=480.0, max_prompt_len=512,
+        draft_layers=2, block_size=16, target_layer_ids=None, transfer_rank=96, message_size=48, top_k=16,
+        train_steps=2000, train_batch=16, num_anchors=128, max_length=768, train_lr=1e-3,
+        eval_limit=128, eval_tokens=256, temperatures="0,1", threads=0, jobs=12,
+    ),
+}
+
+
+def _lab_module(name: str):
+    """A sibling file (corpus.py, ...) as a module, without putting the repo root on sys.path (its top-level
+    kernels/ would shadow the `kernels` package transformers imports)."""
+    key = f"dspine_lab_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, os.path.join(HERE, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[key] = mod
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+# -------------------------------------------------------------------------------------------- running
+class Runner:
+    """Runs step commands: in this process (jobs == 1; CPU, tests) or as subprocesses (jobs > 1; GPU, in
+    parallel where independent). Output goes to OUT/logs/<name>.log; the driver prints summaries only."""
+
+    def __init__(self, out: str, jobs: int, log):
+        self.out, self.jobs, self.log = out, jobs, log
+        self.logs = os.path.join(out, "logs")
+        os.makedirs(self.logs, exist_ok=True)
+        self.commands: list[str] = []
+
+    @staticmethod
+    def argv(kind: str, args: list[str]) -> list[str]:
+        if kind == "cli":
+            return ["sglang-dspine"] + args
+        return [f"benchmarks/lab/{kind}.py"] + args
+
+    def run(self, name: str, kind: str, args: list[str]) -> None:
+        shown = " ".join(shlex.quote(a) for a in self.argv(kind, args))
+        self.commands.append(shown)
+        self.log(f"  $ {shown}")
+        log_path = os.path.join(self.logs, f"{name}.log")
+        t0 = time.time()
+        if self.jobs <= 1:
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+                try:
+                    rc = self._main(kind)(args)
+                except SystemExit as e:
+                    rc = e.code if isinstance(e.code, int) else 1
+                except Exception as e:  # noqa: BLE001 - reported with the step's log below
+                    import traceback
+
+                    traceback.print_exc()
+                    rc = f"{type(e).__name__}: {e}"
+            with open(log_path, "w", encoding="utf-8") as f:
+                f.write(buf.getvalue())
+        else:
+            if kind == "cli":
+                cmd = [sys.executable, "-m", "sglang_dspine.cli"] + args
+            else:
+                cmd = [sys.executable, os.path.join(HERE, f"{kind}.py")] + args
+            with open(log_path, "w", encoding="utf-8") as f:
+                # cwd: the logs folder, never the repo root (its kernels/ would shadow the `kernels` package)
+                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=self.logs).returncode
+        if rc not in (0, None):
+            with open(log_path, encoding="utf-8") as f:
+                tail = f.read()[-4000:]
+            raise RuntimeError(f"step {name} failed ({rc}) after {time.time() - t0:.0f} s; log {log_path}:\n{tail}")
+
+    def run_many(self, steps: list[tuple[str, str, list[str]]]) -> None:
+        if self.jobs <= 1 or len(steps) == 1:
+            for s in steps:
+                self.run(*s)
+            return
+        with ThreadPoolExecutor(min(self.jobs, len(steps))) as ex:
+            futures = [ex.submit(self.run, *s) for s in steps]
+            errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            raise errors[0]
+
+    @staticmethod
+    def _main(kind: str):
+        if kind == "cli":
+            from sglang_dspine.cli import main
+
+            return main
+        return _lab_module(kind).main
+
+
+# --------------------------------------------------------------------------------------------- stages
+class Lab:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.p = dict(PRESETS[args.preset])
+        for kv in args.set or []:
+            k, _, v = kv.partition("=")
+            if k not in self.p:
+                raise SystemExit(f"--set {kv}: unknown key; known: {sorted(self.p)}")
+            old = self.p[k]
+            self.p[k] = None if v.lower() == "none" else (type(old)(v) if old is not None and not isinstance(old, list)
+                                                          else json.loads(v) if v.startswith("[") else v)
+        if args.jobs is not None:
+            self.p["jobs"] = args.jobs
+        self.out = os.path.abspath(args.out)
+        os.makedirs(self.out, exist_ok=True)
+        self.log_file = open(os.path.join(self.out, "logs_run.txt"), "a", encoding="utf-8")
+        self.runner = Runner(self.out, int(self.p["jobs"]), self.log)
+        self.force = set((args.force or "").split(",")) - {""}
+        self.summary: dict[str, Any] = {}
+        self.times: dict[str, float] = {}
+        self.t_start = time.time()
+
+    def log(self, msg: str) -> None:
+        line = f"[lab {time.time() - self.t_start:6.1f}s] {msg}"
+        print(line, flush=True)
+        self.log_file.write(line + "\n")
+        self.log_file.flush()
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.out, *parts)
+
+    def done(self, stage: str, marker: str) -> bool:
+        if stage in self.force and os.path.exists(marker):
+            for d in {"corpus": ["corpus", "tokens"], "tokenizer": ["tokenizer", "tokens"], "target": ["target", "tokens"],
+                      "data": ["data"], "train": ["runs"], "export": ["drafters"], "eval": ["eval"]}.get(stage, []):
+                shutil.rmtree(self.path(d), ignore_errors=True)
+        return os.path.exists(marker)
+
+    # ---- 1 corpus
+    def corpus(self) -> None:
+        if self.done("corpus", self.path("corpus", "manifest.json")):
+            self.log("corpus: exists, skipped")
+        else:
+            p = self.p
+            args = ["--out", self.path("corpus"), "--max-mb", str(p["corpus_mb"]), "--train-prompts", str(p["train_prompts"]),
+                    "--suite-size", str(p["suite_size"]), "--workers", str(p["corpus_workers"])]
+            for s in self.args.source or []:
+                args += ["--source", s]
+            self.runner.run("corpus", "corpus", args)
+        m = json.load(open(self.path("corpus", "manifest.json")))
+        self.summary["corpus"] = {k: m[k] for k in ("megabytes", "documents", "python_files_used", "doc_files_used",
+                                                    "packages", "roots")}
+        self.summary["corpus"].update({k: v for k, v in m.items() if k.startswith("prompts.")})
+        self.log("corpus: " + json.dumps({"MB": m["megabytes"], **{k: v for k, v in m.items() if k.startswith("prompts.")}}))
+
+    # ---- 2a tokenizer
+    def tokenizer(self) -> None:
+        if self.done("tokenizer", self.path("tokenizer", "lab_tokenizer.json")):
+            self.log("tokenizer: exists, skipped")
+        else:
+            self.runner.run("tokenizer", "tokenizer", ["--corpus", self.path("corpus"), "--out", self.path("tokenizer"),
+                                                       "--vocab-size", str(self.p["vocab"]),
+                                                       "--sample-mb", str(self.p["tokenizer_mb"])])
+        s = json.load(open(self.path("tokenizer", "lab_tokenizer.json")))
+        self.summary["tokenizer"] = s
+        self.log("tokenizer: " + json.dumps(s))
+
+    # ---- 2b target
+    def target(self) -> None:
+        if self.done("target", self.path("target", "lab_target.json")):
+            self.log("target: exists, skipped")
+        else:
+            args = ["--corpus", self.path("corpus"), "--tokenizer", self.path("tokenizer"), "--out", self.path("target"),
+                    "--token-cache", self.path("tokens"), "--seconds", str(self.p["target_seconds"])]
+            args += list(self.p["target_args"])
+            if self.p["threads"]:
+                args += ["--threads", str(self.p["threads"])]
+            self.runner.run("target", "target", args)
+        s = json.load(open(self.path("target", "lab_target.json")))
+        self.summary["target"] = {k: v for k, v in s.items() if k != "history"}
+        self.log("target: " + json.dumps({k: s[k] for k in ("parameters", "steps", "tokens", "tokens_per_s",
+                                                             "heldout_loss", "size_mb_bf16")}))
+
+    # ---- 3a data
+    def data(self) -> None:
+        out = self.path("data", "train.jsonl")
+        if self.done("data", self.path("data", "summary.json")):
+            self.log("data: exists, skipped")
+        else:
+            p = self.p
+            args = ["data", "--target", self.path("target"), "--prompts", self.path("corpus", "prompts", "train_mix.jsonl"),
+                    "--output", out, "--backend", "hf", "--max-new-tokens", str(p["gen_tokens"]),
+                    "--hf-batch-size", str(p["gen_batch"]), "--batch-size", str(p["gen_batch"]),
+                    "--max-prompt-len", str(p["max_prompt_len"]), "--no-progress"]
+            if p["data_seconds"]:
+                args += ["--max-seconds", str(p["data_seconds"])]
+            t0 = time.time()
+            self.runner.run("data", "cli", args)
+            n, toks, resp = 0, 0, 0
+            with open(out) as f:
+                for line in f:
+                    r = json.loads(line)
+                    n += 1
+                    toks += len(r["input_ids"])
+                    resp += sum(r["loss_mask"])
+            with open(self.path("data", "summary.json"), "w") as f:
+                json.dump({"sequences": n, "tokens": toks, "response_tokens": resp, "seconds": round(time.time() - t0, 1)}, f)
+        s = json.load(open(self.path("data", "summary.json")))
+        self.summary["data"] = s
+        self.log("data: " + json.dumps(s))
+
+    # ---- 3b train (both drafters, same data / steps / backbone)
+    def _layer_ids(self) -> str:
+        if self.p["target_layer_ids"]:
+            return str(self.p["target_layer_ids"])
+        from sglang_dspine.config import default_target_layer_ids
+
+        n = json.load(open(self.path("target", "config.json")))["num_hidden_layers"]
+        return ",".join(str(i) for i in default_target_layer_ids(n, int(self.p["draft_layers"])))
+
+    def train_args(self, kind: str) -> list[str]:
+        p = self.p
+        mask = json.load(open(self.path("tokenizer", "lab_tokenizer.json")))["special"]["mask"]
+        args = ["train", "--target", self.path("target"), "--data", self.path("data", "train.jsonl"),
+                "--output-dir", self.path("runs", kind), "--kind", kind,
+                "--num-draft-layers", str(p["draft_layers"]), "--block-size", str(p["block_size"]),
+                "--target-layer-ids", self._layer_ids(), "--mask-token-id", str(mask),
+                "--max-steps", str(p["train_steps"]), "--batch-size", str(p["train_batch"]),
+                "--num-anchors", str(p["num_anchors"]), "--max-length", str(p["max_length"]), "--lr", str(p["train_lr"]),
+                "--log-every", str(max(1, int(p["train_steps"]) // 10)), "--no-progress"]
+        if kind == "dspine":
+            args += ["--transfer-rank", str(p["transfer_rank"]), "--message-size", str(p["message_size"]),
+                     "--top-k", str(p["top_k"]),
+                     "--alignment-warmup-steps", str(min(146, max(1, int(p["train_steps"]) // 4)))]
+        return args
+
+    def train(self) -> None:
+        todo = [k for k in KINDS if not self.done("train", self.path("runs", k, "final", "config.json"))]
+        for k in KINDS:
+            if k not in todo:
+                self.log(f"train {k}: exists, skipped")
+        self.runner.run_many([(f"train_{k}", "cli", self.train_args(k)) for k in todo])
+        self.summary["train"] = {}
+        for k in KINDS:
+            lines = open(self.path("runs", k, "metrics.jsonl")).read().splitlines()
+            last = json.loads(lines[-1])
+            keep = {x: last[x] for x in ("step", "loss", "ce", "accuracy", "accuracy_per_position", "candidate_coverage",
+                                          "backbone_accept_len", "tokens_per_s") if x in last}
+            self.summary["train"][k] = keep
+            self.log(f"train {k}: " + json.dumps({x: keep[x] for x in ("step", "loss", "accuracy",
+                                                                       "backbone_accept_len") if x in keep}))
+
+    # ---- 3c export
+    def export(self) -> None:
+        steps = []
+        for k in KINDS:
+            if self.done("export", self.path("drafters", k, "config.json")):
+                self.log(f"export {k}: exists, skipped")
+                continue
+            steps.append((f"export_{k}", "cli", ["export", "--checkpoint", self.path("runs", k, "final"),
+                                                 "--output", self.path("drafters", k), "--dtype", "bf16",
+                                                 "--target", self.path("target")]))
+        self.runner.run_many(steps)
+        self.summary["export"] = {k: {"size_mb": round(sum(os.path.getsize(os.path.join(self.path("drafters", k), f))
+                                                            for f in os.listdir(self.path("drafters", k))) / 1e6, 2)}
+                                  for k in KINDS}
+        self.log("export: " + json.dumps(self.summary["export"]))
+
+    # ---- 5 (offline) eval
+    def eval(self) -> None:
+        temps = [float(t) for t in str(self.p["temperatures"]).split(",") if t.strip()]
+        steps = []
+        for t in temps:
+            for suite in SUITES:
+                for k in KINDS:
+                    out = self.path("eval", f"{k}_{suite}_t{t:g}.json")
+                    if self.done("eval", out):
+                        continue
+                    steps.append((f"eval_{k}_{suite}_t{t:g}", "cli", [
+                        "eval", "--target", self.path("target"), "--drafter", self.path("drafters", k),
+                        "--prompts", self.path("corpus", "prompts", f"{suite}.heldout.jsonl"),
+                        "--limit", str(self.p["eval_limit"]), "--max-new-tokens", str(self.p["eval_tokens"]),
+                        "--temperature", f"{t:g}", "--seed", "0", "--output", out]))
+        os.makedirs(self.path("eval"), exist_ok=True)
+        self.runner.run_many(steps)
+        table: dict[str, Any] = {}
+        for t in temps:
+            for suite in SUITES:
+                row = {}
+                for k in KINDS:
+                    r = json.load(open(self.path("eval", f"{k}_{suite}_t{t:g}.json")))
+                    row[k] = {"tau": round(r["tau"], 4), "tau_mean_per_prompt": round(r["tau_mean_per_prompt"], 4),
+                              "position_acceptance": [round(x, 4) for x in r["position_acceptance"]],
+                              "rounds": r["rounds"], "tokens": r["tokens"], "prompts": r["prompts"],
+                              "seconds": round(r["seconds"], 1)}
+                row["ratio"] = round(row["dspine"]["tau"] / max(row["dflash"]["tau"], 1e-9), 4)
+                table.setdefault(f"t{t:g}", {})[suite] = row
+        self.summary["eval"] = table
+        for tk, rows in table.items():
+            for suite, row in rows.items():
+                self.log(f"eval {tk} {suite:5s}: tau DFlash {row['dflash']['tau']:.3f}  DSpine {row['dspine']['tau']:.3f}"
+                         f"  ratio {row['ratio']:.3f}")
+
+    # ---- report
+    def report(self) -> str:
+        from sglang_dspine.provenance import git_commit
+
+        import importlib.metadata as md
+
+        import torch
+
+        versions = {"python": sys.version.split()[0]}
+        for name in ("torch", "transformers", "tokenizers", "sglang", "triton", "numpy"):
+            try:
+                versions[name] = md.version(name)
+            except md.PackageNotFoundError:
+                versions[name] = None
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({os.cpu_count()} cores)"
+        res: dict[str, Any] = {
+            "what": "lab pipeline: corpus, tokenizer, target, regenerated data, DFlash vs DSpine drafters, offline tau",
+            "preset": self.args.preset, "settings": self.p,
+            "command": " ".join(shlex.quote(a) for a in ["python", "benchmarks/lab/run.py"] + self.args.argv),
+            "commit": git_commit(), "device": device, "versions": versions,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "stage_seconds": self.times, "step_commands": self.runner.commands, **self.summary,
+        }
+        ev = self.summary.get("eval") or {}
+        for tk, rows in ev.items():
+            ratios = [r["ratio"] for r in rows.values()]
+            res[f"tau_ratio_{tk}"] = round(sum(ratios) / len(ratios), 4)
+            res[f"tau_{tk}_mean"] = {k: round(sum(r[k]["tau"] for r in rows.values()) / len(rows), 4) for k in KINDS}
+        os.makedirs(self.args.results, exist_ok=True)
+        path = os.path.join(self.args.results, f"lab_{self.args.preset}.json")
+        with open(path, "w") as f:
+            json.dump(res, f, indent=2)
+        shutil.copy(path, self.path("results.json"))
+        self.log(f"report: {path}" + "".join(f"  tau_ratio_{tk} {res[f'tau_ratio_{tk}']:.3f}" for tk in ev))
+        return path
+
+    def pack(self, dest: str, part_mb: float = 15.0) -> list[str]:
+        os.makedirs(dest, exist_ok=True)
+        members = [("target", self.path("target")), ("drafters/dflash", self.path("drafters", "dflash")),
+                   ("drafters/dspine", self.path("drafters", "dspine")),
+                   ("suites", self.path("corpus", "prompts")), ("results.json", self.path("results.json")),
+                   ("eval", self.path("eval")), ("corpus_manifest.json", self.path("corpus", "manifest.json"))]
+        members += [(f"runs/{k}/{f}", self.path("runs", k, f)) for k in KINDS for f in ("metrics.jsonl", "train_config.json")]
+        tmp = os.path.join(dest, "lab_models.tar.gz")
+        with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
+            for arc, src in members:
+                if not os.path.exists(src):
+                    continue
+                if arc == "suites":  # only the held-out prompts (the training prompts are large and rebuildable)
+                    for f in sorted(os.listdir(src)):
+                        if f.endswith(".heldout.jsonl"):
+                            tar.add(os.path.join(src, f), arcname=f"lab_models/suites/{f}")
+                    continue
+                tar.add(src, arcname=f"lab_models/{arc}")
+        size = os.path.getsize(tmp)
+        limit = int(part_mb * 1e6)
+        if size <= limit:
+            self.log(f"pack: {tmp} ({size / 1e6:.1f} MB)")
+            return [tmp]
+        parts = []
+        with open(tmp, "rb") as f:
+            i = 0
+            while chunk := f.read(limit):
+                p = f"{tmp}.part{i:02d}"
+                with open(p, "wb") as g:
+                    g.write(chunk)
+                parts.append(p)
+                i += 1
+        os.remove(tmp)
+        self.log(f"pack: {len(parts)} parts of ≤ {part_mb:g} MB in {dest} ({size / 1e6:.1f} MB; "
+                 f"`cat lab_models.tar.gz.part* | tar xz`)")
+        return parts
+
+    def run(self, stages: list[str]) -> None:
+        import torch
+
+        threads = torch.get_num_threads()
+        if self.p["threads"] and self.runner.jobs <= 1:
+            torch.set_num_threads(int(self.p["threads"]))
+        self.log(f"preset {self.args.preset} -> {self.out} (jobs {self.runner.jobs})")
+        try:
+            for st in stages:
+                t0 = time.time()
+                getattr(self, st)()
+                self.times[st] = round(time.time() - t0, 1)
+            if self.args.pack:
+                self.pack(self.args.pack, self.args.pack_part_mb)
+        finally:
+            torch.set_num_threads(threads)
+        self.log(f"done in {time.time() - self.t_start:.0f} s: " + json.dumps(self.times))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--preset", choices=sorted(PRESETS), default="budget")
+    p.add_argument("--tiny", dest="preset", action="store_const", const="tiny", help="same as --preset tiny")
+    p.add_argument("--budget", dest="preset", action="store_const", const="budget", help="same as --preset budget")
+    p.add_argument("--out", default="lab_out", help="working and model directory (default lab_out/)")
+    p.add_argument("--results", default=os.path.join(REPO, "benchmarks", "results"), help="where the results JSON goes")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
+    p.add_argument("--force", help="comma-separated stages to redo even if their output exists")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a preset value (repeatable)")
+    p.add_argument("--jobs", type=int, help="parallel steps as subprocesses (default: the preset's; 1 = in process)")
+    p.add_argument("--source", action="append", help="corpus source directory (default: site-packages)")
+    p.add_argument("--pack", help="write the built models as lab_models.tar.gz(.partNN) into this directory")
+    p.add_argument("--pack-part-mb", type=float, default=15.0, help="largest part of the pack (MB)")
+    p.add_argument("--show-preset", action="store_true", help="print the preset's values and exit")
+    args = p.parse_args(argv)
+    args.argv = argv
+    if args.show_preset:
+        print(json.dumps(PRESETS[args.preset], indent=2))
+        return 0
+    stages = [s for s in args.stages.split(",") if s]
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        p.error(f"--stages: unknown {bad}; known {STAGES}")
+    lab = Lab(args)
+    try:
+        lab.run([s for s in STAGES if s in stages])
+    except RuntimeError as e:
+        lab.log(f"FAILED: {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""The lab pipeline end to end at toy size on CPU (benchmarks/lab), and the paper-suite loaders."""
+import importlib.util
+import json
+import os
+import sys
+import time
+
+import pytest
+import torch
+
+LAB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "lab")
+
+
+def lab_module(name):
+    """A benchmarks/lab file as a module (the repo root stays off sys.path: its kernels/ would shadow `kernels`)."""
+    key = f"dspine_lab_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, os.path.join(LAB, f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[key]
+
+
+@pytest.fixture(scope="module")
+def tiny_lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    out, results, pack = root / "lab_out", root / "results", root / "pack"
+    t0 = time.time()
+    rc = lab_module("run").main(["--tiny", "--out", str(out), "--results", str(results), "--pack", str(pack)])
+    seconds = time.time() - t0
+    assert rc == 0, open(out / "logs_run.txt").read()[-3000:]
+    return out, results, pack, seconds
+
+
+def test_tiny_pipeline_artifacts(tiny_lab):
+    out, results, pack, seconds = tiny_lab
+    print(f"tiny lab pipeline: {seconds:.1f} s")
+    # corpus: train/held-out splits per domain and suite prompt files
+    man = json.load(open(out / "corpus" / "manifest.json"))
+    for d in ("code", "prose", "math"):
+        assert man["documents"][f"{d}.train"] > 0
+        assert man[f"prompts.{d}.heldout"] > 0 and (out / "corpus" / "prompts" / f"{d}.heldout.jsonl").is_file()
+        train_ids = {json.loads(x)["id"] for x in open(out / "corpus" / "prompts" / f"{d}.train.jsonl")}
+        held_ids = {json.loads(x)["id"] for x in open(out / "corpus" / "prompts" / f"{d}.heldout.jsonl")}
+        assert not train_ids & held_ids
+    # tokenizer: special tokens, chat template, exact round trip with the mask token
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+    assert tok.mask_token == "<|MASK|>" and tok.eos_token == "<|im_end|>"
+    text = "def f(x):\n    return x  <|MASK|> ünïcode\t<|im_end|>\n"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.mask_token_id in ids
+    assert tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) == text
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert chat == lab_module("tokenizer").render_chat([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    # target: a transformers Qwen3 model dir in bf16, untied, with eos/bos ids and the tokenizer
+    from transformers import AutoModelForCausalLM
+
+    cfg = json.load(open(out / "target" / "config.json"))
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["tie_word_embeddings"] is False
+    assert cfg["dtype"] == "bfloat16" and tok.convert_tokens_to_ids("<|im_end|>") in cfg["eos_token_id"]
+    assert cfg["bos_token_id"] == tok.convert_tokens_to_ids("<|endoftext|>")
+    target = AutoModelForCausalLM.from_pretrained(str(out / "target"))
+    assert next(target.parameters()).dtype == torch.bfloat16
+    assert AutoTokenizer.from_pretrained(str(out / "target")).mask_token_id == tok.mask_token_id
+    summary = json.load(open(out / "target" / "lab_target.json"))
+    assert summary["steps"] > 0 and set(summary["heldout_loss"]) >= {"code", "prose", "math", "mean"}
+    # drafters: exported, loadable, fit the target, same backbone size
+    from sglang_dspine.checkpoint import load_drafter
+
+    head = target.get_output_embeddings().weight.detach().float()
+    drafters = {k: load_drafter(str(out / "drafters" / k), target_head=head) for k in ("dflash", "dspine")}
+    assert drafters["dflash"].cfg.kind == "dflash" and drafters["dspine"].cfg.kind == "dspine"
+    for d in drafters.values():
+        d.cfg.check_target(cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"])
+        assert d.cfg.mask_token_id == tok.mask_token_id
+    assert drafters["dflash"].cfg.num_hidden_layers == drafters["dspine"].cfg.num_hidden_layers
+    # eval + results: tau per suite for both drafters, provenance
+    res = json.load(open(results / "lab_tiny.json"))
+    for key in ("command", "commit", "device", "versions", "date"):
+        assert res[key], key
+    for suite in ("code", "math", "prose"):
+        row = res["eval"]["t0"][suite]
+        for k in ("dflash", "dspine"):
+            assert row[k]["tau"] >= 1.0 and row[k]["rounds"] > 0
+        assert row["ratio"] > 0
+    assert "tau_ratio_t0" in res
+    packed = sorted(os.listdir(pack))
+    assert packed and all(os.path.getsize(pack / f) <= 15e6 for f in packed)
+
+
+def test_tiny_pipeline_resumes(tiny_lab):
+    out, results, _, _ = tiny_lab
+    t0 = time.time()
+    assert lab_module("run").main(["--tiny", "--out", str(out), "--results", str(results)]) == 0
+    assert time.time() - t0 < 30  # every stage skipped: nothing retrained
+    log = open(out / "logs_run.txt").read().split("preset tiny")[-1]
+    for st in ("corpus", "tokenizer", "target", "data", "train dflash", "train dspine", "export dflash"):
+        assert f"{st}: exists, skipped" in log, st
+
+
+def test_suites_local_files(tmp_path, monkeypatch):
+    suites = lab_module("suites")
+    (tmp_path / "gsm8k.jsonl").write_text(json.dumps({"question": "Tom has 3 pens and buys 2. How many?", "answer": "5"}) + "\n"
+                                          + json.dumps({"question": "2 + 2?", "answer": "4"}) + "\n")
+    (tmp_path / "HumanEval.jsonl").write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "def add(a, b):\n    \"\"\"Add.\"\"\"\n",
+                                                          "entry_point": "add"}) + "\n")
+    (tmp_path / "mt_bench").mkdir()
+    (tmp_path / "mt_bench" / "question.jsonl").write_text(
+        json.dumps({"question_id": 81, "category": "writing", "turns": ["Write a haiku.", "Now shorter."]}) + "\n")
+    (tmp_path / "math500").mkdir()
+    (tmp_path / "math500" / "test.jsonl").write_text(json.dumps({"problem": "1+1?", "answer": "2", "unique_id": "a/1"}) + "\n")
+    (tmp_path / "mbpp.json").write_text(json.dumps([{"task_id": 2, "text": "Write a function.", "test_list": ["assert f()"]}]))
+    (tmp_path / "arena.jsonl").write_text(json.dumps({"question_id": "q1", "turns": [{"content": "Explain DNS."}]}) + "\n")
+    (tmp_path / "lcb.jsonl").write_text(json.dumps({"question_id": "x1", "question_title": "Sum",
+                                                    "question_content": "Add numbers.", "starter_code": "class S:"}) + "\n")
+    g = suites.load_suite("gsm8k", data_dir=str(tmp_path), use_datasets=False)
+    assert [r["id"] for r in g] == ["gsm8k:0", "gsm8k:1"] and "Tom has 3 pens" in g[0]["prompt"] and g[0]["answer"] == "5"
+    assert suites.load_suite("gsm8k", data_dir=str(tmp_path), limit=1, use_datasets=False)[0]["id"] == "gsm8k:0"
+    h = suites.load_suite("humaneval", data_dir=str(tmp_path), use_datasets=False)
+    assert h[0]["id"] == "humaneval:HumanEval/0" and "def add(a, b):" in h[0]["prompt"]
+    m = suites.load_suite("mt-bench", data_dir=str(tmp_path), use_datasets=False)
+    assert m[0]["prompt"] == "Write a haiku." and m[0]["turns"] == ["Write a haiku.", "Now shorter."]
+    assert suites.load_suite("math500", data_dir=str(tmp_path), use_datasets=False)[0]["answer"] == "2"
+    assert "assert f()" in suites.load_suite("mbpp", str(tmp_path / "mbpp.json"), use_datasets=False)[0]["prompt"]
+    assert suites.load_suite("arenahard", str(tmp_path / "arena.jsonl"), use_datasets=False)[0]["prompt"] == "Explain DNS."
+    lcb = suites.load_suite("livecodebench", str(tmp_path / "lcb.jsonl"), use_datasets=False)[0]["prompt"]
+    assert "Add numbers." in lcb and "class S:" in lcb
+    # written prompts feed `sglang-dspine data/eval` as they are
+    from sglang_dspine.data import iter_records
+
+    path = suites.write_prompts(g, str(tmp_path / "out" / "gsm8k.jsonl"))
+    assert [rid for rid, _ in iter_records(path)] == ["gsm8k:0", "gsm8k:1"]
+    # neither a local file nor datasets: a clear error naming what was tried
+    monkeypatch.delenv("DSPINE_SUITES_DIR", raising=False)
+    with pytest.raises(suites.SuiteError, match=r"suite livecodebench: not found .*--path FILE"):
+        suites.load_suite("livecodebench", data_dir=str(tmp_path / "empty"), use_datasets=False)
+    with pytest.raises(suites.SuiteError, match="does not exist"):
+        suites.load_suite("gsm8k", str(tmp_path / "nope.jsonl"))
+    with pytest.raises(suites.SuiteError, match="unknown suite"):
+        suites.load_suite("squad")
+    assert suites.main(["gsm8k", "--data-dir", str(tmp_path / "empty"), "--no-datasets"]) == 2
+
+
+def test_math_problems_are_consistent():
+    corpus = lab_module("corpus")
+    train, held = corpus.math_split(200, 50, seed=0)
+    assert len(train) == 200 and len(held) == 50
+    assert not {p for p, _, _ in train} & {p for p, _, _ in held}
+    import random
+    import re
+
+    for problem, solution, answer in train[:100] + held:
+        assert solution.endswith(f"The answer is {answer}.") and answer >= 0
+        for expr, result in re.findall(r"((?:\$?\d+ [+−×÷] )+\$?\d+) = \$?(\d+)", solution):
+            tokens = expr.replace("$", "").split()
+            value = int(tokens[0])
+            for op, b in zip(tokens[1::2], tokens[2::2]):
+                b = int(b)
+                value = {"+": value + b, "−": value - b, "×": value * b, "÷": value // b}[op]
+                if op == "÷":
+                    assert value * b == int(tokens[0])  # divisions are exact
+            assert value == int(result), solution
+    assert corpus.math_split(20, 5, seed=0) == corpus.math_split(20, 5, seed=0)
+    assert corpus.math_problem(random.Random(1)) == corpus.math_problem(random.Random(1))
+
+
+def test_batched_hf_generation_and_max_seconds(tmp_path):
+    """`sglang-dspine data --hf-batch-size N` (left-padded batches) gives the one-at-a-time greedy output, and
+    `--max-seconds` stops between batches with the rest left to a rerun."""
+    from sglang_dspine.data import HFGenerator, regenerate
+    from sglang_dspine.tiny import make_target
+
+    t = make_target(seed=0)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(4, 62, (int(n),), generator=g).tolist() for n in torch.randint(2, 14, (11,), generator=g)]
+    single = HFGenerator(t, [2], 16).generate(prompts)
+    batched = HFGenerator(t, [2], 16, batch_size=4).generate(prompts)
+    assert [x.output_ids for x in batched] == [x.output_ids for x in single]
+    assert [x.finish_reason for x in batched] == [x.finish_reason for x in single]
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt_ids": p}) + "\n" for i, p in enumerate(prompts)))
+    out = tmp_path / "d.jsonl"
+    gen = HFGenerator(t, [2], 16, batch_size=4)
+    first = regenerate(str(src), str(out), gen, progress=False, batch_size=4, max_seconds=0.0)
+    assert first["written"] == 4 and first["stopped_at_max_seconds"] == 1
+    rest = regenerate(str(src), str(out), gen, progress=False, batch_size=4)
+    assert rest["already_done"] == 4 and rest["written"] == 7 and "stopped_at_max_seconds" not in rest
+    recs = [json.loads(x) for x in open(out)]
+    assert [r["input_ids"][r["prompt_len"]:] for r in recs] == [x.output_ids for x in single]
