@@ -19,6 +19,8 @@ most 15 MB (`cat lab_models.tar.gz.part* | tar xz` puts them back together).
 Presets: `tiny` (CPU, tests: < 3 minutes on 2 cores), `budget` (one H200, the whole pipeline in ≈ 9
 minutes), `full` (one H200, stage by stage: the target gets its 7 minutes, more data and steps). Any preset
 value can be overridden with `--set key=value` (e.g. `--set target_seconds=120 --set train_steps=300`).
+`budget` has `deadline_s=510`: a step still running then is killed, and the report (marked `failed`) and the
+pack are written anyway, so a time-limited device call still returns what was built.
 
     python benchmarks/lab/run.py --preset tiny --out /tmp/lab_tiny
     python benchmarks/lab/run.py --preset budget --out lab_out --pack $OUT --results $OUT
@@ -54,7 +56,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         gen_tokens=40, gen_batch=64, data_seconds=None, max_prompt_len=192,
         draft_layers=2, block_size=8, target_layer_ids="1,2", transfer_rank=16, message_size=8, top_k=4,
         train_steps=30, train_batch=4, num_anchors=16, max_length=256, train_lr=3e-3,
-        eval_limit=3, eval_tokens=24, temperatures="0", threads=1, jobs=1,
+        eval_limit=3, eval_tokens=24, temperatures="0", threads=1, jobs=1, deadline_s=None,
     ),
     "budget": dict(
         corpus_mb=160.0, train_prompts=2000, suite_size=64, corpus_workers=0,
@@ -63,7 +65,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         gen_tokens=192, gen_batch=768, data_seconds=75.0, max_prompt_len=448,
         draft_layers=2, block_size=16, target_layer_ids=None, transfer_rank=96, message_size=48, top_k=16,
         train_steps=400, train_batch=16, num_anchors=128, max_length=640, train_lr=1e-3,
-        eval_limit=40, eval_tokens=128, temperatures="0,1", threads=0, jobs=12,
+        eval_limit=40, eval_tokens=128, temperatures="0,1", threads=0, jobs=12, deadline_s=510.0,
     ),
     "full": dict(
         corpus_mb=200.0, train_prompts=6000, suite_size=128, corpus_workers=0,
@@ -72,7 +74,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         gen_tokens=256, gen_batch=1024, data_seconds=480.0, max_prompt_len=512,
         draft_layers=2, block_size=16, target_layer_ids=None, transfer_rank=96, message_size=48, top_k=16,
         train_steps=2000, train_batch=16, num_anchors=128, max_length=768, train_lr=1e-3,
-        eval_limit=128, eval_tokens=256, temperatures="0,1", threads=0, jobs=12,
+        eval_limit=128, eval_tokens=256, temperatures="0,1", threads=0, jobs=12, deadline_s=None,
     ),
 }
 
@@ -95,8 +97,8 @@ class Runner:
     """Runs step commands: in this process (jobs == 1; CPU, tests) or as subprocesses (jobs > 1; GPU, in
     parallel where independent). Output goes to OUT/logs/<name>.log; the driver prints summaries only."""
 
-    def __init__(self, out: str, jobs: int, log):
-        self.out, self.jobs, self.log = out, jobs, log
+    def __init__(self, out: str, jobs: int, log, deadline: float | None = None):
+        self.out, self.jobs, self.log, self.deadline = out, jobs, log, deadline
         self.logs = os.path.join(out, "logs")
         os.makedirs(self.logs, exist_ok=True)
         self.commands: list[str] = []
@@ -113,6 +115,8 @@ class Runner:
         self.log(f"  $ {shown}")
         log_path = os.path.join(self.logs, f"{name}.log")
         t0 = time.time()
+        if self.deadline is not None and t0 >= self.deadline:
+            raise RuntimeError(f"step {name} not started: the run's deadline (deadline_s) has passed")
         if self.jobs <= 1:
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
@@ -134,7 +138,13 @@ class Runner:
                 cmd = [sys.executable, os.path.join(HERE, f"{kind}.py")] + args
             with open(log_path, "w", encoding="utf-8") as f:
                 # cwd: the logs folder, never the repo root (its kernels/ would shadow the `kernels` package)
-                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=self.logs).returncode
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=self.logs)
+                try:
+                    rc = proc.wait(timeout=None if self.deadline is None else max(1.0, self.deadline - time.time()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                    rc = "killed at the run's deadline (deadline_s)"
         if rc not in (0, None):
             with open(log_path, encoding="utf-8") as f:
                 tail = f.read()[-4000:]
@@ -177,11 +187,12 @@ class Lab:
         self.out = os.path.abspath(args.out)
         os.makedirs(self.out, exist_ok=True)
         self.log_file = open(os.path.join(self.out, "logs_run.txt"), "a", encoding="utf-8")
-        self.runner = Runner(self.out, int(self.p["jobs"]), self.log)
+        self.t_start = time.time()
+        deadline = self.t_start + float(self.p["deadline_s"]) if self.p.get("deadline_s") else None
+        self.runner = Runner(self.out, int(self.p["jobs"]), self.log, deadline)
         self.force = set((args.force or "").split(",")) - {""}
         self.summary: dict[str, Any] = {}
         self.times: dict[str, float] = {}
-        self.t_start = time.time()
 
     def log(self, msg: str) -> None:
         line = f"[lab {time.time() - self.t_start:6.1f}s] {msg}"
@@ -365,7 +376,7 @@ class Lab:
                          f"  ratio {row['ratio']:.3f}")
 
     # ---- report
-    def report(self) -> str:
+    def report(self, failed: str | None = None) -> str:
         from sglang_dspine.provenance import git_commit
 
         import importlib.metadata as md
@@ -387,6 +398,8 @@ class Lab:
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "stage_seconds": self.times, "step_commands": self.runner.commands, **self.summary,
         }
+        if failed:
+            res["failed"] = failed
         ev = self.summary.get("eval") or {}
         for tk, rows in ev.items():
             ratios = [r["ratio"] for r in rows.values()]
@@ -407,6 +420,7 @@ class Lab:
                    ("suites", self.path("corpus", "prompts")), ("results.json", self.path("results.json")),
                    ("eval", self.path("eval")), ("corpus_manifest.json", self.path("corpus", "manifest.json"))]
         members += [(f"runs/{k}/{f}", self.path("runs", k, f)) for k in KINDS for f in ("metrics.jsonl", "train_config.json")]
+        members += [("logs", self.path("logs")), ("logs_run.txt", self.path("logs_run.txt"))]
         tmp = os.path.join(dest, "lab_models.tar.gz")
         with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
             for arc, src in members:
@@ -437,23 +451,31 @@ class Lab:
                  f"`cat lab_models.tar.gz.part* | tar xz`)")
         return parts
 
-    def run(self, stages: list[str]) -> None:
+    def run(self, stages: list[str]) -> str | None:
+        """Run the stages; returns None, or what failed (after a partial report and the pack)."""
         import torch
 
         threads = torch.get_num_threads()
         if self.p["threads"] and self.runner.jobs <= 1:
             torch.set_num_threads(int(self.p["threads"]))
         self.log(f"preset {self.args.preset} -> {self.out} (jobs {self.runner.jobs})")
+        failed = None
         try:
             for st in stages:
                 t0 = time.time()
                 getattr(self, st)()
                 self.times[st] = round(time.time() - t0, 1)
-            if self.args.pack:
-                self.pack(self.args.pack, self.args.pack_part_mb)
+        except (RuntimeError, OSError, KeyError, ValueError) as e:
+            failed = f"{type(e).__name__}: {e}"
+            self.log(f"FAILED: {failed}")
+            if "report" in stages:  # what was done so far, marked as failed
+                self.report(failed=failed)
         finally:
             torch.set_num_threads(threads)
-        self.log(f"done in {time.time() - self.t_start:.0f} s: " + json.dumps(self.times))
+        if self.args.pack:
+            self.pack(self.args.pack, self.args.pack_part_mb)
+        self.log(f"{'failed' if failed else 'done'} in {time.time() - self.t_start:.0f} s: " + json.dumps(self.times))
+        return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -483,12 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"--stages: unknown {bad}; known {STAGES}")
     lab = Lab(args)
-    try:
-        lab.run([s for s in STAGES if s in stages])
-    except RuntimeError as e:
-        lab.log(f"FAILED: {e}")
-        return 1
-    return 0
+    return 1 if lab.run([s for s in STAGES if s in stages]) else 0
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def heldout_loss(model, streams: dict[str, Any], seq_len: int, eval_tokens: int,
             for i in range(0, n_win, batch):
                 w = windows(stream, starts[i:i + batch], seq_len)
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                    logits = model(input_ids=w[:, :-1]).logits
+                    logits = model(input_ids=w[:, :-1], use_cache=False).logits
                 loss = F.cross_entropy(logits.float().flatten(0, 1), w[:, 1:].flatten(), reduction="sum")
                 tot += float(loss)
                 cnt += w[:, 1:].numel()
@@ -198,7 +198,7 @@ def train(args) -> dict[str, Any]:
         starts = torch.randint(0, hi, (args.batch_size,), device=device, generator=gen)
         w = windows(train_stream, starts, args.seq_len)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = step_fn(input_ids=w[:, :-1]).logits
+            logits = step_fn(input_ids=w[:, :-1], use_cache=False).logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), w[:, 1:].flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
