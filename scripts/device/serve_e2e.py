@@ -173,7 +173,25 @@ def server_info(server):
 
 
 # ------------------------------------------------------------------------------------------ tests
-def prompts_for(tokenizer, n, seed=0):
+def prompts_for(tokenizer, n, suites_dir=None, seed=0):
+    """n prompts as token ids: the lab's held-out suites round-robin (chat template applied, as in training)
+    when given, else code-like openings. Returns [(suite, ids)]."""
+    if suites_dir and os.path.isdir(suites_dir):
+        per = {}
+        for f in sorted(os.listdir(suites_dir)):
+            if f.endswith(".heldout.jsonl"):
+                per[f.split(".")[0]] = [json.loads(l)["prompt"] for l in open(os.path.join(suites_dir, f)) if l.strip()]
+        order = [(suite, text) for i in range(max(map(len, per.values()))) for suite, texts in per.items() if i < len(texts)]
+        out = []
+        for suite, text in order[:n]:
+            if tokenizer.chat_template:
+                ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                    tokenize=True)
+                ids = ids["input_ids"] if isinstance(ids, dict) else list(ids)
+            else:
+                ids = tokenizer(text)["input_ids"]
+            out.append((suite, ids[-768:]))
+        return out
     rng = random.Random(seed)
     starts = ["def forward(self, x):", "import torch\n", "class Linear(Module):", "    return F.", "# Copyright",
               "def __init__(self, in_features, out_features", "    if bias is not None:", '"""Applies a', "for i in range(",
@@ -181,8 +199,32 @@ def prompts_for(tokenizer, n, seed=0):
     out = []
     for i in range(n):
         text = starts[i % len(starts)] + ("" if i < len(starts) else " " + " ".join(rng.sample(starts, 2)))
-        out.append(tokenizer(text)["input_ids"])
+        out.append(("code", tokenizer(text)["input_ids"]))
     return out
+
+
+def throughput(servers, prompts, concurrencies, max_new, pool_size=64):
+    """Output tokens/s at each concurrency, the same requests to each server, one server at a time; and the
+    per-request accept length SGLang reports, per suite."""
+    res = {}
+    for name, srv in servers.items():
+        res[name] = {}
+        for c in concurrencies:
+            reqs = [prompts[i % len(prompts)] for i in range(max(4 * c, 12))]
+            with cf.ThreadPoolExecutor(c) as ex:
+                list(ex.map(lambda p: generate(srv, p[1], 8), reqs[:c]))  # warm-up
+                t = time.time()
+                outs = list(ex.map(lambda p: generate(srv, p[1], max_new), reqs))
+                dt = time.time() - t
+            tokens = sum(len(o["output_ids"]) for o in outs)
+            acc = collections.defaultdict(list)
+            for (suite, _), o in zip(reqs, outs):
+                if o["meta_info"].get("spec_accept_length") is not None:
+                    acc[suite].append(float(o["meta_info"]["spec_accept_length"]))
+            res[name][c] = {"requests": len(reqs), "output_tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt,
+                            "accept_length_by_suite": {k: sum(v) / len(v) for k, v in acc.items()}}
+        print("throughput", name, {c: round(v["tokens_per_s"]) for c, v in res[name].items()}, flush=True)
+    return res
 
 
 def greedy_agreement(base, spec, prompts, max_new, pool):
@@ -273,7 +315,7 @@ def main():
     ap.add_argument("--models", default=None)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--prompts", type=int, default=60)
-    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--t1-samples", type=int, default=400)
     ap.add_argument("--t1-prompts", type=int, default=3)
     ap.add_argument("--load-seconds", type=int, default=120)
@@ -287,6 +329,11 @@ def main():
         models = "/tmp/e2e_models"
         shutil.rmtree(models, ignore_errors=True)
         make_tiny_models(models)
+    if os.path.isdir(os.path.join(models, "drafters")):  # the lab's pack: target/, drafters/{dspine,dflash}, suites/
+        for kind in ("dspine", "dflash"):
+            link = os.path.join(models, kind)
+            if not os.path.exists(link):
+                os.symlink(os.path.join(models, "drafters", kind), link)
     bad = make_bad_drafters(models)
     target = os.path.join(models, "target")
     spec = lambda algo, d, *extra: ["--model-path", target, "--speculative-algorithm", algo,
@@ -329,7 +376,8 @@ def main():
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(target)
-        prompts = prompts_for(tok, args.prompts)
+        suite_prompts = prompts_for(tok, args.prompts, os.path.join(models, "suites"))
+        prompts = [ids for _, ids in suite_prompts]
         with cf.ThreadPoolExecutor(16) as pool:
             results["greedy_bf16"] = greedy_agreement(servers["plain"], servers["dspine"], prompts, args.max_new, pool)
             print("greedy bf16:", results["greedy_bf16"]["identical"], "/", args.prompts, flush=True)
@@ -342,6 +390,8 @@ def main():
                                                                  args.max_new, pool)
             results["t1"] = t1_test(servers["plain"], servers["dspine"], prompts[: args.t1_prompts], args.t1_samples, pool)
             print("t1 p:", results["t1"]["bonferroni_min_pvalue"], flush=True)
+        results["throughput"] = throughput({n: servers[n] for n in ("plain", "dflash", "dspine") if up.get(n)},
+                                           suite_prompts, [1, 4, 16, 48], args.max_new)
         results["load"] = load_test(servers["dspine"], tok, 48, args.load_seconds)
         print("load:", results["load"], flush=True)
         for n in ("dspine", "dflash", "dspine_det"):
@@ -389,6 +439,12 @@ def summarize(r):
         "cuda_graph": bool(srv.get("cuda_graph_true_lines")) and not srv.get("cuda_graph_false_lines"),
         "accept_length": (srv.get("avg_spec_accept_length") or [None])[0],
         "dflash_served": r.get("dflash_greedy_bf16", {}).get("prompts"),
+        "throughput_tokens_per_s": {n: {c: round(v["tokens_per_s"], 1) for c, v in d.items()}
+                                    for n, d in r.get("throughput", {}).items()},
+        "throughput_ratio_dspine_over_dflash": {c: round(r["throughput"]["dspine"][c]["tokens_per_s"]
+                                                         / r["throughput"]["dflash"][c]["tokens_per_s"], 3)
+                                                for c in r.get("throughput", {}).get("dspine", {})
+                                                if c in r.get("throughput", {}).get("dflash", {})},
         "bad_drafters_refused": sum(v["exited"] and v["message_found"] for v in ref.values()),
         "bad_drafters_tried": len(ref),
         "commit": r.get("provenance", {}).get("commit"),
