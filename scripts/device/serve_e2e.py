@@ -181,7 +181,7 @@ def prompts_for(tokenizer, n, suites_dir=None, seed=0):
         for f in sorted(os.listdir(suites_dir)):
             if f.endswith(".heldout.jsonl"):
                 per[f.split(".")[0]] = [json.loads(l)["prompt"] for l in open(os.path.join(suites_dir, f)) if l.strip()]
-        order = [(suite, text) for i in range(max(map(len, per.values()))) for suite, texts in per.items() if i < len(texts)]
+        order = [(suite, texts[i]) for i in range(max(map(len, per.values()))) for suite, texts in per.items() if i < len(texts)]
         out = []
         for suite, text in order[:n]:
             if tokenizer.chat_template:
