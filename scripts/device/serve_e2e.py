@@ -182,14 +182,11 @@ def prompts_for(tokenizer, n, suites_dir=None, seed=0):
             if f.endswith(".heldout.jsonl"):
                 per[f.split(".")[0]] = [json.loads(l)["prompt"] for l in open(os.path.join(suites_dir, f)) if l.strip()]
         order = [(suite, texts[i]) for i in range(max(map(len, per.values()))) for suite, texts in per.items() if i < len(texts)]
+        from sglang_dspine.data import prompt_ids
+
         out = []
         for suite, text in order[:n]:
-            if tokenizer.chat_template:
-                ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                    tokenize=True)
-                ids = ids["input_ids"] if isinstance(ids, dict) else list(ids)
-            else:
-                ids = tokenizer(text)["input_ids"]
+            ids = prompt_ids({"prompt": text}, tokenizer)  # as the training data was built
             out.append((suite, ids[-768:]))
         return out
     rng = random.Random(seed)
