@@ -155,27 +155,7 @@ class HFGenerator:
         torch.manual_seed(seed)
 
     def generate(self, prompts: list[list[int]]) -> list[Generation]:
-        if self.batch_size > 1 and len(prompts) > 1:
-            return self._generate_batched(prompts)
-        import torch
-
-        out = []
-        for ids in prompts:
-            x = torch.tensor([ids], device=self.device)
-            kwargs: dict[str, Any] = dict(max_new_tokens=self.max_new_tokens, attention_mask=torch.ones_like(x),
-                                          pad_token_id=min(self.eos) if self.eos else 0)
-            if self.eos:
-                kwargs["eos_token_id"] = sorted(self.eos)
-            if self.temperature > 0:
-                kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0)
-            else:
-                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            with torch.no_grad():
-                y = self.model.generate(x, **kwargs)
-            out.append(_finish(y[0, len(ids):].tolist(), self.eos, self.max_new_tokens))
-        return out
-
-    def _generate_batched(self, prompts: list[list[int]]) -> list[Generation]:
+        """Batches of `batch_size` prompts of similar length (a batch of one has no padding at all)."""
         import torch
 
         pad = min(self.eos) if self.eos else 0
