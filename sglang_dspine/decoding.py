@@ -12,6 +12,8 @@ from typing import Callable
 
 import torch
 
+from .sharding import FULL, VocabShard
+
 
 @dataclass
 class BlockDraft:
@@ -58,17 +60,19 @@ def decode_block(
     refine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     codes: torch.Tensor,
     head: torch.Tensor,
+    shard: VocabShard = FULL,
 ) -> BlockDraft:
     """Candidate decoding of one block per request.
 
     logits: [N, B-1, V] backbone logits of positions 1..B-1; pre_last: [N, B-1, H] their last-layer
     pre-injection states; anchors: [N]; refine(pre_last [N,P,H], pred_codes [N,P,K,r]) -> normed [N,P,K,H];
-    codes: [V, r] transfer codes; head: [V, H] target LM head.
+    codes: [V, r] transfer codes; head: [V, H] target LM head. Under tensor parallelism `logits` and `head`
+    are this rank's vocabulary shard and `shard` says which (the codes stay whole).
     """
-    candidates = logits.topk(top_k, dim=-1).indices  # [N, P, K]
+    candidates = shard.topk(logits, top_k)  # [N, P, K] global ids
     preds = predecessor_tokens(candidates, anchors)
     refined = refine(pre_last, codes[preds])
-    scores = transition_scores(refined, head[candidates])
+    scores = transition_scores(refined, shard.rows(head, candidates))
     choice = walk(scores)
     tokens = candidates.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
     return BlockDraft(tokens=tokens, candidates=candidates, scores=scores, choice=choice)
