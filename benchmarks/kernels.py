@@ -52,6 +52,9 @@ from sglang_dspine.model import DSpineDrafter  # noqa: E402
 
 torch.set_grad_enabled(False)
 
+# shapes of the split transition's per-position kernel tried by the sweep: (BLOCK_H, msg chunk, num_warps)
+SPLIT_SWEEP = [(512, 512, 8), (256, 512, 8), (512, 512, 16), (1024, 512, 16)]
+
 QWEN3_8B = dict(hidden=4096, rank=1024, message=512, top_k=16, block=16, vocab=151936, layers=5, heads=32,
                 kv_heads=8, head_dim=128, inter=12288, target_layers=36, ctx=1024)
 TINY = dict(hidden=64, rank=32, message=16, top_k=4, block=5, vocab=300, layers=2, heads=4, kv_heads=2,
@@ -81,22 +84,26 @@ class Bench:
             fn()
         return g
 
-    def time(self, fn, reps: int = 40, flush: bool = True) -> dict:
+    def time(self, fn, reps: int = 40, flush: bool = True, graph: bool = True) -> dict:
         if not self.gpu:  # smoke: wall clock, no graphs
             fn()
             t0 = time.perf_counter()
             fn()
             return {"us": (time.perf_counter() - t0) * 1e6}
-        g = self._capture(fn)
+        if graph:
+            g = self._capture(fn)
+            run = g.replay
+        else:
+            g, run = None, fn
         for _ in range(3):
-            g.replay()
+            run()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for i in range(reps):
             if flush:
                 self.flush.zero_()
             starts[i].record()
-            g.replay()
+            run()
             ends[i].record()
         torch.cuda.synchronize()
         ts = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
@@ -217,9 +224,9 @@ class LeanBackbone:
 class DraftSteps:
     """Static inputs / outputs and the draft-step variants for one batch size (CUDA-graph friendly)."""
 
-    def __init__(self, model, head, w, tables, bs, ctx_len, ctx_hidden=None, emb=None, anchors=None, pb=None):
+    def __init__(self, model, head, w, tables, bs, ctx_len, ctx_hidden=None, emb=None, anchors=None):
         cfg = model.cfg
-        self.model, self.head, self.w, self.tables, self.pb = model, head, w, tables, pb
+        self.model, self.head, self.w, self.tables = model, head, w, tables
         self.bs, self.B, self.H, self.K = bs, cfg.block_size, cfg.hidden_size, cfg.dspine.top_k
         self.P, self.m, self.V = self.B - 1, w.message_size, cfg.vocab_size
         dev, dt = head.device, head.dtype
@@ -244,7 +251,7 @@ class DraftSteps:
         self.last = dict(tokens=tokens)
         return tokens
 
-    def dspine(self, topk: str = "triton", impl: str = "triton"):
+    def dspine(self, topk: str = "triton", impl: str = "triton", **transition):
         w, bs, B = self.w, self.bs, self.B
         codes = self.model.transfer_codes
         ap = kinj.anchor_projections(w, codes, self.anchors)
@@ -266,7 +273,7 @@ class DraftSteps:
         tokens, choice, scores = ktr.transition_walk(
             pre.view(bs, B, -1)[:, 1:], cand.view(bs, self.P, self.K), self.anchors, w, self.tables, codes,
             self.head, self.model.norm.weight, self.model.norm.eps, recv=self.recv.view(bs, B, -1)[:, 1:], uh=uh,
-            out=self.outs, impl=impl, positions_per_program=self.pb)
+            out=self.outs, impl=impl, **transition)
         self.last = dict(tokens=tokens, pre=pre, hidden=x, cand=cand)
         return tokens
 
@@ -331,10 +338,11 @@ def check_backbone(model, head, w, tables, s, device):
     }
 
 
-def section_step(bench, model, head, w, tables, bs, s, res, pb=None):
-    steps = DraftSteps(model, head, w, tables, bs, s["ctx"], pb=pb)
+def section_step(bench, model, head, w, tables, bs, s, res):
+    steps = DraftSteps(model, head, w, tables, bs, s["ctx"])
     out = {}
     for name, fn in (("dflash", steps.dflash), ("dspine", steps.dspine),
+                     ("dspine_fused_transition", lambda: steps.dspine(variant="fused", positions_per_program=1)),
                      ("dspine_torch_topk", lambda: steps.dspine(topk="torch")),
                      ("dspine_pytorch_math", steps.dspine_reference)):
         try:
@@ -411,6 +419,9 @@ def section_kernels(bench, model, head, w, tables, bs, s, res, ceiling, compiled
          lbytes + eb * 3 * m * H - eb * 3 * m * r),
         ("inject_flat torch pass", lambda: kinj.inject_flat(h, 0, w, ap, B, out=out, recv_out=recv, impl="torch"), lbytes),
         ("AdjacentInjection.forward", lambda: model.injection(0, h.view(bs, B, H), anchor_codes), lbytes),
+        # attribution: the three cuBLAS GEMMs of inject_flat alone (no fused pass)
+        ("inject_flat GEMMs only", lambda: torch.addmm(h, kinj.project(h, 0, w)[1][:, :m], w.writes[0].t(), out=out),
+         lbytes),
     ]
     for variant, fn, nb in variants:
         t = try_time(bench, res, f"{variant} bs={bs}", fn)
@@ -435,14 +446,18 @@ def section_kernels(bench, model, head, w, tables, bs, s, res, ceiling, compiled
     tbytes = (eb * bs * P * (K * H + H + K * 3 * m + m) + 4 * bs * P * m + eb * m * (m + 1) // 2
               + 4 * bs * P * K * K + 8 * bs * P * (K + 2))
     tflops = 2 * bs * P * K * (H + K * m + m + m * m / 2)
-    default_pb = ktr.default_positions_per_program(bs, P)
-    pbs = [1, 2, 4, 8, 16] if sweep else [default_pb]
-    for pb in pbs:
-        t = try_time(bench, res, f"score_walk pb={pb} bs={bs}",
-                     lambda pb=pb: ktr.transition_scores_walk(*args, *outs, positions_per_program=pb))
+    split_cfgs = [ktr.SPLIT_CONFIG] + ([c for c in SPLIT_SWEEP if c != ktr.SPLIT_CONFIG] if sweep else [])
+    for cfg in split_cfgs:
+        t = try_time(bench, res, f"score_walk split {cfg} bs={bs}",
+                     lambda cfg=cfg: ktr.transition_scores_walk(*args, *outs, variant="split", split_config=cfg))
         if t:
-            rec(res, bs, "transition", f"score_walk triton pb={pb}" + (" (default)" if pb == default_pb else ""),
-                t, tbytes, tflops, ceiling)
+            rec(res, bs, "transition", f"score_walk triton split cfg={cfg}"
+                + (" (default)" if cfg == ktr.SPLIT_CONFIG else ""), t, tbytes, tflops, ceiling)
+    for pb in ([1, 2, 4] if sweep else [1]):
+        t = try_time(bench, res, f"score_walk fused pb={pb} bs={bs}",
+                     lambda pb=pb: ktr.transition_scores_walk(*args, *outs, variant="fused", positions_per_program=pb))
+        if t:
+            rec(res, bs, "transition", f"score_walk triton fused pb={pb}", t, tbytes, tflops, ceiling)
     t = try_time(bench, res, f"score_walk torch bs={bs}", lambda: ktr.transition_scores_walk_torch(*args, *outs))
     if t:
         rec(res, bs, "transition", "score_walk torch", t, tbytes, tflops, ceiling)
@@ -528,6 +543,8 @@ def main() -> None:
         summary = {"commit": res["commit"], "gpu": res["gpu"], "date": res["date"],
                    "copy_ceiling_GBps": res.get("copy_ceiling_GBps"),
                    "draft_step_ratio_bs48": res["draft_step"].get("48", {}).get("ratio"),
+                   "draft_step_overhead_us": {k: v["dspine"] - v["dflash"] for k, v in res["draft_step"].items()
+                                              if "dspine" in v and "dflash" in v},
                    "draft_step_ratio": {k: v.get("ratio") for k, v in res["draft_step"].items()},
                    "draft_step_us": {k: {kk: vv for kk, vv in v.items() if kk != "ratio"}
                                      for k, v in res["draft_step"].items()},
@@ -547,9 +564,16 @@ def main() -> None:
         x = torch.empty(512 << 20, dtype=torch.bfloat16, device=device)
         x.normal_()
         y = torch.empty_like(x)
-        t = bench.time(lambda: y.copy_(x), reps=20, flush=False)
-        res["copy_ceiling_GBps"] = 2 * x.numel() * 2 / (t["us"] * 1e3)
-        print(f"copy ceiling: {res['copy_ceiling_GBps']:.0f} GB/s", flush=True)
+        nbytes = 2 * x.numel() * x.element_size()
+        copies = {}
+        for name, fn, graph in (("copy_ graph", lambda: y.copy_(x), True),
+                                ("copy_ eager", lambda: y.copy_(x), False),
+                                ("elementwise kernel (mul 1)", lambda: torch.mul(x, 1.0, out=y), True)):
+            t = bench.time(fn, reps=20, flush=False, graph=graph)
+            copies[name] = nbytes / (t["us"] * 1e3)
+        res["copy_GBps"] = copies
+        res["copy_ceiling_GBps"] = max(copies.values())
+        print(f"copy ceiling: {res['copy_ceiling_GBps']:.0f} GB/s {copies}", flush=True)
         del x, y
     ceiling = res.get("copy_ceiling_GBps")
 
@@ -606,22 +630,27 @@ def main() -> None:
         if bench.gpu:
             torch.cuda.empty_cache()
 
-    # 5. the DSpine step again with the positions-per-program the sweep found fastest, where it differs
+    # 5. the DSpine step again with the transition configuration the sweep found fastest, where it differs
     for bs in bss:
-        sc = [r for r in res["results"] if r["bs"] == bs and r["variant"].startswith("score_walk triton pb=")]
+        sc = [r for r in res["results"] if r["bs"] == bs and r["variant"].startswith("score_walk triton")]
         if not sc or bench.left() < 10:
             continue
         best = min(sc, key=lambda r: r["us"])
-        pb = int(best["variant"].split("pb=")[1].split()[0])
-        if pb == ktr.default_positions_per_program(bs, s["block"] - 1):
+        if best["variant"].endswith("(default)"):
             continue
-        steps = DraftSteps(model, head, w, tables, bs, s["ctx"], pb=pb)
-        t = try_time(bench, res, f"dspine pb={pb} bs={bs}", steps.dspine, reps=30, flush=False)
+        if "split" in best["variant"]:
+            cfg = tuple(int(v) for v in best["variant"].split("cfg=(")[1].split(")")[0].split(","))
+            kw, label = dict(variant="split", split_config=cfg), "split_" + "_".join(map(str, cfg))
+        else:
+            pb = int(best["variant"].split("pb=")[1].split()[0])
+            kw, label = dict(variant="fused", positions_per_program=pb), f"fused_pb{pb}"
+        steps = DraftSteps(model, head, w, tables, bs, s["ctx"])
+        t = try_time(bench, res, f"dspine {label} bs={bs}", lambda: steps.dspine(**kw), reps=30, flush=False)
         if t:
             st = res["draft_step"][str(bs)]
-            st[f"dspine_pb{pb}"] = t["us"]
+            st[f"dspine_{label}"] = t["us"]
             if "dflash" in st:
-                st[f"ratio_pb{pb}"] = t["us"] / st["dflash"]
+                st[f"ratio_{label}"] = t["us"] / st["dflash"]
         del steps
     save()
     print_table(res)
@@ -634,25 +663,22 @@ def print_table(res) -> None:
                 return r
         return None
 
-    def fmt(r, key="us"):
-        return "-" if r is None else (f"{r[key]:.1f}" if key == "us" else f"{100 * r.get(key, 0):.0f}%")
+    def us(r):
+        return "-" if r is None else f"{r['us']:.1f}"
 
     print("\n== DSpine kernels, {} (copy ceiling {:.0f} GB/s), commit {} ==".format(
         res["gpu"], res.get("copy_ceiling_GBps") or 0, res["commit"][:10]))
-    print(f"{'bs':>3} | {'gate tri/torch/comp us':>24} | {'inj layer tri/torch/module/comp us':>36} | "
-          f"{'score+walk tri/torch/comp us':>29} | {'topk tri/torch/argmax us':>25} | {'step dflash/dspine us':>22} | ratio")
+    print(f"{'bs':>3} | {'gate tri/torch/comp':>20} | {'inj layer tri/torch/module/comp':>32} | "
+          f"{'transition split/fused/torch/comp':>34} | {'topk tri/torch/argmax':>22} | {'step dflash/dspine us':>21} | ratio")
     for bs in res["batch_sizes"]:
-        sc = [r for r in res["results"] if r["bs"] == bs and r["variant"].startswith("score_walk triton")]
-        best = min(sc, key=lambda r: r["us"]) if sc else None
         st = res["draft_step"].get(str(bs), {})
-        print(f"{bs:>3} | {fmt(get(bs, 'injection', 'gate_message triton')):>7}/{fmt(get(bs, 'injection', 'gate_message torch')):>7}/"
-              f"{fmt(get(bs, 'injection', 'gate_message torch.compile')):>7}"
-              f" | {fmt(get(bs, 'inj_layer', 'inject_flat triton')):>8}/{fmt(get(bs, 'inj_layer', 'inject_flat torch')):>8}/"
-              f"{fmt(get(bs, 'inj_layer', 'AdjacentInjection.forward')):>8}/{fmt(get(bs, 'inj_layer', 'AdjacentInjection torch.compile')):>8}"
-              f" | {fmt(best):>9}/{fmt(get(bs, 'transition', 'score_walk torch')):>8}/"
-              f"{fmt(get(bs, 'transition', 'score_walk torch.compile')):>8}"
-              f" | {fmt(get(bs, 'topk', 'topk triton')):>7}/{fmt(get(bs, 'topk', 'torch.topk')):>7}/"
-              f"{fmt(get(bs, 'topk', 'torch.argmax')):>7}"
+        print(f"{bs:>3} | {us(get(bs, 'injection', 'gate_message triton')):>6}/{us(get(bs, 'injection', 'gate_message torch')):>6}/"
+              f"{us(get(bs, 'injection', 'gate_message torch.compile')):>6}"
+              f" | {us(get(bs, 'inj_layer', 'inject_flat triton')):>7}/{us(get(bs, 'inj_layer', 'inject_flat torch')):>7}/"
+              f"{us(get(bs, 'inj_layer', 'AdjacentInjection.forward')):>7}/{us(get(bs, 'inj_layer', 'AdjacentInjection torch.compile')):>7}"
+              f" | {us(get(bs, 'transition', 'score_walk triton split')):>7}/{us(get(bs, 'transition', 'score_walk triton fused pb=1')):>7}/"
+              f"{us(get(bs, 'transition', 'score_walk torch')):>7}/{us(get(bs, 'transition', 'score_walk torch.compile')):>7}"
+              f" | {us(get(bs, 'topk', 'topk triton')):>6}/{us(get(bs, 'topk', 'torch.topk')):>6}/{us(get(bs, 'topk', 'torch.argmax')):>6}"
               f" | {st.get('dflash', float('nan')):>9.1f}/{st.get('dspine', float('nan')):>9.1f}"
               f" | {st.get('ratio', float('nan')):.3f}")
     if res["errors"]:

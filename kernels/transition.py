@@ -14,17 +14,23 @@ their dots with the candidates' head rows. Instead we expand it exactly:
 so per position the kernel touches K head rows (the only H-sized reads), K rows of m-sized tables, and
 does K×K×m + K·m² multiply-adds; R is upper triangular, so half of the m² term is skipped.
 
-Split between GEMMs and the kernel:
+Split between GEMMs and kernels:
   * once per model (`TransitionTables.build`): pred_proj[v] = √r C[v][G_p; M]ᵀ  [V, 2m],
     head_proj[v] = (W_v⊙w) U_L  [V, m], and rfac = Rᵀ [m, m]. Gathering rows by token id is far cheaper than
     GEMMs on gathered codes/head rows per step. Without the per-token tables (`per_token=False`) the same
     rows are computed per step by GEMMs on the gathered candidates (memory-lean, slower).
   * per step, cuBLAS: uh = h̃ U_L [bs, P, m]; recv = G_r φ_L(h̃) comes from the last layer's injection
     (`inject_flat(recv_out=...)`), or is recomputed from h̃ by two small GEMMs.
-  * the Triton kernel, one program per (request, PB positions): the ‖R msg‖² term for all PB·K rows as
-    tensor-core dots (rfac read once per program, not once per position), then per position the head-row
-    dots, the msg·Q dots (tl.dot), the K×K table, and — when one program holds a whole request — the walk.
-    Otherwise a tiny second kernel walks each request (grid = bs).
+  * "split" variant (default), three launches:
+      1. `_position_kernel`, one program per (request, position), every load issued up front and the K head
+         rows streamed with a prefetch: msg_k (written), a_j, ‖h̃‖², t1_k and c = msg·Qᵀ (tensor cores);
+         it writes the numerators a_j + ρ c_kj into the score table;
+      2. cuBLAS X = msg · rfac over all bs·P·K rows: the K·m² term as one GEMM, rfac read once;
+      3. `_finish_walk_kernel`, one program per request: ν_k from ‖X_k‖², the table S = numerator / ν_k, and
+         the walk on the rows while they are in registers (the next position's inputs already in flight).
+  * "fused" variant: one kernel per (request, PB positions) computing ‖R msg‖² itself on tensor cores (rfac
+    re-read per program from L2) + a walk kernel. Measured slower on the H200 (latency-bound loops); kept
+    as the measured alternative.
 No host synchronisation, fixed shapes: CUDA-graph capturable.
 """
 from __future__ import annotations
@@ -214,6 +220,120 @@ def _walk_kernel(s_ptr, cand_ptr, ch_ptr, tok_ptr, P: tl.constexpr, K: tl.conste
         tl.store(tok_ptr + n * P + i, tok.to(tok_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _position_kernel(
+    pre_ptr, recv_ptr, uh_ptr, cand_ptr, anc_ptr, pp_ptr, hp_ptr, head_ptr, w_ptr, b_ptr,
+    msg_ptr, num_ptr, base_ptr, rho_ptr,
+    s_pre_n, s_pre_p, s_recv_n, s_recv_p, s_uh_n, s_uh_p, s_head, s_pp, s_hp,
+    P: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, H: tl.constexpr, M: tl.constexpr, MB: tl.constexpr,
+    MCH: tl.constexpr, BLOCK_H: tl.constexpr, BY_TOKEN: tl.constexpr, DOT_DT: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    """Split variant, one program per (request, position): every load is issued before its first use (one
+    memory latency, not one per loop step), the head rows stream with a one-chunk prefetch. Writes msg_k
+    (for the ‖R msg_k‖² GEMM), the numerators a_j + ρ c_kj (into the score table), ‖h̃‖² + 2ρ t1_k and ρ."""
+    pid = tl.program_id(0).to(tl.int64)  # n * P + i
+    n = pid // P
+    i = pid % P
+    kk = tl.arange(0, KP)
+    km = kk < K
+    tok = tl.load(cand_ptr + pid * K + kk, mask=km, other=0)
+    ptok = tl.load(cand_ptr + (pid - 1) * K + kk, mask=km & (i > 0), other=0)
+    ptok = tl.where(i == 0, tl.load(anc_ptr + n), ptok)
+    if BY_TOKEN:
+        prow = ptok.to(tl.int64)
+        qrow = tok.to(tl.int64)
+    else:
+        prow = pid * K + kk
+        qrow = prow
+
+    # the head rows are the bulk of the bytes: start streaming them first
+    oh = tl.arange(0, BLOCK_H)
+    hrows = head_ptr + tok.to(tl.int64)[:, None] * s_head
+    rows = tl.load(hrows + oh[None, :], mask=km[:, None] & (oh[None, :] < H), other=0.0)
+
+    # messages, in column chunks of MCH (a register-pressure knob; MCH = MB: one chunk, one latency)
+    cmat = tl.zeros([KP, KP], tl.float32)
+    t1 = tl.zeros([KP], tl.float32)
+    for c0 in range(0, MB, MCH):
+        cols = c0 + tl.arange(0, MCH)
+        cm = cols < M
+        mm = km[:, None] & cm[None, :]
+        gp = tl.load(pp_ptr + prow[:, None] * s_pp + cols[None, :], mask=mm, other=0.0).to(tl.float32)
+        mp = tl.load(pp_ptr + prow[:, None] * s_pp + M + cols[None, :], mask=mm, other=0.0).to(tl.float32)
+        q = tl.load(hp_ptr + qrow[:, None] * s_hp + cols[None, :], mask=mm, other=0.0)
+        gr = tl.load(recv_ptr + n * s_recv_n + i * s_recv_p + cols, mask=cm, other=0.0).to(tl.float32)
+        u = tl.load(uh_ptr + n * s_uh_n + i * s_uh_p + cols, mask=cm, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)
+        msg = tl.where(mm, tl.sigmoid(gr[None, :] + gp + b[None, :]) * mp, 0.0)
+        msg_lp = msg.to(msg_ptr.dtype.element_ty)
+        tl.store(msg_ptr + (pid * K + kk)[:, None] * M + cols[None, :], msg_lp, mask=mm)
+        t1 += tl.sum(msg * u[None, :], 1)
+        cmat += tl.dot(msg_lp.to(DOT_DT), tl.trans(q.to(DOT_DT)), input_precision=DOT_PREC)  # [KP, KP]
+
+    # a_j = (w⊙h̃)·W_j and ‖h̃‖², next chunk prefetched while this one is reduced
+    a = tl.zeros([KP], tl.float32)
+    ssv = tl.zeros([BLOCK_H], tl.float32)
+    for c0 in range(0, H, BLOCK_H):
+        o = c0 + oh
+        x = tl.load(pre_ptr + n * s_pre_n + i * s_pre_p + o, mask=o < H, other=0.0).to(tl.float32)
+        wv = tl.load(w_ptr + o, mask=o < H, other=0.0).to(tl.float32)
+        nxt = o + BLOCK_H
+        rows_next = tl.load(hrows + nxt[None, :], mask=km[:, None] & (nxt[None, :] < H), other=0.0)
+        ssv += x * x
+        a += tl.sum(rows.to(tl.float32) * (x * wv)[None, :], 1)
+        rows = rows_next
+    ss = tl.sum(ssv, 0)
+    rho = tl.sqrt(ss / H)
+    num = a[None, :] + rho * cmat
+    tl.store(num_ptr + (pid * K + kk[:, None]) * K + kk[None, :], num, mask=km[:, None] & km[None, :])
+    tl.store(base_ptr + pid * K + kk, ss + 2.0 * rho * t1, mask=km)
+    tl.store(rho_ptr + pid, rho)
+
+
+@triton.jit
+def _finish_walk_kernel(
+    x_ptr, num_ptr, base_ptr, rho_ptr, cand_ptr, s_ptr, ch_ptr, tok_ptr, norm_eps,
+    P: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, H: tl.constexpr, M: tl.constexpr, MB: tl.constexpr,
+):
+    """Split variant, one program per request: ν_k from ‖R msg_k‖² (rows of X = msg·Rᵀ), the table
+    S = numerator / ν (written in place of the numerators), and the walk on the rows held in registers.
+    The next position's inputs are loaded before this position is finished."""
+    n = tl.program_id(0).to(tl.int64)
+    kk = tl.arange(0, KP)
+    km = kk < K
+    cols = tl.arange(0, MB)
+    mm = km[:, None] & (cols[None, :] < M)
+    tm = km[:, None] & km[None, :]
+    r0 = n * P
+    xt = tl.load(x_ptr + (r0 * K + kk)[:, None] * M + cols[None, :], mask=mm, other=0.0)
+    num = tl.load(num_ptr + (r0 * K + kk[:, None]) * K + kk[None, :], mask=tm, other=0.0)
+    base = tl.load(base_ptr + r0 * K + kk, mask=km, other=0.0)
+    rho = tl.load(rho_ptr + r0)
+    tok = tl.load(cand_ptr + r0 * K + kk, mask=km, other=0)
+    prev = tl.zeros([], tl.int32)
+    for i in range(0, P):
+        row = n * P + i
+        nx = row + 1
+        ok = i + 1 < P
+        xt_n = tl.load(x_ptr + (nx * K + kk)[:, None] * M + cols[None, :], mask=mm & ok, other=0.0)
+        num_n = tl.load(num_ptr + (nx * K + kk[:, None]) * K + kk[None, :], mask=tm & ok, other=0.0)
+        base_n = tl.load(base_ptr + nx * K + kk, mask=km & ok, other=0.0)
+        rho_n = tl.load(rho_ptr + nx, mask=ok, other=0.0)
+        tok_n = tl.load(cand_ptr + nx * K + kk, mask=km & ok, other=0)
+
+        xf = xt.to(tl.float32)
+        t2 = tl.sum(xf * xf, 1)
+        nu = tl.sqrt((base + rho * rho * t2) / H + norm_eps)
+        scores = num / nu[:, None]
+        tl.store(s_ptr + (row * K + kk[:, None]) * K + kk[None, :], scores, mask=tm)
+        r = tl.sum(tl.where(kk[:, None] == prev, scores, 0.0), 0)
+        prev = tl.argmax(tl.where(km, r, float("-inf")), 0).to(tl.int32)
+        pick = tl.sum(tl.where(kk == prev, tok, 0), 0)
+        tl.store(ch_ptr + row, prev.to(ch_ptr.dtype.element_ty))
+        tl.store(tok_ptr + row, pick.to(tok_ptr.dtype.element_ty))
+        xt, num, base, rho, tok = xt_n, num_n, base_n, rho_n, tok_n
+
+
 def _interpreting() -> bool:
     return triton.knobs.runtime.interpret
 
@@ -230,19 +350,24 @@ _SCORE_CONFIGS = {
 
 
 def default_positions_per_program(bs: int, positions: int) -> int:
-    """Positions per program: few per program at small batch (parallelism), more at large batch (rfac
-    re-reads). A power of two; ≥ positions means one program per request and the walk fused in."""
-    if bs <= 8:
-        return 1
-    if bs <= 16:
-        return 2
-    return 4
+    """Positions per program of the fused variant. One was fastest (or within 5%) at bs 1, 8, 32, 48 on the
+    H200: the per-program latency, not the rfac re-reads, bounds it (benchmarks/results/kernels.json)."""
+    return 1
+
+
+# split variant: (BLOCK_H, message column chunk, num_warps) of the per-position kernel
+SPLIT_CONFIG = (512, 512, 8)
 
 
 def transition_scores_walk(pre, recv, uh, cand, anchors, pred_proj, head_proj, head, norm_weight, bias, rfac,
                            norm_eps: float, scores_out, choice_out, tokens_out, by_token: bool = True,
-                           positions_per_program: int | None = None):
-    """Fused K×K transition scores + walk (Triton).
+                           positions_per_program: int | None = None, variant: str = "split",
+                           split_config: tuple[int, int, int] | None = None):
+    """K×K transition scores + walk (Triton).
+
+    variant "split" (default): per-position kernel → one GEMM X = msg·rfac for all ‖R msg‖² terms (rfac read
+    once) → per-request finish + walk kernel. "fused": one kernel doing the ‖R msg‖² term on tensor cores
+    per program (positions_per_program positions share the rfac reads), plus a walk kernel if needed.
 
     pre [bs, P, H] last-layer pre-injection states of positions 1..P (rows contiguous, any batch strides);
     recv [bs, P, m] G_r φ_L(pre); uh [bs, P, m] pre U_L; cand [bs, P, K] candidate ids; anchors [bs];
@@ -263,20 +388,45 @@ def transition_scores_walk(pre, recv, uh, cand, anchors, pred_proj, head_proj, h
     if not by_token:
         pred_proj = pred_proj.reshape(bs * npos * k, 2 * m)
         head_proj = head_proj.reshape(bs * npos * k, m)
-    pb = triton.next_power_of_2(positions_per_program or default_positions_per_program(bs, npos))
-    fuse = pb >= npos
-    if fuse:
-        pb = triton.next_power_of_2(npos)
     kp = max(16, triton.next_power_of_2(k))
-    bh, bm, bq, cw, warps = _SCORE_CONFIGS[min(pb, 16)]
-    mp = triton.cdiv(m, 16) * 16  # tensor-core tiles need 16: smaller or odd m is padded with masks
-    bq = bq if mp % bq == 0 else 16
-    cw = max(bq, math.gcd(mp, cw))
     if _interpreting() or rfac.dtype == torch.float32:
         # fp32 operands: exact ("ieee") products; the interpreter also needs fp32 (its bf16 dot is wrong)
         dot_dt, prec = tl.float32, "ieee"
     else:
         dot_dt, prec = (tl.bfloat16 if rfac.dtype == torch.bfloat16 else tl.float16), "tf32"
+    if variant == "split":
+        rows = bs * npos * k
+        msg = torch.empty(rows, m, dtype=rfac.dtype, device=pre.device)
+        base = torch.empty(rows, dtype=torch.float32, device=pre.device)
+        rho = torch.empty(bs * npos, dtype=torch.float32, device=pre.device)
+        mb = max(16, triton.next_power_of_2(m))  # a tensor-core tile needs 16 (masked)
+        block_h, mch, warps = split_config or SPLIT_CONFIG
+        _position_kernel[(bs * npos,)](
+            pre, recv, uh, cand, anchors.contiguous(), pred_proj, head_proj, head, norm_weight, bias,
+            msg, scores_out, base, rho,
+            pre.stride(0), pre.stride(1), recv.stride(0), recv.stride(1), uh.stride(0), uh.stride(1),
+            head.stride(0), pred_proj.stride(0), head_proj.stride(0),
+            P=npos, K=k, KP=kp, H=hidden, M=m, MB=mb, MCH=max(16, min(mch, mb)),
+            BLOCK_H=min(block_h, triton.next_power_of_2(hidden)),
+            BY_TOKEN=by_token, DOT_DT=dot_dt, DOT_PREC=prec, num_warps=warps,
+        )
+        x = torch.mm(msg, rfac)  # R msg_k for every row: one GEMM, rfac read once
+        _finish_walk_kernel[(bs,)](x, scores_out, base, rho, cand, scores_out, choice_out, tokens_out, norm_eps,
+                                   P=npos, K=k, KP=kp, H=hidden, M=m, MB=mb, num_warps=8)
+        return scores_out, choice_out, tokens_out
+    if variant != "fused":
+        raise ValueError(f"variant: expected 'split' or 'fused', found {variant!r}")
+    pb = triton.next_power_of_2(positions_per_program or default_positions_per_program(bs, npos))
+    fuse = pb >= npos
+    if fuse:
+        pb = triton.next_power_of_2(npos)
+    bh, bm, bq, cw, warps = _SCORE_CONFIGS[min(pb, 16)]
+    stages = 3
+    if dot_dt == tl.float32:  # fp32 tiles take twice the shared memory (PB=16 went over the H200's limit)
+        cw, stages = cw // 2, 1
+    mp = triton.cdiv(m, 16) * 16  # tensor-core tiles need 16: smaller or odd m is padded with masks
+    bq = bq if mp % bq == 0 else 16
+    cw = max(bq, math.gcd(mp, cw))
     grid = (bs, triton.cdiv(npos, pb))
     _score_kernel[grid](
         pre, recv, uh, cand, anchors.contiguous(), pred_proj, head_proj, head, norm_weight, bias, rfac,
@@ -286,7 +436,7 @@ def transition_scores_walk(pre, recv, uh, cand, anchors, pred_proj, head_proj, h
         norm_eps,
         P=npos, K=k, KP=kp, H=hidden, M=m, PB=pb,
         BLOCK_H=min(bh, triton.next_power_of_2(hidden)), BLOCK_M=max(16, min(bm, triton.next_power_of_2(m))), BLOCK_Q=bq,
-        CW=cw, BY_TOKEN=by_token, FUSE_WALK=fuse, DOT_DT=dot_dt, DOT_PREC=prec, num_warps=warps,
+        CW=cw, BY_TOKEN=by_token, FUSE_WALK=fuse, DOT_DT=dot_dt, DOT_PREC=prec, num_warps=warps, num_stages=stages,
     )
     if not fuse:
         _walk_kernel[(bs,)](scores_out, cand, choice_out, tokens_out, P=npos, K=k, KP=kp, num_warps=1)
@@ -307,7 +457,8 @@ def walk(scores: torch.Tensor) -> torch.Tensor:
 
 def transition_scores_walk_torch(pre, recv, uh, cand, anchors, pred_proj, head_proj, head, norm_weight, bias, rfac,
                                  norm_eps: float, scores_out, choice_out, tokens_out, by_token: bool = True,
-                                 positions_per_program: int | None = None):
+                                 positions_per_program: int | None = None, variant: str | None = None,
+                                 split_config=None):
     """PyTorch reference of `transition_scores_walk` (same signature), the same expansion in float32."""
     bs, npos, hidden = pre.shape
     m = bias.shape[0]
@@ -345,7 +496,8 @@ def transition_walk(pre: torch.Tensor, cand: torch.Tensor, anchors: torch.Tensor
                     tables: TransitionTables, codes: torch.Tensor, head: torch.Tensor, norm_weight: torch.Tensor,
                     norm_eps: float, recv: torch.Tensor | None = None, uh: torch.Tensor | None = None,
                     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, impl: str = "triton",
-                    positions_per_program: int | None = None):
+                    positions_per_program: int | None = None, variant: str = "split",
+                    split_config: tuple[int, int, int] | None = None):
     """Candidate decoding of one block per request from the top-K candidates (decode_block's result).
 
     pre [bs, P, H]: the last layer's pre-injection states of positions 1..B-1; cand [bs, P, K]; anchors [bs];
@@ -372,5 +524,6 @@ def transition_walk(pre: torch.Tensor, cand: torch.Tensor, anchors: torch.Tensor
     fn = transition_scores_walk if impl == "triton" else transition_scores_walk_torch
     scores, choice, tokens = fn(pre, recv, uh, cand, anchors, pred_proj, head_proj, head, norm_weight, w.bias,
                                 tables.rfac, norm_eps, *out, by_token=by_token,
-                                positions_per_program=positions_per_program)
+                                positions_per_program=positions_per_program, variant=variant,
+                                split_config=split_config)
     return tokens, choice, scores
