@@ -7,7 +7,7 @@
 set -uo pipefail
 T0=$(date +%s)
 REPO="$PWD"
-OUT="${OUT:-$REPO/benchmarks/results/device}"
+OUT="${OUT:-$REPO/benchmarks/results/kernels_device}"
 mkdir -p "$OUT" "$REPO/benchmarks/results"
 export PYTHONUNBUFFERED=1
 # The package as installed (kernels/ -> sglang_dspine/kernels), outside the repo root: the root's top-level
