@@ -375,9 +375,19 @@ def main():
         tok = AutoTokenizer.from_pretrained(target)
         suite_prompts = prompts_for(tok, args.prompts, os.path.join(models, "suites"))
         prompts = [ids for _, ids in suite_prompts]
+        checkpoint = lambda: save_results(results, args.out)  # a call cut short by the device still returns these
+        load_box = {}
+        load = threading.Thread(target=lambda: load_box.update(load_test(servers["dspine"], tok, 48, args.load_seconds)))
         with cf.ThreadPoolExecutor(16) as pool:
             results["greedy_bf16"] = greedy_agreement(servers["plain"], servers["dspine"], prompts, args.max_new, pool)
             print("greedy bf16:", results["greedy_bf16"]["identical"], "/", args.prompts, flush=True)
+            checkpoint()
+            # (c) runs now, beside the correctness tests below (they only get stronger with the DSPINE server
+            # under load); the throughput sweep waits until it is over.
+            load.start()
+            results["t1"] = t1_test(servers["plain"], servers["dspine"], prompts[: args.t1_prompts], args.t1_samples, pool)
+            print("t1 p:", results["t1"]["bonferroni_min_pvalue"], flush=True)
+            checkpoint()
             if up.get("plain_det") and up.get("dspine_det"):
                 results["greedy_deterministic"] = greedy_agreement(servers["plain_det"], servers["dspine_det"], prompts,
                                                                    args.max_new, pool)
@@ -385,39 +395,48 @@ def main():
             if up["dflash"]:
                 results["dflash_greedy_bf16"] = greedy_agreement(servers["plain"], servers["dflash"], prompts[:20],
                                                                  args.max_new, pool)
-            results["t1"] = t1_test(servers["plain"], servers["dspine"], prompts[: args.t1_prompts], args.t1_samples, pool)
-            print("t1 p:", results["t1"]["bonferroni_min_pvalue"], flush=True)
+            checkpoint()
+        load.join()
+        results["load"] = load_box
+        print("load:", results["load"], flush=True)
+        collect_server_info(servers, up, results)
+        checkpoint()
         results["throughput"] = throughput({n: servers[n] for n in ("plain", "dflash", "dspine") if up.get(n)},
                                            suite_prompts, [1, 4, 16, 48], args.max_new)
-        results["load"] = load_test(servers["dspine"], tok, 48, args.load_seconds)
-        print("load:", results["load"], flush=True)
-        for n in ("dspine", "dflash", "dspine_det"):
-            if n in servers and up.get(n):
-                info = server_info(servers[n])
-                log = open(servers[n].log, errors="ignore").read().splitlines()
-                decode = [l for l in log if "Decode batch" in l]
-                results[n + "_server"] = {
-                    "avg_spec_accept_length": [s.get("avg_spec_accept_length") for s in info.get("internal_states", [])],
-                    "decode_log_lines": len(decode),
-                    "cuda_graph_true_lines": sum("cuda graph: True" in l for l in decode),
-                    "cuda_graph_false_lines": sum("cuda graph: False" in l for l in decode),
-                    "last_decode_line": decode[-1][-300:] if decode else None,
-                    "graph_decoding_log": [l[-200:] for l in log if "DSPINE candidate decoding" in l or "kept eager" in l][:3],
-                }
+        collect_server_info(servers, up, results)
     finally:
         for s in list(servers.values()) + list(refusals.values()):
             s.stop()
         results["wall_seconds"] = time.time() - t0
-        path = os.path.join(args.out, "serving_e2e.json")
-        json.dump(results, open(path, "w"), indent=1)
+        save_results(results, args.out)
         subprocess.run(["tar", "czf", os.path.join(args.out, "server_logs.tar.gz"), "-C", args.out]
                        + [f for f in os.listdir(args.out) if f.endswith(".log")])
         for f in os.listdir(args.out):
             if f.endswith(".log"):
                 os.remove(os.path.join(args.out, f))
-    summary = summarize(results)
-    json.dump(summary, open(os.path.join(args.out, "serving_e2e_summary.json"), "w"), indent=1)
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(summarize(results), indent=1))
+
+
+def save_results(results, out):
+    json.dump(results, open(os.path.join(out, "serving_e2e.json"), "w"), indent=1)
+    json.dump(summarize(results), open(os.path.join(out, "serving_e2e_summary.json"), "w"), indent=1)
+
+
+def collect_server_info(servers, up, results):
+    """(d) CUDA graphs in the decode log lines, (e) accept length in /server_info and the logs."""
+    for n in ("dspine", "dflash", "dspine_det"):
+        if n in servers and up.get(n):
+            info = server_info(servers[n])
+            log = open(servers[n].log, errors="ignore").read().splitlines()
+            decode = [l for l in log if "Decode batch" in l]
+            results[n + "_server"] = {
+                "avg_spec_accept_length": [s.get("avg_spec_accept_length") for s in info.get("internal_states", [])],
+                "decode_log_lines": len(decode),
+                "cuda_graph_true_lines": sum("cuda graph: True" in l for l in decode),
+                "cuda_graph_false_lines": sum("cuda graph: False" in l for l in decode),
+                "last_decode_line": decode[-1][-300:] if decode else None,
+                "graph_decoding_log": [l[-200:] for l in log if "DSPINE candidate decoding" in l or "kept eager" in l][:3],
+            }
 
 
 def summarize(r):
