@@ -509,7 +509,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     train_lists = []
     for d in DOMAINS:
         for s, n in (("train", args.train_prompts), ("heldout", args.suite_size)):
-            recs = prompts[d, s]
+            recs = list({r["id"]: r for r in prompts[d, s]}.values())  # a text seen twice in one file: one prompt
             random.Random(f"{d}-{s}-{args.seed}").shuffle(recs)
             recs = recs[:n]
             with open(os.path.join(out, "prompts", f"{d}.{s}.jsonl"), "w", encoding="utf-8") as f:
