@@ -352,24 +352,21 @@ def math_problem(r: random.Random) -> tuple[str, str, int]:
 
 def math_split(n_train: int, n_heldout: int, seed: int) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
     """Train problems from one stream; held-out ones from another, never equal to a training problem."""
-    r = random.Random(f"math-train-{seed}")
-    train, seen = [], set()
-    for _ in range(n_train * 3):
-        if len(train) >= n_train:
-            break
-        p = math_problem(r)
-        if p[0] not in seen:
-            seen.add(p[0])
-            train.append(p)
-    r = random.Random(f"math-heldout-{seed}")
-    held = []
-    for _ in range(n_heldout * 20):
-        if len(held) >= n_heldout:
-            break
-        p = math_problem(r)
-        if p[0] not in seen:
-            seen.add(p[0])
-            held.append(p)
+    seen: set[str] = set()
+
+    def draw(stream: str, n: int, tries: int) -> list[tuple[str, str, int]]:
+        r, out = random.Random(f"{stream}-{seed}"), []
+        for _ in range(tries):
+            if len(out) >= n:
+                break
+            p = math_problem(r)
+            if p[0] not in seen:
+                seen.add(p[0])
+                out.append(p)
+        return out
+
+    train = draw("math-train", n_train, n_train * 3)
+    held = draw("math-heldout", n_heldout, n_heldout * 20)
     return train, held
 
 
