@@ -44,6 +44,18 @@ def read_tensors(path: str) -> dict[str, torch.Tensor]:
     raise DrafterConfigError(f"checkpoint {path}: neither {MODEL_FILE} nor {INDEX_FILE} found")
 
 
+def _tensor_shapes(path: str) -> dict[str, list[int]]:
+    """Names and shapes of the model files' tensors, from their headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for f in sorted(os.listdir(path)):
+        if f.endswith(".safetensors") and f != TRANSFER_FILE:
+            with safe_open(os.path.join(path, f), framework="pt") as st:
+                shapes.update({k: st.get_slice(k).get_shape() for k in st.keys()})
+    return {k[len("model."):] if all(n.startswith("model.") for n in shapes) else k: v for k, v in shapes.items()}
+
+
 def _strip_prefix(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     # Some exports nest the drafter under `model.`; only strip when every name carries it.
     if tensors and all(k.startswith("model.") for k in tensors):
@@ -96,9 +108,9 @@ def _read_config(path: str) -> DrafterConfig:
     if set(raw) == {"config"}:  # the release may wrap its config
         raw = raw["config"]
     if "dspine_config" not in raw and os.path.isfile(os.path.join(path, TRANSFER_FILE)):
-        tensors = _strip_prefix(read_tensors(path))
+        shapes = _tensor_shapes(path)
         for name in ("injection.readouts.0.weight", "injection.message.weight"):
-            if name not in tensors:
+            if name not in shapes:
                 raise DrafterConfigError(f"reference-release checkpoint {path}: missing tensor `{name}`")
         n_layers = int(raw.get("num_hidden_layers", 0))
         raw = {**raw, "architectures": [DSPINE_ARCH], "block_size": 16, "is_causal": True,
@@ -106,8 +118,8 @@ def _read_config(path: str) -> DrafterConfig:
         raw.pop("auto_map", None)
         raw["dflash_config"] = {**raw.get("dflash_config", {}), "block_size": 16}
         raw["dspine_config"] = {
-            "transfer_rank": int(tensors["injection.readouts.0.weight"].shape[0]),
-            "message_size": int(tensors["injection.message.weight"].shape[0]),
+            "transfer_rank": int(shapes["injection.readouts.0.weight"][0]),
+            "message_size": int(shapes["injection.message.weight"][0]),
             "top_k": 16,
         }
     return DrafterConfig.from_dict(raw)
