@@ -44,7 +44,7 @@ def read_tensors(path: str) -> dict[str, torch.Tensor]:
     raise DrafterConfigError(f"checkpoint {path}: neither {MODEL_FILE} nor {INDEX_FILE} found")
 
 
-def _tensor_shapes(path: str) -> dict[str, list[int]]:
+def tensor_shapes(path: str) -> dict[str, list[int]]:
     """Names and shapes of the model files' tensors, from their headers (no tensor is read)."""
     from safetensors import safe_open
 
@@ -108,7 +108,7 @@ def _read_config(path: str) -> DrafterConfig:
     if set(raw) == {"config"}:  # the release may wrap its config
         raw = raw["config"]
     if "dspine_config" not in raw and os.path.isfile(os.path.join(path, TRANSFER_FILE)):
-        shapes = _tensor_shapes(path)
+        shapes = tensor_shapes(path)
         for name in ("injection.readouts.0.weight", "injection.message.weight"):
             if name not in shapes:
                 raise DrafterConfigError(f"reference-release checkpoint {path}: missing tensor `{name}`")

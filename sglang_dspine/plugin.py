@@ -92,18 +92,19 @@ def _check_codes_present(draft_path: str) -> None:
     """Cheap start-up check (file headers only) that the transfer codes exist; values are checked at load."""
     from safetensors import safe_open
 
-    from .checkpoint import CODES_KEY, TRANSFER_FILE
+    from .checkpoint import CODES_KEY, TRANSFER_FILE, tensor_shapes
     from .config import DrafterConfigError
 
-    names = set()
-    for f in sorted(os.listdir(draft_path)):
-        if f.endswith(".safetensors"):
-            with safe_open(os.path.join(draft_path, f), framework="pt") as st:
-                names.update(("codes" if f == TRANSFER_FILE and k == "codes" else k) for k in st.keys())
-    if CODES_KEY not in names and "codes" not in names:
-        raise DrafterConfigError(
-            f"no transfer codes: expected tensor `{CODES_KEY}` in the model files or `codes` in {TRANSFER_FILE}"
-        )
+    if CODES_KEY in tensor_shapes(draft_path):
+        return
+    side = os.path.join(draft_path, TRANSFER_FILE)
+    if os.path.isfile(side):
+        with safe_open(side, framework="pt") as st:
+            if "codes" in st.keys():
+                return
+    raise DrafterConfigError(
+        f"no transfer codes: expected tensor `{CODES_KEY}` in the model files or `codes` in {TRANSFER_FILE}"
+    )
 
 
 def _worker_factory(server_args):
