@@ -11,6 +11,7 @@ attention causal. This class adds what DSpine needs on top:
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Iterable, Optional
 
@@ -23,7 +24,10 @@ from .checkpoint import CODES_KEY, READY_KEY, TRANSFER_FILE
 from .config import DrafterConfig, DrafterConfigError
 from .injection import AdjacentInjection
 from .model import DSpineDrafter
+from .serving_kernels import KernelPath, kernels_enabled
 from .transfer import check_codes
+
+logger = logging.getLogger(__name__)
 
 
 class DSpineDraftModel(DFlashDraftModel):
@@ -40,6 +44,7 @@ class DSpineDraftModel(DFlashDraftModel):
         # Written by every forward, read by the worker's decoding right after it (inside the same graph).
         self.last_pre_injection: Optional[torch.Tensor] = None
         self.last_anchors: Optional[torch.Tensor] = None
+        self.kernel_path: Optional[KernelPath] = None  # set once the weights are in (`use_kernels`)
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
@@ -53,7 +58,11 @@ class DSpineDraftModel(DFlashDraftModel):
         if n % b:
             raise ValueError(f"DSpineDraftModel: {n} tokens is not a whole number of blocks of {b}")
         anchors = input_ids.view(-1, b)[:, 0]
-        anchor_codes = self.transfer_codes[anchors]
+        kp = self.kernel_path
+        if kp is not None:
+            anchor_proj = kp.anchor_projections(self.transfer_codes, anchors)  # the same for every layer
+        else:
+            anchor_codes = self.transfer_codes[anchors]
         x, residual = input_embeds, None
         last = len(self.layers) - 1
         for l, layer in enumerate(self.layers):
@@ -61,7 +70,10 @@ class DSpineDraftModel(DFlashDraftModel):
             x = x + residual  # the layer's full state (SGLang defers this add to the next norm)
             if l == last:
                 self.last_pre_injection = x
-            x = self.injection(l, x.view(-1, b, h), anchor_codes).view(n, h)
+            if kp is not None:
+                x = kp.inject(x, l, anchor_proj, b)
+            else:
+                x = self.injection(l, x.view(-1, b, h), anchor_codes).view(n, h)
             residual = None
         self.last_anchors = anchors
         return LogitsProcessorOutput(next_token_logits=None, hidden_states=self.norm(x))
@@ -109,6 +121,13 @@ class DSpineDraftModel(DFlashDraftModel):
         check_codes(ours[CODES_KEY], self.dspine_config.vocab_size, self.dspine_config.dspine.transfer_rank)
         if not bool(ours[READY_KEY]):
             raise DrafterConfigError("DSpine drafter checkpoint: `transfer_ready` is false; the transfer codes were never set")
+        self.use_kernels()
+
+    def use_kernels(self) -> None:
+        """Switch the injection (and, once the worker builds the tables, the decoding) to the Triton kernels."""
+        if self.kernel_path is None and self.transfer_codes.is_cuda and kernels_enabled():
+            self.kernel_path = KernelPath(self.injection, self.transfer_codes.dtype)
+        logger.info("DSPINE draft step on %s", "the Triton kernels" if self.kernel_path else "PyTorch (SGLANG_DSPINE_KERNELS=0 or no CUDA)")
 
     def _check_names(self, seen: set[str]) -> None:
         """Every tensor the plain drafter defines must arrive, and nothing else (SGLang's loader would not say)."""

@@ -26,10 +26,22 @@ def draft_tokens(model, h: torch.Tensor, head: torch.Tensor, cache: TransitionCa
         h = h.to(head.dtype)
     logits = torch.matmul(h, head.T)
     pre = model.last_pre_injection.view(bs, b, -1)[:, 1:]
-    draft = decode_block(logits, pre, model.last_anchors, model.top_k, model.refine_normed, model.transfer_codes, head)
+    kp = model.kernel_path
+    if kp is not None and kp.tables is not None:
+        draft = kp.decode(logits, pre, model.last_anchors, model.top_k, model.transfer_codes, head,
+                          model.norm.weight, model.norm.variance_epsilon)
+    else:
+        draft = decode_block(logits, pre, model.last_anchors, model.top_k, model.refine_normed,
+                             model.transfer_codes, head)
     if cache is not None:
         cache.store(draft)
     return draft.tokens
+
+
+def prepare_decoding(model, head: torch.Tensor) -> None:
+    """Build the kernels' transition tables for this head, outside any graph capture."""
+    if model.kernel_path is not None:
+        model.kernel_path.build_tables(model.transfer_codes, head, model.norm.weight)
 
 
 class DSpineDraftSampler:
@@ -58,6 +70,7 @@ class DSpineWorker(DFlashWorkerV2):
         if base.tp_group is not None or base.org_vocab_start:
             raise ValueError("DSPINE: vocabulary-parallel heads (tp > 1) are not supported yet")
         head = base.weight[: base.num_org]
+        prepare_decoding(self.draft_model, head)
         max_bs = base.out.numel() // (self.block_size - 1)
         logger.info("DSPINE candidate decoding folded into the draft cuda graph (max bs %d)", max_bs)
         return DSpineDraftSampler(self.draft_model, head, max_bs)
@@ -68,6 +81,7 @@ class DSpineWorker(DFlashWorkerV2):
         model = self.draft_model
         states = hidden_states.view(-1, model.block_size - 1, hidden_states.shape[-1])
         head = lm_head.weight[: self._target_vocab_rows(lm_head)]
+        prepare_decoding(model, head)  # once; a no-op after
         return draft_tokens(model, states, head).reshape(-1)
 
     @staticmethod
