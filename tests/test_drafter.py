@@ -11,7 +11,14 @@ from sglang_dspine.decoding import decode_block, walk
 from sglang_dspine.model import DSpineDrafter
 from sglang_dspine.tiny import drafter_config_for
 
-torch.set_grad_enabled(False)
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    # per test, not process-wide: other modules' tests train
+    with torch.no_grad():
+        yield
+
 
 
 # ----------------------------------------------------------------------------- plain reference

@@ -9,7 +9,14 @@ from sglang_dspine.generate import speculative_generate, verify
 from sglang_dspine.model import DSpineDrafter
 from sglang_dspine.tiny import drafter_config_for, make_target
 
-torch.set_grad_enabled(False)
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    # per test, not process-wide: other modules' tests train
+    with torch.no_grad():
+        yield
+
 
 
 class GreedyOracle:

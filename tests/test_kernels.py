@@ -20,7 +20,14 @@ from sglang_dspine.decoding import decode_block  # noqa: E402
 from sglang_dspine.injection import AdjacentInjection  # noqa: E402
 from sglang_dspine.kernels import injection as kinj, top_k as ktopk, transition as ktr  # noqa: E402
 
-torch.set_grad_enabled(False)
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    # per test, not process-wide: other modules' tests train
+    with torch.no_grad():
+        yield
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 POISON = -7_777_777

@@ -10,7 +10,14 @@ pytest.importorskip("sglang")
 from sglang_dspine.serving_kernels import KernelPath  # noqa: E402
 from sglang_dspine.worker import draft_tokens, prepare_decoding  # noqa: E402
 
-torch.set_grad_enabled(False)
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    # per test, not process-wide: other modules' tests train
+    with torch.no_grad():
+        yield
+
 
 
 def blocks(drafter, target, anchors, ctx=6):

@@ -282,7 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.force and os.path.isdir(args.out):
         shutil.rmtree(args.out)
-    s = train(args)
+    import torch
+
+    with torch.enable_grad():  # whatever the caller's mode (the lab runs stages in-process)
+        s = train(args)
     print("target: " + json.dumps({k: s[k] for k in ("parameters", "steps", "tokens", "train_seconds", "tokens_per_s",
                                                      "train_loss_last", "heldout_loss", "size_mb_bf16")}))
     return 0
