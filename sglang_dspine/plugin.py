@@ -118,6 +118,12 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    if os.environ.get("SGLANG_DSPINE_STACKS_ON_SIGUSR1") == "1":
+        # Diagnosis of a stuck server: `kill -USR1 <scheduler pid>` prints every thread's stack to its log.
+        import faulthandler
+        import signal
+
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         from sglang.srt.models.registry import ModelRegistry
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm

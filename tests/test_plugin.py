@@ -167,3 +167,12 @@ def test_sglang_loader_refuses_incomplete_checkpoints(sglang_cpu, dirs, drop, ms
     weights.pop(drop)
     with pytest.raises(DrafterConfigError, match=msg):
         model.load_weights(iter(weights.items()))
+
+
+def test_stack_dump_on_sigusr1_when_asked():
+    code = ("import os, signal, sglang_dspine.plugin as p; p.register();"
+            "os.kill(os.getpid(), signal.SIGUSR1); print('alive')")
+    env = {**os.environ, "SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0 and "alive" in out.stdout, out.stderr[-2000:]
+    assert "Current thread" in out.stderr or "Thread 0x" in out.stderr

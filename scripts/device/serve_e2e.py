@@ -119,15 +119,20 @@ def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:
 
 
 # ---------------------------------------------------------------------------------------- servers
+_servers = []
+
+
 class Server:
     def __init__(self, name, port, args, out):
         self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
         self.log = os.path.join(out, f"server_{name}.log")
-        self.proc = subprocess.Popen(SERVER + ["--port", str(port)] + args, stdout=open(self.log, "w"),
+        env = {**os.environ, "SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1"}
+        self.proc = subprocess.Popen(SERVER + ["--port", str(port)] + args, stdout=open(self.log, "w"), env=env,
                                      stderr=subprocess.STDOUT, start_new_session=True,
                                      cwd="/tmp")  # not the repo root: its kernels/ would shadow `kernels`
         self.started = time.time()
         self.up_after = None
+        _servers.append(self)
 
     def wait(self, timeout=420) -> bool:
         while time.time() - self.started < timeout:
@@ -153,9 +158,34 @@ class Server:
         return "".join(open(self.log, errors="ignore").readlines()[-n:])
 
 
+_dumped = set()
+
+
+def dump_stacks(url):
+    """A request timed out: have the server's scheduler processes print their stacks into its log (once)."""
+    port = url.rsplit(":", 1)[-1].split("/")[0]
+    if port in _dumped:
+        return
+    _dumped.add(port)
+    for s in _servers:
+        if s.url.endswith(":" + port):
+            for pid in os.listdir("/proc"):
+                try:
+                    if pid.isdigit() and os.getpgid(int(pid)) == s.proc.pid and \
+                            b"scheduler" in open(f"/proc/{pid}/cmdline", "rb").read():
+                        os.kill(int(pid), 10)  # SIGUSR1 -> faulthandler (SGLANG_DSPINE_STACKS_ON_SIGUSR1)
+                except (OSError, ProcessLookupError):
+                    pass
+            print(f"request to {s.name} timed out: scheduler stacks dumped into its log", flush=True)
+
+
 def post(url, payload, timeout=120):
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
+    try:
+        return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
+    except TimeoutError:
+        dump_stacks(url)
+        raise
 
 
 def generate(server, input_ids, max_new, temperature=0.0, seed=None, logprobs=0):
