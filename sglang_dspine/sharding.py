@@ -5,11 +5,30 @@ Candidate decoding needs two things from the head: the global top-K of the logit
 chosen candidates. Each rank computes its local top-K, all ranks gather them and take the top-K of the union
 (the same set a full-vocabulary top-K gives); candidate rows come from the rank that owns them (every other
 rank contributes zeros to an all-reduce). Everything else (injection weights, transfer codes) is replicated.
+
+`group` is anything with SGLang's GroupCoordinator methods `all_gather_into_tensor(out, inp)` and
+`all_reduce(t) -> t` (SGLang's TP group: graph-safe collectives), or a torch.distributed group wrapped in
+`TorchGroup`.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+
+class TorchGroup:
+    """A torch.distributed process group with the two GroupCoordinator methods VocabShard uses."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+
+    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        dist.all_gather_into_tensor(out, inp, group=self.group)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, group=self.group)
+        return t
 
 
 class VocabShard:
@@ -20,7 +39,13 @@ class VocabShard:
 
     @property
     def world(self) -> int:
-        return 1 if self.group is None else dist.get_world_size(self.group)
+        return 1 if self.group is None else int(self.group.world_size)
+
+    def _gather(self, t: torch.Tensor) -> torch.Tensor:
+        """[..., k] from every rank -> [..., world·k], rank-major along the last axis."""
+        out = torch.empty((self.world,) + tuple(t.shape), dtype=t.dtype, device=t.device)
+        self.group.all_gather_into_tensor(out.view(-1), t.contiguous().view(-1))
+        return out.movedim(0, -2).reshape(*t.shape[:-1], -1)
 
     def topk(self, local_logits: torch.Tensor, k: int) -> torch.Tensor:
         """Global ids of the top-k over the whole vocabulary, best first: [..., k]."""
@@ -28,11 +53,7 @@ class VocabShard:
         ids = ids + self.start
         if self.world == 1:
             return ids
-        all_vals = [torch.empty_like(vals) for _ in range(self.world)]
-        all_ids = [torch.empty_like(ids) for _ in range(self.world)]
-        dist.all_gather(all_vals, vals.contiguous(), group=self.group)
-        dist.all_gather(all_ids, ids.contiguous(), group=self.group)
-        vals, ids = torch.cat(all_vals, -1), torch.cat(all_ids, -1)
+        vals, ids = self._gather(vals), self._gather(ids)
         best = vals.topk(k, dim=-1).indices
         return ids.gather(-1, best)
 
@@ -44,8 +65,7 @@ class VocabShard:
         local = ids - self.start
         mine = (local >= 0) & (local < size)
         out = local_table[local.clamp(0, size - 1)] * mine.unsqueeze(-1).to(local_table.dtype)
-        dist.all_reduce(out, group=self.group)
-        return out
+        return self.group.all_reduce(out)
 
 
 FULL = VocabShard()

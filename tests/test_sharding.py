@@ -7,7 +7,7 @@ import torch.multiprocessing as mp
 
 from sglang_dspine.decoding import decode_block
 from sglang_dspine.injection import AdjacentInjection
-from sglang_dspine.sharding import VocabShard
+from sglang_dspine.sharding import TorchGroup, VocabShard
 
 V, H, R, M, K, N, P = 50, 16, 8, 6, 5, 3, 4
 
@@ -35,7 +35,7 @@ def _rank(rank, world, port, out):
     lo, hi = bounds[rank], bounds[rank + 1]
     local_head = head[lo:hi]
     draft = decode_block(states @ local_head.T, pre, anchors, K, refine, codes, local_head,
-                         VocabShard(lo, hi - lo, dist.group.WORLD))
+                         VocabShard(lo, hi - lo, TorchGroup()))
     out[rank] = (draft.tokens.tolist(), draft.candidates.tolist(), draft.scores.tolist())  # plain data crosses processes
     dist.destroy_process_group()
 
