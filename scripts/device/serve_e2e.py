@@ -188,14 +188,14 @@ def post(url, payload, timeout=120):
         raise
 
 
-def generate(server, input_ids, max_new, temperature=0.0, seed=None, logprobs=0):
+def generate(server, input_ids, max_new, temperature=0.0, seed=None, logprobs=0, timeout=120):
     sp = {"max_new_tokens": max_new, "temperature": temperature, "ignore_eos": True}
     if seed is not None:
         sp["sampling_seed"] = seed
     body = {"input_ids": input_ids, "sampling_params": sp}
     if logprobs:
         body.update(return_logprob=True, top_logprobs_num=logprobs, logprob_start_len=len(input_ids) - 1)
-    return post(server.url + "/generate", body)
+    return post(server.url + "/generate", body, timeout=timeout)
 
 
 def server_info(server):
@@ -302,6 +302,34 @@ def t1_test(base, spec, prompts, samples, pool):
             "bonferroni_min_pvalue": adjusted}
 
 
+def warm_up(servers, prompts, clients=48, timeout=600):
+    """One 48-wide burst per server, all servers at once, before anything is measured. Seen on fresh machines:
+    the first batch of ~40+ requests stalled a DSPINE server for 112 s (tiny pair) and 139 s (lab pair) before
+    it went on normally (first-use compilation, presumably); timing this burst per server shows which servers
+    pay it, DFLASH and plain included."""
+    texts = ["def forward(self, x):", "import torch\n", "class Linear(Module):", "    return F.", "# Copyright"]
+
+    def burst(item):
+        name, srv = item
+        t = time.time()
+        jobs = [("chat", ids, 0.0) for _, ids in prompts[:16]] + \
+               [("short", texts[i % len(texts)], (0.0, 1.0)[i % 2]) for i in range(clients)]
+
+        def one(job):
+            kind, p, temp = job
+            if kind == "chat":
+                return generate(srv, p, 32, temperature=temp, timeout=timeout)
+            return post(srv.url + "/v1/completions", {"model": "default", "prompt": p, "max_tokens": 32,
+                                                      "temperature": temp}, timeout=timeout)
+
+        with cf.ThreadPoolExecutor(len(jobs)) as ex:
+            list(ex.map(one, jobs))
+        return name, time.time() - t
+
+    with cf.ThreadPoolExecutor(len(servers)) as ex:
+        return dict(ex.map(burst, servers.items()))
+
+
 def load_test(server, tokenizer, clients, seconds):
     """`clients` concurrent OpenAI-API clients for `seconds`; every request must come back complete."""
     sent = ok = errors = 0
@@ -406,6 +434,9 @@ def main():
         suite_prompts = prompts_for(tok, args.prompts, os.path.join(models, "suites"))
         prompts = [ids for _, ids in suite_prompts]
         checkpoint = lambda: save_results(results, args.out)  # a call cut short by the device still returns these
+        results["warm_up_seconds"] = warm_up({n: s for n, s in servers.items() if up.get(n)}, suite_prompts)
+        print("warm-up burst seconds:", results["warm_up_seconds"], flush=True)
+        checkpoint()
         load_box = {}
         load = threading.Thread(target=lambda: load_box.update(load_test(servers["dspine"], tok, 48, args.load_seconds)))
         with cf.ThreadPoolExecutor(16) as pool:
