@@ -1,12 +1,10 @@
 """Checkpoint layouts round-trip, and every broken checkpoint is refused with a message naming the field."""
 import json
-import os
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import randomize_injection
 from sglang_dspine.checkpoint import load_drafter, save_drafter
 from sglang_dspine.config import DrafterConfig, DrafterConfigError
 from sglang_dspine.model import DSpineDrafter

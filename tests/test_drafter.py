@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-from conftest import randomize_injection
 from sglang_dspine.config import DrafterConfig
 from sglang_dspine.decoding import decode_block, walk
 from sglang_dspine.model import DSpineDrafter

@@ -15,7 +15,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import sglang_dspine.kernels as K  # noqa: E402
-from conftest import randomize_injection  # noqa: E402
 from sglang_dspine.decoding import decode_block  # noqa: E402
 from sglang_dspine.injection import AdjacentInjection  # noqa: E402
 from sglang_dspine.kernels import injection as kinj, top_k as ktopk, transition as ktr  # noqa: E402
@@ -214,7 +213,7 @@ VARIANTS = [("split", None), ("fused", 1), ("fused", 2), ("fused", 4)]  # fused 
 @pytest.mark.parametrize("by_token", [True, False])
 @pytest.mark.parametrize("variant,pb", VARIANTS)
 def test_transition_kernel_matches_reference(dtype, by_token, variant, pb):
-    bs, P, k, m = 3, 4, 4, 16
+    bs, P, k = 3, 4, 4
     pre, recv, uh, cand, anchors, pred_proj, head_proj, head, norm_w, bias, rfac = transition_inputs(dtype)
     if not by_token:  # per-(request, position, candidate) rows instead of per-token tables
         pred_proj = pred_proj[ktr.predecessor_tokens(cand, anchors)].contiguous()
