@@ -116,3 +116,26 @@ def test_sampling_keeps_the_target_distribution():
     exp = [exact[c] * n for c in big] + [sum(exact[c] for c in rest) * n]
     assert len(big) > 30
     assert chisquare(obs, exp).pvalue > 1e-3
+
+
+def test_argmax_decoding_is_the_backbones_first_candidate(target, dspine):
+    """The ablation proposer ("argmax") drafts the backbone's top candidate at every position; the walk
+    ("walk") may leave it. Both see the same context."""
+    from sglang_dspine.generate import DrafterProposer
+
+    prompt = PROMPTS[0]
+    out = target(input_ids=torch.tensor([prompt]), output_hidden_states=True)
+    walk, argmax = DrafterProposer(dspine, target), DrafterProposer(dspine, target, decoding="argmax")
+    for p in (walk, argmax):
+        p.extend(out.hidden_states, 0, len(prompt))
+    seq = prompt + [int(out.logits[0, -1].argmax())]
+    b = dspine.cfg.block_size
+    block = torch.tensor([[seq[-1]] + [dspine.cfg.mask_token_id] * (b - 1)])
+    bo = dspine.forward_blocks(target.get_input_embeddings()(block).view(1, 1, b, -1),
+                               (len(seq) - 1 + torch.arange(b)).view(1, 1, b), walk.ctx_kv,
+                               torch.ones(1, 1, len(seq) - 1, dtype=torch.bool), torch.tensor([[seq[-1]]]))
+    draft = dspine.draft(bo, target.lm_head.weight, torch.tensor([seq[-1]]))
+    assert argmax.propose(seq) == draft.candidates[0, :, 0].tolist()
+    assert walk.propose(seq) == draft.tokens[0].tolist()
+    with pytest.raises(ValueError, match="decoding"):
+        DrafterProposer(dspine, target, decoding="beam")
