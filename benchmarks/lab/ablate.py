@@ -1,0 +1,113 @@
+"""Ablations on a built lab (`run.py --out LAB`): what each DSpine part contributes to acceptance.
+
+Trained on the lab's data with the lab's DSpine settings, one term switched off each:
+  no_alignment      --no-alignment-loss
+  no_refinement     --no-refinement-loss
+Evaluated from the trained DSpine drafter, nothing retrained:
+  walk_off          the transition table unused: the backbone's argmax at every position
+  injection_off     the injection's writes zeroed at evaluation (the trained backbone alone)
+against the lab's DFlash and DSpine drafters: offline τ per suite at T=0 (the lab's eval settings).
+
+    python benchmarks/lab/ablate.py --lab LAB --out benchmarks/results/lab_ablations.json
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+TRAIN_FLAGS = {"no_alignment": ["--no-alignment-loss"], "no_refinement": ["--no-refinement-loss"]}
+
+
+def lab_train_command(lab: str, kind: str = "dspine") -> list[str]:
+    """The lab's own `sglang-dspine train` command for `kind`, read back from its run log."""
+    for line in open(os.path.join(lab, "logs_run.txt"), encoding="utf-8"):
+        if "$ sglang-dspine train" in line and f"--kind {kind}" in line:
+            return line.split("$ ", 1)[1].split()
+    raise SystemExit(f"{lab}/logs_run.txt: no `sglang-dspine train --kind {kind}` line")
+
+
+def train(lab: str, name: str, work: str) -> str:
+    out = os.path.join(work, name)
+    if not os.path.isdir(os.path.join(out, "final")):
+        cmd = lab_train_command(lab)
+        cmd[cmd.index("--output-dir") + 1] = out
+        argv = [sys.executable, "-m", "sglang_dspine.cli"] + cmd[1:] + TRAIN_FLAGS[name]
+        print("$", " ".join(argv[2:]), flush=True)
+        subprocess.run(argv, check=True, cwd="/tmp")  # not the repo root: its kernels/ shadows `kernels`
+    return os.path.join(out, "final")
+
+
+def evaluate(target, drafter, prompts, eos, max_new: int, decoding: str = "walk") -> float:
+    from sglang_dspine.generate import DrafterProposer, speculative_generate
+
+    tokens = rounds = 0
+    for ids in prompts:
+        proposer = DrafterProposer(drafter, target, decoding=decoding)
+        r = speculative_generate(target, proposer, ids, max_new, eos_token_ids=eos, block_size=drafter.cfg.block_size)
+        tokens, rounds = tokens + sum(r.accept_lengths), rounds + len(r.accept_lengths)
+    return tokens / max(rounds, 1)
+
+
+def main() -> int:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sglang_dspine.checkpoint import load_drafter
+    from sglang_dspine.data import eos_ids_of, prompt_ids
+    from sglang_dspine.provenance import provenance
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lab", required=True, help="a lab directory built by benchmarks/lab/run.py")
+    ap.add_argument("--out", required=True, help="results JSON")
+    ap.add_argument("--limit", type=int, default=12, help="held-out prompts per suite")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    args = ap.parse_args()
+    t0 = time.time()
+    work = os.path.join(args.lab, "ablations")
+    drafters = {name: train(args.lab, name, work) for name in TRAIN_FLAGS}
+
+    torch.set_grad_enabled(False)
+    target = AutoModelForCausalLM.from_pretrained(os.path.join(args.lab, "target"), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(os.path.join(args.lab, "target"))
+    eos = eos_ids_of(tok, target)
+    suites = {}
+    pdir = os.path.join(args.lab, "corpus", "prompts")
+    for f in sorted(os.listdir(pdir)):
+        if f.endswith(".heldout.jsonl"):
+            recs = [json.loads(l) for l in open(os.path.join(pdir, f)) if l.strip()][: args.limit]
+            suites[f.split(".")[0]] = [prompt_ids(r, tok) for r in recs]
+
+    dspine = load_drafter(os.path.join(args.lab, "drafters", "dspine")).float().eval()
+    injection_off = copy.deepcopy(dspine)
+    injection_off.injection.reset_zero()
+    variants = {
+        "dflash": (load_drafter(os.path.join(args.lab, "drafters", "dflash")).float().eval(), "walk"),
+        "dspine": (dspine, "walk"),
+        "walk_off": (dspine, "argmax"),
+        "injection_off": (injection_off, "walk"),
+        **{n: (load_drafter(p).float().eval(), "walk") for n, p in drafters.items()},
+    }
+    table = {}
+    for name, (drafter, decoding) in variants.items():
+        table[name] = {s: round(evaluate(target, drafter, ps, eos, args.max_new_tokens, decoding), 4)
+                       for s, ps in suites.items()}
+        table[name]["mean"] = round(sum(table[name].values()) / len(suites), 4)
+        print(f"{name:14s}", "  ".join(f"{s} {v:.3f}" for s, v in table[name].items()), flush=True)
+    res = {"what": "offline tau (token-weighted per suite) at T=0, fp32, transformers target; " + __doc__.split("\n\n")[1],
+           "lab": os.path.abspath(args.lab), "tau_t0": table,
+           "ratio_to_dflash": {n: round(v["mean"] / table["dflash"]["mean"], 4) for n, v in table.items()},
+           "seconds": round(time.time() - t0, 1), **provenance(sys.argv)}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    json.dump(res, open(args.out, "w"), indent=1)
+    print(json.dumps(res["ratio_to_dflash"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
