@@ -43,6 +43,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from sglang_dspine.decoding import predecessor_tokens, walk  # the references the kernels reproduce
 from sglang_dspine.injection import NORMALIZE_EPS
 
 from .injection import InjectionWeights
@@ -79,12 +80,6 @@ class TransitionTables:
     @property
     def per_token(self) -> bool:
         return self.pred_proj is not None
-
-
-def predecessor_tokens(cand: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """[bs, P, K]: the predecessor token of row k at each position (the anchor for position 1)."""
-    first = anchors.view(-1, 1, 1).expand(-1, 1, cand.shape[-1])
-    return torch.cat([first, cand[:, :-1]], dim=1)
 
 
 # ------------------------------------------------------------------------------------------- kernels
@@ -441,18 +436,6 @@ def transition_scores_walk(pre, recv, uh, cand, anchors, pred_proj, head_proj, h
     if not fuse:
         _walk_kernel[(bs,)](scores_out, cand, choice_out, tokens_out, P=npos, K=k, KP=kp, num_warps=1)
     return scores_out, choice_out, tokens_out
-
-
-def walk(scores: torch.Tensor) -> torch.Tensor:
-    """decode_block's walk (row 0 first, then the row of each pick), unrolled over positions."""
-    bs, npos, k, _ = scores.shape
-    prev = torch.zeros(bs, 1, 1, dtype=torch.long, device=scores.device)
-    picks = []
-    for i in range(npos):
-        row = scores[:, i].gather(1, prev.expand(-1, 1, k)).squeeze(1)
-        prev = row.argmax(-1).view(bs, 1, 1)
-        picks.append(prev.view(bs))
-    return torch.stack(picks, 1)
 
 
 def transition_scores_walk_torch(pre, recv, uh, cand, anchors, pred_proj, head_proj, head, norm_weight, bias, rfac,
