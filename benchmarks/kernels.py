@@ -30,7 +30,6 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -49,6 +48,7 @@ from sglang_dspine.kernels import injection as kinj  # noqa: E402
 from sglang_dspine.kernels import top_k as ktopk  # noqa: E402
 from sglang_dspine.kernels import transition as ktr  # noqa: E402
 from sglang_dspine.model import DSpineDrafter  # noqa: E402
+from sglang_dspine.provenance import git_commit  # noqa: E402
 
 torch.set_grad_enabled(False)
 
@@ -498,17 +498,6 @@ def section_kernels(bench, model, head, w, tables, bs, s, res, ceiling, compiled
         t = try_time(bench, res, f"{variant} bs={bs}", fn)
         if t:
             rec(res, bs, "topk", variant, t, kb, ceiling=ceiling)
-
-
-def git_commit() -> str:
-    env = os.environ.get("DSPINE_COMMIT")
-    if env and env != "unknown":
-        return env
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def main() -> None:
