@@ -95,7 +95,7 @@ def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:
     bad = {}
 
     def variant(name, edit_cfg=None, edit_tensors=None):
-        dst = os.path.join(root, "bad_" + name)
+        dst = os.path.join("/tmp/dspine_bad_drafters", name)  # never inside the models directory
         shutil.rmtree(dst, ignore_errors=True)
         shutil.copytree(src, dst)
         if edit_cfg:
