@@ -66,3 +66,21 @@ def test_kernel_injection_equals_module(dspine):
     for layer in range(dspine.cfg.num_hidden_layers):
         want = dspine.injection(layer, x.view(2, b, h), dspine.transfer_codes[anchors]).view(2 * b, h)
         torch.testing.assert_close(kp.inject(x, layer, proj, b), want, atol=1e-5, rtol=1e-5)
+
+
+def test_transition_cache_keeps_the_steps_tables(dspine, target):
+    from sglang_dspine.cache import TransitionCache
+    from sglang_dspine.decoding import decode_block
+
+    anchors = [5, 11]
+    hidden, pre = blocks(dspine, target, anchors)
+    head = target.lm_head.weight
+    model = serving_view(dspine, pre, anchors)
+    cache = TransitionCache(max_bs=4, positions=dspine.cfg.block_size - 1, top_k=dspine.cfg.dspine.top_k, device="cpu")
+    tokens = draft_tokens(model, hidden[:, 1:], head, cache)
+    ref = decode_block(hidden[:, 1:] @ head.T, pre[:, 1:], torch.tensor(anchors), dspine.cfg.dspine.top_k,
+                       dspine.refine_normed, dspine.transfer_codes, head)
+    assert torch.equal(tokens, ref.tokens)
+    assert torch.equal(cache.candidates[:2], ref.candidates) and torch.equal(cache.choice[:2], ref.choice)
+    torch.testing.assert_close(cache.scores[:2], ref.scores)
+    assert cache.departure_rate(2) == float((ref.choice != 0).float().mean())
