@@ -73,10 +73,18 @@ class AdjacentInjection(nn.Module):
         first = math.sqrt(self.rank) * anchor_codes.to(feat.dtype).unsqueeze(-2)
         return torch.cat([first, feat[..., 1:-1, :]], dim=-2)
 
-    def forward(self, layer: int, h: torch.Tensor, anchor_codes: torch.Tensor) -> torch.Tensor:
-        """Inject after layer `layer`. h: [..., B, H]; anchor_codes: [..., r] (unit codes of the anchors)."""
+    def forward(self, layer: int, h: torch.Tensor, anchor_codes: torch.Tensor,
+                replacement: torch.Tensor | None = None, replaced: torch.Tensor | None = None) -> torch.Tensor:
+        """Inject after layer `layer`. h: [..., B, H]; anchor_codes: [..., r] (unit codes of the anchors).
+
+        Training's predecessor replacement: `replacement` [..., B-1, r] are used as predecessors instead of
+        the features, in the blocks where `replaced` (bool, h's leading shape) is true (everywhere if None).
+        """
         feat = self.feature(layer, h)
         pred = self.predecessors(feat, anchor_codes)
+        if replacement is not None:
+            replacement = replacement.to(pred.dtype)
+            pred = replacement if replaced is None else torch.where(replaced[..., None, None], replacement, pred)
         tail = h[..., 1:, :]
         tail = tail + self.delta(layer, tail, feat[..., 1:, :], pred)
         return torch.cat([h[..., :1, :], tail], dim=-2)

@@ -182,22 +182,9 @@ class DSpineDrafter(nn.Module):
                 pre_last = x.view(n, nb, b, h)
             if self.injection is not None:
                 override = predecessor_override[l] if predecessor_override is not None else None
-                x = self._inject(l, x.view(n, nb, b, h), anchor_codes, override, override_blocks).view(n, nb * b, h)
+                x = self.injection(l, x.view(n, nb, b, h), anchor_codes, override, override_blocks).view(n, nb * b, h)
             states.append(x.view(n, nb, b, h))
         return BlockOutput(hidden=self.norm(x).view(n, nb, b, h), pre_last=pre_last, layer_states=states)
-
-    def _inject(self, l, x, anchor_codes, override, override_blocks=None):
-        if override is None:
-            return self.injection(l, x, anchor_codes)
-        inj = self.injection
-        feat = inj.feature(l, x)
-        pred = override.to(x.dtype)
-        if override_blocks is not None:
-            own = inj.predecessors(feat, anchor_codes)
-            pred = torch.where(override_blocks[..., None, None], pred, own.to(x.dtype))
-        tail = x[..., 1:, :]
-        tail = tail + inj.delta(l, tail, feat[..., 1:, :], pred)
-        return torch.cat([x[..., :1, :], tail], dim=-2)
 
     def refine_normed(self, pre_last: torch.Tensor, pred_codes: torch.Tensor) -> torch.Tensor:
         """norm(refine(h̃, a)) for K predecessor codes: [..., H], [..., K, r] -> [..., K, H]."""
