@@ -71,10 +71,8 @@ class DSpineWorker(DFlashWorkerV2):
         if base is None:
             logger.info("DSPINE draft decoding kept eager (see the DFLASH reason above)")
             return None
-        # Under TP each rank holds rows [org_vocab_start, +num_org) of the head; DFlash's TP group is SGLang's
-        # graph-safe GroupCoordinator.
-        shard = VocabShard(base.org_vocab_start, base.num_org, base.tp_group) if base.tp_group is not None else FULL
-        head = base.weight[: base.num_org]
+        shard = self._vocab_shard(self._target_worker.model_runner.model.lm_head)
+        head = base.weight[: shard.size]
         prepare_decoding(self.draft_model, head, shard)
         max_bs = base.out.numel() // (self.block_size - 1)
         logger.info("DSPINE candidate decoding folded into the draft cuda graph (max bs %d, tp %d)", max_bs, shard.world)
@@ -92,7 +90,8 @@ class DSpineWorker(DFlashWorkerV2):
 
     @staticmethod
     def _vocab_shard(lm_head) -> VocabShard:
-        """This rank's rows of the target head (SGLang's `shard_indices`; the whole head without them)."""
+        """This rank's rows of the target head (SGLang's `shard_indices`; the whole head without them), with
+        SGLang's TP group (graph-safe collectives) when there are other ranks."""
         from sglang.srt.distributed import get_tp_group
 
         info = getattr(lm_head, "shard_indices", None)
