@@ -176,3 +176,70 @@ def test_stack_dump_on_sigusr1_when_asked():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0 and "alive" in out.stdout, out.stderr[-2000:]
     assert "Current thread" in out.stderr or "Thread 0x" in out.stderr
+
+
+def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path):
+    """The SGLang DSpineDraftModel (SGLang's DFlash layers, RadixAttention over the draft KV pool written the
+    way the DFlash worker writes it; torch-native attention on CPU) against the plain drafter: two requests
+    with different contexts in one flat batch, then the worker's decoding on what the forward kept."""
+    from conftest import randomize_injection
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from types import SimpleNamespace
+
+    from sglang_dspine.worker import draft_tokens
+
+    target = make_target()
+    torch.manual_seed(1)
+    plain = DSpineDrafter(drafter_config_for(target)).eval()
+    init_dspine_transfer(plain, target.lm_head.weight)
+    randomize_injection(plain)
+    save_drafter(plain, tmp_path)
+    model = _sglang_model(tmp_path).float()
+    model.load_weights(iter(load_file(tmp_path / "model.safetensors").items()))
+    dc, b = plain.cfg, plain.cfg.block_size
+
+    pool = MHATokenToKVPool(size=256, page_size=1, dtype=torch.float32, head_num=dc.num_key_value_heads,
+                            head_dim=dc.head_dim, layer_num=dc.num_hidden_layers, device="cpu",
+                            enable_memory_saver=False, enable_alt_stream=False)
+    req_to_token = ReqToTokenPool(size=4, max_context_len=128, device="cpu", enable_memory_saver=False)
+    backend = TorchNativeAttnBackend(SimpleNamespace(device="cpu", req_to_token_pool=req_to_token, token_to_kv_pool=pool))
+    g = torch.Generator().manual_seed(3)
+    requests = [(7, 5), (4, 11)]  # (context length, anchor)
+    feats, block_locs, next_loc = [], [], 1
+    with torch.no_grad():
+        for r, (s, _) in enumerate(requests):
+            f = torch.randn(s, len(dc.target_layer_ids) * dc.hidden_size, generator=g)
+            feats.append(f)
+            locs = torch.arange(next_loc, next_loc + s + b)
+            req_to_token.req_to_token[r, : s + b] = locs.to(req_to_token.req_to_token.dtype)
+            ctx = model.project_target_hidden(f)  # the DFlash worker's per-layer context K/V write
+            for layer in model.layers:
+                attn = layer.self_attn
+                k, v = attn.kv_proj_only(model.prepare_context_hidden_for_kv(layer, ctx))
+                k = attn.apply_k_rope(torch.arange(s), attn.apply_k_norm(k))
+                pool.set_kv_buffer(attn.attn, locs[:s], k.view(s, -1, dc.head_dim), v.view(s, -1, dc.head_dim), 1.0, 1.0)
+            block_locs.append(locs[s:])
+            next_loc += s + b
+        ids = torch.tensor([[a] + [dc.mask_token_id] * (b - 1) for _, a in requests]).view(-1)
+        emb = target.get_input_embeddings()(ids)
+        positions = torch.cat([s + torch.arange(b) for s, _ in requests])
+        fb = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=2, input_ids=ids,
+                          req_pool_indices=torch.tensor([0, 1]), seq_lens=torch.tensor([s + b for s, _ in requests]),
+                          out_cache_loc=torch.cat(block_locs), seq_lens_sum=sum(s + b for s, _ in requests),
+                          positions=positions, extend_prefix_lens=torch.tensor([s for s, _ in requests]),
+                          extend_seq_lens=torch.tensor([b, b]))
+        backend.init_forward_metadata(fb)
+        with forward_context(ForwardContext(attn_backend=backend)):
+            hidden = model.forward(ids, positions, fb, input_embeds=emb).hidden_states.view(2, b, -1)
+        head = target.lm_head.weight
+        served = draft_tokens(model, hidden[:, 1:], head)
+        for r, (s, a) in enumerate(requests):
+            kv = plain.context_kv(feats[r][None], torch.arange(s)[None])
+            ref = plain.forward_blocks(emb.view(2, b, -1)[r].view(1, 1, b, -1), (s + torch.arange(b)).view(1, 1, b), kv,
+                                       torch.ones(1, 1, s, dtype=torch.bool), torch.tensor([[a]]))
+            torch.testing.assert_close(hidden[r], ref.hidden[0, 0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(model.last_pre_injection.view(2, b, -1)[r], ref.pre_last[0, 0], atol=1e-5, rtol=1e-5)
+            assert served[r].tolist() == plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist()
