@@ -178,10 +178,12 @@ def test_stack_dump_on_sigusr1_when_asked():
     assert "Current thread" in out.stderr or "Thread 0x" in out.stderr
 
 
-def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path):
+@pytest.mark.parametrize("path", ["pytorch", "kernels"])
+def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path):
     """The SGLang DSpineDraftModel (SGLang's DFlash layers, RadixAttention over the draft KV pool written the
     way the DFlash worker writes it; torch-native attention on CPU) against the plain drafter: two requests
-    with different contexts in one flat batch, then the worker's decoding on what the forward kept."""
+    with different contexts in one flat batch, then the worker's decoding on what the forward kept. On the
+    kernel path the injection and the decoding run on the Triton kernels (interpreter on CPU)."""
     from conftest import randomize_injection
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -189,7 +191,8 @@ def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path):
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
     from types import SimpleNamespace
 
-    from sglang_dspine.worker import draft_tokens
+    from sglang_dspine.serving_kernels import KernelPath
+    from sglang_dspine.worker import draft_tokens, prepare_decoding
 
     target = make_target()
     torch.manual_seed(1)
@@ -200,6 +203,11 @@ def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path):
     model = _sglang_model(tmp_path).float()
     model.load_weights(iter(load_file(tmp_path / "model.safetensors").items()))
     dc, b = plain.cfg, plain.cfg.block_size
+    head = target.lm_head.weight.detach()
+    if path == "kernels":  # what use_kernels() does on a GPU
+        model.kernel_path = KernelPath(model.injection, torch.float32)
+        prepare_decoding(model, head)
+        assert model.kernel_path.tables is not None
 
     pool = MHATokenToKVPool(size=256, page_size=1, dtype=torch.float32, head_num=dc.num_key_value_heads,
                             head_dim=dc.head_dim, layer_num=dc.num_hidden_layers, device="cpu",
@@ -234,7 +242,6 @@ def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path):
         backend.init_forward_metadata(fb)
         with forward_context(ForwardContext(attn_backend=backend)):
             hidden = model.forward(ids, positions, fb, input_embeds=emb).hidden_states.view(2, b, -1)
-        head = target.lm_head.weight
         served = draft_tokens(model, hidden[:, 1:], head)
         for r, (s, a) in enumerate(requests):
             kv = plain.context_kv(feats[r][None], torch.arange(s)[None])
