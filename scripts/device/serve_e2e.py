@@ -203,6 +203,13 @@ def server_info(server):
 
 
 # ------------------------------------------------------------------------------------------ tests
+# Code openings: the prompts when no lab suites are given; the short ones drive the load and warm-up clients.
+CODE_OPENINGS = ["def forward(self, x):", "import torch\n", "class Linear(Module):", "    return F.", "# Copyright",
+                 "def __init__(self, in_features, out_features", "    if bias is not None:", '"""Applies a',
+                 "for i in range(", "    @property\n    def", "x = torch.", "        self.weight = Parameter("]
+SHORT_OPENINGS = CODE_OPENINGS[:5]
+
+
 def prompts_for(tokenizer, n, suites_dir=None, seed=0):
     """n prompts as token ids: the lab's held-out suites round-robin (chat template applied, as in training)
     when given, else code-like openings. Returns [(suite, ids)]."""
@@ -220,9 +227,7 @@ def prompts_for(tokenizer, n, suites_dir=None, seed=0):
             out.append((suite, ids[-768:]))
         return out
     rng = random.Random(seed)
-    starts = ["def forward(self, x):", "import torch\n", "class Linear(Module):", "    return F.", "# Copyright",
-              "def __init__(self, in_features, out_features", "    if bias is not None:", '"""Applies a', "for i in range(",
-              "    @property\n    def", "x = torch.", "        self.weight = Parameter("]
+    starts = CODE_OPENINGS
     out = []
     for i in range(n):
         text = starts[i % len(starts)] + ("" if i < len(starts) else " " + " ".join(rng.sample(starts, 2)))
@@ -307,7 +312,7 @@ def warm_up(servers, prompts, clients=48, timeout=600):
     the first batch of ~40+ requests stalled a DSPINE server for 112 s (tiny pair) and 139 s (lab pair) before
     it went on normally (first-use compilation, presumably); timing this burst per server shows which servers
     pay it, DFLASH and plain included."""
-    texts = ["def forward(self, x):", "import torch\n", "class Linear(Module):", "    return F.", "# Copyright"]
+    texts = SHORT_OPENINGS
 
     def burst(item):
         name, srv = item
@@ -330,13 +335,13 @@ def warm_up(servers, prompts, clients=48, timeout=600):
         return dict(ex.map(burst, servers.items()))
 
 
-def load_test(server, tokenizer, clients, seconds):
+def load_test(server, clients, seconds):
     """`clients` concurrent OpenAI-API clients for `seconds`; every request must come back complete."""
     sent = ok = errors = 0
     lock = threading.Lock()
     err_msgs = []
     stop = time.time() + seconds
-    texts = ["def forward(self, x):", "import torch\n", "class Linear(Module):", "    return F.", "# Copyright"]
+    texts = SHORT_OPENINGS
 
     def client(i):
         nonlocal sent, ok, errors
@@ -438,7 +443,7 @@ def main():
         print("warm-up burst seconds:", results["warm_up_seconds"], flush=True)
         checkpoint()
         load_box = {}
-        load = threading.Thread(target=lambda: load_box.update(load_test(servers["dspine"], tok, 48, args.load_seconds)))
+        load = threading.Thread(target=lambda: load_box.update(load_test(servers["dspine"], 48, args.load_seconds)))
         with cf.ThreadPoolExecutor(16) as pool:
             results["greedy_bf16"] = greedy_agreement(servers["plain"], servers["dspine"], prompts, args.max_new, pool)
             print("greedy bf16:", results["greedy_bf16"]["identical"], "/", args.prompts, flush=True)
