@@ -53,10 +53,10 @@ def tensor_shapes(path: str) -> dict[str, list[int]]:
         if f.endswith(".safetensors") and f != TRANSFER_FILE:
             with safe_open(os.path.join(path, f), framework="pt") as st:
                 shapes.update({k: st.get_slice(k).get_shape() for k in st.keys()})
-    return {k[len("model."):] if all(n.startswith("model.") for n in shapes) else k: v for k, v in shapes.items()}
+    return _strip_prefix(shapes)
 
 
-def _strip_prefix(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _strip_prefix(tensors: dict) -> dict:
     # Some exports nest the drafter under `model.`; only strip when every name carries it.
     if tensors and all(k.startswith("model.") for k in tensors):
         return {k[len("model."):]: v for k, v in tensors.items()}

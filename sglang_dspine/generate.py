@@ -77,15 +77,6 @@ def verify(
 class DrafterProposer:
     """Drafts blocks with a drafter, keeping its context keys/values as the target verifies tokens."""
 
-    def extend(self, hidden_states: tuple[torch.Tensor, ...], start: int, count: int) -> None:
-        """Add the first `count` verified tokens of a target pass (positions start..) to the context."""
-        feats = target_features(hidden_states, self.drafter.cfg.target_layer_ids)[:, :count].to(self.head.dtype)
-        kv = self.drafter.context_kv(feats, (start + torch.arange(count, device=feats.device))[None])
-        if self.ctx_kv is None:
-            self.ctx_kv = kv
-        else:
-            self.ctx_kv = [(torch.cat([k, nk], 1), torch.cat([v, nv], 1)) for (k, v), (nk, nv) in zip(self.ctx_kv, kv)]
-
     def __init__(self, drafter: DSpineDrafter, target, decoding: str = "walk"):
         """decoding: "walk" (DSpine's candidate decoding; DFlash drafters always take the argmax) or "argmax"
         (the backbone's own argmax, an ablation of the transition table)."""
@@ -94,6 +85,15 @@ class DrafterProposer:
         self.drafter, self.decoding = drafter, decoding
         self.embed, self.head = target_parts(target)
         self.ctx_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def extend(self, hidden_states: tuple[torch.Tensor, ...], start: int, count: int) -> None:
+        """Add the first `count` verified tokens of a target pass (positions start..) to the context."""
+        feats = target_features(hidden_states, self.drafter.cfg.target_layer_ids)[:, :count].to(self.head.dtype)
+        kv = self.drafter.context_kv(feats, (start + torch.arange(count, device=feats.device))[None])
+        if self.ctx_kv is None:
+            self.ctx_kv = kv
+        else:
+            self.ctx_kv = [(torch.cat([k, nk], 1), torch.cat([v, nv], 1)) for (k, v), (nk, nv) in zip(self.ctx_kv, kv)]
 
     def propose(self, sequence: list[int]) -> list[int]:
         """Draft positions 1..B-1 of the block whose anchor is the last token of `sequence`."""
@@ -106,7 +106,7 @@ class DrafterProposer:
         anchors = torch.tensor([[anchor]], device=device)
         out = self.drafter.forward_blocks(self.embed(block).view(1, 1, b, -1), positions, self.ctx_kv, visible, anchors)
         if self.decoding == "argmax":
-            return (out.hidden[0, 0, 1:].float() @ self.head.float().T).argmax(-1).tolist()
+            return self.drafter.block_logits(out, self.head)[0].argmax(-1).tolist()
         drafted = self.drafter.draft(out, self.head, anchors.view(1))
         return (drafted.tokens if isinstance(drafted, BlockDraft) else drafted)[0].tolist()
 

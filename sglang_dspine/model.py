@@ -191,6 +191,11 @@ class DSpineDrafter(nn.Module):
         return self.norm(self.injection.refine(pre_last, pred_codes))
 
     # --------------------------------------------------------------- drafting
+    @staticmethod
+    def block_logits(out: BlockOutput, head: torch.Tensor) -> torch.Tensor:
+        """Backbone logits of positions 1..B-1 of single-block output: [N, B-1, V] in float32."""
+        return out.hidden[:, 0, 1:].float() @ head.float().T
+
     @torch.no_grad()
     def draft(self, out: BlockOutput, head: torch.Tensor, anchors: torch.Tensor) -> BlockDraft | torch.Tensor:
         """Draft tokens of positions 1..B-1 for single-block output (nb == 1).
@@ -198,8 +203,7 @@ class DSpineDrafter(nn.Module):
         DSpine: candidate decoding with the transition table; DFlash: argmax of the backbone logits.
         Returns a BlockDraft for DSpine, [N, B-1] tokens for DFlash.
         """
-        hidden = out.hidden[:, 0, 1:]
-        logits = hidden.float() @ head.float().T
+        logits = self.block_logits(out, head)
         if self.injection is None:
             return logits.argmax(-1)
         return decode_block(
