@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.models.dflash import DFlashDraftModel
 
-from .checkpoint import CODES_KEY, READY_KEY, TRANSFER_FILE
+from .checkpoint import CODES_KEY, READY_KEY, TRANSFER_FILE, check_dspine_transfer, load_state_strict
 from .config import DrafterConfig, DrafterConfigError
 from .injection import AdjacentInjection
 from .model import DSpineDrafter
@@ -33,10 +33,10 @@ logger = logging.getLogger(__name__)
 class DSpineDraftModel(DFlashDraftModel):
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         super().__init__(config, quant_config=quant_config, prefix=prefix)
-        self.dspine_config = DrafterConfig.from_dict(config.to_dict())
-        if not self.dspine_config.is_dspine:
-            raise DrafterConfigError(f"DSpineDraftModel needs a DSpine config, found a {self.dspine_config.kind} one")
-        s, h = self.dspine_config.dspine, int(config.hidden_size)
+        self.cfg = DrafterConfig.from_dict(config.to_dict())  # validated, as the plain drafter's `cfg`
+        if not self.cfg.is_dspine:
+            raise DrafterConfigError(f"DSpineDraftModel needs a DSpine config, found a {self.cfg.kind} one")
+        s, h = self.cfg.dspine, int(config.hidden_size)
         self.injection = AdjacentInjection(h, s.transfer_rank, s.message_size, len(self.layers))
         self.register_buffer("transfer_codes", torch.zeros(int(config.vocab_size), s.transfer_rank))
         self.register_buffer("transfer_ready", torch.tensor(False))
@@ -107,20 +107,11 @@ class DSpineDraftModel(DFlashDraftModel):
                 ours[CODES_KEY] = load_file(side)["codes"]
         if CODES_KEY in ours and READY_KEY not in ours:
             ours[READY_KEY] = torch.tensor(True)  # the release layout: codes present means computed
-        own = {k: v for k, v in self.state_dict().items() if k.startswith("injection.") or k in (CODES_KEY, READY_KEY)}
-        for name, param in own.items():
-            if name not in ours:
-                if name == CODES_KEY:
-                    check_codes(None, self.dspine_config.vocab_size, self.dspine_config.dspine.transfer_rank)
-                raise DrafterConfigError(f"DSpine drafter checkpoint: missing tensor `{name}`")
-            if tuple(ours[name].shape) != tuple(param.shape):
-                raise DrafterConfigError(
-                    f"DSpine drafter checkpoint: tensor `{name}` expected shape {tuple(param.shape)}, found {tuple(ours[name].shape)}"
-                )
-            param.data.copy_(ours[name].to(device=param.device, dtype=param.dtype))
-        check_codes(ours[CODES_KEY], self.dspine_config.vocab_size, self.dspine_config.dspine.transfer_rank)
-        if not bool(ours[READY_KEY]):
-            raise DrafterConfigError("DSpine drafter checkpoint: `transfer_ready` is false; the transfer codes were never set")
+        own = {k for k in self.state_dict() if k.startswith("injection.") or k in (CODES_KEY, READY_KEY)}
+        if CODES_KEY not in ours:
+            check_codes(None, self.cfg.vocab_size, self.cfg.dspine.transfer_rank)
+        load_state_strict(self, ours, "DSpine drafter", names=own)
+        check_dspine_transfer(self, "DSpine drafter")
         self.use_kernels()
 
     def use_kernels(self) -> None:
@@ -132,7 +123,7 @@ class DSpineDraftModel(DFlashDraftModel):
     def _check_names(self, seen: set[str]) -> None:
         """Every tensor the plain drafter defines must arrive, and nothing else (SGLang's loader would not say)."""
         with torch.device("meta"):
-            expected = set(DSpineDrafter(self.dspine_config).state_dict())
+            expected = set(DSpineDrafter(self.cfg).state_dict())
         expected.discard(READY_KEY)  # optional in the release layout
         missing = sorted(expected - seen)
         if missing == [CODES_KEY]:
