@@ -51,10 +51,6 @@ def check_server_args(server_args) -> None:
     """DSpine's own start-up checks, after DFlash's: the drafter must be a valid DSpine drafter for this target."""
     from .config import DrafterConfig, DrafterConfigError
 
-    if server_args.tp_size != 1:
-        raise ValueError(
-            f"{ALGORITHM}: --tp-size {server_args.tp_size} is not supported yet (tensor parallelism is issue 7); use --tp-size 1"
-        )
     draft_path = server_args.speculative_draft_model_path
     if not os.path.isdir(draft_path):
         raise ValueError(f"{ALGORITHM}: --speculative-draft-model-path must be a local directory, found {draft_path!r}")
@@ -108,7 +104,10 @@ def _check_codes_present(draft_path: str) -> None:
 
 
 def _worker_factory(server_args):
+    from . import sglang_patches
     from .worker import DSpineWorker
+
+    sglang_patches.apply(server_args)
 
     return DSpineWorker
 

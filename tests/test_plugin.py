@@ -67,6 +67,36 @@ def test_server_args_match_dflash(dirs):
     assert dsp.speculative_num_draft_tokens == 4
 
 
+def test_tensor_parallel_args_pass_dspine_checks(dirs):
+    root, _ = dirs
+    args = _args(root, root / "dspine", "DSPINE", "--tp-size", "2")
+    assert args.tp_size == 2 and args.speculative_algorithm == "DSPINE"
+
+
+@pytest.mark.parametrize("backend", ["pytorch", "flashinfer"])
+def test_worker_factory_patches_verify_renorm_only_for_pytorch_sampling(dirs, backend):
+    """The DSPINE worker factory routes DFlash's verify renormalisation to SGLang's Triton kernels when the
+    server samples in PyTorch (no FlashInfer JIT build in the middle of serving), and leaves it alone otherwise."""
+    import importlib
+
+    from sglang.kernels.ops.sampling import renorm_triton
+    from sglang.srt.speculative import dflash_utils
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang_dspine.worker import DSpineWorker
+
+    dflash_utils = importlib.reload(dflash_utils)  # undo an earlier case's patch
+    stock = dflash_utils.top_k_renorm_prob, dflash_utils.top_p_renorm_prob
+    root, _ = dirs
+    args = _args(root, root / "dspine", "DSPINE", "--sampling-backend", backend)
+    assert SpeculativeAlgorithm.from_string("DSPINE").create_worker(args) is DSpineWorker
+    now = dflash_utils.top_k_renorm_prob, dflash_utils.top_p_renorm_prob
+    if backend == "pytorch":
+        assert now == (renorm_triton.top_k_renorm_probs_triton, renorm_triton.top_p_renorm_probs_triton)
+        assert stock != now
+    else:
+        assert now == stock
+
+
 def _variant(root, name, edit_config=None, edit_tensors=None):
     import shutil
 
@@ -91,7 +121,6 @@ def _variant(root, name, edit_config=None, edit_tensors=None):
     ("block size mismatch", "block_size 4 but --speculative-num-draft-tokens"),
     ("dflash drafter", "is a dflash drafter"),
     ("block size 1", "block_size: expected >= 2"),
-    ("tensor parallel", "--tp-size 2 is not supported"),
 ])
 def test_bad_drafters_are_refused_at_start(dirs, case, msg):
     root, _ = dirs
@@ -104,10 +133,8 @@ def test_bad_drafters_are_refused_at_start(dirs, case, msg):
         draft, extra = root / "dspine", ["DSPINE", "--speculative-num-draft-tokens", "8"]
     elif case == "dflash drafter":
         draft = root / "dflash"
-    elif case == "block size 1":
-        draft = _variant(root, "block1", edit_config=lambda c: c.update(block_size=1))
     else:
-        draft, extra = root / "dspine", ["DSPINE", "--tp-size", "2"]
+        draft = _variant(root, "block1", edit_config=lambda c: c.update(block_size=1))
     with pytest.raises(ValueError, match=msg):
         _args(root, draft, *extra)
 

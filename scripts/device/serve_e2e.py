@@ -31,7 +31,9 @@ from sglang_dspine.provenance import provenance  # noqa: E402
 
 SERVER = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--attention-backend", "triton",
           "--sampling-backend", "pytorch", "--grammar-backend", "none", "--cuda-graph-max-bs", "48",
-          "--mem-fraction-static", "0.1", "--log-level", "info", "--decode-log-interval", "10"]
+          "--mem-fraction-static", "0.1", "--log-level", "info", "--decode-log-interval", "10",
+          # Prefill graphs only change prefill speed; their capture cost 81 s of a fresh machine's first start.
+          "--disable-prefill-cuda-graph"]
 
 
 # ----------------------------------------------------------------------------------------- models
@@ -123,10 +125,12 @@ _servers = []
 
 
 class Server:
-    def __init__(self, name, port, args, out):
+    def __init__(self, name, port, args, out, gpus=None):
         self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
         self.log = os.path.join(out, f"server_{name}.log")
-        env = {**os.environ, "SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1"}
+        env = {**os.environ, "SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1"}  # keeps the machine's NCCL settings
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
         self.proc = subprocess.Popen(SERVER + ["--port", str(port)] + args, stdout=open(self.log, "w"), env=env,
                                      stderr=subprocess.STDOUT, start_new_session=True,
                                      cwd="/tmp")  # not the repo root: its kernels/ would shadow `kernels`
@@ -162,7 +166,8 @@ _dumped = set()
 
 
 def dump_stacks(url):
-    """A request timed out: have the server's scheduler processes print their stacks into its log (once)."""
+    """A request is stuck: have the server's scheduler processes print their Python stacks into its log, and
+    write its process tree there (a compiler running under it shows as a child), once per server."""
     port = url.rsplit(":", 1)[-1].split("/")[0]
     if port in _dumped:
         return
@@ -176,16 +181,25 @@ def dump_stacks(url):
                         os.kill(int(pid), 10)  # SIGUSR1 -> faulthandler (SGLANG_DSPINE_STACKS_ON_SIGUSR1)
                 except (OSError, ProcessLookupError):
                     pass
-            print(f"request to {s.name} timed out: scheduler stacks dumped into its log", flush=True)
+            tree = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,args", "--forest"], capture_output=True, text=True)
+            with open(s.log, "a") as f:
+                f.write("\n--- serve_e2e: process tree while a request was stuck ---\n" + tree.stdout[-20000:])
+            print(f"request to {s.name} stuck for {STUCK_AFTER_S} s: scheduler stacks and process tree in its log",
+                  flush=True)
+
+
+STUCK_AFTER_S = 45  # no request here takes this long on a tiny model unless something blocks the server
 
 
 def post(url, payload, timeout=120):
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    watchdog = threading.Timer(STUCK_AFTER_S, dump_stacks, [url])
+    watchdog.daemon = True
+    watchdog.start()
     try:
         return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
-    except TimeoutError:
-        dump_stacks(url)
-        raise
+    finally:
+        watchdog.cancel()
 
 
 def generate(server, input_ids, max_new, temperature=0.0, seed=None, logprobs=0, timeout=120):
@@ -235,7 +249,7 @@ def prompts_for(tokenizer, n, suites_dir=None, seed=0):
     return out
 
 
-def throughput(servers, prompts, concurrencies, max_new, pool_size=64):
+def throughput(servers, prompts, concurrencies, max_new, temperature=0.0):
     """Output tokens/s at each concurrency, the same requests to each server, one server at a time; and the
     per-request accept length SGLang reports, per suite."""
     res = {}
@@ -246,7 +260,7 @@ def throughput(servers, prompts, concurrencies, max_new, pool_size=64):
             with cf.ThreadPoolExecutor(c) as ex:
                 list(ex.map(lambda p: generate(srv, p[1], 8), reqs[:c]))  # warm-up
                 t = time.time()
-                outs = list(ex.map(lambda p: generate(srv, p[1], max_new), reqs))
+                outs = list(ex.map(lambda p: generate(srv, p[1], max_new, temperature=temperature), reqs))
                 dt = time.time() - t
             tokens = sum(len(o["output_ids"]) for o in outs)
             acc = collections.defaultdict(list)
@@ -255,11 +269,15 @@ def throughput(servers, prompts, concurrencies, max_new, pool_size=64):
                     acc[suite].append(float(o["meta_info"]["spec_accept_length"]))
             res[name][c] = {"requests": len(reqs), "output_tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt,
                             "accept_length_by_suite": {k: sum(v) / len(v) for k, v in acc.items()}}
-        print("throughput", name, {c: round(v["tokens_per_s"]) for c, v in res[name].items()}, flush=True)
+        print("throughput", f"T={temperature}", name, {c: round(v["tokens_per_s"]) for c, v in res[name].items()}, flush=True)
     return res
 
 
-def greedy_agreement(base, spec, prompts, max_new, pool):
+def greedy_agreement(base, spec, prompts, max_new, pool, judge=None):
+    """Greedy outputs of `spec` vs `base` on each prompt; at each first divergence, the top-2 log-prob gap of
+    `judge`'s next-token distribution there (default `base`; it must be a server without speculation, which
+    is what returns log-probs)."""
+    judge = judge or base
     outs_b = list(pool.map(lambda p: generate(base, p, max_new)["output_ids"], prompts))
     outs_s = list(pool.map(lambda p: generate(spec, p, max_new)["output_ids"], prompts))
     same = [a == b for a, b in zip(outs_b, outs_s)]
@@ -268,7 +286,7 @@ def greedy_agreement(base, spec, prompts, max_new, pool):
         if a == b:
             continue
         k = next(i for i in range(min(len(a), len(b))) if a[i] != b[i])
-        r = generate(base, p + a[:k], 1, logprobs=2)
+        r = generate(judge, p + a[:k], 1, logprobs=2)
         top = r["meta_info"]["output_top_logprobs"][-1]
         gaps.append({"position": k, "top2_logprob_gap": float(top[0][0] - top[1][0]),
                      "plain_token": a[k], "spec_token": b[k]})
@@ -307,15 +325,15 @@ def t1_test(base, spec, prompts, samples, pool):
             "bonferroni_min_pvalue": adjusted}
 
 
-def warm_up(servers, prompts, clients=48, timeout=600):
-    """One 48-wide burst per server, all servers at once, before anything is measured. Seen on fresh machines:
-    the first batch of ~40+ requests stalled a DSPINE server for 112 s (tiny pair) and 139 s (lab pair) before
-    it went on normally (first-use compilation, presumably); timing this burst per server shows which servers
-    pay it, DFLASH and plain included."""
+def start_warm_up(servers, prompts, clients=48, timeout=400):
+    """One 48-wide burst per server, greedy and T=1 requests mixed, all servers at once, before anything is
+    measured; returns {name: Future of its seconds}, so each stage waits only for the servers it uses. The
+    first batch mixing top-k values (greedy beside T=1) stalled DSPINE servers for 112 s and 139 s in earlier
+    runs (FlashInfer's sampling module JIT-built by DFlash's verify, see sglang_dspine/sglang_patches.py);
+    timing the burst per server shows who still pays for it: stock DFLASH does, DSPINE should not."""
     texts = SHORT_OPENINGS
 
-    def burst(item):
-        name, srv = item
+    def burst(srv):
         t = time.time()
         jobs = [("chat", ids, 0.0) for _, ids in prompts[:16]] + \
                [("short", texts[i % len(texts)], (0.0, 1.0)[i % 2]) for i in range(clients)]
@@ -329,10 +347,34 @@ def warm_up(servers, prompts, clients=48, timeout=600):
 
         with cf.ThreadPoolExecutor(len(jobs)) as ex:
             list(ex.map(one, jobs))
-        return name, time.time() - t
+        return time.time() - t
 
-    with cf.ThreadPoolExecutor(len(servers)) as ex:
-        return dict(ex.map(burst, servers.items()))
+    ex = cf.ThreadPoolExecutor(len(servers))
+    futures = {name: ex.submit(burst, srv) for name, srv in servers.items()}
+    ex.shutdown(wait=False)
+    return futures
+
+
+def warm(futures, *names) -> bool:
+    """Wait for these servers' warm-up bursts; False if one failed (its error is kept in the results)."""
+    ok = True
+    for n in names:
+        if n in futures:
+            try:
+                futures[n].result()
+            except Exception:  # noqa: BLE001 - recorded by warm_up_seconds
+                ok = False
+    return ok
+
+
+def warm_up_seconds(futures):
+    out = {}
+    for n, f in futures.items():
+        if f.done():
+            out[n] = round(f.result(), 2) if f.exception() is None else f"failed: {f.exception()!r}"[:300]
+        else:
+            out[n] = "still running"
+    return out
 
 
 def load_test(server, clients, seconds):
@@ -411,7 +453,7 @@ def main():
         servers["dspine_det"] = Server("dspine_det", 30005, spec("DSPINE", os.path.join(models, "dspine"), *det), args.out)
     refusals = {n: Server("bad_" + n, 30010 + i, spec("DSPINE", d, *extra), args.out)
                 for i, (n, (d, extra, _)) in enumerate(bad.items())}
-    results = {"models": label, "provenance": provenance(sys.argv)}
+    results = {"models": label, "provenance": provenance(sys.argv), "server_args": SERVER[3:]}
     try:
         up = {n: s.wait() for n, s in servers.items()}
         results["startup_seconds"] = {n: s.up_after for n, s in servers.items()}
@@ -439,8 +481,10 @@ def main():
         suite_prompts = prompts_for(tok, args.prompts, os.path.join(models, "suites"))
         prompts = [ids for _, ids in suite_prompts]
         checkpoint = lambda: save_results(results, args.out)  # a call cut short by the device still returns these
-        results["warm_up_seconds"] = warm_up({n: s for n, s in servers.items() if up.get(n)}, suite_prompts)
-        print("warm-up burst seconds:", results["warm_up_seconds"], flush=True)
+        warming = start_warm_up({n: s for n, s in servers.items() if up.get(n)}, suite_prompts)
+        warm(warming, "plain", "dspine")
+        results["warm_up_seconds"] = warm_up_seconds(warming)
+        print("warm-up burst seconds (so far):", results["warm_up_seconds"], flush=True)
         checkpoint()
         load_box = {}
         load = threading.Thread(target=lambda: load_box.update(load_test(servers["dspine"], 48, args.load_seconds)))
@@ -454,13 +498,16 @@ def main():
             results["t1"] = t1_test(servers["plain"], servers["dspine"], prompts[: args.t1_prompts], args.t1_samples, pool)
             print("t1 p:", results["t1"]["bonferroni_min_pvalue"], flush=True)
             checkpoint()
-            if up.get("plain_det") and up.get("dspine_det"):
+            if up.get("plain_det") and up.get("dspine_det") and warm(warming, "plain_det", "dspine_det"):
                 results["greedy_deterministic"] = greedy_agreement(servers["plain_det"], servers["dspine_det"], prompts,
                                                                    args.max_new, pool)
                 print("greedy det:", results["greedy_deterministic"]["identical"], "/", args.prompts, flush=True)
-            if up["dflash"]:
+            checkpoint()
+            if up["dflash"] and warm(warming, "dflash"):
                 results["dflash_greedy_bf16"] = greedy_agreement(servers["plain"], servers["dflash"], prompts[:20],
                                                                  args.max_new, pool)
+            results["warm_up_seconds"] = warm_up_seconds(warming)
+            print("warm-up burst seconds:", results["warm_up_seconds"], flush=True)
             checkpoint()
         load.join()
         results["load"] = load_box
@@ -469,6 +516,9 @@ def main():
         checkpoint()
         results["throughput"] = throughput({n: servers[n] for n in ("plain", "dflash", "dspine") if up.get(n)},
                                            suite_prompts, [1, 4, 16, 48], args.max_new)
+        checkpoint()
+        results["throughput_t1"] = throughput({n: servers[n] for n in ("dflash", "dspine") if up.get(n)},
+                                              suite_prompts, [16], args.max_new, temperature=1.0)
         collect_server_info(servers, up, results)
     finally:
         for s in list(servers.values()) + list(refusals.values()):
@@ -488,9 +538,9 @@ def save_results(results, out):
     json.dump(summarize(results), open(os.path.join(out, "serving_e2e_summary.json"), "w"), indent=1)
 
 
-def collect_server_info(servers, up, results):
+def collect_server_info(servers, up, results, names=("dspine", "dflash", "dspine_det")):
     """(d) CUDA graphs in the decode log lines, (e) accept length in /server_info and the logs."""
-    for n in ("dspine", "dflash", "dspine_det"):
+    for n in names:
         if n in servers and up.get(n):
             info = server_info(servers[n])
             log = open(servers[n].log, errors="ignore").read().splitlines()
@@ -503,6 +553,12 @@ def collect_server_info(servers, up, results):
                 "last_decode_line": decode[-1][-300:] if decode else None,
                 "graph_decoding_log": [l[-200:] for l in log if "DSPINE candidate decoding" in l or "kept eager" in l][:3],
             }
+
+
+def _ratios(sweep, key):
+    """DSPINE / DFLASH of `key` at each concurrency both were measured at."""
+    a, b = sweep.get("dspine", {}), sweep.get("dflash", {})
+    return {c: round(a[c][key] / b[c][key], 3) for c in a if c in b and b[c][key]}
 
 
 def summarize(r):
@@ -523,10 +579,11 @@ def summarize(r):
         "dflash_served": r.get("dflash_greedy_bf16", {}).get("prompts"),
         "throughput_tokens_per_s": {n: {c: round(v["tokens_per_s"], 1) for c, v in d.items()}
                                     for n, d in r.get("throughput", {}).items()},
-        "throughput_ratio_dspine_over_dflash": {c: round(r["throughput"]["dspine"][c]["tokens_per_s"]
-                                                         / r["throughput"]["dflash"][c]["tokens_per_s"], 3)
-                                                for c in r.get("throughput", {}).get("dspine", {})
-                                                if c in r.get("throughput", {}).get("dflash", {})},
+        "throughput_ratio_dspine_over_dflash": _ratios(r.get("throughput", {}), "tokens_per_s"),
+        "accept_length_by_suite": {t: {n: {c: v["accept_length_by_suite"] for c, v in d.items()}
+                                       for n, d in r.get(key, {}).items() if n != "plain"}
+                                   for t, key in (("T0", "throughput"), ("T1", "throughput_t1"))},
+        "warm_up_seconds": r.get("warm_up_seconds"),
         "bad_drafters_refused": sum(v["exited"] and v["message_found"] for v in ref.values()),
         "bad_drafters_tried": len(ref),
         "commit": r.get("provenance", {}).get("commit"),

@@ -1,0 +1,43 @@
+"""Every change this plugin makes to SGLang 0.5.17's own code, in one place. Applied in the scheduler process
+when the DSPINE worker is created (`plugin._worker_factory`), so servers of other algorithms are untouched.
+
+1. Verify renormalisation follows `--sampling-backend`.
+   DFlash's non-greedy verification (which DSPINE reuses) renormalises the target's probabilities with
+   `sgl_kernel.top_k_renorm_prob` / `top_p_renorm_prob`, which call FlashInfer whatever the sampling backend.
+   The dense path that needs them runs when a batch mixes top-k values, e.g. greedy requests (top_k 1)
+   beside T=1 requests (whole vocabulary): the first such batch then JIT-builds FlashInfer's sampling module,
+   which stalled a server for 112-139 s on the H200 (benchmarks/results/serving_logs/*), every request in the
+   batch waiting. With `--sampling-backend pytorch` the user asked for no FlashInfer sampling; SGLang ships
+   Triton versions of the same two renormalisations with FlashInfer's semantics (exact top-k/top-p
+   thresholds, ties at the pivot kept; what it uses on ROCm), so they are used instead.
+"""
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+_applied: set[str] = set()
+
+
+def verify_renorm_follows_sampling_backend(server_args) -> bool:
+    """Patch 1 (see the module docstring). Returns whether the Triton renormalisations are now in use."""
+    if getattr(server_args, "sampling_backend", None) != "pytorch":
+        return False
+    from sglang.kernels.ops.sampling.renorm_triton import top_k_renorm_probs_triton, top_p_renorm_probs_triton
+    from sglang.srt.speculative import dflash_utils
+
+    for name in ("top_k_renorm_prob", "top_p_renorm_prob"):
+        if not hasattr(dflash_utils, name):  # the patch would silently do nothing on another SGLang
+            raise RuntimeError(f"sglang-dspine: sglang.srt.speculative.dflash_utils.{name} not found; "
+                               "this plugin is written against sglang==0.5.17")
+    dflash_utils.top_k_renorm_prob = top_k_renorm_probs_triton
+    dflash_utils.top_p_renorm_prob = top_p_renorm_probs_triton
+    if "verify_renorm" not in _applied:
+        _applied.add("verify_renorm")
+        logger.info("DSPINE: verify renormalisation on SGLang's Triton kernels (--sampling-backend pytorch)")
+    return True
+
+
+def apply(server_args) -> None:
+    verify_renorm_follows_sampling_backend(server_args)
