@@ -205,18 +205,26 @@ def project(h: torch.Tensor, layer: int, w: InjectionWeights) -> tuple[torch.Ten
 
 def inject_flat(h: torch.Tensor, layer: int, w: InjectionWeights, anchor_proj: torch.Tensor, block_size: int,
                 out: torch.Tensor | None = None, recv_out: torch.Tensor | None = None,
-                impl: str = "triton") -> torch.Tensor:
+                impl: str = "triton", fused_residual: bool = True) -> torch.Tensor:
     """Adjacent injection of one layer on flat states h [bs·B, H] (GEMMs + fused pass + residual GEMM).
 
     anchor_proj: `anchor_projections(...)` [bs, 2m]. out: where to write (may be h itself for in place;
     default: a new tensor). recv_out [bs·B, m]: optional G_r φ of each row (the transition scoring uses the
-    last layer's). impl: "triton" or "torch" (the reference pass). Returns the injected states.
+    last layer's). impl: "triton" or "torch" (the reference pass). fused_residual: the residual add as the
+    GEMM's epilogue (addmm with a 2-D bias); False does a plain GEMM and an add, for batch-invariant GEMM
+    libraries that replace aten::addmm with a 1-D-bias-only version (SGLang's deterministic inference).
+    Returns the injected states.
     """
     z, y = project(h, layer, w)
     msg = torch.empty(h.shape[0], w.message_size, dtype=h.dtype, device=h.device)
     fn = gate_message if impl == "triton" else gate_message_torch
     fn(h, z, y, anchor_proj, w.bias, block_size, msg, recv_out)
     u = w.writes[layer]  # [H, m]
+    if not fused_residual:
+        delta = torch.mm(msg, u.t())
+        if out is None:
+            return delta.add_(h)
+        return torch.add(h, delta, out=out)
     if out is None:
         return torch.addmm(h, msg, u.t())
     if out.data_ptr() == h.data_ptr():

@@ -29,6 +29,14 @@ def kernels_enabled() -> bool:
     return flag == "1"
 
 
+def _batch_invariant_mode() -> bool:
+    """SGLang's --enable-deterministic-inference swaps aten's GEMMs for batch-invariant ones whose addmm takes
+    only a 1-D bias; the injection's fused residual epilogue then has to be a GEMM and an add."""
+    from sglang.srt.batch_invariant_ops import is_batch_invariant_mode_enabled
+
+    return is_batch_invariant_mode_enabled()
+
+
 class KernelPath:
     def __init__(self, injection: AdjacentInjection, dtype: torch.dtype):
         from .kernels import InjectionWeights
@@ -45,7 +53,7 @@ class KernelPath:
         """Injection after `layer` on flat [bs·B, H] states (a new tensor; x is left as it is)."""
         from .kernels import inject_flat
 
-        return inject_flat(x, layer, self.weights, anchor_proj, block_size)
+        return inject_flat(x, layer, self.weights, anchor_proj, block_size, fused_residual=not _batch_invariant_mode())
 
     @torch.no_grad()
     def build_tables(self, codes: torch.Tensor, head: torch.Tensor, norm_weight: torch.Tensor) -> None:

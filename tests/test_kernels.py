@@ -147,6 +147,13 @@ def test_inject_flat_matches_module(dtype, fold, impl):
     h2 = h.clone()
     kinj.inject_flat(h2, 0, w, ap, B, out=h2, impl=impl)
     assert torch.equal(h2, kinj.inject_flat(h, 0, w, ap, B, impl=impl))
+    # the residual as GEMM + add (batch-invariant GEMM libraries): the same update, up to the epilogue's rounding
+    fused = kinj.inject_flat(h, 1, w, ap, B, impl=impl).double() - h.double()
+    separate, in_place = torch.empty_like(h), h.clone()
+    for src, out in ((h, None), (h, separate), (in_place, in_place)):
+        got = kinj.inject_flat(src, 1, w, ap, B, out=out, impl=impl, fused_residual=False)
+        assert out is None or got.data_ptr() == out.data_ptr()
+        assert rel_err(got.double() - h.double(), fused) < 10 * TOL[dtype]
 
 
 # ------------------------------------------------------------------------------------------------ topk

@@ -239,13 +239,14 @@ def prompts_for(tokenizer, n, suites_dir=None, seed=0):
         for suite, text in order[:n]:
             ids = prompt_ids({"prompt": text}, tokenizer)  # as the training data was built
             out.append((suite, ids[-768:]))
-        return out
+        # suites shorter than n: topped up with code openings (suite "openings")
+        return out + [("openings", ids) for _, ids in prompts_for(tokenizer, n - len(out), None, seed)]
     rng = random.Random(seed)
     starts = CODE_OPENINGS
     out = []
     for i in range(n):
         text = starts[i % len(starts)] + ("" if i < len(starts) else " " + " ".join(rng.sample(starts, 2)))
-        out.append(("code", tokenizer(text)["input_ids"]))
+        out.append(("openings", tokenizer(text)["input_ids"]))
     return out
 
 
@@ -263,12 +264,18 @@ def throughput(servers, prompts, concurrencies, max_new, temperature=0.0):
                 outs = list(ex.map(lambda p: generate(srv, p[1], max_new, temperature=temperature), reqs))
                 dt = time.time() - t
             tokens = sum(len(o["output_ids"]) for o in outs)
-            acc = collections.defaultdict(list)
+            acc, steps = collections.defaultdict(list), collections.defaultdict(lambda: [0, 0])
             for (suite, _), o in zip(reqs, outs):
-                if o["meta_info"].get("spec_accept_length") is not None:
-                    acc[suite].append(float(o["meta_info"]["spec_accept_length"]))
+                m = o["meta_info"]
+                if m.get("spec_accept_length") is not None:
+                    acc[suite].append(float(m["spec_accept_length"]))
+                    steps[suite][0] += m["completion_tokens"]
+                    steps[suite][1] += m["spec_verify_ct"]
+            # tau: tokens over verify steps of the suite's requests together (the offline lab's tau);
+            # accept_length: SGLang's per-request figure, averaged over requests.
             res[name][c] = {"requests": len(reqs), "output_tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt,
-                            "accept_length_by_suite": {k: sum(v) / len(v) for k, v in acc.items()}}
+                            "accept_length_by_suite": {k: sum(v) / len(v) for k, v in acc.items()},
+                            "tau_by_suite": {k: t / n for k, (t, n) in steps.items() if n}}
         print("throughput", f"T={temperature}", name, {c: round(v["tokens_per_s"]) for c, v in res[name].items()}, flush=True)
     return res
 
@@ -580,6 +587,9 @@ def summarize(r):
         "throughput_tokens_per_s": {n: {c: round(v["tokens_per_s"], 1) for c, v in d.items()}
                                     for n, d in r.get("throughput", {}).items()},
         "throughput_ratio_dspine_over_dflash": _ratios(r.get("throughput", {}), "tokens_per_s"),
+        "tau_by_suite": {t: {n: {c: v.get("tau_by_suite") for c, v in d.items()}
+                             for n, d in r.get(key, {}).items() if n != "plain"}
+                         for t, key in (("T0", "throughput"), ("T1", "throughput_t1"))},
         "accept_length_by_suite": {t: {n: {c: v["accept_length_by_suite"] for c, v in d.items()}
                                        for n, d in r.get(key, {}).items() if n != "plain"}
                                    for t, key in (("T0", "throughput"), ("T1", "throughput_t1"))},

@@ -41,7 +41,7 @@ def main():
     models = os.path.abspath(args.models)
     target, drafter = os.path.join(models, "target"), os.path.join(models, "dspine")
     spec = ["--speculative-algorithm", "DSPINE", "--speculative-draft-model-path", drafter]
-    tp2 = ["--tp-size", "2"]
+    tp2 = ["--tp-size", "2", "--mem-fraction-static", "0.08"]  # GPU 0 also holds the four tp-1 servers
     det = ["--enable-deterministic-inference"]
     plan = {  # name: (extra args, visible GPUs)
         "plain_tp1": ([], "0"), "plain_tp2": (tp2, "0,1"),
@@ -91,6 +91,11 @@ def main():
                                                                       args.max_new, pool)
                 print("greedy plain tp2 vs tp1:", results["plain_tp2_vs_tp1"]["identical"],
                       "| DSPINE tp2 vs plain tp2:", results["dspine_tp2_vs_plain_tp2"]["identical"], flush=True)
+            if up.get("dspine_tp1_det") and up.get("plain_tp1_det"):  # issue 4's exact setting, on one GPU
+                results["dspine_vs_plain_tp1_det"] = greedy_agreement(s["plain_tp1_det"], s["dspine_tp1_det"], prompts,
+                                                                      args.max_new, pool)
+                print("greedy DSPINE vs plain, tp1, deterministic:", results["dspine_vs_plain_tp1_det"]["identical"],
+                      flush=True)
             if up.get("dspine_tp1_det") and up.get("dspine_tp2_det"):
                 results["dspine_tp2_vs_tp1_det"] = greedy_agreement(
                     s["dspine_tp1_det"], s["dspine_tp2_det"], prompts, args.max_new, pool,
@@ -126,6 +131,8 @@ def summarize(r):
         "plain_bf16_match_tp2_vs_tp1": r.get("plain_tp2_vs_tp1", {}).get("match_rate"),
         "plain_divergence_max_top2_gap": gaps("plain_tp2_vs_tp1"),
         "dspine_tp2_vs_plain_tp2_match": r.get("dspine_tp2_vs_plain_tp2", {}).get("match_rate"),
+        "dspine_vs_plain_tp1_deterministic_match": r.get("dspine_vs_plain_tp1_det", {}).get("match_rate"),
+        "dspine_vs_plain_tp1_deterministic_max_gap": gaps("dspine_vs_plain_tp1_det"),
         "prompts": exact.get("prompts"),
         "tokens_per_s": {n: {c: round(v["tokens_per_s"], 1) for c, v in d.items()} for n, d in thr.items()},
         "throughput_ratio_tp2_over_tp1": {c: round(thr["dspine_tp2"][c]["tokens_per_s"]
