@@ -37,6 +37,8 @@ def main():
     if torch.cuda.device_count() < 2:
         raise SystemExit(f"needs two GPUs, found {torch.cuda.device_count()}")
     os.makedirs(args.out, exist_ok=True)
+    # The servers share GPU 0 on purpose; SGLang otherwise refuses a tp-2 server whose GPUs differ in free memory.
+    os.environ["SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"] = "0"
     t0 = time.time()
     models = os.path.abspath(args.models)
     target, drafter = os.path.join(models, "target"), os.path.join(models, "dspine")
