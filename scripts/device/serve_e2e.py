@@ -275,7 +275,8 @@ def throughput(servers, prompts, concurrencies, max_new, temperature=0.0):
             # accept_length: SGLang's per-request figure, averaged over requests.
             res[name][c] = {"requests": len(reqs), "output_tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt,
                             "accept_length_by_suite": {k: sum(v) / len(v) for k, v in acc.items()},
-                            "tau_by_suite": {k: t / n for k, (t, n) in steps.items() if n}}
+                            "tau_by_suite": {k: t / n for k, (t, n) in steps.items() if n},
+                            "verify_steps": sum(n for _, n in steps.values())}
         print("throughput", f"T={temperature}", name, {c: round(v["tokens_per_s"]) for c, v in res[name].items()}, flush=True)
     return res
 
