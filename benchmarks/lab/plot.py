@@ -1,6 +1,8 @@
-"""Plot a lab results JSON: acceptance per block position, DFlash vs DSpine, per suite and temperature.
+"""Plots of lab results: acceptance per block position (an offline lab JSON), and SGLang throughput and tau
+against concurrency (scripts/device/serve_step_cost.py's JSON).
 
-    python benchmarks/lab/plot.py benchmarks/results/lab_cpu_pair.json   # writes <json stem>_positions.png
+    python benchmarks/lab/plot.py benchmarks/results/lab_cpu_pair.json       # <json stem>_positions.png
+    python benchmarks/lab/plot.py benchmarks/results/serving_step_cost.json  # <json stem>.png
 """
 from __future__ import annotations
 
@@ -38,6 +40,33 @@ def plot(path: str) -> str:
     return out
 
 
+def plot_serving(path: str) -> str:
+    """Output tokens/s (mean of the repeats, bars from min to max) and tau against concurrency, per server."""
+    res = json.load(open(path))
+    table = res["summary"]["per_server"]
+    fig, (ax_t, ax_tau) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, by_c in table.items():
+        cs = sorted(by_c, key=int)
+        x = [int(c) for c in cs]
+        tps = [by_c[c]["tokens_per_s"] for c in cs]
+        mean = [sum(v) / len(v) for v in tps]
+        err = [[m - min(v) for m, v in zip(mean, tps)], [max(v) - m for m, v in zip(mean, tps)]]
+        ax_t.errorbar(x, mean, yerr=err, marker="o", capsize=3, label=name)
+        ax_tau.plot(x, [by_c[c]["tau"][0] for c in cs], marker="o", label=name)
+    for ax, label in ((ax_t, "output tokens/s"), (ax_tau, "tau (tokens per verify step)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    prov = res["provenance"]
+    fig.suptitle(f"SGLang {prov['versions']['sglang']} on {prov['gpu']}, lab pair, T=0 "
+                 f"({len(res['repeats'])} repeats; commit {prov['commit'][:8]})")
+    fig.tight_layout()
+    out = os.path.splitext(path)[0] + ".png"
+    fig.savefig(out, dpi=110)
+    return out
+
+
 if __name__ == "__main__":
     for p in sys.argv[1:]:
-        print(plot(p))
+        print(plot_serving(p) if "repeats" in json.load(open(p)) else plot(p))

@@ -128,10 +128,11 @@ class Server:
     def __init__(self, name, port, args, out, gpus=None):
         self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
         self.log = os.path.join(out, f"server_{name}.log")
+        open(self.log, "w").close()  # the server appends (O_APPEND), so the watchdog's notes are not overwritten
         env = {**os.environ, "SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1"}  # keeps the machine's NCCL settings
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpus
-        self.proc = subprocess.Popen(SERVER + ["--port", str(port)] + args, stdout=open(self.log, "w"), env=env,
+        self.proc = subprocess.Popen(SERVER + ["--port", str(port)] + args, stdout=open(self.log, "a"), env=env,
                                      stderr=subprocess.STDOUT, start_new_session=True,
                                      cwd="/tmp")  # not the repo root: its kernels/ would shadow `kernels`
         self.started = time.time()
