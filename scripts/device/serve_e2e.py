@@ -6,7 +6,8 @@ and measures: greedy agreement with near-tie analysis (a), a T=1 two-sample test
 through the OpenAI API (c), CUDA graphs in the decode logs (d), accept length in /server_info and the logs
 (e), DFLASH in the same build (f), refusals (g). Writes JSON to --out and benchmarks/results/.
 
-Usage (from the repo root, after `source scripts/device/setup.sh`):
+Usage: `bash scripts/device/serve.sh e2e` on the GPU machine, or (from the repo root, after
+`source scripts/device/setup.sh`):
     python3 scripts/device/serve_e2e.py --models DIR --out $OUT
 DIR holds target/, dspine/ and dflash/ (a trained lab pair); without --models tiny random ones are made.
 """
@@ -164,6 +165,17 @@ class Server:
 
 
 _dumped = set()
+
+
+def wait_all(servers, results) -> dict[str, bool]:
+    """Wait for every server; record start-up seconds; print the log tail of any that failed."""
+    up = {n: s.wait() for n, s in servers.items()}
+    results["startup_seconds"] = {n: s.up_after for n, s in servers.items()}
+    print("servers up:", up, results["startup_seconds"], flush=True)
+    for n, ok in up.items():
+        if not ok:
+            print(f"--- server {n} failed ---\n{servers[n].tail(80)}", flush=True)
+    return up
 
 
 def dump_stacks(url):
@@ -464,12 +476,7 @@ def main():
                 for i, (n, (d, extra, _)) in enumerate(bad.items())}
     results = {"models": label, "provenance": provenance(sys.argv), "server_args": SERVER[3:]}
     try:
-        up = {n: s.wait() for n, s in servers.items()}
-        results["startup_seconds"] = {n: s.up_after for n, s in servers.items()}
-        print("servers up:", up, results["startup_seconds"], flush=True)
-        for n, ok in up.items():
-            if not ok:
-                print(f"--- server {n} failed ---\n{servers[n].tail(60)}", flush=True)
+        up = wait_all(servers, results)
         refused = {}
         for n, s in refusals.items():
             try:

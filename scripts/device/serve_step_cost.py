@@ -7,7 +7,8 @@ serving). Measured, after a warm-up: output tokens/s and tau (tokens per verify 
 concurrency 1, 4, 16, 48, the four servers in turn, twice (so the spread between repeats is visible), and
 verify steps per second = tokens/s / tau (the per-step cost, whatever the acceptance).
 
-Usage (repo root, after `source scripts/device/setup.sh`):
+Usage: `bash scripts/device/serve.sh step_cost` on the GPU machine, or (repo root, after
+`source scripts/device/setup.sh`):
     python3 scripts/device/serve_step_cost.py --models models/default --out $OUT
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import shutil
 import sys
 import time
 
-from serve_e2e import Server, prompts_for, start_warm_up, throughput, warm
+from serve_e2e import Server, prompts_for, start_warm_up, throughput, wait_all, warm
 
 from sglang_dspine.provenance import provenance
 
@@ -51,9 +52,7 @@ def main():
     results = {"provenance": provenance(sys.argv), "models": models}
     out = os.path.join(args.out, "serving_step_cost.json")
     try:
-        up = {n: s.wait() for n, s in servers.items()}
-        results["startup_seconds"] = {n: s.up_after for n, s in servers.items()}
-        print("servers up:", up, flush=True)
+        up = wait_all(servers, results)
         live = {n: s for n, s in servers.items() if up[n]}
         from transformers import AutoTokenizer
 

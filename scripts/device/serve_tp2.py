@@ -7,7 +7,8 @@ the top-2 log-prob gap of the plain target at every first divergence), the same 
 tensor parallelism alone changes in bf16) and DSPINE tp 2 vs plain tp 2; CUDA graphs and the folded candidate
 decoding in the tp-2 logs; output throughput and accept length at concurrency 1 and 16, one server at a time.
 
-Usage (from the repo root on the two-GPU machine, after `source scripts/device/setup.sh`):
+Usage: `bash scripts/device/serve.sh tp2 --deterministic` on the two-GPU machine, or (repo root, after
+`source scripts/device/setup.sh`):
     python3 scripts/device/serve_tp2.py --models models/default --out $OUT
 """
 from __future__ import annotations
@@ -20,8 +21,8 @@ import sys
 import time
 
 import torch
-from serve_e2e import (Server, collect_server_info, greedy_agreement, prompts_for, start_warm_up, throughput, warm,
-                       warm_up_seconds)
+from serve_e2e import (Server, collect_server_info, greedy_agreement, prompts_for, start_warm_up, throughput, wait_all,
+                       warm, warm_up_seconds)
 
 from sglang_dspine.provenance import provenance
 
@@ -62,12 +63,7 @@ def main():
                "gpu_count": torch.cuda.device_count(), "gpu": torch.cuda.get_device_name(0)}
     save = lambda: json.dump(results, open(os.path.join(args.out, "tp2_serving.json"), "w"), indent=1)
     try:
-        up = {n: s.wait() for n, s in servers.items()}
-        results["startup_seconds"] = {n: s.up_after for n, s in servers.items()}
-        print("servers up:", up, results["startup_seconds"], flush=True)
-        for n, ok in up.items():
-            if not ok:
-                print(f"--- server {n} failed ---\n{servers[n].tail(80)}", flush=True)
+        up = wait_all(servers, results)
         save()
         if not (up["plain_tp1"] and up["dspine_tp1"] and up["dspine_tp2"]):
             raise SystemExit("a server this needs did not start")
