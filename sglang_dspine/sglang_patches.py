@@ -17,9 +17,6 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-_applied: set[str] = set()
-
-
 def verify_renorm_follows_sampling_backend(server_args) -> bool:
     """Patch 1 (see the module docstring). Returns whether the Triton renormalisations are now in use."""
     if getattr(server_args, "sampling_backend", None) != "pytorch":
@@ -31,11 +28,10 @@ def verify_renorm_follows_sampling_backend(server_args) -> bool:
         if not hasattr(dflash_utils, name):  # the patch would silently do nothing on another SGLang
             raise RuntimeError(f"sglang-dspine: sglang.srt.speculative.dflash_utils.{name} not found; "
                                "this plugin is written against sglang==0.5.17")
+    if dflash_utils.top_k_renorm_prob is not top_k_renorm_probs_triton:  # once per process
+        logger.info("DSPINE: verify renormalisation on SGLang's Triton kernels (--sampling-backend pytorch)")
     dflash_utils.top_k_renorm_prob = top_k_renorm_probs_triton
     dflash_utils.top_p_renorm_prob = top_p_renorm_probs_triton
-    if "verify_renorm" not in _applied:
-        _applied.add("verify_renorm")
-        logger.info("DSPINE: verify renormalisation on SGLang's Triton kernels (--sampling-backend pytorch)")
     return True
 
 

@@ -126,13 +126,12 @@ _servers = []
 
 
 class Server:
-    def __init__(self, name, port, args, out, gpus=None):
+    def __init__(self, name, port, args, out, env=None):
+        """env: variables set for this server only (e.g. CUDA_VISIBLE_DEVICES), over the machine's."""
         self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
         self.log = os.path.join(out, f"server_{name}.log")
         open(self.log, "w").close()  # the server appends (O_APPEND), so the watchdog's notes are not overwritten
-        env = {**os.environ, "SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1"}  # keeps the machine's NCCL settings
-        if gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpus
+        env = {**os.environ, "SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1", **(env or {})}  # keeps the machine's NCCL settings
         self.proc = subprocess.Popen(SERVER + ["--port", str(port)] + args, stdout=open(self.log, "a"), env=env,
                                      stderr=subprocess.STDOUT, start_new_session=True,
                                      cwd="/tmp")  # not the repo root: its kernels/ would shadow `kernels`
@@ -313,6 +312,11 @@ def greedy_agreement(base, spec, prompts, max_new, pool, judge=None):
                      "plain_token": a[k], "spec_token": b[k]})
     return {"prompts": len(prompts), "identical": sum(same), "match_rate": sum(same) / len(prompts),
             "divergences": gaps}
+
+
+def max_gap(agreement):
+    """The largest top-2 log-prob gap at a first divergence of a `greedy_agreement` result (None: no divergence)."""
+    return max((d["top2_logprob_gap"] for d in (agreement or {}).get("divergences", [])), default=None)
 
 
 def _two_sample(a: collections.Counter, b: collections.Counter, min_count: int = 10):
@@ -586,7 +590,7 @@ def summarize(r):
         "exact_setting": "--enable-deterministic-inference (bf16, triton)" if "greedy_deterministic" in r else "plain bf16",
         "exact_greedy_match": exact.get("match_rate"),
         "bf16_greedy_match": r.get("greedy_bf16", {}).get("match_rate"),
-        "divergence_max_top2_gap": max((g["top2_logprob_gap"] for g in exact.get("divergences", [])), default=None),
+        "divergence_max_top2_gap": max_gap(exact),
         "t1_test_pvalue": r.get("t1", {}).get("bonferroni_min_pvalue"),
         "load_requests": r.get("load", {}).get("requests"),
         "load_errors": (r.get("load", {}).get("errors") or 0) + (r.get("load", {}).get("lost") or 0),

@@ -46,9 +46,8 @@ def main():
     servers = {"dflash": Server("dflash", 32001, spec("DFLASH", os.path.join(models, "dflash")), args.out),
                "dflash_causal": Server("dflash_causal", 32002, spec("DFLASH", causal), args.out),
                "dspine": Server("dspine", 32003, spec("DSPINE", os.path.join(models, "dspine")), args.out)}
-    os.environ["SGLANG_DSPINE_KERNELS"] = "0"
-    servers["dspine_torch"] = Server("dspine_torch", 32004, spec("DSPINE", os.path.join(models, "dspine")), args.out)
-    del os.environ["SGLANG_DSPINE_KERNELS"]
+    servers["dspine_torch"] = Server("dspine_torch", 32004, spec("DSPINE", os.path.join(models, "dspine")), args.out,
+                                     env={"SGLANG_DSPINE_KERNELS": "0"})
     results = {"provenance": provenance(sys.argv), "models": models}
     out = os.path.join(args.out, "serving_step_cost.json")
     try:

@@ -21,8 +21,8 @@ import sys
 import time
 
 import torch
-from serve_e2e import (Server, collect_server_info, greedy_agreement, prompts_for, start_warm_up, throughput, wait_all,
-                       warm, warm_up_seconds)
+from serve_e2e import (Server, collect_server_info, greedy_agreement, max_gap, prompts_for, start_warm_up, throughput,
+                       wait_all, warm, warm_up_seconds)
 
 from sglang_dspine.provenance import provenance
 
@@ -54,11 +54,13 @@ def main():
         plan |= {"plain_tp1_det": (det, "0"), "dspine_tp1_det": (spec + det, "0"),
                  "dspine_tp2_det": (spec + tp2 + det, "0,1")}
     # plain tp 1 first, alone: it builds the JIT kernels the others then find cached.
-    servers = {"plain_tp1": Server("plain_tp1", 31001, ["--model-path", target], args.out, gpus="0")}
+    servers = {"plain_tp1": Server("plain_tp1", 31001, ["--model-path", target], args.out,
+                                   env={"CUDA_VISIBLE_DEVICES": "0"})}
     servers["plain_tp1"].wait()
     for i, (name, (extra, gpus)) in enumerate(plan.items()):
         if name not in servers:
-            servers[name] = Server(name, 31002 + i, ["--model-path", target, *extra], args.out, gpus=gpus)
+            servers[name] = Server(name, 31002 + i, ["--model-path", target, *extra], args.out,
+                                   env={"CUDA_VISIBLE_DEVICES": gpus})
     results = {"models": models, "provenance": provenance(sys.argv), "plan": {n: v[0] for n, v in plan.items()},
                "gpu_count": torch.cuda.device_count(), "gpu": torch.cuda.get_device_name(0)}
     save = lambda: json.dump(results, open(os.path.join(args.out, "tp2_serving.json"), "w"), indent=1)
@@ -118,7 +120,7 @@ def main():
 
 def summarize(r):
     exact = r.get("dspine_tp2_vs_tp1_det") or r.get("dspine_tp2_vs_tp1") or {}
-    gaps = lambda key: max((d["top2_logprob_gap"] for d in r.get(key, {}).get("divergences", [])), default=None)
+    gaps = lambda key: max_gap(r.get(key))
     thr = r.get("throughput", {})
     srv = r.get("dspine_tp2_server", {})
     return {
