@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -39,8 +40,13 @@ def train(lab: str, name: str, work: str) -> str:
         cmd = lab_train_command(lab)
         cmd[cmd.index("--output-dir") + 1] = out
         argv = [sys.executable, "-m", "sglang_dspine.cli"] + cmd[1:] + TRAIN_FLAGS[name]
-        print("$", " ".join(argv[2:]), flush=True)
-        subprocess.run(argv, check=True, cwd="/tmp")  # not the repo root: its kernels/ shadows `kernels`
+        print("$", " ".join(argv[2:]), f"> {out}.log", flush=True)
+        os.makedirs(work, exist_ok=True)
+        with open(f"{out}.log", "w") as log:  # not the repo root: its kernels/ shadows `kernels`
+            rc = subprocess.run(argv, cwd="/tmp", stdout=log, stderr=subprocess.STDOUT).returncode
+        if rc:
+            raise SystemExit(f"ablation {name}: training failed ({rc}); tail of {out}.log:\n"
+                             + open(f"{out}.log").read()[-3000:])
     return os.path.join(out, "final")
 
 
@@ -56,9 +62,10 @@ def evaluate(target, drafter, prompts, eos, max_new: int, decoding: str = "walk"
 
 
 def main() -> int:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from sglang_dspine.checkpoint import load_drafter
+    from sglang_dspine.cli import _device, load_target
     from sglang_dspine.data import eos_ids_of, prompt_ids
     from sglang_dspine.provenance import provenance
 
@@ -67,13 +74,20 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="results JSON")
     ap.add_argument("--limit", type=int, default=12, help="held-out prompts per suite")
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--device", help="default: cuda if present, else cpu")
+    ap.add_argument("--dtype", help="target and drafters (default: bf16 on a GPU, fp32 on CPU, as `sglang-dspine eval`)")
+    ap.add_argument("--jobs", type=int, help="ablation trainings at once (default: 2 on a GPU, 1 on CPU)")
     args = ap.parse_args()
     t0 = time.time()
+    dev = _device(args.device)
+    jobs = args.jobs or (2 if dev.startswith("cuda") else 1)
     work = os.path.join(args.lab, "ablations")
-    drafters = {name: train(args.lab, name, work) for name in TRAIN_FLAGS}
+    with ThreadPoolExecutor(jobs) as ex:
+        drafters = dict(zip(TRAIN_FLAGS, ex.map(lambda name: train(args.lab, name, work), TRAIN_FLAGS)))
 
     torch.set_grad_enabled(False)
-    target = AutoModelForCausalLM.from_pretrained(os.path.join(args.lab, "target"), dtype=torch.float32).eval()
+    target = load_target(os.path.join(args.lab, "target"), args.dtype, dev).eval()
+    load = lambda path: load_drafter(path, dtype=target.dtype, device=dev).eval()
     tok = AutoTokenizer.from_pretrained(os.path.join(args.lab, "target"))
     eos = eos_ids_of(tok, target)
     suites = {}
@@ -83,15 +97,15 @@ def main() -> int:
             recs = [json.loads(l) for l in open(os.path.join(pdir, f)) if l.strip()][: args.limit]
             suites[f.split(".")[0]] = [prompt_ids(r, tok) for r in recs]
 
-    dspine = load_drafter(os.path.join(args.lab, "drafters", "dspine")).float().eval()
+    dspine = load(os.path.join(args.lab, "drafters", "dspine"))
     injection_off = copy.deepcopy(dspine)
     injection_off.injection.reset_zero()
     variants = {
-        "dflash": (load_drafter(os.path.join(args.lab, "drafters", "dflash")).float().eval(), "walk"),
+        "dflash": (load(os.path.join(args.lab, "drafters", "dflash")), "walk"),
         "dspine": (dspine, "walk"),
         "walk_off": (dspine, "argmax"),
         "injection_off": (injection_off, "walk"),
-        **{n: (load_drafter(p).float().eval(), "walk") for n, p in drafters.items()},
+        **{n: (load(p), "walk") for n, p in drafters.items()},
     }
     table = {}
     for name, (drafter, decoding) in variants.items():
@@ -99,7 +113,7 @@ def main() -> int:
                        for s, ps in suites.items()}
         table[name]["mean"] = round(sum(table[name].values()) / len(suites), 4)
         print(f"{name:14s}", "  ".join(f"{s} {v:.3f}" for s, v in table[name].items()), flush=True)
-    res = {"what": "offline tau (token-weighted per suite) at T=0, fp32, transformers target; " + __doc__.split("\n\n")[1],
+    res = {"what": f"offline tau (token-weighted per suite) at T=0, {target.dtype}, transformers target on {dev}; " + __doc__.split("\n\n")[1],
            "lab": os.path.abspath(args.lab), "tau_t0": table,
            "ratio_to_dflash": {n: round(v["mean"] / table["dflash"]["mean"], 4) for n, v in table.items()},
            "seconds": round(time.time() - t0, 1), **provenance(sys.argv)}

@@ -90,6 +90,20 @@ def make_tiny_models(root: str) -> None:
         fast.save_pretrained(os.path.join(root, kind))
 
 
+def model_layout(models: str) -> str:
+    """The serving scripts read target/, dspine/, dflash/ and suites/ under `models`. A lab run's --out folder
+    (drafters/KIND, corpus/prompts) or its unpacked pack (drafters/KIND, suites/) gets links to that layout."""
+    links = {"dspine": "drafters/dspine", "dflash": "drafters/dflash", "suites": "corpus/prompts"}
+    for name, src in links.items():
+        link, src = os.path.join(models, name), os.path.join(models, src)
+        if not os.path.exists(link) and os.path.isdir(src):
+            os.symlink(src, link)
+    missing = [d for d in ("target", "dspine", "dflash") if not os.path.isdir(os.path.join(models, d))]
+    if missing:
+        raise SystemExit(f"{models}: no {', '.join(missing)} (want target/, dspine/, dflash/ or a lab's drafters/)")
+    return os.path.abspath(models)
+
+
 def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:
     """name -> (drafter dir, extra args, message the refusal must contain)."""
     from safetensors.torch import load_file, save_file
@@ -456,11 +470,7 @@ def main():
         models = "/tmp/e2e_models"
         shutil.rmtree(models, ignore_errors=True)
         make_tiny_models(models)
-    if os.path.isdir(os.path.join(models, "drafters")):  # the lab's pack: target/, drafters/{dspine,dflash}, suites/
-        for kind in ("dspine", "dflash"):
-            link = os.path.join(models, kind)
-            if not os.path.exists(link):
-                os.symlink(os.path.join(models, "drafters", kind), link)
+    model_layout(models)
     bad = make_bad_drafters(models)
     target = os.path.join(models, "target")
     spec = lambda algo, d, *extra: ["--model-path", target, "--speculative-algorithm", algo,

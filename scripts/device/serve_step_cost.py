@@ -1,15 +1,17 @@
-"""Why DSPINE out-serves DFLASH by more than its acceptance: one server per candidate cause, side by side.
+"""DFLASH vs DSPINE in SGLang, side by side on one GPU: throughput, tau and the per-step cost.
 
-Servers (one GPU): stock DFLASH; DFLASH on the same drafter with `is_causal: true` (DSpine's block mask:
-tests whether the bidirectional draft attention is what costs DFLASH its steps; its drafts are worse, its
-outputs still exact); DSPINE; DSPINE with SGLANG_DSPINE_KERNELS=0 (its PyTorch math: the kernels' effect in
+Servers (`--servers`, default all but plain): the target without speculation (plain); stock DFLASH; DFLASH on
+the same drafter with `is_causal: true` (DSpine's block mask: does the bidirectional draft attention cost
+DFLASH its steps?); DSPINE; DSPINE with SGLANG_DSPINE_KERNELS=0 (its PyTorch math: the kernels' effect in
 serving). Measured, after a warm-up: output tokens/s and tau (tokens per verify step) at T=0 and
-concurrency 1, 4, 16, 48, the four servers in turn, twice (so the spread between repeats is visible), and
-verify steps per second = tokens/s / tau (the per-step cost, whatever the acceptance).
+concurrency 1, 4, 16, 48, the servers in turn, `--repeats` times (so the spread between repeats is visible),
+and verify steps per second = tokens/s / tau (the per-step cost, whatever the acceptance); with
+`--t1-concurrency C`, also tokens/s and tau at T=1 for the speculative servers.
 
 Usage: `bash scripts/device/serve.sh step_cost` on the GPU machine, or (repo root, after
 `source scripts/device/setup.sh`):
     python3 scripts/device/serve_step_cost.py --models models/default --out $OUT
+`--models` also takes a lab run's --out folder (benchmarks/lab/run.py) or its unpacked pack.
 """
 from __future__ import annotations
 
@@ -20,9 +22,12 @@ import shutil
 import sys
 import time
 
-from serve_e2e import Server, prompts_for, start_warm_up, throughput, wait_all, warm
+from serve_e2e import Server, model_layout, prompts_for, start_warm_up, throughput, wait_all, warm
 
 from sglang_dspine.provenance import provenance
+
+
+SERVERS = ["plain", "dflash", "dflash_causal", "dspine", "dspine_torch"]
 
 
 def main():
@@ -31,10 +36,17 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--servers", default="dflash,dflash_causal,dspine,dspine_torch",
+                    help=f"comma-separated subset of {','.join(SERVERS)} (default: all but plain)")
+    ap.add_argument("--t1-concurrency", type=int, default=0, help="also measure at T=1 at this concurrency (0: no)")
+    ap.add_argument("--name", default="serving_step_cost", help="results file name (without .json)")
     args = ap.parse_args()
+    names = [n for n in args.servers.split(",") if n]
+    if not names or set(names) - set(SERVERS):
+        raise SystemExit(f"--servers: choose from {', '.join(SERVERS)}")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    models = os.path.abspath(args.models)
+    models = model_layout(args.models)
     target = os.path.join(models, "target")
     causal = "/tmp/dflash_causal"
     shutil.rmtree(causal, ignore_errors=True)
@@ -43,13 +55,14 @@ def main():
     cfg["is_causal"] = True
     json.dump(cfg, open(os.path.join(causal, "config.json"), "w"))
     spec = lambda algo, d: ["--model-path", target, "--speculative-algorithm", algo, "--speculative-draft-model-path", d]
-    servers = {"dflash": Server("dflash", 32001, spec("DFLASH", os.path.join(models, "dflash")), args.out),
-               "dflash_causal": Server("dflash_causal", 32002, spec("DFLASH", causal), args.out),
-               "dspine": Server("dspine", 32003, spec("DSPINE", os.path.join(models, "dspine")), args.out)}
-    servers["dspine_torch"] = Server("dspine_torch", 32004, spec("DSPINE", os.path.join(models, "dspine")), args.out,
-                                     env={"SGLANG_DSPINE_KERNELS": "0"})
+    args_env = {"plain": (["--model-path", target], None),
+                "dflash": (spec("DFLASH", os.path.join(models, "dflash")), None),
+                "dflash_causal": (spec("DFLASH", causal), None),
+                "dspine": (spec("DSPINE", os.path.join(models, "dspine")), None),
+                "dspine_torch": (spec("DSPINE", os.path.join(models, "dspine")), {"SGLANG_DSPINE_KERNELS": "0"})}
+    servers = {n: Server(n, 32000 + SERVERS.index(n), args_env[n][0], args.out, env=args_env[n][1]) for n in names}
     results = {"provenance": provenance(sys.argv), "models": models}
-    out = os.path.join(args.out, "serving_step_cost.json")
+    out = os.path.join(args.out, f"{args.name}.json")
     try:
         up = wait_all(servers, results)
         live = {n: s for n, s in servers.items() if up[n]}
@@ -61,6 +74,9 @@ def main():
         for r in range(args.repeats):
             results["repeats"].append(throughput(live, prompts, [1, 4, 16, 48], args.max_new))
             json.dump(results, open(out, "w"), indent=1)
+        if args.t1_concurrency:
+            spec_live = {n: s for n, s in live.items() if n != "plain"}
+            results["throughput_t1"] = throughput(spec_live, prompts, [args.t1_concurrency], args.max_new, temperature=1.0)
     finally:
         for s in servers.values():
             s.stop()
@@ -82,7 +98,10 @@ def summarize(r):
                     tau = v["output_tokens"] / v["verify_steps"]
                     row["tau"].append(round(tau, 3))
                     row["steps_per_s"].append(round(v["tokens_per_s"] / tau, 1))
-    return {"per_server": table, "commit": r.get("provenance", {}).get("commit")}
+    t1 = {name: {str(c): {"tokens_per_s": round(v["tokens_per_s"], 1),
+                          "tau": round(v["output_tokens"] / v["verify_steps"], 3) if v.get("verify_steps") else None}
+                 for c, v in by_c.items()} for name, by_c in r.get("throughput_t1", {}).items()}
+    return {"per_server": table, "t1": t1, "commit": r.get("provenance", {}).get("commit")}
 
 
 if __name__ == "__main__":
