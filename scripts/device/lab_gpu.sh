@@ -17,10 +17,10 @@ case "${1:?usage: lab_gpu.sh start [run.py args] | wait SECONDS}" in
 start)
   shift
   [ -e "$LAB" ] && { echo "lab_gpu: $LAB exists (a job started already?)" >&2; exit 2; }
+  source scripts/device/setup.sh || exit 1
   mkdir -p "$LAB/results" "$LAB/repo"
   tar --exclude=.devbundle --exclude=.git -cf - . | tar -xf - -C "$LAB/repo"
   cd "$LAB/repo" || exit 1
-  source scripts/device/setup.sh || exit 1
   export PYTHONUNBUFFERED=1 LAB
   printf '%q ' "$@" > "$LAB/run_args"
   setsid nohup bash scripts/device/lab_gpu.sh stages < /dev/null > "$LAB/driver.log" 2>&1 &
