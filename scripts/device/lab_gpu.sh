@@ -22,7 +22,7 @@ start)
   tar --exclude=.devbundle --exclude=.git -cf - . | tar -xf - -C "$LAB/repo"
   cd "$LAB/repo" || exit 1
   export PYTHONUNBUFFERED=1 LAB
-  printf '%q ' "$@" > "$LAB/run_args"
+  : > "$LAB/run_args"; [ $# -gt 0 ] && printf '%q ' "$@" > "$LAB/run_args"
   setsid nohup bash scripts/device/lab_gpu.sh stages < /dev/null > "$LAB/driver.log" 2>&1 &
   echo "lab_gpu: started (pid $!), log $LAB/driver.log, commit ${GIT_COMMIT:-?}"
   ;;
