@@ -52,14 +52,15 @@ def plot_serving(path: str) -> str:
         mean = [sum(v) / len(v) for v in tps]
         err = [[m - min(v) for m, v in zip(mean, tps)], [max(v) - m for m, v in zip(mean, tps)]]
         ax_t.errorbar(x, mean, yerr=err, marker="o", capsize=3, label=name)
-        ax_tau.plot(x, [by_c[c]["tau"][0] for c in cs], marker="o", label=name)
+        if all(by_c[c]["tau"] for c in cs):  # the server without speculation has no tau
+            ax_tau.plot(x, [by_c[c]["tau"][0] for c in cs], marker="o", label=name)
     for ax, label in ((ax_t, "output tokens/s"), (ax_tau, "tau (tokens per verify step)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
     prov = res["provenance"]
-    fig.suptitle(f"SGLang {prov['versions']['sglang']} on {prov['gpu']}, lab pair, T=0 "
+    fig.suptitle(f"SGLang {prov['versions']['sglang']} on {prov['gpu']}, pair {'/'.join(res['models'].rstrip('/').split('/')[-2:])}, T=0 "
                  f"({len(res['repeats'])} repeats; commit {prov['commit'][:8]})")
     fig.tight_layout()
     out = os.path.splitext(path)[0] + ".png"

@@ -34,7 +34,7 @@ stages)
   if [ -d "$LAB/lab/drafters/dspine" ] && [ -d "$LAB/lab/drafters/dflash" ]; then
     step "2 serving"
     python3 scripts/device/serve_step_cost.py --models "$LAB/lab" --out "$LAB/serving" --name lab_gpu_serving \
-      --servers plain,dflash,dspine --t1-concurrency 16 2>&1 | grep -v "Decode batch\|Prefill batch\|Capturing"
+      --servers plain,dflash,dspine --t1-concurrency 16 --stop-at-eos 2>&1 | grep -v "Decode batch\|Prefill batch\|Capturing"
     cp "$LAB/serving/lab_gpu_serving.json" "$LAB/results/" 2>/dev/null || step "serving wrote no results"
     step "3 ablations"
     python3 benchmarks/lab/ablate.py --lab "$LAB/lab" --out "$LAB/results/lab_gpu_ablations.json" \

@@ -228,8 +228,10 @@ def post(url, payload, timeout=120):
         watchdog.cancel()
 
 
-def generate(server, input_ids, max_new, temperature=0.0, seed=None, logprobs=0, timeout=120):
-    sp = {"max_new_tokens": max_new, "temperature": temperature, "ignore_eos": True}
+def generate(server, input_ids, max_new, temperature=0.0, seed=None, logprobs=0, timeout=120, ignore_eos=True):
+    """ignore_eos (default): every request runs max_new tokens, the same work for every server; False stops at
+    the target's end token, as the offline lab's tau does (tokens past the end are drafted worse)."""
+    sp = {"max_new_tokens": max_new, "temperature": temperature, "ignore_eos": ignore_eos}
     if seed is not None:
         sp["sampling_seed"] = seed
     body = {"input_ids": input_ids, "sampling_params": sp}
@@ -276,7 +278,7 @@ def prompts_for(tokenizer, n, suites_dir=None, seed=0):
     return out
 
 
-def throughput(servers, prompts, concurrencies, max_new, temperature=0.0):
+def throughput(servers, prompts, concurrencies, max_new, temperature=0.0, ignore_eos=True):
     """Output tokens/s at each concurrency, the same requests to each server, one server at a time; and the
     per-request accept length SGLang reports, per suite."""
     res = {}
@@ -287,7 +289,8 @@ def throughput(servers, prompts, concurrencies, max_new, temperature=0.0):
             with cf.ThreadPoolExecutor(c) as ex:
                 list(ex.map(lambda p: generate(srv, p[1], 8), reqs[:c]))  # warm-up
                 t = time.time()
-                outs = list(ex.map(lambda p: generate(srv, p[1], max_new, temperature=temperature), reqs))
+                outs = list(ex.map(lambda p: generate(srv, p[1], max_new, temperature=temperature,
+                                                      ignore_eos=ignore_eos), reqs))
                 dt = time.time() - t
             tokens = sum(len(o["output_ids"]) for o in outs)
             acc, steps = collections.defaultdict(list), collections.defaultdict(lambda: [0, 0])

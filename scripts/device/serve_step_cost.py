@@ -40,6 +40,8 @@ def main():
                     help=f"comma-separated subset of {','.join(SERVERS)} (default: all but plain)")
     ap.add_argument("--t1-concurrency", type=int, default=0, help="also measure at T=1 at this concurrency (0: no)")
     ap.add_argument("--name", default="serving_step_cost", help="results file name (without .json)")
+    ap.add_argument("--stop-at-eos", action="store_true",
+                    help="requests stop at the target's end token (default: all run --max-new tokens)")
     args = ap.parse_args()
     names = [n for n in args.servers.split(",") if n]
     if not names or set(names) - set(SERVERS):
@@ -72,11 +74,14 @@ def main():
         warm(start_warm_up(live, prompts), *live)
         results["repeats"] = []
         for r in range(args.repeats):
-            results["repeats"].append(throughput(live, prompts, [1, 4, 16, 48], args.max_new))
+            order = dict(reversed(live.items())) if r % 2 else live  # drift over a repeat favours no server
+            results["repeats"].append(throughput(order, prompts, [1, 4, 16, 48], args.max_new,
+                                                 ignore_eos=not args.stop_at_eos))
             json.dump(results, open(out, "w"), indent=1)
         if args.t1_concurrency:
             spec_live = {n: s for n, s in live.items() if n != "plain"}
-            results["throughput_t1"] = throughput(spec_live, prompts, [args.t1_concurrency], args.max_new, temperature=1.0)
+            results["throughput_t1"] = throughput(spec_live, prompts, [args.t1_concurrency], args.max_new, temperature=1.0,
+                                                  ignore_eos=not args.stop_at_eos)
     finally:
         for s in servers.values():
             s.stop()
