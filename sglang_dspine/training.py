@@ -662,13 +662,14 @@ def _autocast(device: torch.device, bf16: bool):
     return contextlib.nullcontext()
 
 
-def train(tc: TrainConfig, target=None) -> dict[str, Any]:
-    """Train a drafter; returns a summary (steps, last metrics, output paths)."""
+def train(tc: TrainConfig, target=None, on_step=None) -> dict[str, Any]:
+    """Train a drafter; returns a summary (steps, last metrics, output paths). `on_step(step)` is called after
+    every optimizer step (a profiler's `step`, in benchmarks/train_step.py)."""
     with torch.enable_grad():  # whatever the caller's grad mode
-        return _train(tc, target)
+        return _train(tc, target, on_step)
 
 
-def _train(tc: TrainConfig, target=None) -> dict[str, Any]:
+def _train(tc: TrainConfig, target=None, on_step=None) -> dict[str, Any]:
     tc.validate()
     rank, world, local = setup_distributed()
     if tc.device:
@@ -742,6 +743,7 @@ def _train(tc: TrainConfig, target=None) -> dict[str, Any]:
     acc: dict[str, torch.Tensor] = {}
     acc_steps, t0, tokens = 0, time.time(), 0
     last: dict[str, Any] = {}
+    region = torch.profiler.record_function  # named parts of a step in a profile; nothing otherwise
     while step < total_steps:
         s_settings = cfg.dspine
         beta = alignment_beta(step, s_settings) if cfg.is_dspine and switches.alignment else 0.0
@@ -750,12 +752,15 @@ def _train(tc: TrainConfig, target=None) -> dict[str, Any]:
         micro = []
         for j in range(tc.grad_accum):
             g = torch.Generator().manual_seed((tc.seed * 1_000_003 + step * 7919 + j * 131 + rank) % (2**63))
-            ids, mask = data.batch(sched.indices(step, j, rank), device)
-            feats, last_hidden = teacher.run(ids, cfg.target_layer_ids)
-            anchors, keep = sample_anchors(mask, tc.num_anchors, g)
-            blocks = make_blocks(ids, mask, anchors, keep, cfg.block_size, cfg.mask_token_id, gamma)
-            if p_rep > 0:
-                blocks.replace = (torch.rand(keep.shape, generator=g) < p_rep).to(device) & keep
+            with region("train.data"):
+                ids, mask = data.batch(sched.indices(step, j, rank), device)
+            with region("train.target"):
+                feats, last_hidden = teacher.run(ids, cfg.target_layer_ids)
+            with region("train.blocks"):
+                anchors, keep = sample_anchors(mask, tc.num_anchors, g)
+                blocks = make_blocks(ids, mask, anchors, keep, cfg.block_size, cfg.mask_token_id, gamma)
+                if p_rep > 0:
+                    blocks.replace = (torch.rand(keep.shape, generator=g) < p_rep).to(device) & keep
             micro.append((feats, last_hidden, blocks))
             tokens += int(mask.sum())
         denom = _all_reduce(torch.stack([b.denominator for *_, b in micro]).sum().detach().clone())
@@ -772,21 +777,23 @@ def _train(tc: TrainConfig, target=None) -> dict[str, Any]:
             sync = j == len(micro) - 1 or world == 1
             ctx = model.no_sync() if (world > 1 and not sync) else contextlib.nullcontext()
             with ctx:
-                with _autocast(device, bf16):
+                with _autocast(device, bf16), region("train.forward"):
                     terms = model(feats, last_hidden, blocks)
                 if beta > 0 and tc.grad_accum == 1:
                     mean_ce = _all_reduce(terms["ce"].detach().float().clone()) / denom.clamp_min(1.0)
                 num = assemble_loss(terms, objective.ce_weight, switches, cfg.is_dspine, beta, mean_ce)
-                (num * scale).backward()
+                with region("train.backward"):
+                    (num * scale).backward()
             for k, v in terms.items():
                 v = v.detach().float()
                 acc[k] = acc[k] + v if k in acc else v.clone()
             acc["loss_num"] = acc.get("loss_num", 0.0) + num.detach().float()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm) if tc.max_grad_norm > 0 else None
-        lr_now = opt.param_groups[0]["lr"]
-        opt.step()
-        lr_sched.step()
-        opt.zero_grad(set_to_none=True)
+        with region("train.optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm) if tc.max_grad_norm > 0 else None
+            lr_now = opt.param_groups[0]["lr"]
+            opt.step()
+            lr_sched.step()
+            opt.zero_grad(set_to_none=True)
         step += 1
         acc_steps += 1
         bar.update(1)
@@ -809,12 +816,15 @@ def _train(tc: TrainConfig, target=None) -> dict[str, Any]:
                 rec["grad_norm"] = float(grad_norm)
             dt = time.time() - t0
             rec["tokens_per_s"] = tokens * world / max(dt, 1e-9)
+            rec["interval_steps"], rec["interval_seconds"] = acc_steps, round(dt, 4)
             log.write(rec)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['accuracy']:.3f}")
             last = rec
             acc, acc_steps, t0, tokens = {}, 0, time.time(), 0
         if tc.save_every and step % tc.save_every == 0 and step < total_steps:
             _save_checkpoint(tc, drafter, opt, lr_sched, step, total_steps, rank)
+        if on_step is not None:
+            on_step(step)
     bar.close()
     ckpt = _save_checkpoint(tc, drafter, opt, lr_sched, step, total_steps, rank)
     final = os.path.join(tc.output_dir, "final")

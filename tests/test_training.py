@@ -3,6 +3,8 @@ regeneration, the CLI end to end, export -> load, and a trained drafter that bea
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -491,6 +493,42 @@ def test_accumulation_equals_a_bigger_batch(target, tmp_path):
         finals.append(load_drafter(str(out / "final")).state_dict())
     for k, v in finals[0].items():
         assert torch.allclose(v.float(), finals[1][k].float(), atol=5e-5), k
+
+
+def test_on_step_hook_and_interval_metrics(target, tmp_path):
+    """`train(on_step=)` is called after every optimizer step; the metrics log's intervals cover every step once."""
+    g = torch.Generator().manual_seed(3)
+    data = tmp_path / "d.jsonl"
+    with open(data, "w") as f:
+        for n in (14, 9, 12, 10):
+            p = torch.randint(0, 62, (5,), generator=g).tolist()
+            f.write(json.dumps({"input_ids": p + greedy(target, p, n), "loss_mask": [0] * 5 + [1] * n}) + "\n")
+    seen = []
+    out = tmp_path / "run"
+    train(TrainConfig(data=str(data), output_dir=str(out), kind="dflash", num_draft_layers=2, block_size=4,
+                      num_anchors=8, target_layer_ids=[1, 2], batch_size=2, max_steps=5, log_every=2, progress=False),
+          target=target, on_step=seen.append)
+    assert seen == [1, 2, 3, 4, 5]
+    recs = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in recs] == [2, 4, 5] and [r["interval_steps"] for r in recs] == [2, 2, 1]
+    assert all(r["interval_seconds"] > 0 for r in recs)
+
+
+def test_train_step_benchmark_smoke(tmp_path):
+    """benchmarks/train_step.py --tiny: both kinds timed and profiled, the step's parts found in the profile."""
+    out = tmp_path / "ts.json"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "train_step.py"), "--tiny", "--threads", "1",
+                        "--out", str(out)], capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.load(open(out))
+    assert set(res["per_kind"]) == {"dflash", "dspine"} and res["commit"] and res["versions"]["torch"]
+    for k, v in res["per_kind"].items():
+        assert v["steps_timed"] == 3 and v["ms_per_step"] > 0, k
+        assert v["aten_calls_per_step"] > 100, k
+        assert set(v["regions_ms"]) == {"data", "target", "blocks", "forward", "backward", "optimizer"}, k
+    # DSpine's objective has terms DFlash's lacks (refinement, alignment): more operators per step
+    assert res["dspine_over_dflash"]["aten_calls_per_step"] > 1
 
 
 DDP_SCRIPT = """
