@@ -4,7 +4,8 @@ and backbone.
 
 For each kind, two runs of `sglang_dspine.training.train`:
   * timed: `--warmup` steps, then `--steps` steps whose wall time the trainer's metrics log records
-    (interval_seconds; the log's float() reads synchronise a GPU), so steps/s and response tokens/s;
+    (interval_seconds; the log's float() reads synchronise a GPU), so steps/s and response tokens/s, and on a
+    GPU its peak memory;
   * profiled: one step after a warm-up under torch.profiler: operator calls (every aten:: event, nested ones
     included), on a GPU also kernel launches (cudaLaunchKernel / cuLaunchKernel runtime calls), and the time
     in each part of the step (the trainer's record_function regions: data, target, blocks, forward,
@@ -14,6 +15,7 @@ transfer rank 96, message 48, top-K 16). Data: `--data` (regenerated JSONL), or 
 budget lab's (prompt 79, response 108 tokens on average).
 
     python benchmarks/train_step.py --target lab_out/target              # a lab target (GPU if present)
+    python benchmarks/train_step.py --random-target --objective-chunk-blocks 0   # lab-sized, the loss in one chunk
     python benchmarks/train_step.py --tiny --out /tmp/train_step.json    # a random small target (a check)
 Writes JSON (command, commit, device, versions, date) to --out (default benchmarks/results/train_step.json).
 """
@@ -44,13 +46,24 @@ def random_data(path: str, n: int, vocab: int, prompt: int, response: int, seed:
                                 "loss_mask": [0] * p + [1] * r}) + "\n")
 
 
-def tiny_target():
+def random_target(lab_size: bool, vocab: int):
+    """A randomly initialised Qwen3: the lab target's size (benchmarks/lab/target.py DEFAULT; a step costs the
+    same whatever the weights) or a tiny one."""
+    import importlib.util
+
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    if lab_size:
+        spec = importlib.util.spec_from_file_location("dspine_lab_target", os.path.join(HERE, "lab", "target.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        d = mod.DEFAULT
+    else:
+        d = dict(hidden=64, layers=6, heads=4, kv_heads=2, head_dim=16, intermediate=128)
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-                      tie_word_embeddings=False)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=d["hidden"], intermediate_size=d["intermediate"],
+                      num_hidden_layers=d["layers"], num_attention_heads=d["heads"], num_key_value_heads=d["kv_heads"],
+                      head_dim=d["head_dim"], max_position_embeddings=4096, tie_word_embeddings=False)
     return Qwen3ForCausalLM(cfg).eval()
 
 
@@ -72,6 +85,8 @@ def measure(args, kind: str, target, data: str, work: str) -> dict:
     res: dict = {}
     # timed: the trainer's own interval clock over the last `steps` steps
     n = args.steps * (1 + -(-args.warmup // args.steps))  # warm-up rounded up to whole log intervals
+    if target.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(target.device)
     summary = train(train_config(args, kind, data, os.path.join(work, f"{kind}_timed"), n, args.steps), target)
     lines = [json.loads(l) for l in open(os.path.join(work, f"{kind}_timed", "metrics.jsonl"))]
     last = lines[-1]
@@ -82,6 +97,8 @@ def measure(args, kind: str, target, data: str, work: str) -> dict:
     res["response_tokens_per_s"] = round(last["tokens_per_s"], 1)
     res["steps_timed"] = last["interval_steps"]
     res["final_loss"] = round(summary["last_metrics"]["loss"], 4)
+    if target.device.type == "cuda":
+        res["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(target.device) / 2**30, 2)
     # profiled: one step after a warm-up
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -112,6 +129,9 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     ap.add_argument("--target", help="a transformers target directory (e.g. a lab's target/)")
+    ap.add_argument("--random-target", action="store_true",
+                    help="a random target of the lab target's size (benchmarks/lab/target.py DEFAULT, --vocab)")
+    ap.add_argument("--vocab", type=int, default=8192, help="with --random-target (the budget lab's 8192)")
     ap.add_argument("--tiny", action="store_true", help="a random 6-layer, 64-wide target and small settings")
     ap.add_argument("--data", help="regenerated JSONL (default: random tokens)")
     ap.add_argument("--kinds", default="dflash,dspine")
@@ -134,8 +154,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "train_step.json"))
     args = ap.parse_args()
-    if not args.target and not args.tiny:
-        ap.error("give --target DIR or --tiny")
+    if sum(map(bool, (args.target, args.random_target, args.tiny))) != 1:
+        ap.error("give one of --target DIR, --random-target, --tiny")
     if args.tiny:
         args.batch_size, args.anchors, args.max_length = min(args.batch_size, 4), min(args.anchors, 16), 256
         args.transfer_rank, args.message_size, args.top_k = 16, 8, 4
@@ -147,8 +167,8 @@ def main() -> int:
 
     t0 = time.time()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.tiny:
-        target = tiny_target()
+    if args.tiny or args.random_target:
+        target = random_target(args.random_target, args.vocab if args.random_target else 512)
     else:
         from transformers import AutoModelForCausalLM
 
@@ -163,7 +183,8 @@ def main() -> int:
         per_kind = {k: measure(args, k, target, data, work) for k in args.kinds.split(",") if k}
     res = {"what": __doc__.split("\n\n")[0].replace("\n", " "),
            "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
-           "target": args.target or "tiny random Qwen3", "target_parameters": sum(p.numel() for p in target.parameters()),
+           "target": args.target or ("random Qwen3, lab size" if args.random_target else "tiny random Qwen3"),
+           "target_parameters": sum(p.numel() for p in target.parameters()),
            "data": args.data or "random tokens", "device": str(device), **provenance(sys.argv),
            "per_kind": per_kind, "seconds": round(time.time() - t0, 1)}
     if {"dflash", "dspine"} <= set(per_kind):

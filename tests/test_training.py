@@ -474,15 +474,20 @@ def test_dflash_warm_start_and_frozen_backbone(target, tmp_path):
     assert any(float(sd[f"injection.writes.{l}.weight"].abs().sum()) > 0 for l in range(2))  # the DSpine parts did
 
 
+def greedy_data(target, path, seed, lengths=(14, 9, 12, 10)):
+    """Regenerated-data JSONL: random 5-token prompts, each answered greedily by the target."""
+    g = torch.Generator().manual_seed(seed)
+    with open(path, "w") as f:
+        for n in lengths:
+            p = torch.randint(0, 62, (5,), generator=g).tolist()
+            f.write(json.dumps({"input_ids": p + greedy(target, p, n), "loss_mask": [0] * 5 + [1] * n}) + "\n")
+    return path
+
+
 def test_accumulation_equals_a_bigger_batch(target, tmp_path):
     """The loss is normalised over the whole optimizer step: 2 micro-batches of 1 == 1 micro-batch of 2
     (all anchors taken, no replacement, so both see the same blocks; the alignment scale uses the CE prepass)."""
-    g = torch.Generator().manual_seed(7)
-    data = tmp_path / "d.jsonl"
-    with open(data, "w") as f:
-        for n in (14, 9, 12, 10):
-            p = torch.randint(0, 62, (5,), generator=g).tolist()
-            f.write(json.dumps({"input_ids": p + greedy(target, p, n), "loss_mask": [0] * 5 + [1] * n}) + "\n")
+    data = greedy_data(target, tmp_path / "d.jsonl", seed=7)
     finals = []
     for bs, accum in ((2, 1), (1, 2)):
         out = tmp_path / f"run{bs}{accum}"
@@ -497,12 +502,7 @@ def test_accumulation_equals_a_bigger_batch(target, tmp_path):
 
 def test_on_step_hook_and_interval_metrics(target, tmp_path):
     """`train(on_step=)` is called after every optimizer step; the metrics log's intervals cover every step once."""
-    g = torch.Generator().manual_seed(3)
-    data = tmp_path / "d.jsonl"
-    with open(data, "w") as f:
-        for n in (14, 9, 12, 10):
-            p = torch.randint(0, 62, (5,), generator=g).tolist()
-            f.write(json.dumps({"input_ids": p + greedy(target, p, n), "loss_mask": [0] * 5 + [1] * n}) + "\n")
+    data = greedy_data(target, tmp_path / "d.jsonl", seed=3)
     seen = []
     out = tmp_path / "run"
     train(TrainConfig(data=str(data), output_dir=str(out), kind="dflash", num_draft_layers=2, block_size=4,
