@@ -215,7 +215,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dflash-ce-weight", type=float, default=d.dflash_ce_weight,
                    help="DFlash objective: weight of CE against L1 to the teacher (1 = CE only)")
     g.add_argument("--freeze-backbone", action="store_true", help="train only the DSpine injection weights")
-    g.add_argument("--objective-chunk-blocks", type=int, default=d.objective_chunk_blocks)
+    g.add_argument("--objective-chunk-blocks", type=int, default=d.objective_chunk_blocks,
+                   help="blocks per chunk of the vocabulary-sized loss work, recomputed in backward (bounds memory "
+                        "at large vocabularies); 0: one chunk, much faster where memory allows (the lab's 8k "
+                        "vocabulary: 4.9x per DSpine step on an H200, benchmarks/train_step.py)")
     g = p.add_argument_group("optimisation")
     for name in ("lr", "min_lr_ratio", "warmup_ratio", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm",
                  "epochs", "init_std"):
