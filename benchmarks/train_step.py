@@ -9,7 +9,8 @@ For each kind, two runs of `sglang_dspine.training.train`:
   * profiled: one step after a warm-up under torch.profiler: operator calls (every aten:: event, nested ones
     included), on a GPU also kernel launches (cudaLaunchKernel / cuLaunchKernel runtime calls), and the time
     in each part of the step (the trainer's record_function regions: data, target, blocks, forward,
-    backward, optimizer).
+    backward, optimizer; CPU time, and on a GPU the device time the profiler attributes to the region, which
+    misses backward's kernels: autograd launches them from its own thread).
 Settings default to the lab's budget preset (2 layers, block 16, batch 16, 128 anchors, max length 640,
 transfer rank 96, message 48, top-K 16). Data: `--data` (regenerated JSONL), or random tokens shaped like the
 budget lab's (prompt 79, response 108 tokens on average).
@@ -113,14 +114,15 @@ def measure(args, kind: str, target, data: str, work: str) -> dict:
     res["aten_calls_top"] = {e.key: e.count for e in top}
     if target.device.type == "cuda":
         res["kernel_launches_per_step"] = sum(e.count for e in events if e.key in LAUNCHES)
+    # a region can appear twice on a GPU (its CPU range and its GPU user annotation): keep the larger of each
     res["regions_ms"] = {}
     for e in events:
         if e.key in REGIONS:
-            row = {"cpu": round(e.cpu_time_total / 1000, 2)}
+            row = res["regions_ms"].setdefault(e.key.split(".", 1)[1], {"cpu": 0.0})
+            row["cpu"] = max(row["cpu"], round(e.cpu_time_total / 1000, 2))
             dev = getattr(e, "device_time_total", 0) or 0
             if dev:
-                row["device"] = round(dev / 1000, 2)
-            res["regions_ms"][e.key.split(".", 1)[1]] = row
+                row["device"] = max(row.get("device", 0.0), round(dev / 1000, 2))
     return res
 
 
