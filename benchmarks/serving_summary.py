@@ -109,8 +109,7 @@ def gpu_budget_pair():
     with the target alone, ablations."""
     lab, abl = load("lab_budget.json"), load("lab_gpu_ablations.json")
     sc, table = step_cost_table("lab_gpu_serving.json")
-    per_repeat = [{c: round(rep["dspine"][c]["tokens_per_s"] / rep["dflash"][c]["tokens_per_s"], 3) for c in rep["dspine"]}
-                  for rep in sc["repeats"]]
+    per_repeat = [ratios(rep, "dspine", "dflash", "tokens_per_s") for rep in sc["repeats"]]
     ratio = ratios(table, "dspine", "dflash", "tokens_per_s")
     t1 = sc["summary"]["t1"]
     return {
@@ -125,7 +124,7 @@ def gpu_budget_pair():
         "tau_t0_mean": lab["tau_t0_mean"],
         "tau_t1_mean": lab["tau_t1_mean"],
         "tau_ratio_t0_sglang_by_concurrency": ratios(table, "dspine", "dflash", "tau"),
-        "tau_ratio_t1_sglang": {c: round(t1["dspine"][c]["tau"] / t1["dflash"][c]["tau"], 3) for c in t1["dspine"]},
+        "tau_ratio_t1_sglang": ratios(t1, "dspine", "dflash", "tau"),
         "throughput_ratio_by_concurrency": ratio,
         "throughput_ratio_by_concurrency_per_repeat": per_repeat,
         "throughput_ratio_mean": round(_mean(list(ratio.values())), 3),
