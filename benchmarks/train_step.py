@@ -32,6 +32,8 @@ import time
 
 import torch
 
+from sglang_dspine.cli import _int_list
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REGIONS = ("train.data", "train.target", "train.blocks", "train.forward", "train.backward", "train.optimizer")
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync")
@@ -48,24 +50,19 @@ def random_data(path: str, n: int, vocab: int, prompt: int, response: int, seed:
 
 
 def random_target(lab_size: bool, vocab: int):
-    """A randomly initialised Qwen3: the lab target's size (benchmarks/lab/target.py DEFAULT; a step costs the
-    same whatever the weights) or a tiny one."""
+    """A randomly initialised Qwen3 built as the lab's target is (benchmarks/lab/target.py): its DEFAULT size
+    (a step costs the same whatever the weights) or its TINY one with 6 layers (room for two spread target
+    layer ids)."""
     import importlib.util
 
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
-    if lab_size:
-        spec = importlib.util.spec_from_file_location("dspine_lab_target", os.path.join(HERE, "lab", "target.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)  # type: ignore[union-attr]
-        d = mod.DEFAULT
-    else:
-        d = dict(hidden=64, layers=6, heads=4, kv_heads=2, head_dim=16, intermediate=128)
+    spec = importlib.util.spec_from_file_location("dspine_lab_target", os.path.join(HERE, "lab", "target.py"))
+    lab_target = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab_target)  # type: ignore[union-attr]
+    dims = lab_target.DEFAULT if lab_size else {**lab_target.TINY, "layers": 6}
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=d["hidden"], intermediate_size=d["intermediate"],
-                      num_hidden_layers=d["layers"], num_attention_heads=d["heads"], num_key_value_heads=d["kv_heads"],
-                      head_dim=d["head_dim"], max_position_embeddings=4096, tie_word_embeddings=False)
-    return Qwen3ForCausalLM(cfg).eval()
+    return Qwen3ForCausalLM(lab_target.make_config(dims, vocab)).eval()
 
 
 def train_config(args, kind: str, data: str, out: str, steps: int, log_every: int):
@@ -89,15 +86,14 @@ def measure(args, kind: str, target, data: str, work: str) -> dict:
     if target.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(target.device)
     summary = train(train_config(args, kind, data, os.path.join(work, f"{kind}_timed"), n, args.steps), target)
-    lines = [json.loads(l) for l in open(os.path.join(work, f"{kind}_timed", "metrics.jsonl"))]
-    last = lines[-1]
+    last = summary["last_metrics"]  # the metrics log's last record
     if last["interval_steps"] != args.steps:
         raise RuntimeError(f"{kind}: expected a last interval of {args.steps} steps, got {last['interval_steps']}")
     res["steps_per_s"] = round(last["interval_steps"] / last["interval_seconds"], 3)
     res["ms_per_step"] = round(1000 * last["interval_seconds"] / last["interval_steps"], 2)
     res["response_tokens_per_s"] = round(last["tokens_per_s"], 1)
     res["steps_timed"] = last["interval_steps"]
-    res["final_loss"] = round(summary["last_metrics"]["loss"], 4)
+    res["final_loss"] = round(last["loss"], 4)
     if target.device.type == "cuda":
         res["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(target.device) / 2**30, 2)
     # profiled: one step after a warm-up
@@ -148,7 +144,7 @@ def main() -> int:
     ap.add_argument("--transfer-rank", type=int, default=96)
     ap.add_argument("--message-size", type=int, default=48)
     ap.add_argument("--top-k", type=int, default=16)
-    ap.add_argument("--target-layer-ids", help="comma-separated (default: the trainer's spread)")
+    ap.add_argument("--target-layer-ids", type=_int_list, help="comma-separated (default: the trainer's spread)")
     ap.add_argument("--mask-token-id", type=int, default=3, help="the lab tokenizer's <|MASK|> (3)")
     ap.add_argument("--objective-chunk-blocks", type=int, default=128,
                     help="blocks per chunk of the vocabulary-sized loss work (the trainer's default 128; 0: one chunk)")
@@ -164,19 +160,15 @@ def main() -> int:
         args.warmup, args.steps, args.profile_warmup = min(args.warmup, 2), min(args.steps, 3), 1
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.target_layer_ids = [int(x) for x in args.target_layer_ids.split(",")] if args.target_layer_ids else None
+    from sglang_dspine.cli import load_target
     from sglang_dspine.provenance import provenance
 
     t0 = time.time()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.tiny or args.random_target:
-        target = random_target(args.random_target, args.vocab if args.random_target else 512)
+        target = random_target(args.random_target, args.vocab if args.random_target else 512).to(device)
     else:
-        from transformers import AutoModelForCausalLM
-
-        target = AutoModelForCausalLM.from_pretrained(
-            args.target, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
-    target = target.to(device)
+        target = load_target(args.target, device=str(device))  # bf16 on a GPU, fp32 on CPU, as the trainer
     with tempfile.TemporaryDirectory() as work:
         data = args.data
         if data is None:

@@ -35,10 +35,14 @@ TINY = dict(hidden=64, layers=4, heads=4, kv_heads=2, head_dim=16, intermediate=
 
 
 def _tok_module():
-    spec = importlib.util.spec_from_file_location("dspine_lab_tokenizer", os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+    """tokenizer.py beside this file, loaded once (the same module run.py registers when it runs in process)."""
+    key = "dspine_lab_tokenizer"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return sys.modules[key]
 
 
 # ------------------------------------------------------------------------------------------- tokens
@@ -85,17 +89,18 @@ def encode_corpus(corpus: str, tokenizer_dir: str, cache: str, seed: int = 0, lo
 
 
 # -------------------------------------------------------------------------------------------- model
-def make_config(args, tokenizer):
+def make_config(dims: dict[str, Any], vocab_size: int, ids: dict[str, int] | None = None):
+    """The target's Qwen3Config from the size keys of DEFAULT/TINY; `ids` (tokenizer.special_ids) sets
+    bos/eos/pad (benchmarks/train_step.py builds random targets of these sizes without them)."""
     from transformers import Qwen3Config
 
-    lab_tok = _tok_module()
-    ids = lab_tok.special_ids(tokenizer)
+    special = {} if ids is None else dict(bos_token_id=ids["endoftext"], eos_token_id=[ids["im_end"], ids["endoftext"]],
+                                          pad_token_id=ids["endoftext"])
     return Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        head_dim=args.head_dim, max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6,
-        tie_word_embeddings=False, initializer_range=0.02, attention_dropout=0.0, use_cache=True,
-        bos_token_id=ids["endoftext"], eos_token_id=[ids["im_end"], ids["endoftext"]], pad_token_id=ids["endoftext"],
+        vocab_size=vocab_size, hidden_size=dims["hidden"], intermediate_size=dims["intermediate"],
+        num_hidden_layers=dims["layers"], num_attention_heads=dims["heads"], num_key_value_heads=dims["kv_heads"],
+        head_dim=dims["head_dim"], max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, initializer_range=0.02, attention_dropout=0.0, use_cache=True, **special,
     )
 
 
@@ -165,7 +170,8 @@ def train(args) -> dict[str, Any]:
     if train_stream.numel() < args.seq_len + 2:
         raise SystemExit(f"target: the train stream has {train_stream.numel()} tokens; need more than --seq-len {args.seq_len}")
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    config = make_config(args, tokenizer)
+    ids = _tok_module().special_ids(tokenizer)
+    config = make_config(vars(args), len(tokenizer), ids)
     model = Qwen3ForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.float32).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -186,7 +192,7 @@ def train(args) -> dict[str, Any]:
           flush=True)
     model.train()
     step, tokens, t0 = 0, 0, time.time()
-    log_loss, log_n, last_log = 0.0, 0, t0
+    last_log = t0
     history = []
     while True:
         elapsed = time.time() - t0
@@ -206,17 +212,14 @@ def train(args) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         step += 1
         tokens += w[:, 1:].numel()
-        log_loss += float(loss.detach()) if step % args.log_every == 0 else 0.0
-        log_n += step % args.log_every == 0
-        if step % args.log_every == 0:
+        if step % args.log_every == 0:  # the loss of this step only (reading it syncs the GPU)
             now = time.time()
-            rec = {"step": step, "loss": round(log_loss / max(log_n, 1), 4), "lr": opt.param_groups[0]["lr"],
+            rec = {"step": step, "loss": round(float(loss.detach()), 4), "lr": opt.param_groups[0]["lr"],
                    "tokens": tokens, "tokens_per_s": round(tokens / max(now - t0, 1e-9)), "elapsed": round(now - t0, 1)}
             history.append(rec)
             if now - last_log >= args.print_every:
                 print("target: " + json.dumps(rec), flush=True)
                 last_log = now
-            log_loss, log_n = 0.0, 0
     train_s = time.time() - t0
     final_train_loss = float(loss.detach()) if step else float("nan")
     hl = heldout_loss(model, held, args.seq_len, args.eval_tokens, args.batch_size, device, bf16)
@@ -225,7 +228,6 @@ def train(args) -> dict[str, Any]:
     model.config.use_cache = True
     model.to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)
     tokenizer.save_pretrained(args.out)
-    ids = _tok_module().special_ids(tokenizer)
     GenerationConfig(bos_token_id=ids["endoftext"], eos_token_id=[ids["im_end"], ids["endoftext"]],
                      pad_token_id=ids["endoftext"], do_sample=False).save_pretrained(args.out)
     summary = {
