@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from sglang_dspine.config import DrafterConfig  # noqa: E402
+from sglang_dspine.config import DrafterConfig, default_target_layer_ids  # noqa: E402
 from sglang_dspine.decoding import transition_scores  # noqa: E402
 from sglang_dspine.kernels import injection as kinj  # noqa: E402
 from sglang_dspine.kernels import top_k as ktopk  # noqa: E402
@@ -113,8 +113,7 @@ class Bench:
 
 # ---------------------------------------------------------------------------------------- the model
 def drafter_config(s: dict) -> DrafterConfig:
-    n_ids = 5 if s["target_layers"] >= 36 else 2
-    ids = [round(1 + i * (s["target_layers"] - 4) / (n_ids - 1)) for i in range(n_ids)]
+    ids = default_target_layer_ids(s["target_layers"], s["layers"])
     return DrafterConfig.from_dict({
         "architectures": ["DSpineDraftModel"], "model_type": "qwen3", "hidden_size": s["hidden"],
         "intermediate_size": s["inter"], "num_hidden_layers": s["layers"], "num_attention_heads": s["heads"],
@@ -345,11 +344,9 @@ def section_step(bench, model, head, w, tables, bs, s, res):
                      ("dspine_fused_transition", lambda: steps.dspine(variant="fused", positions_per_program=1)),
                      ("dspine_torch_topk", lambda: steps.dspine(topk="torch")),
                      ("dspine_pytorch_math", steps.dspine_reference)):
-        try:
-            out[name] = bench.time(fn, reps=30, flush=False)["us"]
-        except Exception as e:  # noqa: BLE001
-            res["errors"].append(f"step {name} bs={bs}: {e!r}")
-            traceback.print_exc()
+        t = try_time(bench, res, f"step {name} bs={bs}", fn, reps=30, flush=False)
+        if t:
+            out[name] = t["us"]
     if "dflash" in out and "dspine" in out:
         out["ratio"] = out["dspine"] / out["dflash"]
     del steps
