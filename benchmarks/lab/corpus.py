@@ -134,7 +134,7 @@ def read_text(path: str) -> str | None:
 
 
 # --------------------------------------------------------------------------------------- code & prose
-def _cut_functions(text: str, lines: list[str], tree: ast.AST, max_prompt_chars: int
+def _cut_functions(lines: list[str], tree: ast.AST, max_prompt_chars: int
                    ) -> list[tuple[str, str, str]]:
     """(name, header + docstring, body) of functions with a docstring and a body after it, dedented."""
     out = []
@@ -185,7 +185,7 @@ def process_py(args: tuple[str, str, int, int]) -> dict[str, Any] | None:
         return {"rel": rel, "text": text, "functions": [], "docstrings": []}
     lines = text.splitlines()
     try:
-        funcs = _cut_functions(text, lines, tree, max_prompt_chars)
+        funcs = _cut_functions(lines, tree, max_prompt_chars)
         docs = _docstrings(tree, min_doc_chars)
     except RecursionError:
         funcs, docs = [], []
@@ -478,16 +478,12 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     # math: as many problems as the math share holds (≈ 400 bytes of JSON each)
     n_math = max(8, int(share["math"] / 400))
     train_p, held_p = math_split(n_math, args.suite_size * 4 + 64, args.seed)
-    for i, (q, a, ans) in enumerate(train_p):
-        rid = f"math:train:{i}"
-        w["math", "train"].write({"id": rid, "messages": [{"role": "user", "content": q},
-                                                          {"role": "assistant", "content": a}]})
-        prompts["math", "train"].append({"id": rid, "prompt": q, "reference": a, "answer": ans})
-    for i, (q, a, ans) in enumerate(held_p):
-        rid = f"math:heldout:{i}"
-        w["math", "heldout"].write({"id": rid, "messages": [{"role": "user", "content": q},
+    for split, problems in (("train", train_p), ("heldout", held_p)):
+        for i, (q, a, ans) in enumerate(problems):
+            rid = f"math:{split}:{i}"
+            w["math", split].write({"id": rid, "messages": [{"role": "user", "content": q},
                                                             {"role": "assistant", "content": a}]})
-        prompts["math", "heldout"].append({"id": rid, "prompt": q, "reference": a, "answer": ans})
+            prompts["math", split].append({"id": rid, "prompt": q, "reference": a, "answer": ans})
     for x in w.values():
         x.close()
 
