@@ -41,6 +41,7 @@ from torch.utils.checkpoint import checkpoint
 from .checkpoint import init_dspine_transfer, load_drafter, save_drafter
 from .config import DrafterConfig, DrafterConfigError, DSpineSettings, default_target_layer_ids
 from .data import DataError, iter_token_data
+from .generate import target_features, target_parts
 from .model import DSpineDrafter
 
 # ============================================================================================ schedules
@@ -184,8 +185,7 @@ class TargetTeacher:
         self.model = target.eval()
         for p in target.parameters():
             p.requires_grad_(False)
-        self.embed = target.get_input_embeddings()
-        self.head = target.get_output_embeddings().weight
+        self.embed, self.head = target_parts(target)
         self.base = target.get_decoder() if hasattr(target, "get_decoder") else target.model
 
     @property
@@ -196,9 +196,7 @@ class TargetTeacher:
     def run(self, input_ids: torch.Tensor, layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(features [N, S, len(ids)·H], last hidden states [N, S, H]) of right-padded input_ids."""
         out = self.base(input_ids=input_ids, output_hidden_states=True, use_cache=False)
-        hs = out.hidden_states
-        feats = torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
-        return feats, out.last_hidden_state
+        return target_features(out.hidden_states, layer_ids), out.last_hidden_state
 
 
 def new_drafter_config(target_config, kind: str = "dspine", num_layers: int = 5, block_size: int = 16,
@@ -458,7 +456,7 @@ class DrafterObjective(nn.Module):
             zeros = torch.zeros(b - 1, device=hidden.device)
             total = {**{k: zero for k in TERM_NAMES}, "correct_pos": zeros, "count_pos": zeros.clone(),
                      "lead_correct": zero.detach(), "full_blocks": zero.detach(), "coverage": zero.detach()}
-        total["denominator"] = blocks.weights.sum()
+        total["denominator"] = blocks.denominator
         return total
 
     def _terms(self, hidden, labels, prev, weights, sup, t_hidden, *extras, ce_only: bool = False):
@@ -582,7 +580,7 @@ class TokenData:
         for rec in iter_token_data(path):
             ids = np.asarray(rec["input_ids"][:max_length], dtype=np.int64)
             mask = np.asarray(rec["loss_mask"][:max_length], dtype=np.float32) > 0.5
-            if (mask[:-1] & mask[1:]).any():
+            if valid_anchors(torch.from_numpy(mask)[None]).any():
                 self.items.append((ids.astype(np.int32), mask.astype(np.uint8)))
             else:
                 self.dropped += 1
@@ -625,12 +623,16 @@ class Schedule:
         return [perm[(start + t) % self.n] for t in range(self.bs)]
 
 
-def _latest_checkpoint(output_dir: str) -> str | None:
+def _checkpoints(output_dir: str) -> list[tuple[int, str]]:
+    """(step, folder name) of the `checkpoint-N` folders in a training output, oldest first."""
     if not os.path.isdir(output_dir):
-        return None
-    steps = [(int(m.group(1)), d) for d in os.listdir(output_dir)
-             if (m := re.fullmatch(r"checkpoint-(\d+)", d)) and os.path.isfile(os.path.join(output_dir, d, "trainer_state.pt"))]
-    return os.path.join(output_dir, max(steps)[1]) if steps else None
+        return []
+    return sorted((int(m.group(1)), d) for d in os.listdir(output_dir) if (m := re.fullmatch(r"checkpoint-(\d+)", d)))
+
+
+def _latest_checkpoint(output_dir: str) -> str | None:
+    steps = [(n, d) for n, d in _checkpoints(output_dir) if os.path.isfile(os.path.join(output_dir, d, "trainer_state.pt"))]
+    return os.path.join(output_dir, steps[-1][1]) if steps else None
 
 
 def resolve_checkpoint(path: str) -> str:
@@ -798,8 +800,7 @@ def _train(tc: TrainConfig, target=None, on_step=None) -> dict[str, Any]:
         acc_steps += 1
         bar.update(1)
         if step % tc.log_every == 0 or step == total_steps:
-            red = {k: _all_reduce(v.clone() if torch.is_tensor(v) else torch.tensor(v, device=device))
-                   for k, v in acc.items()}
+            red = {k: _all_reduce(v) for k, v in acc.items()}  # acc is rebuilt after logging: reduce in place
             d = red["denominator"].clamp_min(1e-9)
             rec: dict[str, Any] = {"step": step, "lr": lr_now, "beta": beta, "replacement_p": p_rep,
                                    "loss": float(red["loss_num"] / d)}
@@ -848,9 +849,7 @@ def _save_checkpoint(tc: TrainConfig, drafter: DSpineDrafter, opt, lr_sched, ste
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
         if tc.keep_checkpoints > 0:
-            old = sorted((int(m.group(1)), d) for d in os.listdir(tc.output_dir)
-                         if (m := re.fullmatch(r"checkpoint-(\d+)", d)))
-            for _, d in old[: -tc.keep_checkpoints]:
+            for _, d in _checkpoints(tc.output_dir)[: -tc.keep_checkpoints]:
                 shutil.rmtree(os.path.join(tc.output_dir, d), ignore_errors=True)
     if _dist() is not None:
         _dist().barrier()
