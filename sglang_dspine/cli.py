@@ -1,26 +1,19 @@
-"""`sglang-dspine` command line: data, train, export, eval (and whatever other modules register).
+"""`sglang-dspine` command line: data, train, export, eval.
 
-Subcommands live in a small registry: a module adds one with
+Subcommands live in a small registry: each adds itself with
 
-    from sglang_dspine.cli import register_command
     register_command("name", "one-line help", add_arguments, run)   # run(args) -> exit code or None
-
-and lists itself in `COMMAND_MODULES` (imported when the parser is built; a missing module is skipped).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
 import time
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
 from typing import Any, Callable
-
-# Modules that register more subcommands when imported (others append theirs here).
-COMMAND_MODULES: list[str] = []
-
 
 @dataclass
 class Command:
@@ -74,7 +67,7 @@ def load_target(path: str, dtype: str | None = None, device: str | None = None):
     return model.to(dev).eval()
 
 
-def load_tokenizer(path: str | None, fallback: str | None, required: bool = False):
+def load_tokenizer(path: str | None, fallback: str | None):
     from transformers import AutoTokenizer
 
     for p in [x for x in (path, fallback) if x]:
@@ -83,8 +76,6 @@ def load_tokenizer(path: str | None, fallback: str | None, required: bool = Fals
         except (OSError, ValueError, TypeError) as e:
             if p == path:
                 raise CLIError(f"--tokenizer {p}: cannot load a tokenizer ({e})") from e
-    if required:
-        raise CLIError("no tokenizer found with the target; give --tokenizer (or use `prompt_ids` records)")
     return None
 
 
@@ -153,19 +144,16 @@ def _data_run(args: argparse.Namespace) -> int:
     else:
         from transformers import AutoConfig, GenerationConfig
 
-        eos = set(args.eos_token_id)
+        gc = ac = None  # the target's configs, read as the transformers backend's model carries them
         try:
-            eos |= eos_ids_of(tokenizer, None)
             gc = GenerationConfig.from_pretrained(args.target)
-            e = gc.eos_token_id
-            eos |= set([e] if isinstance(e, int) else (e or []))
         except OSError:
             pass
         try:
-            e = AutoConfig.from_pretrained(args.target).eos_token_id
-            eos |= set([e] if isinstance(e, int) else (e or []))
+            ac = AutoConfig.from_pretrained(args.target)
         except (OSError, ValueError):
             pass
+        eos = eos_ids_of(tokenizer, SimpleNamespace(generation_config=gc, config=ac), args.eos_token_id)
         kw: dict[str, Any] = {"tp_size": args.tp_size, "dp_size": args.dp_size}
         if args.mem_fraction_static:
             kw["mem_fraction_static"] = args.mem_fraction_static
@@ -309,11 +297,8 @@ def _export_run(args: argparse.Namespace) -> int:
     model = model.to(dt)
     if codes is not None:  # the codes stay float32: they are fixed data, not weights
         model.transfer_codes = codes
-    raw = dict(model.cfg.raw)
-    raw["dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(args.dtype, args.dtype)
-    model.cfg.raw = raw
-    save_drafter(model, args.output, layout=args.layout)
-    print(json.dumps({"source": src, "output": args.output, "layout": args.layout, "dtype": raw["dtype"],
+    save_drafter(model, args.output, layout=args.layout)  # records the weights' dtype in config.json
+    print(json.dumps({"source": src, "output": args.output, "layout": args.layout, "dtype": str(dt).removeprefix("torch."),
                       "kind": model.cfg.kind}))
     return 0
 
@@ -342,7 +327,7 @@ def _eval_run(args: argparse.Namespace) -> int:
 
     from .checkpoint import load_drafter
     from .data import HFGenerator, eos_ids_of, iter_records, prompt_ids
-    from .generate import speculative_generate
+    from .generate import SpecResult, speculative_generate
     from .training import resolve_checkpoint
 
     try:
@@ -379,11 +364,11 @@ def _eval_run(args: argparse.Namespace) -> int:
     if not per:
         raise CLIError(f"--prompts {args.prompts}: no prompts")
     b = drafter.cfg.block_size
-    n = max(len(all_accept), 1)
+    overall = SpecResult([], all_accept, b)  # every prompt's rounds together
     out: dict[str, Any] = {
-        "tau": sum(all_accept) / n,
+        "tau": overall.tau,
         "tau_mean_per_prompt": sum(r["tau"] for r in per) / len(per),
-        "position_acceptance": [sum(a - 1 >= i for a in all_accept) / n for i in range(1, b)],
+        "position_acceptance": overall.position_acceptance(),
         "rounds": len(all_accept), "tokens": sum(r["tokens"] for r in per), "prompts": len(per),
         "drafter": src, "kind": drafter.cfg.kind, "block_size": b, "target": args.target,
         "temperature": args.temperature, "seconds": time.time() - t0, "per_prompt": per,
@@ -408,11 +393,6 @@ register_command("eval", "offline acceptance length τ of a drafter with the tar
 
 # ---------------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    for mod in COMMAND_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ImportError:
-            pass
     parser = argparse.ArgumentParser(prog="sglang-dspine", description="DSpine drafters: data, training, export, eval")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

@@ -285,7 +285,7 @@ def regenerate(source: str, output: str, generator, tokenizer=None, *, enable_th
     done = read_done_ids(output)
     stats = {"already_done": len(done), "written": 0, "skipped_long": 0, "skipped_empty": 0}
     total = None
-    if os.path.isfile(source):
+    if progress and os.path.isfile(source):  # the bar's length (a disabled bar needs none)
         with open(source, encoding="utf-8") as f:
             total = sum(1 for line in f if line.strip())
         if limit is not None:
@@ -332,14 +332,6 @@ def regenerate(source: str, output: str, generator, tokenizer=None, *, enable_th
         flush(f)  # nothing pending after a stop at max_seconds
     bar.close()
     return stats
-
-
-def read_token_data(path: str) -> list[dict[str, Any]]:
-    """Records of a regenerated JSONL (`input_ids`, `loss_mask`), checked."""
-    out = list(iter_token_data(path))
-    if not out:
-        raise DataError(f"training data {path}: no records")
-    return out
 
 
 def iter_token_data(path: str) -> Iterator[dict[str, Any]]:
