@@ -27,21 +27,16 @@ def _dspine_algo_class():
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-    def _as_sglang(name):
-        # SpeculativeAlgorithm's method, run on this object: its body only asks self.is_*().
-        impl = getattr(SpeculativeAlgorithm, name)
-        return lambda self, *a, **k: impl(self, *a, **k)
-
     class DSpineAlgo(CustomSpecAlgo):
         is_dflash = is_dflash_family = lambda self: True
         supports_target_verify_for_draft = supports_grammar_overlap = lambda self: True
-        need_topk = _as_sglang("need_topk")
-        carries_draft_hidden_states = _as_sglang("carries_draft_hidden_states")
-        create_future_map = _as_sglang("create_future_map")
-        _dflash_server_args = _as_sglang("handle_server_args")
+        # SpeculativeAlgorithm's own functions, run on this object: their bodies only ask self.is_*()
+        need_topk = SpeculativeAlgorithm.need_topk
+        carries_draft_hidden_states = SpeculativeAlgorithm.carries_draft_hidden_states
+        create_future_map = SpeculativeAlgorithm.create_future_map
 
         def handle_server_args(self, server_args) -> None:
-            self._dflash_server_args(server_args)
+            SpeculativeAlgorithm.handle_server_args(self, server_args)
             check_server_args(server_args)
 
     return DSpineAlgo

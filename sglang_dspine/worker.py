@@ -71,8 +71,9 @@ class DSpineWorker(DFlashWorkerV2):
         if base is None:
             logger.info("DSPINE draft decoding kept eager (see the DFLASH reason above)")
             return None
-        shard = self._vocab_shard(self._target_worker.model_runner.model.lm_head)
-        head = base.weight[: shard.size]
+        # DFlash's sampler already holds this rank's head rows and TP group (None on one rank)
+        shard = VocabShard(base.org_vocab_start, base.num_org, base.tp_group)
+        head = base.weight[: base.num_org]
         prepare_decoding(self.draft_model, head, shard)
         max_bs = base.out.numel() // (self.block_size - 1)
         logger.info("DSPINE candidate decoding folded into the draft cuda graph (max bs %d, tp %d)", max_bs, shard.world)
