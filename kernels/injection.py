@@ -57,10 +57,6 @@ class InjectionWeights:
         return self.bias.shape[0]
 
     @property
-    def num_layers(self) -> int:
-        return len(self.readouts)
-
-    @property
     def pred_maps(self) -> torch.Tensor:
         """[G_p; M] [2m, r]: the maps applied to a predecessor."""
         return self.maps[self.message_size:]

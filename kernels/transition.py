@@ -46,7 +46,7 @@ import triton.language as tl
 from sglang_dspine.decoding import predecessor_tokens, walk  # the references the kernels reproduce
 from sglang_dspine.injection import NORMALIZE_EPS
 
-from .injection import InjectionWeights
+from .injection import InjectionWeights, anchor_projections
 
 
 # ------------------------------------------------------------------------------------------- tables
@@ -344,10 +344,9 @@ _SCORE_CONFIGS = {
 }
 
 
-def default_positions_per_program(bs: int, positions: int) -> int:
-    """Positions per program of the fused variant. One was fastest (or within 5%) at bs 1, 8, 32, 48 on the
-    H200: the per-program latency, not the rfac re-reads, bounds it (benchmarks/results/kernels.json)."""
-    return 1
+# Positions per program of the fused variant. One was fastest (or within 5%) at bs 1, 8, 32, 48 on the H200:
+# the per-program latency, not the rfac re-reads, bounds it (benchmarks/results/kernels.json).
+DEFAULT_POSITIONS_PER_PROGRAM = 1
 
 
 # split variant: (BLOCK_H, message column chunk, num_warps) of the per-position kernel
@@ -411,7 +410,7 @@ def transition_scores_walk(pre, recv, uh, cand, anchors, pred_proj, head_proj, h
         return scores_out, choice_out, tokens_out
     if variant != "fused":
         raise ValueError(f"variant: expected 'split' or 'fused', found {variant!r}")
-    pb = triton.next_power_of_2(positions_per_program or default_positions_per_program(bs, npos))
+    pb = triton.next_power_of_2(positions_per_program or DEFAULT_POSITIONS_PER_PROGRAM)
     fuse = pb >= npos
     if fuse:
         pb = triton.next_power_of_2(npos)
@@ -497,7 +496,7 @@ def transition_walk(pre: torch.Tensor, cand: torch.Tensor, anchors: torch.Tensor
         pred_proj, head_proj, by_token = tables.pred_proj, tables.head_proj, True
     else:  # memory-lean: the same rows, from GEMMs on the gathered candidates
         ptok = predecessor_tokens(cand, anchors)
-        pred_proj = F.linear(math.sqrt(w.rank) * codes[ptok].to(w.maps.dtype), w.pred_maps)
+        pred_proj = anchor_projections(w, codes, ptok).view(*ptok.shape, -1)
         head_proj = torch.matmul(head[cand] * norm_weight, w.writes[-1])
         by_token = False
     if out is None:

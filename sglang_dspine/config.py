@@ -284,7 +284,7 @@ def _refuse_unsupported(d: dict[str, Any], dflash: dict[str, Any]) -> None:
         raise DrafterConfigError("config.json use_sliding_window: sliding-window drafters are not supported, found true")
     for key, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None)):
         value = dflash.get(key, d.get(key, neutral))
-        if value not in (neutral, 0, 0.0) or (neutral == 1.0 and value != 1.0):
+        if (value != 1.0) if neutral == 1.0 else (value not in (None, 0, 0.0)):  # a softcap of 0 means none
             raise DrafterConfigError(f"config.json {key}: only {neutral!r} is supported, found {value!r}")
     mode = dflash.get("attention_mode", d.get("attention_mode", "gqa"))
     if mode not in ("gqa", "mha"):
