@@ -25,6 +25,7 @@ from .transfer import check_codes, compute_transfer_space
 MODEL_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TRANSFER_FILE = "transfer.safetensors"
+RELEASE_CODES = "codes"  # the codes' tensor name in TRANSFER_FILE (the reference release's layout)
 CODES_KEY = "transfer_codes"
 READY_KEY = "transfer_ready"
 
@@ -155,13 +156,9 @@ def load_drafter(
         return warm_start_from_dflash(cfg, tensors, target_head, dspine_settings, path).to(device=device, dtype=dtype)
 
     if cfg.is_dspine:
-        transfer_path = os.path.join(path, TRANSFER_FILE)
-        if CODES_KEY not in tensors and os.path.isfile(transfer_path):
-            # Reference-release layout: codes in their own file; their presence means they were computed.
-            side = load_file(transfer_path)
-            if "codes" not in side:
-                raise DrafterConfigError(f"checkpoint {transfer_path}: expected tensor `codes`, found {sorted(side)}")
-            tensors[CODES_KEY] = side["codes"]
+        codes = release_codes(path) if CODES_KEY not in tensors else None
+        if codes is not None:  # their presence means they were computed
+            tensors[CODES_KEY] = codes
             tensors.setdefault(READY_KEY, torch.tensor(True))
         if CODES_KEY not in tensors:
             check_codes(None, cfg.vocab_size, cfg.dspine.transfer_rank)
@@ -205,6 +202,18 @@ def init_dspine_transfer(model: DSpineDrafter, target_head: torch.Tensor) -> Non
         model.injection.init_readouts(space.directions)
 
 
+def release_codes(path: str) -> torch.Tensor | None:
+    """The transfer codes of a drafter folder in the reference release's layout (their own TRANSFER_FILE);
+    None without that file."""
+    transfer_path = os.path.join(path, TRANSFER_FILE)
+    if not os.path.isfile(transfer_path):
+        return None
+    side = load_file(transfer_path)
+    if RELEASE_CODES not in side:
+        raise DrafterConfigError(f"checkpoint {transfer_path}: expected tensor `{RELEASE_CODES}`, found {sorted(side)}")
+    return side[RELEASE_CODES]
+
+
 def save_drafter(model: DSpineDrafter, path: str, layout: str = "specforge") -> None:
     """Write `config.json` + `model.safetensors` (SpecForge layout). `layout="release"` moves the codes to
     `transfer.safetensors` (`codes`), as the reference release does."""
@@ -219,6 +228,6 @@ def save_drafter(model: DSpineDrafter, path: str, layout: str = "specforge") -> 
         json.dump(config, f, indent=2)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if layout == "release" and CODES_KEY in state:
-        save_file({"codes": state.pop(CODES_KEY).float()}, os.path.join(path, TRANSFER_FILE))
+        save_file({RELEASE_CODES: state.pop(CODES_KEY).float()}, os.path.join(path, TRANSFER_FILE))
         state.pop(READY_KEY, None)
     save_file(state, os.path.join(path, MODEL_FILE))

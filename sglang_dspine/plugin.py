@@ -83,7 +83,7 @@ def _check_codes_present(draft_path: str) -> None:
     """Cheap start-up check (file headers only) that the transfer codes exist; values are checked at load."""
     from safetensors import safe_open
 
-    from .checkpoint import CODES_KEY, TRANSFER_FILE, tensor_shapes
+    from .checkpoint import CODES_KEY, RELEASE_CODES, TRANSFER_FILE, tensor_shapes
     from .config import DrafterConfigError
 
     if CODES_KEY in tensor_shapes(draft_path):
@@ -91,10 +91,10 @@ def _check_codes_present(draft_path: str) -> None:
     side = os.path.join(draft_path, TRANSFER_FILE)
     if os.path.isfile(side):
         with safe_open(side, framework="pt") as st:
-            if "codes" in st.keys():
+            if RELEASE_CODES in st.keys():
                 return
     raise DrafterConfigError(
-        f"no transfer codes: expected tensor `{CODES_KEY}` in the model files or `codes` in {TRANSFER_FILE}"
+        f"no transfer codes: expected tensor `{CODES_KEY}` in the model files or `{RELEASE_CODES}` in {TRANSFER_FILE}"
     )
 
 

@@ -12,15 +12,13 @@ attention causal. This class adds what DSpine needs on top:
 from __future__ import annotations
 
 import logging
-import os
 from typing import Iterable, Optional
 
 import torch
-from safetensors.torch import load_file
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.models.dflash import DFlashDraftModel
 
-from .checkpoint import CODES_KEY, READY_KEY, TRANSFER_FILE, check_dspine_transfer, load_state_strict
+from .checkpoint import CODES_KEY, READY_KEY, RELEASE_CODES, check_dspine_transfer, load_state_strict, release_codes
 from .config import DrafterConfig, DrafterConfigError
 from .injection import AdjacentInjection
 from .model import DSpineDrafter
@@ -91,7 +89,7 @@ class DSpineDraftModel(DFlashDraftModel):
         def backbone():
             for name, w in weights:
                 key = name[len("model."):] if name.startswith("model.") else name
-                if key == "codes":  # the reference release's transfer.safetensors
+                if key == RELEASE_CODES:  # the reference release's transfer.safetensors
                     key = CODES_KEY
                 seen.add(key)
                 if key.startswith("injection.") or key in (CODES_KEY, READY_KEY):
@@ -101,10 +99,10 @@ class DSpineDraftModel(DFlashDraftModel):
 
         super().load_weights(backbone())
         self._check_names(seen)
-        if CODES_KEY not in ours:
-            side = os.path.join(getattr(self.config, "_name_or_path", "") or "", TRANSFER_FILE)
-            if os.path.isfile(side):  # sharded checkpoints: SGLang only reads the files the index names
-                ours[CODES_KEY] = load_file(side)["codes"]
+        if CODES_KEY not in ours:  # sharded checkpoints: SGLang only reads the files the index names
+            codes = release_codes(getattr(self.config, "_name_or_path", "") or "")
+            if codes is not None:
+                ours[CODES_KEY] = codes
         if CODES_KEY in ours and READY_KEY not in ours:
             ours[READY_KEY] = torch.tensor(True)  # the release layout: codes present means computed
         own = {k for k in self.state_dict() if k.startswith("injection.") or k in (CODES_KEY, READY_KEY)}
