@@ -104,28 +104,48 @@ def model_layout(models: str) -> str:
     return os.path.abspath(models)
 
 
-def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:
-    """name -> (drafter dir, extra args, message the refusal must contain)."""
+def spec_args(target: str, algo: str, drafter: str, *extra: str) -> list[str]:
+    """Server arguments for `target` speculating with `algo` on `drafter`."""
+    return ["--model-path", target, "--speculative-algorithm", algo, "--speculative-draft-model-path", drafter, *extra]
+
+
+def drafter_variant(src: str, dst: str, edit_cfg=None, edit_tensors=None) -> str:
+    """A copy of drafter folder `src` at `dst` (replaced), its config.json and/or model.safetensors edited in place
+    by the given functions."""
     from safetensors.torch import load_file, save_file
 
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    if edit_cfg:
+        p = os.path.join(dst, "config.json")
+        c = json.load(open(p))
+        edit_cfg(c)
+        json.dump(c, open(p, "w"))
+    if edit_tensors:
+        p = os.path.join(dst, "model.safetensors")
+        t = load_file(p)
+        edit_tensors(t)
+        save_file(t, p)
+    return dst
+
+
+def archive_logs(out: str, tar_name: str) -> None:
+    """The servers' logs (server_*.log) into out/tar_name, then removed; other logs in `out` (the console log
+    serve.sh tees there) stay."""
+    logs = sorted(f for f in os.listdir(out) if f.startswith("server_") and f.endswith(".log"))
+    if logs:
+        subprocess.run(["tar", "czf", os.path.join(out, tar_name), "-C", out] + logs)
+        for f in logs:
+            os.remove(os.path.join(out, f))
+
+
+def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:
+    """name -> (drafter dir, extra args, message the refusal must contain)."""
     src = os.path.join(root, "dspine")
     bad = {}
 
-    def variant(name, edit_cfg=None, edit_tensors=None):
-        dst = os.path.join("/tmp/dspine_bad_drafters", name)  # never inside the models directory
-        shutil.rmtree(dst, ignore_errors=True)
-        shutil.copytree(src, dst)
-        if edit_cfg:
-            p = os.path.join(dst, "config.json")
-            c = json.load(open(p))
-            edit_cfg(c)
-            json.dump(c, open(p, "w"))
-        if edit_tensors:
-            p = os.path.join(dst, "model.safetensors")
-            t = load_file(p)
-            edit_tensors(t)
-            save_file(t, p)
-        return dst
+    def variant(name, edit_cfg=None, edit_tensors=None):  # never inside the models directory
+        return drafter_variant(src, os.path.join("/tmp/dspine_bad_drafters", name), edit_cfg, edit_tensors)
 
     bad["no_codes"] = (variant("no_codes", edit_tensors=lambda t: t.pop("transfer_codes")), [], "no transfer codes")
     bad["wrong_vocab"] = (variant("wrong_vocab", edit_cfg=lambda c: c.update(vocab_size=c["vocab_size"] + 64)), [],
@@ -476,8 +496,7 @@ def main():
     model_layout(models)
     bad = make_bad_drafters(models)
     target = os.path.join(models, "target")
-    spec = lambda algo, d, *extra: ["--model-path", target, "--speculative-algorithm", algo,
-                                    "--speculative-draft-model-path", d, *extra]
+    spec = lambda algo, d, *extra: spec_args(target, algo, d, *extra)
     # The plain server starts alone first so the JIT kernel builds are cached before the others start.
     servers = {"plain": Server("plain", 30001, ["--model-path", target], args.out)}
     servers["plain"].wait()
@@ -558,11 +577,7 @@ def main():
             s.stop()
         results["wall_seconds"] = time.time() - t0
         save_results(results, args.out)
-        subprocess.run(["tar", "czf", os.path.join(args.out, "server_logs.tar.gz"), "-C", args.out]
-                       + [f for f in os.listdir(args.out) if f.endswith(".log")])
-        for f in os.listdir(args.out):
-            if f.endswith(".log"):
-                os.remove(os.path.join(args.out, f))
+        archive_logs(args.out, "server_logs.tar.gz")
     print(json.dumps(summarize(results), indent=1))
 
 

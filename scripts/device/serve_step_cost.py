@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 
-from serve_e2e import Server, model_layout, prompts_for, start_warm_up, throughput, wait_all, warm
+from serve_e2e import (Server, archive_logs, drafter_variant, model_layout, prompts_for, spec_args, start_warm_up,
+                       throughput, wait_all, warm)
 
 from sglang_dspine.provenance import provenance
 
@@ -50,13 +50,9 @@ def main():
     t0 = time.time()
     models = model_layout(args.models)
     target = os.path.join(models, "target")
-    causal = "/tmp/dflash_causal"
-    shutil.rmtree(causal, ignore_errors=True)
-    shutil.copytree(os.path.join(models, "dflash"), causal)
-    cfg = json.load(open(os.path.join(causal, "config.json")))
-    cfg["is_causal"] = True
-    json.dump(cfg, open(os.path.join(causal, "config.json"), "w"))
-    spec = lambda algo, d: ["--model-path", target, "--speculative-algorithm", algo, "--speculative-draft-model-path", d]
+    causal = drafter_variant(os.path.join(models, "dflash"), "/tmp/dflash_causal",
+                             edit_cfg=lambda c: c.update(is_causal=True))
+    spec = lambda algo, d: spec_args(target, algo, d)
     args_env = {"plain": (["--model-path", target], None),
                 "dflash": (spec("DFLASH", os.path.join(models, "dflash")), None),
                 "dflash_causal": (spec("DFLASH", causal), None),
@@ -88,7 +84,7 @@ def main():
         results["wall_seconds"] = time.time() - t0
         results["summary"] = summarize(results)
         json.dump(results, open(out, "w"), indent=1)
-        os.system(f"cd {args.out} && tar czf step_cost_logs.tar.gz server_*.log && rm -f server_*.log")
+        archive_logs(args.out, "step_cost_logs.tar.gz")
     print(json.dumps(results["summary"], indent=1))
 
 

@@ -21,8 +21,8 @@ import sys
 import time
 
 import torch
-from serve_e2e import (Server, collect_server_info, greedy_agreement, max_gap, prompts_for, start_warm_up, throughput,
-                       wait_all, warm, warm_up_seconds)
+from serve_e2e import (Server, archive_logs, collect_server_info, greedy_agreement, max_gap, prompts_for, start_warm_up,
+                       throughput, wait_all, warm, warm_up_seconds)
 
 from sglang_dspine.provenance import provenance
 
@@ -114,7 +114,7 @@ def main():
         results["summary"] = summarize(results)
         save()
         json.dump(results["summary"], open(os.path.join(args.out, "tp2_summary.json"), "w"), indent=1)
-        os.system(f"cd {args.out} && tar czf tp2_server_logs.tar.gz *.log && rm -f server_*.log")
+        archive_logs(args.out, "tp2_server_logs.tar.gz")
     print(json.dumps(results["summary"], indent=1))
 
 
