@@ -8,12 +8,11 @@ import sys
 
 
 def git_commit() -> str:
-    """The commit measured. The GPU machine gets a copy of the tree without .git: pass GIT_COMMIT (or
-    DSPINE_COMMIT, which scripts/device/kernels.sh sets) there."""
-    for name in ("GIT_COMMIT", "DSPINE_COMMIT"):
-        env = os.environ.get(name)
-        if env and env != "unknown":
-            return env
+    """The commit measured. The GPU machine gets a copy of the tree without .git, and the scripts there run
+    the package from a copy outside the repo: pass GIT_COMMIT there (scripts/device/kernels.sh sets it when
+    git can tell)."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         out = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)

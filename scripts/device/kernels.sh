@@ -16,7 +16,7 @@ SITE=/tmp/dspine-kernels-site
 rm -rf "$SITE" && mkdir -p "$SITE"
 cp -r "$REPO/sglang_dspine" "$SITE/" && cp -r "$REPO/kernels" "$SITE/sglang_dspine/kernels"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-export DSPINE_COMMIT="${DSPINE_COMMIT:-$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)}"
+c=$(git -C "$REPO" rev-parse HEAD 2>/dev/null) && export GIT_COMMIT="${GIT_COMMIT:-$c}"  # the package runs from $SITE
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
 cd /tmp
 XDIST=""
