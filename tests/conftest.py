@@ -27,6 +27,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def no_grad():
+    """No autograd for one test (modules that only run models ask for it; other modules' tests train)."""
+    with torch.no_grad():
+        yield
+
+
 @pytest.fixture(scope="session")
 def target():
     return make_target(seed=0)
@@ -39,6 +46,25 @@ def randomize_injection(drafter: DSpineDrafter, seed: int = 0, std: float = 0.2)
         for name, p in drafter.injection.named_parameters():
             p.copy_(torch.randn(p.shape, generator=g) * std)
     return drafter
+
+
+def edit_drafter_dir(path, tensors=None, config=None):
+    """Edit a drafter folder in place: `tensors(state)` on its model.safetensors, `config(cfg)` on its config.json."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    path = Path(path)
+    if tensors is not None:
+        state = load_file(path / "model.safetensors")
+        tensors(state)
+        save_file(state, path / "model.safetensors")
+    if config is not None:
+        cfg = json.loads((path / "config.json").read_text())
+        config(cfg)
+        (path / "config.json").write_text(json.dumps(cfg))
+    return path
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from conftest import edit_drafter_dir
+from safetensors.torch import load_file
 
 from sglang_dspine.checkpoint import load_drafter, save_drafter
 from sglang_dspine.config import DrafterConfig, DrafterConfigError
@@ -69,15 +70,7 @@ def test_dflash_round_trip_and_warm_start(tmp_path, target):
 
 def _corrupt(tmp_path, dspine, tensors=None, config=None):
     save_drafter(dspine, tmp_path)
-    if tensors is not None:
-        state = load_file(tmp_path / "model.safetensors")
-        tensors(state)
-        save_file(state, tmp_path / "model.safetensors")
-    if config is not None:
-        cfg = json.loads((tmp_path / "config.json").read_text())
-        config(cfg)
-        (tmp_path / "config.json").write_text(json.dumps(cfg))
-    return str(tmp_path)
+    return str(edit_drafter_dir(tmp_path, tensors, config))
 
 
 def _set(d, path, value):

@@ -11,11 +11,7 @@ from sglang_dspine.tiny import drafter_config_for, make_target
 
 
 
-@pytest.fixture(autouse=True)
-def _no_grad():
-    # per test, not process-wide: other modules' tests train
-    with torch.no_grad():
-        yield
+pytestmark = pytest.mark.usefixtures("no_grad")  # conftest.py
 
 
 

@@ -21,11 +21,7 @@ from sglang_dspine.kernels import injection as kinj, top_k as ktopk, transition 
 
 
 
-@pytest.fixture(autouse=True)
-def _no_grad():
-    # per test, not process-wide: other modules' tests train
-    with torch.no_grad():
-        yield
+pytestmark = pytest.mark.usefixtures("no_grad")  # conftest.py
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

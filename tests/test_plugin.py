@@ -1,12 +1,11 @@
 """The SGLang plugin with SGLang imported for real (CPU): registration, server arguments, weight loading."""
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from sglang_dspine.checkpoint import init_dspine_transfer, save_drafter
 from sglang_dspine.model import DSpineDrafter
@@ -100,19 +99,13 @@ def test_worker_factory_patches_verify_renorm_only_for_pytorch_sampling(dirs, ba
 def _variant(root, name, edit_config=None, edit_tensors=None):
     import shutil
 
+    from conftest import edit_drafter_dir
+
     dst = root / name
     if dst.exists():
         shutil.rmtree(dst)
     shutil.copytree(root / "dspine", dst)
-    if edit_config:
-        cfg = json.loads((dst / "config.json").read_text())
-        edit_config(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
-    if edit_tensors:
-        t = load_file(dst / "model.safetensors")
-        edit_tensors(t)
-        save_file(t, dst / "model.safetensors")
-    return dst
+    return edit_drafter_dir(dst, tensors=edit_tensors, config=edit_config)
 
 
 @pytest.mark.parametrize("case,msg", [
@@ -206,12 +199,11 @@ def test_stack_dump_on_sigusr1_when_asked():
 
 
 @pytest.mark.parametrize("path", ["pytorch", "kernels"])
-def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path):
+def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, target, dspine):
     """The SGLang DSpineDraftModel (SGLang's DFlash layers, RadixAttention over the draft KV pool written the
     way the DFlash worker writes it; torch-native attention on CPU) against the plain drafter: two requests
     with different contexts in one flat batch, then the worker's decoding on what the forward kept. On the
     kernel path the injection and the decoding run on the Triton kernels (interpreter on CPU)."""
-    from conftest import randomize_injection
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -221,11 +213,7 @@ def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path):
     from sglang_dspine.serving_kernels import KernelPath
     from sglang_dspine.worker import draft_tokens, prepare_decoding
 
-    target = make_target()
-    torch.manual_seed(1)
-    plain = DSpineDrafter(drafter_config_for(target)).eval()
-    init_dspine_transfer(plain, target.lm_head.weight)
-    randomize_injection(plain)
+    plain = dspine  # conftest: seed 1, transfer space from the head, random injection
     save_drafter(plain, tmp_path)
     model = _sglang_model(tmp_path).float()
     model.load_weights(iter(load_file(tmp_path / "model.safetensors").items()))

@@ -12,11 +12,7 @@ from sglang_dspine.worker import draft_tokens, prepare_decoding  # noqa: E402
 
 
 
-@pytest.fixture(autouse=True)
-def _no_grad():
-    # per test, not process-wide: other modules' tests train
-    with torch.no_grad():
-        yield
+pytestmark = pytest.mark.usefixtures("no_grad")  # conftest.py
 
 
 

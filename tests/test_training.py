@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import randomize_injection as randomize
 
 from sglang_dspine.checkpoint import init_dspine_transfer, load_drafter
 from sglang_dspine.cli import main as cli_main
@@ -32,14 +33,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def randomize(drafter, seed=0, std=0.2):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in drafter.injection.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * std)
-    return drafter
 
 
 def make_drafter(target, kind="dspine", seed=1, **kw):
