@@ -29,7 +29,7 @@ start)
 stages)
   step() { echo "=== $(date -u +%T) $*"; }
   step "1 lab"
-  eval "python3 benchmarks/lab/run.py --preset budget --set deadline_s=none --out $LAB/lab \
+  eval "python3 benchmarks/lab/run.py --preset budget --out $LAB/lab \
         --results $LAB/results --pack $LAB/pack $(cat "$LAB/run_args")" || step "lab failed ($?)"
   if [ -d "$LAB/lab/drafters/dspine" ] && [ -d "$LAB/lab/drafters/dflash" ]; then
     step "2 serving"
