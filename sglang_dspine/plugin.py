@@ -36,19 +36,38 @@ def _dspine_algo_class():
         create_future_map = SpeculativeAlgorithm.create_future_map
 
         def handle_server_args(self, server_args) -> None:
+            check_drafter_folder(server_args.speculative_draft_model_path)  # before DFlash's code reads its config
             SpeculativeAlgorithm.handle_server_args(self, server_args)
             check_server_args(server_args)
 
     return DSpineAlgo
 
 
+def check_drafter_folder(draft_path) -> None:
+    """What must hold before SGLang reads the drafter's config.json: a local folder, and not the reference
+    release's own config (wrapped, or without `dspine_config`), which SGLang would build the wrong model from."""
+    from .checkpoint import is_unconverted_release
+    from .config import DrafterConfigError
+
+    if not draft_path or not os.path.isdir(draft_path):
+        raise ValueError(f"{ALGORITHM}: --speculative-draft-model-path must be a local directory, found {draft_path!r}")
+    try:
+        unconverted = is_unconverted_release(draft_path)
+    except (DrafterConfigError, ValueError) as e:  # no config.json, or not JSON
+        raise ValueError(f"{ALGORITHM}: refusing drafter {draft_path}: {e}") from e
+    if unconverted:
+        raise ValueError(
+            f"{ALGORITHM}: refusing drafter {draft_path}: this is the reference release's own layout (config.json "
+            f"without `dspine_config`), which SGLang cannot build a DSpine drafter from; convert it once with "
+            f"`sglang-dspine export --checkpoint {draft_path} --output NEW_DIR` and serve NEW_DIR"
+        )
+
+
 def check_server_args(server_args) -> None:
     """DSpine's own start-up checks, after DFlash's: the drafter must be a valid DSpine drafter for this target."""
     from .config import DrafterConfig, DrafterConfigError
 
-    draft_path = server_args.speculative_draft_model_path
-    if not os.path.isdir(draft_path):
-        raise ValueError(f"{ALGORITHM}: --speculative-draft-model-path must be a local directory, found {draft_path!r}")
+    draft_path = server_args.speculative_draft_model_path  # check_drafter_folder has passed
     try:
         cfg = DrafterConfig.from_file(draft_path)
         if not cfg.is_dspine:

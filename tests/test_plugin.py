@@ -132,6 +132,29 @@ def test_bad_drafters_are_refused_at_start(dirs, case, msg):
         _args(root, draft, *extra)
 
 
+def test_unconverted_reference_release_is_refused_then_served_after_export(dirs):
+    """The release's own config (no `dspine_config`) is refused at start with the command that converts it; the
+    converted folder passes the start-up checks. (A wrapped {"config": ...} one fails earlier, in SGLang's own
+    config read: "Should have a `model_type` key".)"""
+    import json
+
+    from sglang_dspine.cli import main as cli_main
+
+    root, plain = dirs
+    release = root / "release_raw"
+    save_drafter(plain, release, layout="release")
+    cfg = json.loads((release / "config.json").read_text())
+    cfg.pop("dspine_config")
+    cfg["architectures"] = ["DFlashDraftModel"]
+    (release / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="reference release's own layout.*sglang-dspine export --checkpoint"):
+        _args(root, release, "DSPINE", "--speculative-num-draft-tokens", "16")
+    converted = root / "release_converted"
+    assert cli_main(["export", "--checkpoint", str(release), "--output", str(converted), "--dtype", "fp32"]) == 0
+    args = _args(root, converted, "DSPINE", "--speculative-num-draft-tokens", "16")
+    assert args.speculative_draft_model_path == str(converted)
+
+
 @pytest.fixture(scope="module")
 def sglang_cpu(dirs):
     """What building SGLang modules on CPU needs: a published config, a one-rank gloo group, CPU RoPE."""
