@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Rebuild the built-in default pair (models/default) on a CPU: ~20 minutes on 2 cores (target 600 s,
-# data ~70 s, two drafters ~7 min, eval ~45 s). Usage: bash benchmarks/lab/cpu_pair.sh [OUT] [PY]
+# data ~70 s, two drafters ~7 min, eval ~45 s). Usage: bash benchmarks/lab/cpu_pair.sh [OUT] [PY] [run.py args...]
+# (later --set values override these, e.g. --set train_steps=1200).
 set -euo pipefail
 OUT="${1:-/tmp/lab_cpu}"
 PY="${2:-python3}"
+shift $(( $# < 2 ? $# : 2 ))
 here="$(cd "$(dirname "$0")" && pwd)"
 cd /tmp  # never the repo root: its kernels/ folder would shadow the `kernels` package
 "$PY" "$here/run.py" --preset tiny --out "$OUT" --results "$OUT/results" \
@@ -12,5 +14,5 @@ cd /tmp  # never the repo root: its kernels/ folder would shadow the `kernels` p
   --set suite_size=16 --set gen_tokens=96 --set gen_batch=32 --set max_prompt_len=256 \
   --set block_size=16 --set target_layer_ids=1,2 --set transfer_rank=64 --set message_size=32 --set top_k=8 \
   --set train_steps=300 --set train_batch=8 --set num_anchors=32 --set max_length=384 --set train_lr=2e-3 \
-  --set eval_limit=12 --set eval_tokens=96 --set temperatures=0,1 --set threads=2
+  --set eval_limit=12 --set eval_tokens=96 --set temperatures=0,1 --set threads=2 "$@"
 echo "pair: $OUT/target $OUT/drafters/{dspine,dflash}; results: $OUT/results"
