@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true")
     args = p.parse_args(argv)
-    marker = os.path.join(args.out, "tokenizer.json")
+    marker = os.path.join(args.out, "lab_tokenizer.json")  # written last: a tokenizer.json alone is an unfinished run
     if os.path.isfile(marker) and not args.force:
         print(f"tokenizer: {marker} exists, skipped (--force retrains)")
         return 0
