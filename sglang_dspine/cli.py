@@ -241,19 +241,15 @@ def train_config_from_args(args: argparse.Namespace):
 
 
 def _train_run(args: argparse.Namespace) -> int:
-    from .training import train
+    from .training import train, train_device
 
     tc = train_config_from_args(args)
     if not os.path.isfile(tc.data):
         raise CLIError(f"--data {tc.data}: not found (make it with `sglang-dspine data`)")
     if tc.init and not os.path.isfile(os.path.join(tc.init, "config.json")):
         raise CLIError(f"--init {tc.init}: no config.json there")
-    import torch
-
-    cuda = torch.cuda.is_available() and not (tc.device or "").startswith("cpu")
-    device = tc.device or (f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
-    bf16 = tc.precision == "bf16" or (tc.precision == "auto" and cuda)
-    target = load_target(args.target, "bf16" if bf16 else "fp32", device)
+    device, bf16 = train_device(tc)
+    target = load_target(args.target, "bf16" if bf16 else "fp32", str(device))
     summary = train(tc, target=target)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary))

@@ -671,16 +671,24 @@ def train(tc: TrainConfig, target=None, on_step=None) -> dict[str, Any]:
         return _train(tc, target, on_step)
 
 
-def _train(tc: TrainConfig, target=None, on_step=None) -> dict[str, Any]:
-    tc.validate()
-    rank, world, local = setup_distributed()
+def train_device(tc: TrainConfig) -> tuple[torch.device, bool]:
+    """Where training runs, and whether in bf16: `tc.device`, else this rank's GPU (cuda:LOCAL_RANK under
+    torchrun), else the CPU; bf16 when `precision` says so, or on 'auto' on a GPU. The CLI loads the target
+    by the same rule before training starts."""
     if tc.device:
         device = torch.device(tc.device)
     elif torch.cuda.is_available():
-        device = torch.device("cuda", local)
+        distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if distributed else 0)
     else:
         device = torch.device("cpu")
-    bf16 = tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
+    return device, tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
+
+
+def _train(tc: TrainConfig, target=None, on_step=None) -> dict[str, Any]:
+    tc.validate()
+    rank, world, local = setup_distributed()
+    device, bf16 = train_device(tc)
     torch.manual_seed(tc.seed)
 
     if target is None:

@@ -19,7 +19,8 @@ from sglang_dspine.model import DSpineDrafter
 from sglang_dspine.tiny import drafter_config_for, make_target
 from sglang_dspine.training import (
     DrafterObjective, ObjectiveSwitches, TargetTeacher, TrainConfig, alignment_beta, assemble_loss, default_gamma,
-    lr_factor, make_blocks, position_weights, replacement_probability, sample_anchors, train, valid_anchors,
+    lr_factor, make_blocks, position_weights, replacement_probability, sample_anchors, train, train_device,
+    valid_anchors,
 )
 
 GAMMA = 2.5
@@ -315,6 +316,20 @@ def test_schedules():
     assert all(x <= y for x, y in zip(f[:10], f[1:10]))
     assert all(x >= y for x, y in zip(f[10:], f[11:]))
     assert f[60] == pytest.approx(0.1 + 0.9 * 0.5) and f[110] == pytest.approx(0.1)
+
+
+def test_train_device_rule(monkeypatch):
+    """One rule for where training runs and in which precision (the CLI loads the target by it too)."""
+    cpu = TrainConfig(data="d", output_dir="o", device="cpu")
+    assert train_device(cpu) == (torch.device("cpu"), False)
+    assert train_device(TrainConfig(data="d", output_dir="o", device="cpu", precision="bf16")) == (torch.device("cpu"), True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the rule only; nothing touches a GPU
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "1")  # LOCAL_RANK without a world: not distributed, the first GPU
+    assert train_device(TrainConfig(data="d", output_dir="o")) == (torch.device("cuda", 0), True)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert train_device(TrainConfig(data="d", output_dir="o", precision="fp32")) == (torch.device("cuda", 3), False)
+    assert train_device(TrainConfig(data="d", output_dir="o", device="mps")) == (torch.device("mps"), False)
 
 
 # ---------------------------------------------------------------------------------------------- data + CLI
