@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir -e ".[test]"  # ~9 GB venv; no second copy in a cache
 exec "$VENV/bin/python" -m pytest tests "$@"
