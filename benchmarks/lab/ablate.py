@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 TRAIN_FLAGS = {"no_alignment": ["--no-alignment-loss"], "no_refinement": ["--no-refinement-loss"]}
+VARIANTS = ("walk_off", "injection_off", *TRAIN_FLAGS)
 
 
 def lab_train_command(lab: str, kind: str = "dspine") -> list[str]:
@@ -77,13 +78,19 @@ def main() -> int:
     ap.add_argument("--device", help="default: cuda if present, else cpu")
     ap.add_argument("--dtype", help="target and drafters (default: bf16 on a GPU, fp32 on CPU, as `sglang-dspine eval`)")
     ap.add_argument("--jobs", type=int, help="ablation trainings at once (default: 2 on a GPU, 1 on CPU)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated subset of {','.join(VARIANTS)} (dflash and dspine are always evaluated)")
     args = ap.parse_args()
+    chosen = set(args.variants.split(","))
+    if chosen - set(VARIANTS):
+        ap.error(f"--variants: unknown {sorted(chosen - set(VARIANTS))}; choose from {','.join(VARIANTS)}")
     t0 = time.time()
     dev = _device(args.device)
     jobs = args.jobs or (2 if dev.startswith("cuda") else 1)
     work = os.path.join(args.lab, "ablations")
     with ThreadPoolExecutor(jobs) as ex:
-        drafters = dict(zip(TRAIN_FLAGS, ex.map(lambda name: train(args.lab, name, work), TRAIN_FLAGS)))
+        retrain = [n for n in TRAIN_FLAGS if n in chosen]
+        drafters = dict(zip(retrain, ex.map(lambda name: train(args.lab, name, work), retrain)))
 
     torch.set_grad_enabled(False)
     target = load_target(os.path.join(args.lab, "target"), args.dtype, dev).eval()
@@ -107,6 +114,7 @@ def main() -> int:
         "injection_off": (injection_off, "walk"),
         **{n: (load(p), "walk") for n, p in drafters.items()},
     }
+    variants = {n: v for n, v in variants.items() if n in ("dflash", "dspine") or n in chosen}
     table = {}
     for name, (drafter, decoding) in variants.items():
         table[name] = {s: round(evaluate(target, drafter, ps, eos, args.max_new_tokens, decoding), 4)

@@ -1,0 +1,95 @@
+"""Offline tau against training steps for one CPU pair: the pair's own run and `cpu_steps.sh`'s retrains of its
+drafters (same target, data, suites and settings but the step count). Writes a JSON and a plot.
+
+    python benchmarks/lab/steps_summary.py /tmp/labcpu /tmp/lab_cpu_steps   # -> benchmarks/results/lab_cpu_steps.{json,png}
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from sglang_dspine.provenance import provenance  # noqa: E402
+
+KINDS = ("dflash", "dspine")
+SAME = ("target_args", "vocab", "block_size", "draft_layers", "transfer_rank", "message_size", "top_k",
+        "train_batch", "num_anchors", "max_length", "train_lr", "eval_limit", "eval_tokens", "temperatures")
+
+
+def point(res: dict, source: str) -> dict:
+    """One training length: tau per temperature, suite and drafter, the ratios, the last training metrics."""
+    return {
+        "train_steps": int(res["settings"]["train_steps"]),
+        "source": source,
+        "commit": res.get("commit"),
+        "tau_mean": {t: res[f"tau_{t}_mean"] for t in ("t0", "t1") if f"tau_{t}_mean" in res},
+        "tau_ratio": {t: res[f"tau_ratio_{t}"] for t in ("t0", "t1") if f"tau_ratio_{t}" in res},
+        "tau_per_suite": {t: {s: {k: v[k]["tau"] for k in KINDS} | {"ratio": v["ratio"]} for s, v in suites.items()}
+                          for t, suites in res["eval"].items()},
+        "train_accuracy": {k: round(res["train"][k]["accuracy"], 4) for k in KINDS},
+        "train_loss": {k: round(res["train"][k]["loss"], 4) for k in KINDS},
+        "train_seconds": res["stage_seconds"].get("train"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("pair", help="the CPU pair's output folder (cpu_pair.sh OUT; its results.json or results/)")
+    p.add_argument("steps", help="cpu_steps.sh's output folder")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmarks", "results",
+                                                 "lab_cpu_steps.json"))
+    args = p.parse_args(argv)
+    files = glob.glob(os.path.join(args.pair, "results.json")) + glob.glob(os.path.join(args.pair, "results", "lab_*.json"))
+    files += sorted(glob.glob(os.path.join(args.steps, "steps_*", "results", "lab_*.json")))
+    if not files:
+        raise SystemExit(f"no lab results under {args.pair} or {args.steps}")
+    runs = [(f, json.load(open(f))) for f in files]
+    base = runs[0][1]["settings"]
+    for f, r in runs[1:]:  # a curve over steps means nothing if anything else moved
+        diff = [k for k in SAME if r["settings"].get(k) != base.get(k)]
+        if diff:
+            raise SystemExit(f"{f}: settings differ from {runs[0][0]} in {diff}")
+    points = sorted({point(r, f)["train_steps"]: point(r, f) for f, r in runs}.values(), key=lambda x: x["train_steps"])
+    out = {"what": "offline tau (DSpine vs DFlash) of one CPU pair's drafters retrained at several step counts; "
+                   "same target, data, suites and settings otherwise",
+           **provenance(), "settings": {k: base.get(k) for k in SAME}, "points": points}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+    fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(10, 3.6))
+    steps = [x["train_steps"] for x in points]
+    for t, style in (("t0", "-"), ("t1", ":")):
+        for k, marker in (("dflash", "o"), ("dspine", "s")):
+            ax.plot(steps, [x["tau_mean"][t][k] for x in points], style + marker, label=f"{k} T={t[1:]}")
+        ax_r.plot(steps, [x["tau_ratio"][t] for x in points], style + "o", label=f"T={t[1:]}")
+    ax.set(xlabel="training steps", ylabel="offline τ (mean over suites)", title="acceptance length")
+    ax_r.set(xlabel="training steps", ylabel="τ DSpine ÷ τ DFlash", title="ratio")
+    ax_r.axhline(1.0, color="grey", lw=0.8)
+    for a in (ax, ax_r):
+        a.legend(fontsize=8)
+        a.set_xscale("log")
+        a.set_xticks(steps, [str(s) for s in steps])
+    fig.suptitle(f"CPU pair, drafters retrained at each length (commit {out['commit'][:8]})")
+    fig.tight_layout()
+    png = os.path.splitext(args.out)[0] + ".png"
+    fig.savefig(png, dpi=110)
+    print(f"{'steps':>6} " + " ".join(f"{h:>10}" for h in ("dflash_t0", "dspine_t0", "ratio_t0", "ratio_t1")))
+    for x in points:
+        print(f"{x['train_steps']:>6} {x['tau_mean']['t0']['dflash']:>10} {x['tau_mean']['t0']['dspine']:>10} "
+              f"{x['tau_ratio']['t0']:>10} {x['tau_ratio'].get('t1', float('nan')):>10}")
+    print(f"wrote {args.out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
