@@ -190,3 +190,35 @@ def test_batched_hf_generation_and_max_seconds(tmp_path):
     assert rest["already_done"] == 4 and rest["written"] == 7 and "stopped_at_max_seconds" not in rest
     recs = [json.loads(x) for x in open(out)]
     assert [r["input_ids"][r["prompt_len"]:] for r in recs] == [x.output_ids for x in single]
+
+
+def test_training_length_study(tiny_lab, tmp_path):
+    """cpu_steps.sh's recipe at toy size: the built lab's drafters retrained for another step count on the same
+    corpus, target and data; steps_summary puts both on one curve and refuses runs whose other settings differ."""
+    out, results, _, _ = tiny_lab
+    steps = tmp_path / "steps"
+
+    def retrain(name, *sets):
+        run = steps / name
+        run.mkdir(parents=True)
+        for d in ("corpus", "tokenizer", "target", "data"):
+            (run / d).symlink_to(out / d)
+        args = ["--tiny", "--out", str(run), "--results", str(run / "results")]
+        for s in sets:
+            args += ["--set", s]
+        assert lab_module("run").main(args) == 0, open(run / "logs_run.txt").read()[-3000:]
+        log = open(run / "logs_run.txt").read()
+        assert "target: exists, skipped" in log and "data: exists, skipped" in log
+        return run
+
+    retrain("steps_10", "train_steps=10")
+    summary = tmp_path / "study.json"
+    assert lab_module("steps_summary").main([str(out), str(steps), "--out", str(summary)]) == 0
+    res = json.load(open(summary))
+    assert [p["train_steps"] for p in res["points"]] == [10, 30]
+    base = json.load(open(results / "lab_tiny.json"))
+    assert res["points"][1]["tau_ratio"]["t0"] == base["tau_ratio_t0"]
+    assert os.path.isfile(summary.with_suffix(".png")) and res["commit"]
+    retrain("steps_12_block4", "train_steps=12", "block_size=4")
+    with pytest.raises(SystemExit, match="settings differ.*block_size"):
+        lab_module("steps_summary").main([str(out), str(steps), "--out", str(summary)])

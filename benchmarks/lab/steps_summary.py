@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
 
     fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(10, 3.6))
     steps = [x["train_steps"] for x in points]
-    for t, style in (("t0", "-"), ("t1", ":")):
+    temps = [t for t in ("t0", "t1") if t in points[0]["tau_mean"]]
+    for t, style in zip(temps, ("-", ":")):
         for k, marker in (("dflash", "o"), ("dspine", "s")):
             ax.plot(steps, [x["tau_mean"][t][k] for x in points], style + marker, label=f"{k} T={t[1:]}")
         ax_r.plot(steps, [x["tau_ratio"][t] for x in points], style + "o", label=f"T={t[1:]}")
@@ -83,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     fig.tight_layout()
     png = os.path.splitext(args.out)[0] + ".png"
     fig.savefig(png, dpi=110)
-    print(f"{'steps':>6} " + " ".join(f"{h:>10}" for h in ("dflash_t0", "dspine_t0", "ratio_t0", "ratio_t1")))
+    print(f"{'steps':>6} " + " ".join(f"{h:>10}" for t in temps for h in (f"dflash_{t}", f"dspine_{t}", f"ratio_{t}")))
     for x in points:
-        print(f"{x['train_steps']:>6} {x['tau_mean']['t0']['dflash']:>10} {x['tau_mean']['t0']['dspine']:>10} "
-              f"{x['tau_ratio']['t0']:>10} {x['tau_ratio'].get('t1', float('nan')):>10}")
+        print(f"{x['train_steps']:>6} " + " ".join(f"{v:>10}" for t in temps for v in
+                                               (x["tau_mean"][t]["dflash"], x["tau_mean"][t]["dspine"], x["tau_ratio"][t])))
     print(f"wrote {args.out} and {png}")
     return 0
 
