@@ -181,6 +181,21 @@ def lab_summary():
         "commit": sc["provenance"]["commit"],
         "commit_offline": cpu["commit"],
         "gpu_budget_pair": gpu_budget_pair(),
+        "cpu_pair_training_length": cpu_training_length(),
+    }
+
+
+def cpu_training_length():
+    """The CPU pair's drafters retrained longer (benchmarks/lab/cpu_steps.sh; same target, data and suites)."""
+    st, abl = load("lab_cpu_steps.json"), load("lab_cpu_steps1000_ablations.json")
+    return {
+        "what": "offline tau of the default pair's drafters retrained at several step counts (lab_cpu_steps.json), "
+                "and eval-only ablations of the 1000-step DSpine drafter (lab_cpu_steps1000_ablations.json)",
+        "tau_ratio_by_steps": {p["train_steps"]: p["tau_ratio"] for p in st["points"]},
+        "tau_t0_mean_by_steps": {p["train_steps"]: p["tau_mean"]["t0"] for p in st["points"]},
+        "train_accuracy_by_steps": {p["train_steps"]: p["train_accuracy"] for p in st["points"]},
+        "ablation_1000_steps_ratio_to_dflash": abl["ratio_to_dflash"],
+        "commit": st["commit"],
     }
 
 

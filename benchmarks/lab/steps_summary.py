@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     for a in (ax, ax_r):
         a.legend(fontsize=8)
         a.set_xscale("log")
+        a.minorticks_off()
         a.set_xticks(steps, [str(s) for s in steps])
     fig.suptitle(f"CPU pair, drafters retrained at each length (commit {out['commit'][:8]})")
     fig.tight_layout()
