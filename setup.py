@@ -21,7 +21,7 @@ setup(
         "tqdm",
     ],
     extras_require={
-        "test": ["pytest"],
+        "test": ["pytest", "matplotlib"],  # the lab tests draw its plots too
         "lab": ["matplotlib", "tokenizers"],
     },
     entry_points={
