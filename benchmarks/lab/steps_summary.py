@@ -43,13 +43,14 @@ def point(res: dict, source: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("pair", help="the CPU pair's output folder (cpu_pair.sh OUT; its results.json or results/)")
+    p.add_argument("pair", help="the CPU pair's output folder (cpu_pair.sh OUT)")
     p.add_argument("steps", help="cpu_steps.sh's output folder")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmarks", "results",
                                                  "lab_cpu_steps.json"))
     args = p.parse_args(argv)
-    files = glob.glob(os.path.join(args.pair, "results.json")) + glob.glob(os.path.join(args.pair, "results", "lab_*.json"))
-    files += sorted(glob.glob(os.path.join(args.steps, "steps_*", "results", "lab_*.json")))
+    # run.py leaves its report in every run folder as results.json
+    files = glob.glob(os.path.join(args.pair, "results.json"))
+    files += sorted(glob.glob(os.path.join(args.steps, "steps_*", "results.json")))
     if not files:
         raise SystemExit(f"no lab results under {args.pair} or {args.steps}")
     runs = [(f, json.load(open(f))) for f in files]
@@ -58,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         diff = [k for k in SAME if r["settings"].get(k) != base.get(k)]
         if diff:
             raise SystemExit(f"{f}: settings differ from {runs[0][0]} in {diff}")
-    points = sorted({point(r, f)["train_steps"]: point(r, f) for f, r in runs}.values(), key=lambda x: x["train_steps"])
+    points = sorted((point(r, f) for f, r in runs), key=lambda x: x["train_steps"])
+    steps = [x["train_steps"] for x in points]
+    if len(set(steps)) < len(steps):
+        raise SystemExit(f"two runs with the same step count among {files}")
     out = {"what": "offline tau (DSpine vs DFlash) of one CPU pair's drafters retrained at several step counts; "
                    "same target, data, suites and settings otherwise",
            **provenance(), "settings": {k: base.get(k) for k in SAME}, "points": points}
@@ -67,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(out, f, indent=1)
 
     fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(10, 3.6))
-    steps = [x["train_steps"] for x in points]
     temps = [t for t in ("t0", "t1") if t in points[0]["tau_mean"]]
     for t, style in zip(temps, ("-", ":")):
         for k, marker in (("dflash", "o"), ("dspine", "s")):
