@@ -553,6 +553,11 @@ def _all_reduce(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def local_rank() -> int:
+    """This process's GPU index on its host: LOCAL_RANK under torchrun (WORLD_SIZE > 1), else 0."""
+    return int(os.environ.get("LOCAL_RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+
+
 def setup_distributed() -> tuple[int, int, int]:
     """(rank, world size, local rank); initialises the process group under torchrun (WORLD_SIZE > 1)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -560,7 +565,7 @@ def setup_distributed() -> tuple[int, int, int]:
         return 0, 1, 0
     import torch.distributed as dist
 
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local = local_rank()
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
@@ -678,8 +683,7 @@ def train_device(tc: TrainConfig) -> tuple[torch.device, bool]:
     if tc.device:
         device = torch.device(tc.device)
     elif torch.cuda.is_available():
-        distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if distributed else 0)
+        device = torch.device("cuda", local_rank())
     else:
         device = torch.device("cpu")
     return device, tc.precision == "bf16" or (tc.precision == "auto" and device.type == "cuda")
