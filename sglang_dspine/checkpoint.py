@@ -97,29 +97,33 @@ def check_dspine_transfer(model: DSpineDrafter, source: str) -> None:
         raise DrafterConfigError(f"checkpoint {source}: `transfer_ready` is false; the transfer codes were never set")
 
 
-def _raw_config(path: str) -> dict:
+def _raw_config(path: str) -> tuple[dict, bool, bool]:
+    """config.json as stored (unwrapped where the release wraps it in {"config": ...}), whether it was wrapped,
+    and whether the release's own rules apply: no `dspine_config`, codes in transfer.safetensors."""
     cfg_file = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_file):
         raise DrafterConfigError(f"drafter config not found: {cfg_file}")
     with open(cfg_file, encoding="utf-8") as f:
-        return json.load(f)
+        raw = json.load(f)
+    wrapped = set(raw) == {"config"}
+    if wrapped:
+        raw = raw["config"]
+    return raw, wrapped, "dspine_config" not in raw and os.path.isfile(os.path.join(path, TRANSFER_FILE))
 
 
 def is_unconverted_release(path: str) -> bool:
     """A reference-release folder whose config.json is the release's own (wrapped, or without `dspine_config`):
     `load_drafter` reads it by the release's rules, but SGLang builds a model from config.json as written."""
-    raw = _raw_config(path)
-    return set(raw) == {"config"} or ("dspine_config" not in raw and os.path.isfile(os.path.join(path, TRANSFER_FILE)))
+    _, wrapped, release_rules = _raw_config(path)
+    return wrapped or release_rules
 
 
 def _read_config(path: str) -> DrafterConfig:
     """The drafter config; a reference-release directory (codes in transfer.safetensors, a config without
     `dspine_config`) is read by the release's own rules (its converter's): DSpine architecture, block size
     16, full attention, top_k 16, rank and message size taken from the tensors."""
-    raw = _raw_config(path)
-    if set(raw) == {"config"}:  # the release may wrap its config
-        raw = raw["config"]
-    if "dspine_config" not in raw and os.path.isfile(os.path.join(path, TRANSFER_FILE)):
+    raw, _, release_rules = _raw_config(path)
+    if release_rules:
         shapes = tensor_shapes(path)
         for name in ("injection.readouts.0.weight", "injection.message.weight"):
             if name not in shapes:
