@@ -103,8 +103,11 @@ class Server:
 
 def post(url: str, payload: dict, timeout: float = 300) -> dict:
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    body = urllib.request.urlopen(req, timeout=timeout).read()
-    return json.loads(body) if body.strip() else {}
+    body = urllib.request.urlopen(req, timeout=timeout).read().decode()
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError:  # endpoints such as /start_profile answer with plain text
+        return {"text": body}
 
 
 def decode_lines(log_text: str) -> list[str]:
