@@ -150,7 +150,7 @@ def profile(server: Server, prompts, clients: int, steps: int, out_dir: str) -> 
         try:
             result = kernel_times(d)
             break
-        except FileNotFoundError:
+        except (FileNotFoundError, EOFError, ValueError):  # not written yet, or still being written
             continue
     server.post("/abort_request", {"abort_all": True}, timeout=30)
     ex.shutdown(wait=True, cancel_futures=True)
