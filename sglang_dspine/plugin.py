@@ -131,7 +131,9 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    if os.environ.get("SGLANG_DSPINE_STACKS_ON_SIGUSR1") == "1":
+    from .env import ENV
+
+    if ENV.stacks_on_sigusr1:
         # Diagnosis of a stuck server: `kill -USR1 <scheduler pid>` prints every thread's stack to its log.
         import faulthandler
         import signal

@@ -222,10 +222,10 @@ def test_stack_dump_on_sigusr1_when_asked():
 
 
 @pytest.mark.parametrize("path", ["pytorch", "kernels"])
-def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, target, dspine):
+def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, target, dspine, monkeypatch):
     """The SGLang DSpineDraftModel (SGLang's DFlash layers, RadixAttention over the draft KV pool written the
     way the DFlash worker writes it; torch-native attention on CPU) against the plain drafter: two requests
-    with different contexts in one flat batch, then the worker's decoding on what the forward kept. On the
+    with different contexts in one flat batch, then its draft step's decoding, as the worker calls it. On the
     kernel path the injection and the decoding run on the Triton kernels (interpreter on CPU)."""
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -233,19 +233,16 @@ def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, t
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
     from types import SimpleNamespace
 
-    from sglang_dspine.serving_kernels import KernelPath
-    from sglang_dspine.worker import draft_tokens, prepare_decoding
-
     plain = dspine  # conftest: seed 1, transfer space from the head, random injection
     save_drafter(plain, tmp_path)
     model = _sglang_model(tmp_path).float()
+    monkeypatch.setenv("SGLANG_DSPINE_KERNELS", "1" if path == "kernels" else "0")
     model.load_weights(iter(load_file(tmp_path / "model.safetensors").items()))
+    step = model.draft_step
+    assert step.kernels == (path == "kernels")
     dc, b = plain.cfg, plain.cfg.block_size
     head = target.lm_head.weight.detach()
-    if path == "kernels":  # what use_kernels() does on a GPU
-        model.kernel_path = KernelPath(model.injection, torch.float32)
-        prepare_decoding(model, head)
-        assert model.kernel_path.tables is not None
+    step.attach_head(head)
 
     pool = MHATokenToKVPool(size=256, page_size=1, dtype=torch.float32, head_num=dc.num_key_value_heads,
                             head_dim=dc.head_dim, layer_num=dc.num_hidden_layers, device="cpu",
@@ -280,11 +277,39 @@ def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, t
         backend.init_forward_metadata(fb)
         with forward_context(ForwardContext(attn_backend=backend)):
             hidden = model.forward(ids, positions, fb, input_embeds=emb).hidden_states.view(2, b, -1)
-        served = draft_tokens(model, hidden[:, 1:], head)
+        served = step.decode(hidden[:, 1:].reshape(-1, hidden.shape[-1]))
         for r, (s, a) in enumerate(requests):
             kv = plain.context_kv(feats[r][None], torch.arange(s)[None])
             ref = plain.forward_blocks(emb.view(2, b, -1)[r].view(1, 1, b, -1), (s + torch.arange(b)).view(1, 1, b), kv,
                                        torch.ones(1, 1, s, dtype=torch.bool), torch.tensor([[a]]))
             torch.testing.assert_close(hidden[r], ref.hidden[0, 0], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(model.last_pre_injection.view(2, b, -1)[r], ref.pre_last[0, 0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(step._pre_last.view(2, b, -1)[r], ref.pre_last[0, 0], atol=1e-5, rtol=1e-5)
             assert served[r].tolist() == plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist()
+
+
+@pytest.mark.parametrize("kernels", ["0", "1"])
+def test_dummy_weights_run_the_same_draft_step_as_loaded_ones(sglang_cpu, dirs, kernels, monkeypatch, caplog):
+    """SGLang's dummy loader (`--load-format dummy`, what benchmarks use) bypasses load_weights and calls
+    post_load_weights: the draft step (kernels and per-token tables, or the PyTorch math) is set up all the
+    same, and the log says which path runs."""
+    import logging
+
+    from sglang.srt.model_loader.loader import _post_load_weights
+    from sglang.srt.model_loader.weight_utils import initialize_dummy_weights
+
+    root, _ = dirs
+    monkeypatch.setenv("SGLANG_DSPINE_KERNELS", kernels)
+    loaded = _sglang_model(root / "dspine")
+    loaded.load_weights(iter(load_file(root / "dspine" / "model.safetensors").items()))
+    dummy = _sglang_model(root / "dspine")
+    with caplog.at_level(logging.INFO, logger="sglang_dspine.draft_step"):
+        initialize_dummy_weights(dummy)
+        _post_load_weights(dummy)
+    assert dummy.draft_step is not None and dummy.draft_step.kernels == loaded.draft_step.kernels == (kernels == "1")
+    if kernels == "1":
+        assert dummy.draft_step.tables.pred_proj.shape == loaded.draft_step.tables.pred_proj.shape
+    want = "the Triton kernels" if kernels == "1" else "PyTorch math (SGLANG_DSPINE_KERNELS=0)"
+    assert any(f"DSPINE draft step on {want}" in r.getMessage() and "from dummy" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    _post_load_weights(loaded)  # a loader calling both: the step is set up once
+    assert loaded.draft_step is not None
