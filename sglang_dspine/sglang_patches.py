@@ -10,6 +10,12 @@ when the DSPINE worker is created (`plugin._worker_factory`), so servers of othe
    batch waiting. With `--sampling-backend pytorch` the user asked for no FlashInfer sampling; SGLang ships
    Triton versions of the same two renormalisations with FlashInfer's semantics (exact top-k/top-p
    thresholds, ties at the pivot kept; what it uses on ROCm), so they are used instead.
+
+2. Requests that ask for log-probabilities are admitted.
+   The scheduler refuses them for the whole DFlash family (`validate_dflash_request`: "DFLASH speculative
+   decoding does not support return_logprob yet."). DSPINE returns them (`worker.DSpineWorker`), so in a
+   DSPINE server the scheduler's check keeps only DFlash's other refusal (hidden states under overlap
+   scheduling), worded for DSPINE.
 """
 from __future__ import annotations
 
@@ -35,5 +41,23 @@ def verify_renorm_follows_sampling_backend(server_args) -> bool:
     return True
 
 
+def validate_dspine_request(req, enable_overlap: bool):
+    """The scheduler's admission check for a DSPINE server: None, or why the request is refused."""
+    if enable_overlap and req.return_hidden_states:
+        return "DSPINE speculative decoding does not support return_hidden_states yet."
+    return None
+
+
+def admit_logprob_requests() -> None:
+    """Patch 2 (see the module docstring)."""
+    from sglang.srt.managers import scheduler
+
+    if not hasattr(scheduler, "validate_dflash_request"):  # the patch would silently do nothing on another SGLang
+        raise RuntimeError("sglang-dspine: sglang.srt.managers.scheduler.validate_dflash_request not found; "
+                           "this plugin is written against sglang==0.5.17")
+    scheduler.validate_dflash_request = validate_dspine_request
+
+
 def apply(server_args) -> None:
     verify_renorm_follows_sampling_backend(server_args)
+    admit_logprob_requests()

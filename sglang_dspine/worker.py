@@ -1,10 +1,17 @@
-"""The DSPINE worker: SGLang's DFlashWorkerV2 with DSpine's draft decoding.
+"""The DSPINE worker: SGLang's DFlashWorkerV2 with DSpine's draft decoding, and log-probabilities.
 
 Everything but the choice of draft tokens is DFlash's (prefill, context K/V, block preparation,
 verification, overlap scheduling, CUDA-graph capture). The choice is the drafter's `DraftStep.decode`
 (top-K of the backbone logits per block position -> transition scores -> walk). It runs inside the draft
 CUDA graph as the graph's tail hook (the slot DFlash uses for its argmax) for every captured batch size,
 and eagerly above them.
+
+Log-probabilities (which DFlash's worker refuses up front): the prefill is the target's own forward, so the
+target worker computes them exactly as without speculation; after a verify step they come from the verify
+logits the tokens were accepted or sampled from (SGLang's `compute_spec_v2_logprobs`, the function its
+EAGLE workers use), with the semantics of SGLang's sampler: log-softmax of the logits after penalties, logit
+bias and grammar masks, divided by the request's temperature (before top-k/top-p), or before the temperature
+with SGLANG_RETURN_ORIGINAL_LOGPROB. No extra target forward.
 """
 from __future__ import annotations
 
@@ -16,6 +23,39 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from .sharding import VocabShard
 
 logger = logging.getLogger(__name__)
+
+
+class _LogprobsHidden:
+    """A batch as DFlash's worker code sees it when log-probs were asked for: `return_logprob` reads False, so
+    its up-front refusal passes and its verify step builds no log-prob work; every other attribute is the
+    batch's own (reads and writes go through). The target worker is handed the batch itself (`_TargetWorker`)."""
+
+    return_logprob = False
+
+    def __init__(self, batch):
+        object.__setattr__(self, "_batch", batch)
+
+    def __getattr__(self, name):
+        return getattr(self._batch, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._batch, name, value)
+
+
+class _TargetWorker:
+    """The target worker, given back the real batch: a prefill asked for log-probs computes them as it would
+    without speculation."""
+
+    def __init__(self, worker):
+        self._worker = worker
+
+    def __getattr__(self, name):
+        return getattr(self._worker, name)
+
+    def forward_batch_generation(self, batch=None, *args, **kwargs):
+        if isinstance(batch, _LogprobsHidden):
+            batch = batch._batch
+        return self._worker.forward_batch_generation(batch, *args, **kwargs)
 
 
 class DSpineDraftSampler:
@@ -35,6 +75,24 @@ class DSpineDraftSampler:
 
 
 class DSpineWorker(DFlashWorkerV2):
+    _logprob_batch = None  # the batch asking for log-probs while DFlash's code runs on it
+
+    @property
+    def target_worker(self):
+        return self._target_worker if self._logprob_batch is None else _TargetWorker(self._target_worker)
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if not getattr(batch, "return_logprob", False):
+            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+        self._logprob_batch = batch
+        try:
+            result = super().forward_batch_generation(_LogprobsHidden(batch), on_publish=on_publish,
+                                                      grammar_barrier=grammar_barrier)
+        finally:
+            self._logprob_batch = None
+        if not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle()):
+            verify_logprobs(batch, result, self.block_size)
+        return result
     def _maybe_build_draft_sampler(self):
         base = super()._maybe_build_draft_sampler()  # DFlash's checks: head present, unquantized, no added vocab
         if base is None:
@@ -69,3 +127,17 @@ class DSpineWorker(DFlashWorkerV2):
         group = get_tp_group()
         return VocabShard(int(info.org_vocab_start_index), int(info.num_org_elements),
                           group if group.world_size > 1 else None)
+
+
+def verify_logprobs(batch, result, block_size: int) -> None:
+    """Log-probs of every token a verify step emits, from its logits, into `result.logits_output`.
+
+    Row n·B + j of the verify logits is the target's distribution for request n's j-th emitted token (the
+    accepted draft tokens, then the bonus token: DFlash's linear chain), and `result.next_token_ids` holds
+    those tokens at n·B + j; entries past a request's accept length are computed and not read."""
+    from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
+
+    out = result.logits_output
+    bs = out.next_token_logits.shape[0] // block_size
+    rows = torch.arange(bs * block_size, device=out.next_token_logits.device).view(bs, block_size)
+    compute_spec_v2_logprobs(batch, out, result.next_token_ids.view(-1), rows, block_size - 1)
