@@ -170,8 +170,10 @@ def kernel_diff(a: dict, b: dict, top: int = 25) -> list[dict]:
     for name in set(ka) | set(kb):
         ua, ub = ka.get(name, {}).get("us_per_step", 0.0), kb.get(name, {}).get("us_per_step", 0.0)
         rows.append({"kernel": name, "dspine_us": ua, "dflash_us": ub, "diff_us": round(ua - ub, 2)})
+    total = round(sum(r["diff_us"] for r in rows), 1)
     rows.sort(key=lambda r: -abs(r["diff_us"]))
-    return rows[:top]
+    return [{"kernel": "(all kernels)", "dspine_us": round(sum(v["us_per_step"] for v in ka.values()), 1),
+             "dflash_us": round(sum(v["us_per_step"] for v in kb.values()), 1), "diff_us": total}] + rows[:top]
 
 
 # ------------------------------------------------------------------------------------------ summary
@@ -213,8 +215,9 @@ def summarize(res: dict) -> dict:
         "kv_pools_side_by_side": {n: m.get("max_total_num_tokens") for n, m in res.get("memory", {}).items()},
         "alone_default_graph_bs": {n: {k: a.get(k) for k in ("memory", "step_ratio_vs_dflash")}
                                    for n, a in alone.items()},
-        "profile_gpu_us_per_step": {k: {n: p.get("gpu_us_per_step") for n, p in v.items()}
+        "profile_gpu_us_per_step": {k: {n: p.get("gpu_us_per_step") for n, p in v.items() if n in SERVERS}
                                     for k, v in res.get("profile", {}).items()},
+        "profile_dspine_minus_dflash": {k: v["diff"][:15] for k, v in res.get("profile", {}).items() if "diff" in v},
         "commit": res.get("provenance", {}).get("commit"),
         "gpu": res.get("provenance", {}).get("gpu"),
         "date": res.get("provenance", {}).get("date"),
@@ -269,6 +272,8 @@ def main() -> None:
     ap.add_argument("--graph-bs", type=int, default=64, help="--cuda-graph-max-bs of the side-by-side servers")
     ap.add_argument("--profile-clients", default="1,16,64", help="'' for no profile")
     ap.add_argument("--profile-steps", type=int, default=30)
+    ap.add_argument("--torch-once", action="store_true",
+                    help="DSPINE on its PyTorch math (the reference) in the first round at T=0 only")
     ap.add_argument("--alone", action="store_true", help="phase 3: each server alone, default --cuda-graph-max-bs")
     ap.add_argument("--alone-mem-fraction", type=float, default=0.85)
     ap.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -329,7 +334,8 @@ def main() -> None:
             order = names if rnd % 2 == 0 else names[::-1]
             res["rounds"].append({})
             for n in order:
-                res["rounds"][-1][n] = [measure(servers[n], prompts, c, args.max_new, t) for t in temps for c in clients]
+                ts = temps if not (n == "dspine_torch" and args.torch_once) else ([0.0] if rnd == 0 else [])
+                res["rounds"][-1][n] = [measure(servers[n], prompts, c, args.max_new, t) for t in ts for c in clients]
                 print(f"round {rnd} {n}", {f"T{r['temperature']:g}c{r['clients']}": round(r["step_ms"] or 0, 2)
                                            for r in res["rounds"][-1][n]}, flush=True)
                 save()
