@@ -196,7 +196,7 @@ def warm_start_from_dflash(
     """A DSpine drafter on a trained DFlash backbone: zero writes, codes and readouts from the head.
 
     The DFlash backbone was trained bidirectional inside the block; the DSpine drafter is causal, which is
-    the one behavioural change (DESIGN §1) and what the DSpine fine-tune adapts to.
+    the one behavioural change (docs/algorithm.md) and what the DSpine fine-tune adapts to.
     """
     if target_head is None:
         raise DrafterConfigError("warm start from a DFlash checkpoint needs the target's LM head for the transfer codes")

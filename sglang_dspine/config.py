@@ -1,7 +1,7 @@
 """Drafter configuration: parse and validate the `config.json` of a DSpine or DFlash drafter.
 
 The format is a Qwen3 config plus the DFlash fields (`block_size`, `num_target_layers`,
-`dflash_config {mask_token_id, target_layer_ids}`) and, for DSpine, `dspine_config` (DESIGN.md §1).
+`dflash_config {mask_token_id, target_layer_ids}`) and, for DSpine, `dspine_config` (docs/algorithm.md).
 Every inconsistency raises `DrafterConfigError` naming the field, what was expected and what was found.
 """
 from __future__ import annotations
@@ -146,7 +146,7 @@ class DrafterConfig:
             target_layer_ids = [int(x) for x in dflash["target_layer_ids"]]
         else:  # DFlash's documented default when the field is absent
             target_layer_ids = default_target_layer_ids(int(need("num_target_layers")), int(need("num_hidden_layers")))
-        # DSpine is causal inside the block; DFlash checkpoints are bidirectional (DESIGN §1).
+        # DSpine is causal inside the block; DFlash checkpoints are bidirectional (docs/algorithm.md).
         is_causal = bool(d.get("is_causal", kind == "dspine"))
         cfg = cls(
             kind=kind,

@@ -1,4 +1,4 @@
-"""Transfer space: fixed token codes computed once from the target's LM head (DESIGN.md §1).
+"""Transfer space: fixed token codes computed once from the target's LM head (docs/algorithm.md).
 
 Rows of the head W (V×H) are normalised to unit length, centred on their mean, and projected on the top
 `rank` principal directions, each whitened by the square root of its eigenvalue; the code of a token is

@@ -1,4 +1,4 @@
-"""Transfer space: codes against an independent numpy computation and the properties DESIGN §1 states."""
+"""Transfer space: codes against an independent numpy computation and the properties docs/algorithm.md states."""
 import numpy as np
 import pytest
 import torch
