@@ -62,10 +62,15 @@ EXACT_MAX_TOKENS = (1, 2, 3, 5, 7)  # all below the drafters' block of 16
 LONG_MIN_TOKENS = 8 * CHUNK
 PREFIX_MIN_TOKENS = 6 * CHUNK
 ABORT_MAX_TOKENS = 2000
+# Seconds one request may take: a few on these tiny models; a request past it means a stuck server.
+REQUEST_TIMEOUT = 30.0
+WARM_UP_TIMEOUT = 240.0  # stock DFLASH's first mixed batch may wait ~2 minutes for FlashInfer's JIT build
 REGEX = r"(Yes|No), because [a-z]{2,10}( [a-z]{2,10}){0,3}\."
 JSON_SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 12},
+    # a pattern, not just a length: a JSON string may not hold raw control characters (a tab, say), which
+    # the grammar of a bare string lets a model emit
+    "properties": {"name": {"type": "string", "pattern": "^[A-Za-z][A-Za-z0-9 _-]{0,11}$"},
                    "count": {"type": "integer", "minimum": 0, "maximum": 999},
                    "valid": {"type": "boolean"},
                    "kind": {"enum": ["code", "math", "prose"]}},
@@ -257,7 +262,7 @@ def dump(resp) -> dict:
 class Api:
     """One server's endpoints: OpenAI ones through the OpenAI client, /generate through httpx."""
 
-    def __init__(self, url: str, timeout: float = 120.0):
+    def __init__(self, url: str, timeout: float = REQUEST_TIMEOUT):
         import httpx
         import openai
 
@@ -511,11 +516,14 @@ def _completion(api, ctx, prompt, max_tokens, exact=False, n=1, **kw) -> list[di
 
 
 def f_greedy_completions(api, ctx) -> dict:
+    """/v1/completions at T=0 on the 12 prompts (48 tokens): every answer valid; the texts are compared with
+    plain's in the summary (near-ties may flip a few, counted, not failed)."""
     out = [_completion(api, ctx, p, GREEDY_MAX)[0] for p in ctx["greedy_prompts"]]
     return {"texts": [c["text"] for c in out], "tokens": [len(c["token_ids"] or []) for c in out]}
 
 
 def f_chat_completions(api, ctx) -> dict:
+    """/v1/chat/completions at T=0: valid answers, and usage.prompt_tokens is what the chat template gives."""
     texts = []
     for msgs, expect in zip(ctx["chat_messages"], ctx["chat_prompt_tokens"]):
         r = dump(api.call(chat_req(msgs, GREEDY_MAX)))
@@ -527,6 +535,9 @@ def f_chat_completions(api, ctx) -> dict:
 
 
 def _lp_feature(api, ctx, kind: str) -> dict:
+    """Log-probs (top 5) on one endpoint, 4 greedy and 2 T=1 requests: one entry per emitted token, for the
+    emitted token (ids from token_ids / output_ids), finite, ordered, the emitted token's top-5 entry equal to
+    its log-prob, a greedy token the most likely. The greedy entries are compared with plain's in the summary."""
     vt = ctx["vocab_text"]
     greedy, sampled = [], []
     for temp, prompts, sink in ((0.0, ctx["lp_prompts"], greedy), (1.0, ctx["lp_prompts"][:2], sampled)):
@@ -558,6 +569,7 @@ def f_logprobs_generate(api, ctx) -> dict:
 
 
 def f_n2(api, ctx) -> dict:
+    """n=2 at T=1 and T=0: two valid choices each (indices 0 and 1), usage counting both."""
     p = ctx["greedy_prompts"][1]
     sampled = _completion(api, ctx, p, 24, n=2, temperature=1.0)
     greedy = _completion(api, ctx, p, 24, n=2)
@@ -565,6 +577,7 @@ def f_n2(api, ctx) -> dict:
 
 
 def f_stop_strings(api, ctx) -> dict:
+    """A stop string taken from the server's own greedy output: the output ends before it, finish_reason stop."""
     for p in ctx["greedy_prompts"]:
         ref = _completion(api, ctx, p, 64)[0]["text"]  # same cache state as the request with the stop string
         stop = pick_stop(ref)
@@ -583,6 +596,8 @@ def f_stop_strings(api, ctx) -> dict:
 
 
 def f_max_tokens(api, ctx) -> dict:
+    """max_tokens 1, 2, 3, 5, 7 (below the drafters' block of 16), T=0 and T=1, ignore_eos: exactly that many
+    tokens from /v1/completions (usage and token_ids) and from /generate (output_ids, meta_info)."""
     bad, done = [], []
     p = ctx["greedy_prompts"][2]
     for k in EXACT_MAX_TOKENS:
@@ -599,6 +614,7 @@ def f_max_tokens(api, ctx) -> dict:
 
 
 def f_regex(api, ctx) -> dict:
+    """/generate with sampling_params.regex (T=0 twice, T=1): the text matches REGEX in full."""
     texts = []
     for p, temp in ((ctx["regex_prompt"], 0.0), (ctx["greedy_prompts"][0], 0.0), (ctx["regex_prompt"], 1.0)):
         r = check_generate(api.call(generate_req(p, 64, temperature=temp, regex=REGEX)), 64)
@@ -608,6 +624,7 @@ def f_regex(api, ctx) -> dict:
 
 
 def f_json_schema(api, ctx) -> dict:
+    """Chat with response_format json_schema (xgrammar), T=0 and T=1: the content parses and validates."""
     objs = []
     for temp in (0.0, 1.0):
         r = dump(api.call(chat_req(ctx["json_messages"], 128, temperature=temp, response_format=RESPONSE_FORMAT)))
@@ -626,6 +643,7 @@ def stream_text(stream) -> tuple[str, int, str | None]:
 
 
 def f_stream_equals_nonstream(api, ctx) -> dict:
+    """Greedy /v1/completions streamed: the chunks joined equal the non-streamed text (two prompts)."""
     out = []
     for p in ctx["greedy_prompts"][:2]:
         ref = _completion(api, ctx, p, GREEDY_MAX)[0]["text"]
@@ -641,6 +659,8 @@ def f_stream_equals_nonstream(api, ctx) -> dict:
 
 
 def f_sampling_params(api, ctx) -> dict:
+    """top_p, top_k, min_p, presence/frequency/repetition penalties, all together, and greedy with penalties:
+    each accepted with a valid answer (greedy-with-penalty texts are compared with plain's in the summary)."""
     bad, texts = [], {}
     for name, params in SAMPLING_VARIANTS.items():
         try:
@@ -653,6 +673,7 @@ def f_sampling_params(api, ctx) -> dict:
 
 
 def f_over_context_400(api, ctx) -> dict:
+    """A prompt 64 tokens over the context: HTTP 400 from /v1/completions and from /generate."""
     msgs = {}
     ids = ctx["over_context_ids"]
     for name, req in (("completions", completion_req(ids, 16)), ("generate", generate_req(ids, 16))):
@@ -668,6 +689,7 @@ def f_over_context_400(api, ctx) -> dict:
 
 
 def f_long_prompt(api, ctx) -> dict:
+    """A prompt of 600+ tokens (ten 64-token prefill chunks): a valid answer, the prompt counted in full."""
     r = dump(api.call(completion_req(ctx["long_prompt"], 32)))
     c = check_openai(r, 32)[0]
     pt = r["usage"]["prompt_tokens"]
@@ -677,6 +699,8 @@ def f_long_prompt(api, ctx) -> dict:
 
 
 def f_shared_prefix(api, ctx) -> dict:
+    """Five prompts sharing 500+ leading tokens, one after another: from the second on, meta_info.cached_tokens
+    (/generate) and usage.prompt_tokens_details.cached_tokens (/v1/completions) cover at least half of it."""
     common = ctx["shared_common_tokens"]
     need = common // 2
     cached, prompt_tokens = [], []
@@ -697,6 +721,7 @@ def f_shared_prefix(api, ctx) -> dict:
 
 
 def f_abort_midstream(api, ctx) -> dict:
+    """A 2000-token stream closed after 3 chunks, then a new request answered and /health 200."""
     stream = api.call(completion_req(ctx["greedy_prompts"][3], ABORT_MAX_TOKENS, stream=True, ignore_eos=True))
     chunks = 0
     for _ in stream:
@@ -737,21 +762,46 @@ AFTER_LOAD = "serves_after_load"
 ALL_FEATURES = (*FEATURES, AFTER_LOAD)
 
 
+def timed_out(e: BaseException) -> bool:
+    import httpx
+    import openai
+
+    return isinstance(e, (openai.APITimeoutError, httpx.TimeoutException))
+
+
 def run_feature(fn, api, ctx) -> dict:
     t = time.time()
     try:
         rec = {"ok": True, "details": fn(api, ctx)}
     except Exception as e:  # noqa: BLE001 - a failing feature is recorded and the run goes on
-        rec = {"ok": False, "error": error_text(e)}
+        rec = {"ok": False, "error": error_text(e), "timed_out": timed_out(e)}
     rec["seconds"] = round(time.time() - t, 2)
     return rec
 
 
+def answers(url: str, ctx: dict, timeout: float = 15.0) -> bool:
+    """Whether the server still answers a one-token request."""
+    try:
+        _completion(Api(url, timeout), ctx, ctx["greedy_prompts"][0], 1)
+        return True
+    except Exception:  # noqa: BLE001 - any failure means no
+        return False
+
+
 def run_features(url: str, ctx: dict, log=print, name: str = "") -> dict:
-    api = Api(url)
+    """Every feature in turn. After a request timed out, the server must still answer a one-token request, or
+    the remaining features are recorded as skipped: one stuck server must not hold the run past the device's
+    time limit."""
+    api = Api(url, timeout=REQUEST_TIMEOUT)
     out = {}
+    stuck = None
     for fname, fn in FEATURES.items():
+        if stuck:
+            out[fname] = {"ok": False, "error": f"skipped: the server stopped answering in {stuck}", "seconds": 0.0}
+            continue
         out[fname] = run_feature(fn, api, ctx)
+        if out[fname].get("timed_out") and not answers(url, ctx):
+            stuck = fname
         log(f"  {name} {fname}: {'ok' if out[fname]['ok'] else 'FAILED ' + out[fname]['error'][:200]}"
             f" ({out[fname]['seconds']} s)")
     return out
@@ -901,7 +951,7 @@ LOAD_KINDS = {
 def load_worker(url: str, ctx: dict, seconds: float, clients: int, seed: int = 0) -> dict:
     """`clients` threads sending random request kinds for `seconds`; every answer checked. An error: any
     non-2xx answer but the over-context 400, any exception, any answer failing its check."""
-    api = Api(url, timeout=300)
+    api = Api(url, timeout=REQUEST_TIMEOUT)
     kinds = sorted(LOAD_KINDS)
     stats = {k: {"requests": 0, "ok": 0, "expected_400": 0, "errors": 0} for k in kinds}
     samples: dict[str, list[str]] = {}
@@ -938,7 +988,7 @@ def load_worker(url: str, ctx: dict, seconds: float, clients: int, seed: int = 0
 def warm_up(url: str, ctx: dict, n: int = 48) -> float:
     """n requests at once, greedy and T=1 alternating (the first batch that mixes them is the one that stalls
     stock DFLASH while FlashInfer's sampling module builds); seconds until all are answered."""
-    api = Api(url, timeout=400)
+    api = Api(url, timeout=WARM_UP_TIMEOUT)
     t = time.time()
     reqs = [generate_req(ctx["greedy_prompts"][i % len(ctx["greedy_prompts"])], 16, temperature=float(i % 2))
             for i in range(n)]
@@ -982,6 +1032,7 @@ def summarize(res: dict) -> dict:
                 agree["greedy_with_penalties"] = text_agreement([a[k] for k in greedy_keys], [b[k] for k in greedy_keys])
             g = agree.get("greedy_completions")
             row["greedy_match_vs_plain"] = f"{g['identical']}/{g['total']}" if g else None
+            row["greedy_differences_vs_plain"] = g["differences"] if g else None
             row["text_agreement_vs_plain"] = {k: f"{v['identical']}/{v['total']}" for k, v in agree.items()}
             lp = logprobs_vs_plain(plain, f)
             row["logprob_max_abs_diff_vs_plain"] = lp.get("max_abs_diff")
@@ -1073,18 +1124,24 @@ def main(argv: list[str] | None = None) -> int:
                       "over_context_tokens": len(ctx["over_context_ids"]), "regex": REGEX, "json_schema": JSON_SCHEMA},
            "servers": {}, "features": {}, "load": {}, "timeline": {}}
 
+    # The servers' phases run in threads: every change to `res` and every save holds this lock (json.dump
+    # iterating a dict another thread is adding to would raise).
+    guard = threading.RLock()
+
     def save() -> None:
-        res["wall_seconds"] = round(time.time() - t0, 1)
-        summary = summarize(res)
-        json.dump(res, open(os.path.join(args.out, "serving_features.json"), "w"), indent=1)
-        json.dump(summary, open(os.path.join(args.out, "serving_features_summary.json"), "w"), indent=1)
-        os.makedirs(args.results_dir, exist_ok=True)
-        json.dump(summary, open(os.path.join(args.results_dir, "serving_features_summary.json"), "w"), indent=1)
+        with guard:
+            res["wall_seconds"] = round(time.time() - t0, 1)
+            summary = summarize(res)
+            json.dump(res, open(os.path.join(args.out, "serving_features.json"), "w"), indent=1)
+            json.dump(summary, open(os.path.join(args.out, "serving_features_summary.json"), "w"), indent=1)
+            os.makedirs(args.results_dir, exist_ok=True)
+            json.dump(summary, open(os.path.join(args.results_dir, "serving_features_summary.json"), "w"), indent=1)
 
     def stamp(what: str) -> None:
-        res["timeline"][what] = round(time.time() - t0, 1)
+        with guard:
+            res["timeline"][what] = round(time.time() - t0, 1)
+            save()
         log(what)
-        save()
 
     prebuild = None
     if "dflash" in names and not args.no_prebuild:
@@ -1103,9 +1160,12 @@ def main(argv: list[str] | None = None) -> int:
     def bring_up(name: str) -> bool:
         s = servers[name]
         ok = s.wait(timeout=480)
-        res["servers"][name] = {"up": ok, "start_seconds": s.up_after, "args": s.cmd[3:]}
+        rec = {"up": ok, "start_seconds": s.up_after, "args": s.cmd[3:]}
         if not ok:
-            res["servers"][name]["error"] = "did not start: " + s.tail(30)[-1500:]
+            rec["error"] = "did not start: " + s.tail(30)[-1500:]
+        with guard:
+            res["servers"][name] = rec
+        if not ok:
             stamp(f"{name} did NOT start:\n{s.tail(40)}")
             return False
         stamp(f"{name} up after {s.up_after:.0f} s")
@@ -1116,25 +1176,37 @@ def main(argv: list[str] | None = None) -> int:
         if not res["servers"].get(name, {}).get("up") and not bring_up(name):
             return
         try:
-            res["servers"][name]["warm_up_seconds"] = warm_up(servers[name].url, ctx)
+            warm = {"warm_up_seconds": warm_up(servers[name].url, ctx)}
         except Exception as e:  # noqa: BLE001 - recorded; the features still run
-            res["servers"][name]["warm_up_error"] = error_text(e)
-        stamp(f"{name} warm-up burst: {res['servers'][name].get('warm_up_seconds', 'failed')} s")
-        res["features"][name] = run_features(servers[name].url, ctx, log, name)
-        stamp(f"{name} features: {sum(v['ok'] for v in res['features'][name].values())}/{len(FEATURES)} ok")
+            warm = {"warm_up_error": error_text(e)}
+        with guard:
+            res["servers"][name].update(warm)
+        stamp(f"{name} warm-up burst: {warm.get('warm_up_seconds', warm.get('warm_up_error'))} s")
+        feats = run_features(servers[name].url, ctx, log, name)
+        with guard:
+            res["features"][name] = feats
+        stamp(f"{name} features: {sum(v['ok'] for v in feats.values())}/{len(FEATURES)} ok")
 
     try:
         order = [n for n in NAMES if n in names]
         first = order[0]  # plain when it is asked for: alone, so the kernel builds are cached for the others
         servers[first] = Server(first, PORTS[first], server_args(first), args.out)
-        threads = []
-        if bring_up(first):
+        if not bring_up(first):
+            with guard:
+                for n in order[1:]:
+                    res["servers"][n] = {"up": False, "error": f"not started: {first} did not start"}
+        else:
             for n in order[1:]:
                 servers[n] = Server(n, PORTS[n], server_args(n), args.out)
             with cf.ThreadPoolExecutor(len(order)) as ex:
-                threads = [ex.submit(phase, n) for n in order]
-                for t in threads:
-                    t.result()
+                threads = {n: ex.submit(phase, n) for n in order}
+                for n, t in threads.items():
+                    try:
+                        t.result()
+                    except Exception as e:  # noqa: BLE001 - a fault in one server's phase leaves the others
+                        with guard:
+                            res["servers"].setdefault(n, {})["phase_error"] = error_text(e)
+                        stamp(f"{n} phase FAILED: {error_text(e)}")
         up = [n for n in order if res["servers"].get(n, {}).get("up")]
         if prebuild is not None:
             res["flashinfer_prebuild"] = {"returncode": prebuild.poll(),
@@ -1152,7 +1224,7 @@ def main(argv: list[str] | None = None) -> int:
                         res["load"][n] = {"error": error_text(e), "requests": None, "errors": None, "by_kind": {}}
                     stamp(f"{n} load: {res['load'][n].get('requests')} requests, {res['load'][n].get('errors')} errors")
         for n in up:
-            res["features"][n][AFTER_LOAD] = run_feature(serves_after_load, Api(servers[n].url), ctx)
+            res["features"].setdefault(n, {})[AFTER_LOAD] = run_feature(serves_after_load, Api(servers[n].url, REQUEST_TIMEOUT), ctx)
             try:
                 info = servers[n].info()
                 res["servers"][n]["accept_length"] = next((s.get("avg_spec_accept_length")
@@ -1292,9 +1364,10 @@ def check_grammars(target: str) -> None:
     compiler.compile_json_schema(json.dumps(JSON_SCHEMA), any_whitespace=False)
     regex_g = xgr.Grammar.from_regex(REGEX)
     json_g = xgr.Grammar.from_json_schema(json.dumps(JSON_SCHEMA), any_whitespace=False)
-    good = '{"name": "alpha", "count": 12, "valid": true, "kind": "math"}'
+    good = '{"name": "alpha 1", "count": 12, "valid": true, "kind": "math"}'
     assert accepts(regex_g, "No, because it is wrong.") and not accepts(regex_g, "Maybe.")
     assert accepts(json_g, good) and not accepts(json_g, good.replace("12", "1200"))
+    assert not accepts(json_g, good.replace("alpha", "al\tpha")) and not accepts(json_g, good.replace(": ", ":  "))
     validate_json(good)
     check_regex("Yes, because it works.")
 
