@@ -18,11 +18,17 @@ fi
 # which does not see -c. --no-cache-dir: a ~9 GB venv, no second copy in a cache.
 PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
   -c "$lock" -e ".[test,lab]"
-# A test path is an argument naming a file or folder under tests/ (optionally with ::TEST); a flag's value
-# (-k EXPR, -p PLUGIN) is not one.
+# A test path is an argument naming a file or folder under tests/ (optionally with ::TEST), unless it is the
+# value of a pytest option given as a separate argument (-k EXPR, -p PLUGIN, --ignore PATH, ...).
 paths=no
 tests_dir="$(realpath tests)"
+prev=""
 for a in "$@"; do
+  case "$prev" in
+    -k|-m|-p|-c|-o|-W|-n|-r|--deselect|--ignore|--ignore-glob|--rootdir|--basetemp|--confcutdir|--junitxml|\
+    --junit-xml|--maxfail|--durations|--tb|--log-level|--timeout) prev=""; continue ;;
+  esac
+  prev="$a"
   case "$a" in -*) continue ;; esac
   p="${a%%::*}"
   if [ -e "$p" ]; then
