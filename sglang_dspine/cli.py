@@ -399,7 +399,7 @@ def _eval_run(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(args.seed) if args.temperature > 0 and dev == "cpu" else None
     check = args.check_greedy and args.temperature == 0
     ref = HFGenerator(target, eos, args.max_new_tokens) if check else None
-    per, all_accept = [], []
+    per, results = [], []
     t0 = time.time()
     for i, (rid, rec) in enumerate(iter_records(args.prompts, args.split)):
         if args.limit is not None and i >= args.limit:
@@ -411,16 +411,15 @@ def _eval_run(args: argparse.Namespace) -> int:
         if check:
             row["matches_target"] = ref.generate([ids])[0].output_ids == res.tokens
         per.append(row)
-        all_accept.extend(res.accept_lengths)
+        results.append(res)
     if not per:
         raise CLIError(f"--prompts {args.prompts}: no prompts")
     b = drafter.cfg.block_size
-    overall = SpecResult([], all_accept, b)  # every prompt's rounds together
+    overall = SpecResult.pooled(results, b)  # τ: tokens ÷ verify rounds over every prompt (token-weighted)
     out: dict[str, Any] = {
         "tau": overall.tau,
-        "tau_mean_per_prompt": sum(r["tau"] for r in per) / len(per),
         "position_acceptance": overall.position_acceptance(),
-        "rounds": len(all_accept), "tokens": sum(r["tokens"] for r in per), "prompts": len(per),
+        "rounds": len(overall.accept_lengths), "tokens": sum(r["tokens"] for r in per), "prompts": len(per),
         "drafter": src, "kind": drafter.cfg.kind, "block_size": b, "target": args.target,
         "temperature": args.temperature, "seconds": time.time() - t0, "per_prompt": per,
     }
@@ -439,7 +438,8 @@ register_command("data", "regenerate responses with the target into a JSONL of t
                  _data_args, _data_run)
 register_command("train", "train a DSpine or DFlash drafter (torchrun for several GPUs)", _train_args, _train_run)
 register_command("export", "write the serving checkpoint of a trained drafter", _export_args, _export_run)
-register_command("eval", "offline acceptance length τ of a drafter with the target (JSON)", _eval_args, _eval_run)
+register_command("eval", "offline acceptance length τ of a drafter with the target (JSON; τ = tokens ÷ verify "
+                 "rounds over all prompts)", _eval_args, _eval_run)
 
 
 # ---------------------------------------------------------------------------------------------- main

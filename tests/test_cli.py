@@ -151,3 +151,18 @@ def test_the_installed_command_exits_2_without_a_traceback(ws, tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.strip() == f"sglang-dspine eval: error: drafter {d}: config.json block_size: expected >= 2, found 1"
+
+
+def test_eval_reports_one_tau_tokens_per_verify_round_over_all_prompts(ws, capsys, tmp_path):
+    """τ of a prompt set is pooled over every round (token-weighted), not a mean of per-prompt τ."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in ([1, 2, 3], [7], [9, 9, 30, 31, 5])))
+    out = tmp_path / "eval.json"
+    rc, err = run(capsys, ["eval", "--target", ws / "target", "--drafter", ws / "dspine", "--prompts", prompts,
+                           "--max-new-tokens", "13", "--output", out])
+    assert rc == 0, err
+    res = json.loads(out.read_text())
+    per = res["per_prompt"]
+    assert len(per) == 3 and res["rounds"] == sum(r["rounds"] for r in per)
+    assert res["tau"] == pytest.approx(sum(r["tau"] * r["rounds"] for r in per) / res["rounds"], rel=1e-12)
+    assert [k for k in res if k.startswith("tau")] == ["tau"]
