@@ -18,7 +18,7 @@ pip=("$py" -m pip --disable-pip-version-check -q)
 # The build backend's packages too: pip builds this package in an isolated environment that takes the newest
 # setuptools/wheel, so the lock records the versions that environment gets today.
 "${pip[@]}" install --no-cache-dir --upgrade setuptools wheel
-"${pip[@]}" install --no-cache-dir ".[test,lab]" "sglang==$version"
+"${pip[@]}" install --no-cache-dir -e ".[test,lab]" "sglang==$version"  # as scripts/test.sh installs it
 mkdir -p locks
 {
   echo "# Every package of the test environment (.[test,lab], SGLang $version), pinned; made by scripts/lock.sh"
