@@ -21,6 +21,22 @@ class DrafterConfigError(ValueError):
     """A drafter config or checkpoint that cannot be used as it is."""
 
 
+def read_json(path: str) -> dict[str, Any]:
+    """A JSON object from `path`; a missing, unreadable or malformed file raises `DrafterConfigError` naming it."""
+    if not os.path.isfile(path):
+        raise DrafterConfigError(f"{path}: not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DrafterConfigError(f"{path}: not valid JSON ({e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DrafterConfigError(f"{path}: cannot be read ({e})") from None
+    if not isinstance(obj, dict):
+        raise DrafterConfigError(f"{path}: expected a JSON object, found {type(obj).__name__}")
+    return obj
+
+
 @dataclass
 class DSpineSettings:
     """`dspine_config`: the DSpine-only hyper-parameters (architecture and training objective)."""
@@ -173,12 +189,13 @@ class DrafterConfig:
 
     @classmethod
     def from_file(cls, path: str) -> "DrafterConfig":
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        if not os.path.isfile(path):
-            raise DrafterConfigError(f"drafter config not found: {path}")
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+        """The config of a drafter folder (or its config.json); an error names the folder."""
+        folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+        raw = read_json(os.path.join(path, "config.json") if os.path.isdir(path) else path)
+        try:
+            return cls.from_dict(raw)
+        except DrafterConfigError as e:
+            raise DrafterConfigError(f"drafter {folder}: {e}") from None
 
     # ------------------------------------------------------------- validation
     def validate(self) -> None:

@@ -58,7 +58,7 @@ def _args(root, draft, *extra):
 def test_server_args_match_dflash(dirs):
     root, _ = dirs
     dsp = _args(root, root / "dspine", "DSPINE")
-    dfl = _args(root, root / "dspine", "DFLASH")
+    dfl = _args(root, root / "dflash", "DFLASH")  # the DFlash drafter of the same shape: DFLASH refuses a DSpine one
     assert dsp.speculative_algorithm == "DSPINE"
     for key in ("speculative_num_draft_tokens", "speculative_num_steps", "speculative_eagle_topk",
                 "speculative_draft_attention_backend", "max_running_requests", "enable_mixed_chunk"):
@@ -108,14 +108,40 @@ def _variant(root, name, edit_config=None, edit_tensors=None):
     return edit_drafter_dir(dst, tensors=edit_tensors, config=edit_config)
 
 
+def _truncate(path):
+    f = path / "model.safetensors"
+    os.truncate(f, f.stat().st_size // 2)
+    return path
+
+
+def _no_weight_map(path):
+    (path / "model.safetensors").rename(path / "model-00001-of-00001.safetensors")
+    (path / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    return path
+
+
 @pytest.mark.parametrize("case,msg", [
-    ("no codes", "no transfer codes"),
-    ("wrong vocab", "vocab_size: expected 64 \\(the target's\\), found 80"),
-    ("block size mismatch", "block_size 4 but --speculative-num-draft-tokens"),
-    ("dflash drafter", "is a dflash drafter"),
-    ("block size 1", "block_size: expected >= 2"),
+    # found after SGLang's DFlash argument handling (they need the target and the resolved block size)
+    ("no codes", "DSPINE: refusing drafter {d}: no transfer codes"),
+    ("wrong vocab", "DSPINE: refusing drafter {d}: drafter vocab_size: expected 64 (the target's), found 80"),
+    ("block size mismatch", "DSPINE: refusing drafter {d}: drafter block_size 4 but --speculative-num-draft-tokens"),
+    # found before SGLang reads the drafter's files (sglang_patches.check_drafters_first)
+    ("dflash drafter", "DSPINE: refusing drafter {d}: it is a dflash drafter"),
+    ("block size 1", "DSPINE: refusing the drafter: drafter {d}: config.json block_size: expected >= 2, found 1"),
+    ("truncated weights", "DSPINE: refusing the drafter: {d}/model.safetensors: not a readable safetensors file ("),
+    ("invalid config.json", "DSPINE: refusing the drafter: {d}/config.json: not valid JSON ("),
+    ("index without weight_map",
+     "DSPINE: refusing the drafter: {d}/model.safetensors.index.json: expected a `weight_map` object"),
+    ("empty path", "DSPINE: --speculative-draft-model-path must be a local directory, found ''"),
+    ("missing", "DSPINE: --speculative-draft-model-path must be a local directory, found '{d}'"),
+    ("DSpine drafter under DFLASH", "DFLASH: refusing drafter {d}: it is a DSpine drafter (architectures "
+     "['DSpineDraftModel']); serve it with --speculative-algorithm DSPINE"),
 ])
 def test_bad_drafters_are_refused_at_start(dirs, case, msg):
+    import re
+
+    from sglang_dspine.plugin import StartupRefusal
+
     root, _ = dirs
     extra = ["DSPINE"]
     if case == "no codes":
@@ -126,16 +152,50 @@ def test_bad_drafters_are_refused_at_start(dirs, case, msg):
         draft, extra = root / "dspine", ["DSPINE", "--speculative-num-draft-tokens", "8"]
     elif case == "dflash drafter":
         draft = root / "dflash"
-    else:
+    elif case == "block size 1":
         draft = _variant(root, "block1", edit_config=lambda c: c.update(block_size=1))
-    with pytest.raises(ValueError, match=msg):
+    elif case == "truncated weights":
+        draft = _truncate(_variant(root, "truncated"))
+    elif case == "invalid config.json":
+        draft = _variant(root, "badjson")
+        (draft / "config.json").write_text('{"architectures": [')
+    elif case == "index without weight_map":
+        draft = _no_weight_map(_variant(root, "noweightmap"))
+    elif case == "empty path":
+        draft = ""
+    elif case == "missing":
+        draft = root / "missing"
+    else:
+        draft, extra = root / "dspine", ["DFLASH"]
+    with pytest.raises(StartupRefusal, match="^" + re.escape(msg.format(d=draft))):
         _args(root, draft, *extra)
+
+
+@pytest.mark.parametrize("algorithm,variant", [("DFLASH", None), ("DSPINE", "truncated")])
+def test_refused_server_exits_2_with_one_line(dirs, tmp_path, algorithm, variant):
+    """`python -m sglang.launch_server` as a user runs it: a refused drafter ends the launcher with exit code 2 and
+    `sglang-dspine: error: ...` as the last line on stderr, without a traceback (the lines before it are SGLang's
+    own start-up log)."""
+    root, _ = dirs
+    draft = _truncate(_variant(root, "launch_truncated")) if variant else root / "dspine"
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(root / "target"), "--device", "cuda",
+           "--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)  # not the repo root
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    if algorithm == "DFLASH":
+        assert last == (f"sglang-dspine: error: DFLASH: refusing drafter {draft}: it is a DSpine drafter "
+                        "(architectures ['DSpineDraftModel']); serve it with --speculative-algorithm DSPINE (DFLASH "
+                        "would ignore its injection and transition walk)")
+    else:
+        assert last.startswith(f"sglang-dspine: error: DSPINE: refusing the drafter: {draft}/model.safetensors: "
+                               "not a readable safetensors file (")
 
 
 def test_unconverted_reference_release_is_refused_then_served_after_export(dirs):
     """The release's own config (no `dspine_config`) is refused at start with the command that converts it; the
-    converted folder passes the start-up checks. (A wrapped {"config": ...} one fails earlier, in SGLang's own
-    config read: "Should have a `model_type` key".)"""
+    converted folder passes the start-up checks."""
     import json
 
     from sglang_dspine.cli import main as cli_main
@@ -149,6 +209,11 @@ def test_unconverted_reference_release_is_refused_then_served_after_export(dirs)
     (release / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="reference release's own layout.*sglang-dspine export --checkpoint"):
         _args(root, release, "DSPINE", "--speculative-num-draft-tokens", "16")
+    wrapped = root / "release_wrapped"  # refused by the same check, before SGLang's own config read fails on it
+    save_drafter(plain, wrapped, layout="release")
+    (wrapped / "config.json").write_text(json.dumps({"config": cfg}))
+    with pytest.raises(ValueError, match="reference release's own layout.*sglang-dspine export --checkpoint"):
+        _args(root, wrapped, "DSPINE", "--speculative-num-draft-tokens", "16")
     converted = root / "release_converted"
     assert cli_main(["export", "--checkpoint", str(release), "--output", str(converted), "--dtype", "fp32"]) == 0
     args = _args(root, converted, "DSPINE", "--speculative-num-draft-tokens", "16")
