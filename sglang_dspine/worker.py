@@ -84,13 +84,16 @@ class DSpineWorker(DFlashWorkerV2):
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
         if not getattr(batch, "return_logprob", False):
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+        # Decided before DFlash's code runs: its verify step sets the batch's mode to TARGET_VERIFY, which
+        # SGLang counts as an extend mode.
+        verify = is_verify_step(batch)
         self._logprob_batch = batch
         try:
             result = super().forward_batch_generation(_LogprobsHidden(batch), on_publish=on_publish,
                                                       grammar_barrier=grammar_barrier)
         finally:
             self._logprob_batch = None
-        if not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle()):
+        if verify:
             verify_logprobs(batch, result, self.block_size)
         return result
     def _maybe_build_draft_sampler(self):
@@ -127,6 +130,11 @@ class DSpineWorker(DFlashWorkerV2):
         group = get_tp_group()
         return VocabShard(int(info.org_vocab_start_index), int(info.num_org_elements),
                           group if group.world_size > 1 else None)
+
+
+def is_verify_step(batch) -> bool:
+    """Whether DFlash's worker will run a draft + verify step on `batch` (not a prefill, not an idle batch)."""
+    return not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
 
 
 def verify_logprobs(batch, result, block_size: int) -> None:
