@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -130,16 +131,17 @@ def measure(server: Server, prompts: list[list[int]], clients: int, max_new: int
             "step_ms": 1000.0 * wall * clients / verify if verify else None}
 
 
-def steady_load(server: Server, prompts, clients: int, seconds: float, temperature: float = 0.0):
-    """A background load of `clients` long requests (returns the futures' executor, to be shut down)."""
+def steady_load(server: Server, prompts, clients: int, max_new: int, temperature: float = 0.0):
+    """A background load of `clients` requests of `max_new` tokens each (returns the executor, to be shut down).
+    `max_new` must let all of them fit in the KV pool at once, or SGLang runs fewer than `clients`."""
     ex = cf.ThreadPoolExecutor(clients)
     for i in range(clients):
-        ex.submit(server.generate_ids, prompts[i % len(prompts)], 4096, temperature)
+        ex.submit(server.generate_ids, prompts[i % len(prompts)], max_new, temperature)
     return ex
 
 
-def profile(server: Server, prompts, clients: int, steps: int, out_dir: str) -> dict:
-    ex = steady_load(server, prompts, clients, 0)
+def profile(server: Server, prompts, clients: int, steps: int, out_dir: str, max_new: int) -> dict:
+    ex = steady_load(server, prompts, clients, max_new)
     time.sleep(3.0 + 0.05 * clients)  # past the prefills: every request decoding
     d = os.path.join(out_dir, f"{server.name}_c{clients}")
     server.profile(d, steps)
@@ -157,7 +159,9 @@ def profile(server: Server, prompts, clients: int, steps: int, out_dir: str) -> 
     if result is None:
         return {"error": "no trace written"}
     total = sum(v["us"] for v in result["kernels"].values())
+    running = [int(x) for x in re.findall(r"#running-req: (\d+)", server.text())[-steps:]]
     result.update(steps=steps, clients=clients, gpu_us_per_step=total / steps,
+                  running_requests_in_log=max(running) if running else None,
                   kernels={k: {**v, "us_per_step": round(v["us"] / steps, 2)} for k, v in result["kernels"].items()})
     shutil.rmtree(d, ignore_errors=True)
     return result
@@ -218,6 +222,9 @@ def summarize(res: dict) -> dict:
         "profile_gpu_us_per_step": {k: {n: p.get("gpu_us_per_step") for n, p in v.items() if n in SERVERS}
                                     for k, v in res.get("profile", {}).items()},
         "profile_dspine_minus_dflash": {k: v["diff"][:15] for k, v in res.get("profile", {}).items() if "diff" in v},
+        "gpu_step_ratio_by_clients": {k[1:]: round(v["dspine"]["gpu_us_per_step"] / v["dflash"]["gpu_us_per_step"], 4)
+                                      for k, v in res.get("profile", {}).items()
+                                      if v.get("dspine", {}).get("gpu_us_per_step") and v.get("dflash", {}).get("gpu_us_per_step")},
         "commit": res.get("provenance", {}).get("commit"),
         "gpu": res.get("provenance", {}).get("gpu"),
         "date": res.get("provenance", {}).get("date"),
@@ -272,6 +279,8 @@ def main() -> None:
     ap.add_argument("--graph-bs", type=int, default=64, help="--cuda-graph-max-bs of the side-by-side servers")
     ap.add_argument("--profile-clients", default="1,16,64", help="'' for no profile")
     ap.add_argument("--profile-steps", type=int, default=30)
+    ap.add_argument("--warmup-round", action=argparse.BooleanOptionalAction, default=True,
+                    help="an uncounted short round at every client count and temperature first (default: on)")
     ap.add_argument("--torch-once", action="store_true",
                     help="DSPINE on its PyTorch math (the reference) in the first round at T=0 only")
     ap.add_argument("--alone", action="store_true", help="phase 3: each server alone, default --cuda-graph-max-bs")
@@ -316,6 +325,7 @@ def main() -> None:
     try:
         # ---- phase 1: side by side, equal pools
         side = ["--cuda-graph-max-bs", str(args.graph_bs), "--max-total-tokens", str(args.pool),
+                "--max-running-requests", str(max(clients)),  # else SGLang derives a lower cap (48 at 60000)
                 "--mem-fraction-static", "0.88", "--disable-prefill-cuda-graph"]
         for i, n in enumerate(names):
             a, env = server_args_for(n, target, drafters, side)
@@ -330,6 +340,11 @@ def main() -> None:
         if len(set(pools.values())) != 1:
             raise SystemExit(f"KV pools differ side by side: {pools}")
         save()
+        if args.warmup_round:  # first use of each batch size and sampling mode: not counted
+            for n in names:
+                for t in temps:
+                    for c in clients:
+                        measure(servers[n], prompts, c, min(args.max_new, 16), t)
         for rnd in range(args.repeats):
             order = names if rnd % 2 == 0 else names[::-1]
             res["rounds"].append({})
@@ -342,7 +357,9 @@ def main() -> None:
         # ---- phase 2: profiles
         for c in [int(x) for x in args.profile_clients.split(",") if x]:
             key = f"c{c}"
-            res["profile"][key] = {n: profile(servers[n], prompts, c, args.profile_steps, env_prof["SGLANG_TORCH_PROFILER_DIR"])
+            fits = max(args.profile_steps * 4, args.pool // c - args.prompt_len - 2 * shape["block_size"])
+            res["profile"][key] = {n: profile(servers[n], prompts, c, args.profile_steps,
+                                              env_prof["SGLANG_TORCH_PROFILER_DIR"], min(4096, fits))
                                    for n in names}
             if "dspine" in names and "dflash" in names:
                 res["profile"][key]["diff"] = kernel_diff(res["profile"][key]["dspine"], res["profile"][key]["dflash"])
