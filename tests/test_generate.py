@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import chi2
 
 from sglang_dspine.generate import speculative_generate, verify
 from sglang_dspine.model import DSpineDrafter
@@ -21,18 +21,22 @@ class GreedyOracle:
 
     def __init__(self, target, block_size, corrupt_at=2):
         self.target, self.b, self.corrupt_at = target, block_size, corrupt_at
+        self.drafts = {}  # the proposal is a function of the sequence: each is computed once
 
     def extend(self, hidden_states, start, count):
         pass
 
     def propose(self, sequence):
-        seq = list(sequence)
-        for _ in range(self.b - 1):
-            seq.append(int(self.target(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
-        draft = seq[len(sequence):]
-        v = self.target.config.vocab_size
-        draft[self.corrupt_at] = (draft[self.corrupt_at] + 1) % v
-        return draft
+        key = tuple(sequence)
+        if key not in self.drafts:
+            seq = list(sequence)
+            for _ in range(self.b - 1):
+                seq.append(int(self.target(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
+            draft = seq[len(sequence):]
+            v = self.target.config.vocab_size
+            draft[self.corrupt_at] = (draft[self.corrupt_at] + 1) % v
+            self.drafts[key] = draft
+        return list(self.drafts[key])
 
 
 def greedy_reference(target, prompt, n):
@@ -87,13 +91,15 @@ def test_sampling_keeps_the_target_distribution():
     vocab, temp = 6, 1.0
     target = make_target(vocab=vocab, hidden=32, layers=2, heads=2, kv_heads=1, head_dim=16, inter=64, seed=3, init_std=0.15)
     prompt = [1, 2]
-    # exact joint of (x1, x2, x3) by the chain rule
+    # exact joint of (x1, x2, x3) by the chain rule, in float64 (one target pass per distinct prefix)
+    cond = {prefix: torch.softmax(target(input_ids=torch.tensor([prompt + list(prefix)])).logits[0, -1].double()
+                                  / temp, -1)
+            for i in range(3) for prefix in itertools.product(range(vocab), repeat=i)}
     exact = {}
     for seq in itertools.product(range(vocab), repeat=3):
         p = 1.0
         for i in range(3):
-            logits = target(input_ids=torch.tensor([prompt + list(seq[:i])])).logits[0, -1]
-            p *= float(torch.softmax(logits / temp, -1)[seq[i]])
+            p *= float(cond[seq[:i]][seq[i]])
         exact[seq] = p
     oracle = GreedyOracle(target, block_size=4, corrupt_at=1)
     g = torch.Generator().manual_seed(1234)
@@ -104,14 +110,19 @@ def test_sampling_keeps_the_target_distribution():
         res = speculative_generate(target, oracle, prompt, 3, temperature=temp, generator=g, block_size=4)
         counts[tuple(res.tokens)] += 1
         accepted_total += res.accept_lengths[0] - 1
+    assert sum(counts.values()) == n
     assert 0.2 * n < accepted_total < 2 * n  # both branches are exercised
+    total_p = sum(exact.values())
+    assert abs(total_p - 1) < 1e-6  # the chain rule covers every sequence
     cells = sorted(exact, key=exact.get, reverse=True)
-    big = [c for c in cells if exact[c] * n >= 5]
-    rest = [c for c in cells if exact[c] * n < 5]
-    obs = [counts[c] for c in big] + [sum(counts[c] for c in rest)]
-    exp = [exact[c] * n for c in big] + [sum(exact[c] for c in rest) * n]
+    big = [c for c in cells if exact[c] / total_p * n >= 5]
     assert len(big) > 30
-    assert chisquare(obs, exp).pvalue > 1e-3
+    obs = [counts[c] for c in big] + [n - sum(counts[c] for c in big)]
+    exp = [exact[c] / total_p * n for c in big]
+    exp.append(n - sum(exp))  # the pooled small cells take the remainder: expected counts sum to n by construction
+    assert exp[-1] > 0
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
+    assert chi2.sf(stat, len(obs) - 1) > 1e-3
 
 
 def test_argmax_decoding_is_the_backbones_first_candidate(target, dspine):
@@ -135,3 +146,13 @@ def test_argmax_decoding_is_the_backbones_first_candidate(target, dspine):
     assert walk.propose(seq) == draft.tokens[0].tolist()
     with pytest.raises(ValueError, match="decoding"):
         DrafterProposer(dspine, target, decoding="beam")
+
+
+def test_pooled_tau_weighs_every_round_once():
+    from sglang_dspine.generate import SpecResult
+
+    short, long = SpecResult([0] * 8, [4, 4], 4), SpecResult([0] * 30, [1] * 30, 4)
+    pooled = SpecResult.pooled([short, long], 4)
+    assert pooled.accept_lengths == [4, 4] + [1] * 30
+    assert pooled.tau == 38 / 32  # not (4 + 1) / 2, the mean of the two prompts' τ
+    assert pooled.position_acceptance() == [2 / 32] * 3
