@@ -4,17 +4,21 @@ Loaded through the `sglang.srt.plugins` entry point in the server process and in
 SGLang only logs a plugin's exception and later fails with "Unknown speculative algorithm name", so
 `register()` prints the real cause loudly before re-raising.
 
-DSPINE is a DFlash-family algorithm: it answers every `is_*()` like DFLASH so the scheduler, model runner
-and CUDA-graph runners take the DFlash paths (hidden-state capture, draft KV sizing, overlap, graphs).
-SGLang 0.5.17's `CustomSpecAlgo` lacks three methods the scheduler calls (`need_topk`,
-`carries_draft_hidden_states`, `create_future_map`); they, and the server-argument handling, are taken
-from SGLang's own `SpeculativeAlgorithm` implementations applied to this object (no copies).
+DSPINE is a DFlash-family algorithm: it answers every `is_*()`/`supports_*()` like DFLASH so the scheduler,
+model runner and CUDA-graph runners take the DFlash paths (hidden-state capture, draft KV sizing, overlap,
+graphs, mixed chunks). `CustomSpecAlgo` lacks some of the methods the scheduler calls or answers them for a
+generic algorithm; those, and the server-argument handling, are taken from SGLang's own `SpeculativeAlgorithm`
+implementations applied to this object (no copies).
 
 Registration also applies `sglang_patches.apply_at_registration`: the drafter is checked before SGLang reads
 it (a DSpine drafter under DFLASH is refused), and a refusal ends the launcher with one line and exit code 2.
+
+This module is the one place that knows which SGLang is installed (`sglang_version()`): the supported
+releases are `SUPPORTED_SGLANG`, and what differs between them is decided here and in `sglang_patches`.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -23,7 +27,42 @@ logger = logging.getLogger(__name__)
 
 ALGORITHM = "DSPINE"
 ARCHITECTURE = "DSpineDraftModel"
+# The SGLang releases this plugin runs on (setup.py allows exactly these): 0.5.17 is verified on the GPU;
+# 0.5.23 needs torch 2.14, so it is tested on the CPU only.
+SUPPORTED_SGLANG = ((0, 5, 17), (0, 5, 23))
 _registered = False
+
+# SpeculativeAlgorithm's own functions whose bodies only ask self.is_*(): run on DSPINE's object they answer
+# what they answer for DFLASH. Taken where the installed SGLang has them.
+_TAKEN_FROM_SPECULATIVE_ALGORITHM = (
+    "need_topk", "carries_draft_hidden_states", "create_future_map", "supports_prefill_shared_read_done",
+    "build_disagg_draft_input", "resolve_max_speculative_num_draft_tokens",
+)
+
+
+@functools.lru_cache(maxsize=None)
+def sglang_version() -> tuple[int, int, int]:
+    """The installed SGLang's release, e.g. (0, 5, 23) for 0.5.23 or 0.5.23.post1."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return tuple(Version(version("sglang")).release[:3])
+
+
+def check_sglang_version() -> None:
+    found = sglang_version()
+    if found not in SUPPORTED_SGLANG:
+        names = [".".join(map(str, v)) for v in SUPPORTED_SGLANG]
+        raise RuntimeError(f"sglang-dspine supports SGLang {' and '.join(names)}; the installed SGLang is "
+                           f"{'.'.join(map(str, found))} (install one of them, e.g. pip install 'sglang=={names[-1]}')")
+
+
+def dflash_returns_logprobs() -> bool:
+    """Whether SGLang's own DFlash worker returns log-probabilities (and its scheduler admits such requests):
+    0.5.23 computes them in the verify step (`compute_spec_logprobs(..., chain_stride=block_size)`), 0.5.17
+    refuses them up front, and DSPINE's worker supplies them there."""
+    return sglang_version() >= (0, 5, 23)
 
 
 def _dspine_algo_class():
@@ -33,17 +72,21 @@ def _dspine_algo_class():
     class DSpineAlgo(CustomSpecAlgo):
         is_dflash = is_dflash_family = lambda self: True
         supports_target_verify_for_draft = supports_grammar_overlap = lambda self: True
-        # SpeculativeAlgorithm's own functions, run on this object: their bodies only ask self.is_*()
-        need_topk = SpeculativeAlgorithm.need_topk
-        carries_draft_hidden_states = SpeculativeAlgorithm.carries_draft_hidden_states
-        create_future_map = SpeculativeAlgorithm.create_future_map
+        # SpeculativeAlgorithm's answer is a membership test of its own members (DFLASH among them), so it
+        # cannot be run on this object; DFLASH's answer is True (DSPINE runs DFlash's worker, mixed steps
+        # included). SGLang versions without the method never call it.
+        supports_mixed_chunk = lambda self: True
 
         def handle_server_args(self, server_args) -> None:
-            # check_drafter_folder has run already, before SGLang's own code read the drafter's config
-            # (sglang_patches.check_drafters_first)
+            # `server_args` is the record on 0.5.17 and, on 0.5.23, a stand-in that reads resolved values and
+            # records writes; both read the same here. check_drafter_folder has run already, before SGLang's own
+            # code read the drafter's config (sglang_patches.check_drafters_first).
             SpeculativeAlgorithm.handle_server_args(self, server_args)
             check_server_args(server_args)
 
+    for name in _TAKEN_FROM_SPECULATIVE_ALGORITHM:
+        if hasattr(SpeculativeAlgorithm, name):
+            setattr(DSpineAlgo, name, getattr(SpeculativeAlgorithm, name))
     return DSpineAlgo
 
 
@@ -154,11 +197,12 @@ def _check_codes_present(draft_path: str) -> None:
 
 def _worker_factory(server_args):
     from . import sglang_patches
-    from .worker import DSpineWorker
+    from .worker import DSpineLogprobWorker, DSpineWorker
 
-    sglang_patches.apply(server_args)
-
-    return DSpineWorker
+    sglang_patches.apply()
+    # Where DFlash's own verify step returns log-probs, DSPINE's worker leaves them to it (computing them twice,
+    # or hiding the request from it, would be wrong); elsewhere it supplies them.
+    return DSpineWorker if dflash_returns_logprobs() else DSpineLogprobWorker
 
 
 def register() -> None:
@@ -175,6 +219,7 @@ def register() -> None:
 
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
+        check_sglang_version()
         from sglang.srt.models.registry import ModelRegistry
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 

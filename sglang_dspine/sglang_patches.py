@@ -1,35 +1,41 @@
-"""Every change this plugin makes to SGLang 0.5.17's behaviour, in one place.
+"""Every change this plugin makes to SGLang's behaviour, in one place (SGLang 0.5.17 and 0.5.23; where they
+differ, it says so).
 
 Patches 1 and 2 change DSPINE servers only: `apply`, from `plugin._worker_factory`, runs in the scheduler process
 when the DSPINE worker is created.
 
-1. Verify renormalisation follows `--sampling-backend`.
+1. Verify renormalisation follows the sampling backend (SGLang 0.5.17 and 0.5.23).
    DFlash's non-greedy verification (which DSPINE reuses) renormalises the target's probabilities with
-   `sgl_kernel.top_k_renorm_prob` / `top_p_renorm_prob`, which call FlashInfer whatever the sampling backend.
-   The dense path that needs them runs when a batch mixes top-k values, e.g. greedy requests (top_k 1)
+   `dflash_utils.top_k_renorm_prob` / `top_p_renorm_prob`, which call FlashInfer whatever the sampling
+   backend. The dense path that needs them runs when a batch mixes top-k values, e.g. greedy requests (top_k 1)
    beside T=1 requests (whole vocabulary): the first such batch then JIT-builds FlashInfer's sampling module,
-   which stalled a server for 112-139 s on the H200 (benchmarks/results/serving_logs/*), every request in the
-   batch waiting. With `--sampling-backend pytorch` the user asked for no FlashInfer sampling; SGLang ships
-   Triton versions of the same two renormalisations with FlashInfer's semantics (exact top-k/top-p
-   thresholds, ties at the pivot kept; what it uses on ROCm), so they are used instead.
+   which stalled a 0.5.17 server for 112-139 s on the H200 (benchmarks/results/serving_logs/*), every request
+   in the batch waiting. Where the server samples in PyTorch (`--sampling-backend pytorch`, or SGLang's own
+   choice: deterministic inference, no FlashInfer) no FlashInfer sampling is wanted; SGLang ships Triton
+   versions of the same two renormalisations with FlashInfer's semantics (exact top-k/top-p thresholds, ties
+   at the pivot kept; what it uses on ROCm), so they are used instead. The backend is the resolved one, as
+   SGLang's sampler reads it (`get_exec().kernel.sampling_backend`): on 0.5.23 `server_args.sampling_backend`
+   stays the raw command-line value, None when SGLang picks.
 
-2. Requests that ask for log-probabilities are admitted.
-   The scheduler refuses them for the whole DFlash family (`validate_dflash_request`: "DFLASH speculative
-   decoding does not support return_logprob yet."). DSPINE returns them (`worker.DSpineWorker`), so in a
-   DSPINE server the scheduler's check keeps only DFlash's other refusal (hidden states under overlap
-   scheduling), worded for DSPINE.
+2. Requests that ask for log-probabilities are admitted (SGLang 0.5.17 only).
+   0.5.17's scheduler refuses them for the whole DFlash family (`validate_dflash_request`: "DFLASH speculative
+   decoding does not support return_logprob yet."). DSPINE returns them (`worker.DSpineLogprobWorker`), so in
+   a DSPINE server the scheduler's check keeps only DFlash's other refusal (hidden states under overlap
+   scheduling), worded for DSPINE. 0.5.23's scheduler admits them itself (its DFlash worker returns them) and
+   is left alone.
 
 Patches 3 and 4 are applied at plugin registration, in every SGLang process (`apply_at_registration`):
 
 3. Drafters are checked before SGLang reads them.
-   SGLang's speculative argument handling (`speculative_hook.handle_speculative_decoding`, run in the launcher
-   process while the server arguments are built, before any other process starts) reads the drafter's
-   config.json with transformers before any algorithm's own checks run, so a missing folder, a malformed
-   config.json or a truncated weight file surfaced as a traceback from transformers or the weight loader. It is
-   wrapped so that first, under DSPINE, the drafter folder is checked whole (`plugin.check_drafter_folder`),
-   and under DFLASH a DSpine drafter is refused (`plugin.check_not_a_dspine_drafter`): DFLASH would decode it
-   with its argmax, ignoring the injection and walk it was trained for. Servers of other algorithms, and
-   DFLASH servers of DFlash drafters, are untouched.
+   SGLang's speculative argument handling (the resolution step `handle_speculative_decoding`, run in the
+   launcher process while the server arguments are built, before any other process starts) reads the
+   drafter's config.json with transformers before any algorithm's own checks run, so a missing folder, a
+   malformed config.json or a truncated weight file surfaced as a traceback from transformers or the weight
+   loader. The step is wrapped (0.5.23: through SGLang's `register_resolution_hook`, made for this; 0.5.17 has
+   none, so the module attribute its caller imports is replaced) so that first, under DSPINE, the drafter
+   folder is checked whole (`plugin.check_drafter_folder`), and under DFLASH a DSpine drafter is refused
+   (`plugin.check_not_a_dspine_drafter`): DFLASH would decode it with its argmax, ignoring the injection and
+   walk it was trained for. Servers of other algorithms, and DFLASH servers of DFlash drafters, are untouched.
 4. A start-up refusal ends the launcher with one line.
    An uncaught `plugin.StartupRefusal` (raised only by the checks above and DSPINE's own argument checks)
    prints `sglang-dspine: error: MESSAGE` on stderr and exits with code 2, as argparse does for a bad flag,
@@ -42,22 +48,36 @@ import functools
 import logging
 import sys
 
+from .plugin import dflash_returns_logprobs, sglang_version
+
 logger = logging.getLogger(__name__)
 
 
-def verify_renorm_follows_sampling_backend(server_args) -> bool:
+def _not_found(name: str) -> RuntimeError:
+    """A patch whose target is missing would silently do nothing: refuse instead."""
+    return RuntimeError(f"sglang-dspine: {name} not found in the installed SGLang "
+                        f"{'.'.join(map(str, sglang_version()))}; the plugin cannot apply its change there")
+
+
+def resolved_sampling_backend() -> str:
+    """The sampling backend this process's SGLang samples with (its published configuration)."""
+    from sglang.srt.runtime_context import get_exec
+
+    return get_exec().kernel.sampling_backend
+
+
+def verify_renorm_follows_sampling_backend() -> bool:
     """Patch 1 (see the module docstring). Returns whether the Triton renormalisations are now in use."""
-    if getattr(server_args, "sampling_backend", None) != "pytorch":
+    if resolved_sampling_backend() != "pytorch":
         return False
     from sglang.kernels.ops.sampling.renorm_triton import top_k_renorm_probs_triton, top_p_renorm_probs_triton
     from sglang.srt.speculative import dflash_utils
 
     for name in ("top_k_renorm_prob", "top_p_renorm_prob"):
-        if not hasattr(dflash_utils, name):  # the patch would silently do nothing on another SGLang
-            raise RuntimeError(f"sglang-dspine: sglang.srt.speculative.dflash_utils.{name} not found; "
-                               "this plugin is written against sglang==0.5.17")
+        if not hasattr(dflash_utils, name):
+            raise _not_found(f"sglang.srt.speculative.dflash_utils.{name}")
     if dflash_utils.top_k_renorm_prob is not top_k_renorm_probs_triton:  # once per process
-        logger.info("DSPINE: verify renormalisation on SGLang's Triton kernels (--sampling-backend pytorch)")
+        logger.info("DSPINE: verify renormalisation on SGLang's Triton kernels (sampling backend pytorch)")
     dflash_utils.top_k_renorm_prob = top_k_renorm_probs_triton
     dflash_utils.top_p_renorm_prob = top_p_renorm_probs_triton
     return True
@@ -70,41 +90,66 @@ def validate_dspine_request(req, enable_overlap: bool):
     return None
 
 
-def admit_logprob_requests() -> None:
-    """Patch 2 (see the module docstring)."""
+def admit_logprob_requests() -> bool:
+    """Patch 2 (see the module docstring). Returns whether the scheduler's check was replaced."""
+    if dflash_returns_logprobs():
+        return False
     from sglang.srt.managers import scheduler
 
-    if not hasattr(scheduler, "validate_dflash_request"):  # the patch would silently do nothing on another SGLang
-        raise RuntimeError("sglang-dspine: sglang.srt.managers.scheduler.validate_dflash_request not found; "
-                           "this plugin is written against sglang==0.5.17")
+    if not hasattr(scheduler, "validate_dflash_request"):
+        raise _not_found("sglang.srt.managers.scheduler.validate_dflash_request")
     scheduler.validate_dflash_request = validate_dspine_request
+    return True
 
 
-def apply(server_args) -> None:
-    verify_renorm_follows_sampling_backend(server_args)
+def apply() -> None:
+    """Both patches, in a scheduler process (SGLang has published its configuration there)."""
+    verify_renorm_follows_sampling_backend()
     admit_logprob_requests()
+
+
+def _check_drafter_first(algorithm, draft_path) -> None:
+    from . import plugin
+
+    algo = (algorithm or "").upper()
+    if algo == plugin.ALGORITHM:
+        plugin.check_drafter_folder(draft_path)
+    elif algo == "DFLASH":
+        plugin.check_not_a_dspine_drafter(draft_path)
+
+
+_resolution_hook_registered = False
 
 
 def check_drafters_first() -> None:
     """Patch 3 (see the module docstring). Idempotent."""
+    global _resolution_hook_registered
+    if sglang_version() >= (0, 5, 23):
+        if _resolution_hook_registered:
+            return
+        from sglang.srt.arg_groups.overrides import resolving_view
+        from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+
+        @register_resolution_hook("handle_speculative_decoding")
+        def check_drafters_then(server_args, previous) -> None:
+            cfg = resolving_view(server_args)  # the values as resolved so far (the record keeps the raw input)
+            _check_drafter_first(cfg.speculative_algorithm, cfg.speculative_draft_model_path)
+            previous(server_args)
+
+        _resolution_hook_registered = True
+        return
+
     from sglang.srt.arg_groups import speculative_hook
 
-    from . import plugin
-
     stock = getattr(speculative_hook, "handle_speculative_decoding", None)
-    if stock is None:  # the patch would silently do nothing on another SGLang
-        raise RuntimeError("sglang-dspine: sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding not "
-                           "found; this plugin is written against sglang==0.5.17")
+    if stock is None:
+        raise _not_found("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding")
     if getattr(stock, "_dspine_checks_drafters", False):
         return
 
     @functools.wraps(stock)
     def handle_speculative_decoding(server_args) -> None:
-        algo = (server_args.speculative_algorithm or "").upper()
-        if algo == plugin.ALGORITHM:
-            plugin.check_drafter_folder(server_args.speculative_draft_model_path)
-        elif algo == "DFLASH":
-            plugin.check_not_a_dspine_drafter(server_args.speculative_draft_model_path)
+        _check_drafter_first(server_args.speculative_algorithm, server_args.speculative_draft_model_path)
         return stock(server_args)
 
     handle_speculative_decoding._dspine_checks_drafters = True

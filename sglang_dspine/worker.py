@@ -1,4 +1,5 @@
-"""The DSPINE worker: SGLang's DFlashWorkerV2 with DSpine's draft decoding, and log-probabilities.
+"""The DSPINE worker: SGLang's DFlashWorkerV2 with DSpine's draft decoding (and, where DFlash's worker refuses
+them, log-probabilities).
 
 Everything but the choice of draft tokens is DFlash's (prefill, context K/V, block preparation,
 verification, overlap scheduling, CUDA-graph capture). The choice is the drafter's `DraftStep.decode`
@@ -6,12 +7,14 @@ verification, overlap scheduling, CUDA-graph capture). The choice is the drafter
 CUDA graph as the graph's tail hook (the slot DFlash uses for its argmax) for every captured batch size,
 and eagerly above them.
 
-Log-probabilities (which DFlash's worker refuses up front): the prefill is the target's own forward, so the
-target worker computes them exactly as without speculation; after a verify step they come from the verify
-logits the tokens were accepted or sampled from (SGLang's `compute_spec_v2_logprobs`, the function its
-EAGLE workers use), with the semantics of SGLang's sampler: log-softmax of the logits after penalties, logit
-bias and grammar masks, divided by the request's temperature (before top-k/top-p), or before the temperature
-with SGLANG_RETURN_ORIGINAL_LOGPROB. No extra target forward.
+Log-probabilities: where DFlash's own verify step returns them, `DSpineWorker` leaves them to it. Where
+DFlash's worker refuses them up front, `DSpineLogprobWorker` supplies them (the plugin picks the class):
+the prefill is the target's own forward, so the target worker computes them exactly as without speculation;
+after a verify step they come from the verify logits the tokens were accepted or sampled from (SGLang's
+`compute_spec_v2_logprobs`, the function its EAGLE workers use), with the semantics of SGLang's sampler:
+log-softmax of the logits after penalties, logit bias and grammar masks, divided by the request's
+temperature (before top-k/top-p), or before the temperature with SGLANG_RETURN_ORIGINAL_LOGPROB. No extra
+target forward. Both give the user the same numbers.
 """
 from __future__ import annotations
 
@@ -75,27 +78,6 @@ class DSpineDraftSampler:
 
 
 class DSpineWorker(DFlashWorkerV2):
-    _logprob_batch = None  # the batch asking for log-probs while DFlash's code runs on it
-
-    @property
-    def target_worker(self):
-        return self._target_worker if self._logprob_batch is None else _TargetWorker(self._target_worker)
-
-    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
-        if not getattr(batch, "return_logprob", False):
-            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
-        # Decided before DFlash's code runs: its verify step sets the batch's mode to TARGET_VERIFY, which
-        # SGLang counts as an extend mode.
-        verify = is_verify_step(batch)
-        self._logprob_batch = batch
-        try:
-            result = super().forward_batch_generation(_LogprobsHidden(batch), on_publish=on_publish,
-                                                      grammar_barrier=grammar_barrier)
-        finally:
-            self._logprob_batch = None
-        if verify:
-            verify_logprobs(batch, result, self.block_size)
-        return result
     def _maybe_build_draft_sampler(self):
         base = super()._maybe_build_draft_sampler()  # DFlash's checks: head present, unquantized, no added vocab
         if base is None:
@@ -130,6 +112,34 @@ class DSpineWorker(DFlashWorkerV2):
         group = get_tp_group()
         return VocabShard(int(info.org_vocab_start_index), int(info.num_org_elements),
                           group if group.world_size > 1 else None)
+
+
+class DSpineLogprobWorker(DSpineWorker):
+    """DSPINE on an SGLang whose DFlash worker refuses log-prob requests: DFlash's code runs on a view of the
+    batch that hides `return_logprob`, the target worker gets the real batch, and the verify step's log-probs
+    are computed here."""
+
+    _logprob_batch = None  # the batch asking for log-probs while DFlash's code runs on it
+
+    @property
+    def target_worker(self):
+        return self._target_worker if self._logprob_batch is None else _TargetWorker(self._target_worker)
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if not getattr(batch, "return_logprob", False):
+            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+        # Decided before DFlash's code runs: its verify step sets the batch's mode to TARGET_VERIFY, which
+        # SGLang counts as an extend mode.
+        verify = is_verify_step(batch)
+        self._logprob_batch = batch
+        try:
+            result = super().forward_batch_generation(_LogprobsHidden(batch), on_publish=on_publish,
+                                                      grammar_barrier=grammar_barrier)
+        finally:
+            self._logprob_batch = None
+        if verify:
+            verify_logprobs(batch, result, self.block_size)
+        return result
 
 
 def is_verify_step(batch) -> bool:

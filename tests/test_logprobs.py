@@ -1,5 +1,8 @@
 """Log-probabilities under DSPINE (CPU, SGLang imported for real): what a verify step reports for each emitted
-token, the scheduler's admission of log-prob requests in a DSPINE server, and the batch DFlash's code sees."""
+token, the scheduler's admission of log-prob requests in a DSPINE server, and the batch DFlash's code sees.
+
+Where SGLang's DFlash verify step returns log-probs itself (0.5.23), DSPINE's come from it; where it refuses
+them (0.5.17), from DSPINE's worker. The same expectations hold for both."""
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -9,7 +12,19 @@ import torch
 
 pytest.importorskip("sglang")
 
+from sglang_dspine.plugin import dflash_returns_logprobs  # noqa: E402
 from sglang_dspine.worker import _LogprobsHidden, _TargetWorker, verify_logprobs  # noqa: E402
+
+
+def _verify_step_logprobs(batch, result, block):
+    """The log-probs a DSPINE verify step reports on this SGLang: DFlash's own verify-step computation where it
+    has one (its call, on the tokens the step emits), DSPINE's worker's elsewhere."""
+    if dflash_returns_logprobs():
+        from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+
+        compute_spec_logprobs(batch, result.logits_output, result.next_token_ids, chain_stride=block)
+    else:
+        verify_logprobs(batch, result, block)
 
 
 def _verify_result(bs, block, vocab, seed=0):
@@ -37,7 +52,7 @@ def test_verify_logprobs_are_the_target_distribution_of_each_emitted_token(greed
     result, logits, tokens = _verify_result(bs, block, vocab)
     temps = [1.0, 1.0, 1.0] if greedy else [0.7, 1.0, 1.3]
     batch = _batch(bs, temps, greedy, top=[2, 0, 5], token_ids=[None, [3, 7], None])
-    verify_logprobs(batch, result, block)
+    _verify_step_logprobs(batch, result, block)
     out = result.logits_output
     t = torch.tensor(temps).repeat_interleave(block).view(-1, 1)
     want = torch.log_softmax(logits / t, dim=-1)
@@ -61,25 +76,39 @@ def test_verify_logprobs_are_the_target_distribution_of_each_emitted_token(greed
 
 
 def test_dspine_server_admits_logprob_requests():
-    """In a DSPINE server's scheduler process the DFlash family's refusal of log-prob requests is lifted, its
-    refusal of hidden states under overlap is kept and names DSPINE; stock SGLang refuses both."""
+    """In a DSPINE server's scheduler process log-prob requests are admitted and hidden states under overlap are
+    refused. On 0.5.17 stock SGLang refuses both, so DSPINE lifts the first refusal (worded for DSPINE); where
+    SGLang admits them itself, its check is left as it is."""
     code = (
         "from types import SimpleNamespace as R\n"
         "from sglang.srt.managers import scheduler\n"
+        "from sglang_dspine.plugin import dflash_returns_logprobs\n"
         "stock = scheduler.validate_dflash_request\n"
         "lp = R(return_logprob=True, return_hidden_states=False)\n"
         "hs = R(return_logprob=False, return_hidden_states=True)\n"
-        "assert 'return_logprob' in stock(lp, True)\n"
+        "assert (stock(lp, True) is None) == dflash_returns_logprobs(), stock(lp, True)\n"
         "from sglang_dspine import sglang_patches\n"
-        "sglang_patches.admit_logprob_requests()\n"
+        "assert sglang_patches.admit_logprob_requests() != dflash_returns_logprobs()\n"
+        "assert (scheduler.validate_dflash_request is stock) == dflash_returns_logprobs()\n"
         "assert scheduler.validate_dflash_request(lp, True) is None\n"
         "msg = scheduler.validate_dflash_request(hs, True)\n"
-        "assert msg.startswith('DSPINE '), msg\n"
+        "assert msg.startswith('DFLASH ' if dflash_returns_logprobs() else 'DSPINE '), msg\n"
         "assert scheduler.validate_dflash_request(hs, False) is None\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_log_probs_are_computed_once():
+    """Where DFlash's verify step returns log-probs, DSPINE's worker runs DFlash's step as it is (it neither hides
+    the request from it nor computes them again); elsewhere the worker that supplies them is the one used."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    from sglang_dspine.worker import DSpineLogprobWorker, DSpineWorker
+
+    assert DSpineWorker.forward_batch_generation is DFlashWorkerV2.forward_batch_generation
+    assert DSpineWorker.target_worker is DFlashWorkerV2.target_worker
+    assert DSpineLogprobWorker.forward_batch_generation is not DFlashWorkerV2.forward_batch_generation
 
 
 def test_dflash_code_sees_no_logprob_request_and_the_target_sees_the_batch():

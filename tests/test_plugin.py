@@ -13,6 +13,8 @@ from sglang_dspine.tiny import drafter_config_for, make_target
 
 pytest.importorskip("sglang")
 
+from sglang_dspine.plugin import sglang_version  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
@@ -46,50 +48,103 @@ def test_entry_point_registers_in_a_fresh_interpreter():
     assert out.stdout.strip().endswith("ok")
 
 
+# What the harness does differently on SGLang 0.5.23: server arguments are a record settled after parsing
+# (`resolve_once()`), whose resolved values are read through a view (0.5.17 settles them while parsing, into the
+# fields); model-parallel widths come from the published configuration; the loaders' post-load hook is public.
+ON_0_5_23 = sglang_version() >= (0, 5, 23)
+
+
 def _args(root, draft, *extra):
+    """The server arguments of a launch with this command line, settled and checked as the server does it."""
     from sglang.srt.server_args import prepare_server_args
     import sglang_dspine.plugin as p
 
     p.register()
-    return prepare_server_args(["--model-path", str(root / "target"), "--speculative-algorithm", extra[0] if extra else "DSPINE",
+    args = prepare_server_args(["--model-path", str(root / "target"), "--speculative-algorithm", extra[0] if extra else "DSPINE",
                                 "--speculative-draft-model-path", str(draft), "--device", "cuda", *extra[1:]])
+    if ON_0_5_23:
+        args.resolve_once()
+    args.check_server_args()
+    return args
 
 
-def test_server_args_match_dflash(dirs):
+def _resolved(args):
+    """What the server reads from settled arguments."""
+    if not ON_0_5_23:
+        return args
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    return resolving_view(args)
+
+
+@pytest.mark.parametrize("extra", [[], ["--enable-mixed-chunk"]], ids=["defaults", "mixed-chunk"])
+def test_server_args_match_dflash(dirs, extra):
     root, _ = dirs
-    dsp = _args(root, root / "dspine", "DSPINE")
-    dfl = _args(root, root / "dflash", "DFLASH")  # the DFlash drafter of the same shape: DFLASH refuses a DSpine one
+    dsp = _resolved(_args(root, root / "dspine", "DSPINE", *extra))
+    # the DFlash drafter of the same shape: DFLASH refuses a DSpine one
+    dfl = _resolved(_args(root, root / "dflash", "DFLASH", *extra))
     assert dsp.speculative_algorithm == "DSPINE"
     for key in ("speculative_num_draft_tokens", "speculative_num_steps", "speculative_eagle_topk",
-                "speculative_draft_attention_backend", "max_running_requests", "enable_mixed_chunk"):
+                "speculative_draft_attention_backend", "max_running_requests", "enable_mixed_chunk",
+                "sampling_backend", "disable_overlap_schedule"):
         assert getattr(dsp, key) == getattr(dfl, key), key
     assert dsp.speculative_num_draft_tokens == 4
 
 
+def test_dspine_answers_like_dflash():
+    """Every question SGLang asks a speculative algorithm (is_*, supports_*, has_*, need_*, carries_*, and the
+    target-verify width) gets DFLASH's answer from DSPINE (it says it is DFLASH, so SGLang takes DFlash's paths)."""
+    import sglang_dspine.plugin as p
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S
+
+    p.register()
+    dsp, dfl = S.from_string("DSPINE"), S.DFLASH
+    asked = sorted(n for n in vars(S) if n.startswith(("is_", "supports_", "has_", "need_", "carries_")))
+    assert "is_dflash_family" in asked
+    if ON_0_5_23:
+        assert {"supports_mixed_chunk", "supports_prefill_shared_read_done"} <= set(asked)
+    for name in asked:
+        assert getattr(dsp, name)() == getattr(dfl, name)(), name
+    for drafting in (True, False):
+        assert dsp.get_num_tokens_per_req_for_target_verify(16, drafting) == \
+            dfl.get_num_tokens_per_req_for_target_verify(16, drafting)
+
+
 def test_tensor_parallel_args_pass_dspine_checks(dirs):
     root, _ = dirs
-    args = _args(root, root / "dspine", "DSPINE", "--tp-size", "2")
+    args = _resolved(_args(root, root / "dspine", "DSPINE", "--tp-size", "2"))
     assert args.tp_size == 2 and args.speculative_algorithm == "DSPINE"
 
 
-@pytest.mark.parametrize("backend", ["pytorch", "flashinfer"])
-def test_worker_factory_patches_verify_renorm_only_for_pytorch_sampling(dirs, backend):
+@pytest.mark.parametrize("flags,patched", [
+    (["--sampling-backend", "pytorch"], True),
+    (["--sampling-backend", "flashinfer"], False),
+    (["--enable-deterministic-inference"], True),  # SGLang picks PyTorch sampling itself
+])
+def test_worker_factory_patches_verify_renorm_only_for_pytorch_sampling(dirs, flags, patched):
     """The DSPINE worker factory routes DFlash's verify renormalisation to SGLang's Triton kernels when the
-    server samples in PyTorch (no FlashInfer JIT build in the middle of serving), and leaves it alone otherwise."""
+    server samples in PyTorch (no FlashInfer JIT build in the middle of serving), whether the user or SGLang
+    chose it, and leaves it alone otherwise. It returns the worker that leaves log-probs to DFlash's verify
+    step where that returns them, and the one that supplies them elsewhere."""
     import importlib
 
     from sglang.kernels.ops.sampling import renorm_triton
+    from sglang.srt.runtime_context import publish
     from sglang.srt.speculative import dflash_utils
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang_dspine.worker import DSpineWorker
+    from sglang_dspine.plugin import dflash_returns_logprobs
+    from sglang_dspine.worker import DSpineLogprobWorker, DSpineWorker
 
     dflash_utils = importlib.reload(dflash_utils)  # undo an earlier case's patch
     stock = dflash_utils.top_k_renorm_prob, dflash_utils.top_p_renorm_prob
     root, _ = dirs
-    args = _args(root, root / "dspine", "DSPINE", "--sampling-backend", backend)
-    assert SpeculativeAlgorithm.from_string("DSPINE").create_worker(args) is DSpineWorker
+    args = _args(root, root / "dspine", "DSPINE", *flags)
+    assert _resolved(args).sampling_backend == ("pytorch" if patched else "flashinfer")
+    publish(args, role="test")  # what a scheduler process does before it creates the worker
+    worker = SpeculativeAlgorithm.from_string("DSPINE").create_worker(args)
+    assert worker is (DSpineWorker if dflash_returns_logprobs() else DSpineLogprobWorker)
     now = dflash_utils.top_k_renorm_prob, dflash_utils.top_p_renorm_prob
-    if backend == "pytorch":
+    if patched:
         assert now == (renorm_triton.top_k_renorm_probs_triton, renorm_triton.top_p_renorm_probs_triton)
         assert stock != now
     else:
@@ -216,7 +271,7 @@ def test_unconverted_reference_release_is_refused_then_served_after_export(dirs)
         _args(root, wrapped, "DSPINE", "--speculative-num-draft-tokens", "16")
     converted = root / "release_converted"
     assert cli_main(["export", "--checkpoint", str(release), "--output", str(converted), "--dtype", "fp32"]) == 0
-    args = _args(root, converted, "DSPINE", "--speculative-num-draft-tokens", "16")
+    args = _resolved(_args(root, converted, "DSPINE", "--speculative-num-draft-tokens", "16"))
     assert args.speculative_draft_model_path == str(converted)
 
 
@@ -231,7 +286,10 @@ def sglang_cpu(dirs):
     publish(_args(root, root / "dspine"), role="test")
     init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
                                  distributed_init_method="tcp://127.0.0.1:29517")
-    initialize_model_parallel(tensor_model_parallel_size=1)
+    if ON_0_5_23:
+        initialize_model_parallel()  # 0.5.23 reads the widths from the published configuration
+    else:
+        initialize_model_parallel(tensor_model_parallel_size=1)
     rope_base._is_cpu, rope_base._is_cpu_amx_available = True, False
     return root
 
@@ -359,9 +417,10 @@ def test_dummy_weights_run_the_same_draft_step_as_loaded_ones(sglang_cpu, dirs, 
     same, and the log says which path runs."""
     import logging
 
-    from sglang.srt.model_loader.loader import _post_load_weights
+    from sglang.srt.model_loader import loader
     from sglang.srt.model_loader.weight_utils import initialize_dummy_weights
 
+    _post_load_weights = loader.post_load_weights if ON_0_5_23 else loader._post_load_weights
     root, _ = dirs
     monkeypatch.setenv("SGLANG_DSPINE_KERNELS", kernels)
     loaded = _sglang_model(root / "dspine")
