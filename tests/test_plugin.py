@@ -282,10 +282,15 @@ def sglang_cpu(dirs):
     from sglang.srt.runtime_context import publish
     import sglang.srt.layers.rotary_embedding.base as rope_base
 
+    import socket
+
     root, _ = dirs
     publish(_args(root, root / "dspine"), role="test")
+    with socket.socket() as s:  # a free port: other test runs may share the machine
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
-                                 distributed_init_method="tcp://127.0.0.1:29517")
+                                 distributed_init_method=f"tcp://127.0.0.1:{port}")
     if ON_0_5_23:
         initialize_model_parallel()  # 0.5.23 reads the widths from the published configuration
     else:
