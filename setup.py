@@ -1,6 +1,11 @@
 """sglang-dspine: DSpine speculative decoding for SGLang (serving plugin, trainer, benchmarks)."""
 from setuptools import setup
 
+# The SGLang releases the plugin runs on (sglang_dspine.plugin.SUPPORTED_SGLANG says the same; a test checks).
+# The first is the one verified on the GPU and the default of scripts/test.sh and scripts/lock.sh; each has a
+# lock, locks/sglang-VERSION.txt.
+SGLANG_RELEASES = ["0.5.17", "0.5.23"]
+
 setup(
     name="sglang-dspine",
     version="0.1.0",
@@ -13,10 +18,12 @@ setup(
     packages=["sglang_dspine", "sglang_dspine.kernels"],
     package_dir={"sglang_dspine": "sglang_dspine", "sglang_dspine.kernels": "kernels"},
     install_requires=[
-        # SGLang pins torch 2.11.0, triton 3.6.0, transformers 5.12.1; we take exactly its pins.
-        "sglang==0.5.17",
-        "torch==2.11.0",
-        "transformers==5.12.1",
+        # Exactly the releases above (post-releases included): an SGLang already installed is kept, otherwise pip
+        # takes 0.5.23 (torch 2.14.1); `pip install . 'sglang==0.5.17'` for torch 2.11. torch and transformers
+        # come at the versions that SGLang release pins.
+        "sglang>=0.5.17,<0.5.24,!=0.5.18.*,!=0.5.19.*,!=0.5.20.*,!=0.5.21.*,!=0.5.22.*",
+        "torch",
+        "transformers",
         "safetensors",
         "tqdm",
     ],

@@ -47,7 +47,7 @@ from sglang_dspine.provenance import provenance  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = ("plain", "dflash", "dspine")
 PORTS = {"plain": 31001, "dflash": 31002, "dspine": 31003}
-FLAGS = ["--grammar-backend", "xgrammar", "--chunked-prefill-size", "64", "--cuda-graph-max-bs", "48",
+FLAGS = ["--grammar-backend", "xgrammar", "--chunked-prefill-size", "64", "--cuda-graph-max-bs-decode", "48",
          "--mem-fraction-static", "0.1", "--disable-prefill-cuda-graph",
          # usage.prompt_tokens_details.cached_tokens in OpenAI answers (the radix-cache check reads it)
          "--enable-cache-report",

@@ -14,7 +14,7 @@ Phases (one GPU):
      measured in turn, `--repeats` alternating rounds, clients 1, 4, 16, 48, 64, T=0 and T=1.
   2. profile (`--profile-clients`): SGLang's torch profiler over `--profile-steps` steps of a steady load, GPU
      time per step by kernel name for each server, and DSPINE minus DFLASH per kernel.
-  3. alone (`--alone`): DFLASH, then DSPINE, each alone on the GPU with SGLang's default `--cuda-graph-max-bs`
+  3. alone (`--alone`): DFLASH, then DSPINE, each alone on the GPU with SGLang's default `--cuda-graph-max-bs-decode`
      and the same `--mem-fraction-static`: their KV-cache tokens and max running requests, and one round.
 
 Usage on the GPU machine (repo root, carry .devbundle): `bash scripts/device/serving_scale.sh [args]`.
@@ -276,14 +276,14 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--pool", type=int, default=60000, help="--max-total-tokens of every side-by-side server")
-    ap.add_argument("--graph-bs", type=int, default=64, help="--cuda-graph-max-bs of the side-by-side servers")
+    ap.add_argument("--graph-bs", type=int, default=64, help="--cuda-graph-max-bs-decode of the side-by-side servers")
     ap.add_argument("--profile-clients", default="1,16,64", help="'' for no profile")
     ap.add_argument("--profile-steps", type=int, default=30)
     ap.add_argument("--warmup-round", action=argparse.BooleanOptionalAction, default=True,
                     help="an uncounted short round at every client count and temperature first (default: on)")
     ap.add_argument("--torch-once", action="store_true",
                     help="DSPINE on its PyTorch math (the reference) in the first round at T=0 only")
-    ap.add_argument("--alone", action="store_true", help="phase 3: each server alone, default --cuda-graph-max-bs")
+    ap.add_argument("--alone", action="store_true", help="phase 3: each server alone, default --cuda-graph-max-bs-decode")
     ap.add_argument("--alone-mem-fraction", type=float, default=0.85)
     ap.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--smoke", action="store_true", help="CPU: make tiny models and check the summary")
@@ -324,7 +324,7 @@ def main() -> None:
     env_prof = {"SGLANG_TORCH_PROFILER_DIR": os.path.join(args.work, "profiles")}
     try:
         # ---- phase 1: side by side, equal pools
-        side = ["--cuda-graph-max-bs", str(args.graph_bs), "--max-total-tokens", str(args.pool),
+        side = ["--cuda-graph-max-bs-decode", str(args.graph_bs), "--max-total-tokens", str(args.pool),
                 "--max-running-requests", str(max(clients)),  # else SGLang derives a lower cap (48 at 60000)
                 "--mem-fraction-static", "0.88", "--disable-prefill-cuda-graph"]
         for i, n in enumerate(names):
@@ -370,7 +370,7 @@ def main() -> None:
                                                  if "DSPINE draft step" in l or "DSPINE candidate" in l][:4]
             s.stop()
         servers = {}
-        # ---- phase 3: each alone, SGLang's default --cuda-graph-max-bs
+        # ---- phase 3: each alone, SGLang's default --cuda-graph-max-bs-decode
         if args.alone:
             for n in [x for x in ("dflash", "dspine") if x in names]:
                 a, env = server_args_for(n, target, drafters, ["--mem-fraction-static", str(args.alone_mem_fraction)])

@@ -34,8 +34,9 @@ else
 fi
 VENV="${VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-# The tested versions (scripts/test.sh installs the same lock); PIP_CONSTRAINT reaches pip's build env too.
-lock="locks/sglang-$(sed -n 's/.*"sglang==\([^"]*\)".*/\1/p' setup.py).txt"
+# The tested versions of the GPU-verified SGLang, the first of setup.py's SGLANG_RELEASES (scripts/test.sh installs
+# the same lock); PIP_CONSTRAINT reaches pip's build env too.
+lock="locks/sglang-$(sed -n 's/^SGLANG_RELEASES = \["\([^"]*\)".*/\1/p' setup.py).txt"
 PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir -c "$lock" -e .
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "serve.sh: SGLang serving needs a CUDA GPU; none is visible here." >&2

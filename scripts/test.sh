@@ -1,23 +1,52 @@
 #!/usr/bin/env bash
-# Set up (first run: a virtualenv in .venv with sglang 0.5.17 and its pins, ~3 min) and run the CPU test suite.
-#   bash scripts/test.sh [PATH[::TEST] ...] [pytest flags]
-# With test paths, runs just those; without, the whole tests/ folder. Other arguments go to pytest.
-# Every package is installed at the version in locks/sglang-VERSION.txt (scripts/lock.sh refreshes it), so a
-# dependency's new release cannot change the result. pytest's "no tests collected" (exit 5) fails like any error.
+# Set up (first run: a virtualenv with SGLang and the pinned packages, a few minutes) and run the CPU test suite.
+#   bash scripts/test.sh [--sglang VERSION] [PATH[::TEST] ...] [pytest flags]
+# With test paths, runs just those; without, the whole tests/ folder, or, for an import-time environment (below),
+# the tests that import SGLang: the plugin, SGLang-model and checkpoint tests. Other arguments go to pytest.
+# --sglang: one of setup.py's SGLANG_RELEASES (default: the first, the GPU-verified one, in .venv); another
+# release gets its own virtualenv, .venv-VERSION. Every package is installed at the version in
+# locks/sglang-VERSION.txt (scripts/lock.sh refreshes it), so a dependency's new release cannot change the
+# result. Where locks/sglang-VERSION.imports exists the lock is an import-time environment (SGLang without its
+# dependencies, and what its imports need), installed exactly as written.
+# pytest's "no tests collected" (exit 5) fails like any error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${VENV:-.venv}"
-version="$(sed -n 's/.*"sglang==\([^"]*\)".*/\1/p' setup.py)"
+releases="$(sed -n 's/^SGLANG_RELEASES = \[\(.*\)\]/\1/p' setup.py | tr -d '",')"
+default="${releases%% *}"
+version="$default"
+if [ "${1:-}" = "--sglang" ]; then
+  version="${2:?test.sh: --sglang needs a VERSION}"
+  shift 2
+  case " $releases " in
+    *" $version "*) ;;
+    *) echo "test.sh: --sglang $version: not one of setup.py's SGLANG_RELEASES ($releases)" >&2; exit 2 ;;
+  esac
+fi
+if [ "$version" = "$default" ]; then
+  VENV="${VENV:-.venv}"
+else
+  VENV="${VENV:-.venv-$version}"
+fi
 lock="locks/sglang-$version.txt"
 if [ ! -f "$lock" ]; then
   echo "test.sh: $lock not found; make it with: bash scripts/lock.sh $version" >&2
   exit 2
 fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-# -c pins what this install resolves; PIP_CONSTRAINT pins pip's isolated build environment too (setuptools),
-# which does not see -c. --no-cache-dir: a ~9 GB venv, no second copy in a cache.
-PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
-  -c "$lock" -e ".[test,lab]"
+# --no-cache-dir: a venv of several GB, no second copy in a cache. PIP_CONSTRAINT pins pip's isolated build
+# environment (setuptools), which does not see -c or -r.
+if [ -f "locks/sglang-$version.imports" ]; then
+  PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+    --no-deps -r "$lock"
+  PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+    --no-deps -e .
+  all_tests=(tests/test_plugin.py tests/test_logprobs.py tests/test_checkpoint.py)
+else
+  # -c pins what this install resolves.
+  PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+    -c "$lock" -e ".[test,lab]"
+  all_tests=(tests)
+fi
 # A test path is an argument naming a file or folder under tests/ (optionally with ::TEST), unless it is the
 # value of a pytest option given as a separate argument (-k EXPR, -p PLUGIN, --ignore PATH, ...).
 paths=no
@@ -38,4 +67,4 @@ done
 if [ "$paths" = yes ]; then
   exec "$VENV/bin/python" -m pytest "$@"
 fi
-exec "$VENV/bin/python" -m pytest tests "$@"
+exec "$VENV/bin/python" -m pytest "${all_tests[@]}" "$@"

@@ -42,12 +42,12 @@ _TAKEN_FROM_SPECULATIVE_ALGORITHM = (
 
 @functools.lru_cache(maxsize=None)
 def sglang_version() -> tuple[int, int, int]:
-    """The installed SGLang's release, e.g. (0, 5, 23) for 0.5.23 or 0.5.23.post1."""
-    from importlib.metadata import version
-
+    """The imported SGLang's release, e.g. (0, 5, 23) for 0.5.23 or 0.5.23.post1 (its own version module: the
+    package that runs, even where several are installed)."""
     from packaging.version import Version
+    from sglang.version import __version__
 
-    return tuple(Version(version("sglang")).release[:3])
+    return tuple(Version(__version__).release[:3])
 
 
 def check_sglang_version() -> None:

@@ -1,5 +1,6 @@
 """The SGLang plugin with SGLang imported for real (CPU): registration, server arguments, weight loading."""
 import os
+import re
 import subprocess
 import sys
 
@@ -108,6 +109,41 @@ def test_dspine_answers_like_dflash():
     for drafting in (True, False):
         assert dsp.get_num_tokens_per_req_for_target_verify(16, drafting) == \
             dfl.get_num_tokens_per_req_for_target_verify(16, drafting)
+
+
+@pytest.mark.parametrize("release,refused", [("0.5.20", True), ("0.5.24", True), ("0.5.17.post1", False),
+                                              ("0.5.23", False)])
+def test_only_supported_sglang_releases_register(monkeypatch, release, refused):
+    """The plugin reads the running SGLang's own version and refuses releases it was not tested on, naming them."""
+    import sglang.version
+
+    import sglang_dspine.plugin as p
+
+    monkeypatch.setattr(sglang.version, "__version__", release)
+    p.sglang_version.cache_clear()
+    try:
+        if refused:
+            with pytest.raises(RuntimeError, match=rf"^sglang-dspine supports SGLang 0\.5\.17 and 0\.5\.23; the installed "
+                                                   rf"SGLang is {re.escape(release)} \(install one of them"):
+                p.check_sglang_version()
+        else:
+            p.check_sglang_version()
+    finally:
+        p.sglang_version.cache_clear()
+
+
+def test_gpu_scripts_server_flags_parse(dirs):
+    """The server flags the GPU benchmarks pass are flags of this SGLang (0.5.23 dropped `--cuda-graph-max-bs`,
+    which then is an ambiguous prefix of its -decode and -prefill flags)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    try:
+        from serving_features import FLAGS
+        from servers import BASE_ARGS
+    finally:
+        sys.path.pop(0)
+    root, _ = dirs
+    args = _resolved(_args(root, root / "dspine", "DSPINE", *BASE_ARGS[2:], *FLAGS))  # BASE_ARGS[:2]: --host
+    assert args.sampling_backend == "pytorch"
 
 
 def test_tensor_parallel_args_pass_dspine_checks(dirs):

@@ -1,4 +1,4 @@
-"""scripts/serve.sh and scripts/test.sh: what they refuse and the command they end up running. The scripts run for
+"""scripts/serve.sh, scripts/test.sh and .ci/run: what they refuse and the commands they end up running. The scripts run for
 real; their virtualenv's `python` is a recorder that writes its arguments down (no GPU or install here)."""
 import os
 import shlex
@@ -96,3 +96,72 @@ def test_test_sh_runs_just_the_paths_it_is_given(recorder, args, pytest_args):
     assert install[:3] == ["-m", "pip", "install"] and "--no-cache-dir" in install
     assert install[install.index("-c") + 1] == "locks/sglang-0.5.17.txt"
     assert test == ["-m", "pytest", *pytest_args]
+
+
+SGLANG_TESTS = ["tests/test_plugin.py", "tests/test_logprobs.py", "tests/test_checkpoint.py"]
+
+
+@pytest.mark.parametrize("args,pytest_args", [
+    (["--sglang", "0.5.23"], SGLANG_TESTS),
+    (["--sglang", "0.5.23", "-q", "-p", "no:cacheprovider"], [*SGLANG_TESTS, "-q", "-p", "no:cacheprovider"]),
+    (["--sglang", "0.5.23", "tests/test_logprobs.py"], ["tests/test_logprobs.py"]),
+])
+def test_test_sh_installs_an_import_time_environment_exactly(recorder, args, pytest_args):
+    """--sglang 0.5.23: the lock installed as written, without dependency resolution, then the package itself,
+    and by default only the tests that import SGLang."""
+    venv, calls = recorder
+    out = run("test.sh", *args, venv=venv)
+    assert out.returncode == 0, out.stderr
+    lock, package, test = calls()[-3:]
+    assert lock[:3] == ["-m", "pip", "install"] and "--no-deps" in lock
+    assert lock[lock.index("-r") + 1] == "locks/sglang-0.5.23.txt"
+    assert package[:3] == ["-m", "pip", "install"] and "--no-deps" in package and package[-2:] == ["-e", "."]
+    assert test == ["-m", "pytest", *pytest_args]
+
+
+def test_test_sh_refuses_an_sglang_it_does_not_support(recorder):
+    venv, calls = recorder
+    out = run("test.sh", "--sglang", "0.5.20", venv=venv)
+    assert out.returncode == 2 and calls() == []
+    assert out.stderr.strip() == "test.sh: --sglang 0.5.20: not one of setup.py's SGLANG_RELEASES (0.5.17 0.5.23)"
+
+
+def test_supported_sglang_releases_agree_everywhere():
+    """setup.py's SGLANG_RELEASES, the requirement pip resolves, the plugin's SUPPORTED_SGLANG and the locks name
+    the same releases; .ci/run tests each."""
+    import ast
+    import re
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    from sglang_dspine.plugin import SUPPORTED_SGLANG
+
+    setup_py = open(os.path.join(REPO, "setup.py")).read()
+    releases = ast.literal_eval(re.search(r"^SGLANG_RELEASES = (\[.*\])$", setup_py, re.M).group(1))
+    assert [tuple(map(int, r.split("."))) for r in releases] == list(SUPPORTED_SGLANG)
+    req = Requirement(re.search(r'"(sglang>=[^"]*)"', setup_py).group(1))
+    allowed = [f"0.5.{p}{post}" for p in range(30) for post in ("", ".post1") if req.specifier.contains(f"0.5.{p}{post}")]
+    assert allowed == [v + post for v in releases for post in ("", ".post1")]
+    assert not req.specifier.contains("0.6.0") and not req.specifier.contains(Version("0.5.16"))
+    for r in releases:
+        assert os.path.isfile(os.path.join(REPO, "locks", f"sglang-{r}.txt")), r
+    for r in releases[1:]:  # the others are tested in import-time environments
+        assert os.path.isfile(os.path.join(REPO, "locks", f"sglang-{r}.imports")), r
+
+
+def test_ci_runs_every_release(tmp_path):
+    """.ci/run as CI runs it, with test.sh replaced by a recorder: one run per release, the default first."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / ".ci").mkdir()
+    shutil.copy(os.path.join(REPO, "setup.py"), repo / "setup.py")
+    shutil.copy(os.path.join(REPO, ".ci", "run"), repo / ".ci" / "run")
+    log = tmp_path / "calls.txt"
+    (repo / "scripts" / "test.sh").write_text(f'printf "%s " "$@" >> {shlex.quote(str(log))}; echo >> {shlex.quote(str(log))}\n')
+    out = subprocess.run(["bash", str(repo / ".ci" / "run")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert log.read_text().splitlines() == ["--sglang 0.5.17 -q -p no:cacheprovider ",
+                                            "--sglang 0.5.23 -q -p no:cacheprovider "]

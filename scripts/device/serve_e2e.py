@@ -31,7 +31,7 @@ import torch
 from sglang_dspine.provenance import provenance  # noqa: E402
 
 SERVER = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--attention-backend", "triton",
-          "--sampling-backend", "pytorch", "--grammar-backend", "none", "--cuda-graph-max-bs", "48",
+          "--sampling-backend", "pytorch", "--grammar-backend", "none", "--cuda-graph-max-bs-decode", "48",
           "--mem-fraction-static", "0.12", "--log-level", "info", "--decode-log-interval", "10",
           # Prefill graphs only change prefill speed; their capture cost 81 s of a fresh machine's first start.
           "--disable-prefill-cuda-graph"]
