@@ -109,6 +109,13 @@ def test_dspine_answers_like_dflash():
     for drafting in (True, False):
         assert dsp.get_num_tokens_per_req_for_target_verify(16, drafting) == \
             dfl.get_num_tokens_per_req_for_target_verify(16, drafting)
+    # the questions that need a batch or a configuration to answer are SpeculativeAlgorithm's own code, which asks
+    # only is_*(): disaggregated decode's draft input, the draft-width bound, the future map
+    for name in p._TAKEN_FROM_SPECULATIVE_ALGORITHM:
+        if hasattr(S, name):
+            assert getattr(type(dsp), name) is getattr(S, name), name
+    if ON_0_5_23:
+        assert hasattr(S, "build_disagg_draft_input") and hasattr(S, "resolve_max_speculative_num_draft_tokens")
 
 
 @pytest.mark.parametrize("release,refused", [("0.5.20", True), ("0.5.24", True), ("0.5.17.post1", False),
