@@ -127,31 +127,36 @@ def test_dflash_code_sees_no_logprob_request_and_the_target_sees_the_batch():
 
 @pytest.mark.parametrize("mode,verify", [("DECODE", True), ("EXTEND", False), ("IDLE", False)])
 def test_verify_log_probs_follow_the_mode_the_batch_came_in(mode, verify, monkeypatch):
-    """DSpineWorker decides whether a step is a verify step before DFlash's code runs: DFlash's verify sets the
-    batch's mode to TARGET_VERIFY, which SGLang's ForwardMode counts as an extend mode (a decode batch asking for
-    log-probs then came back without them and the scheduler failed on it). The parent's forward is replaced by
-    what it does to the batch: the verify step's mode change, and its result."""
+    """Where DSPINE supplies the log-probs (0.5.17), its worker decides whether a step is a verify step before
+    DFlash's code runs: DFlash's verify sets the batch's mode to TARGET_VERIFY, which SGLang's ForwardMode counts as
+    an extend mode (a decode batch asking for log-probs then came back without them and the scheduler failed on
+    it). Where DFlash's verify step returns them (0.5.23), DSPINE's worker hands DFlash the batch as it came and
+    adds nothing. The parent's forward is replaced by what it does to the batch: the verify step's mode change,
+    and its result."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    from sglang_dspine.worker import DSpineWorker
+    from sglang_dspine.worker import DSpineLogprobWorker, DSpineWorker
 
+    upstream = dflash_returns_logprobs()
+    worker_class = DSpineWorker if upstream else DSpineLogprobWorker  # what plugin._worker_factory returns
     assert ForwardMode.TARGET_VERIFY.is_extend()  # the trap, as SGLang defines it
     bs, block, vocab = 2, 4, 30
     result, logits, tokens = _verify_result(bs, block, vocab)
 
     def parent_forward(self, batch, on_publish=None, grammar_barrier=None):
-        assert batch.return_logprob is False  # DFlash's up-front refusal sees no log-prob request
-        assert self.target_worker is not self._target_worker  # the target is handed the real batch
+        # DFlash's up-front refusal (0.5.17) sees no log-prob request; DFlash's own log-prob path (0.5.23) sees it
+        assert batch.return_logprob is upstream
+        assert (self.target_worker is self._target_worker) == upstream  # else the target gets the real batch
         if batch.forward_mode == ForwardMode.DECODE:
             batch.forward_mode = ForwardMode.TARGET_VERIFY  # what prepare_for_verify does
         return result
 
     monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", parent_forward)
-    worker = DSpineWorker.__new__(DSpineWorker)  # the wrapper's dispatch only: no model runners on a CPU
+    worker = worker_class.__new__(worker_class)  # the wrapper's dispatch only: no model runners on a CPU
     worker._target_worker, worker.block_size = SimpleNamespace(), block
     batch = _batch(bs, [1.0, 1.0], True)
     batch.return_logprob, batch.is_extend_in_batch, batch.forward_mode = True, False, getattr(ForwardMode, mode)
     assert worker.forward_batch_generation(batch) is result
-    assert (result.logits_output.next_token_logprobs is not None) == verify
+    assert (result.logits_output.next_token_logprobs is not None) == (verify and not upstream)
     assert worker.target_worker is worker._target_worker
