@@ -177,7 +177,7 @@ _BOOL_SWITCHES = {"backbone_loss", "refinement_loss", "alignment_loss", "replace
 
 def _train_args(p: argparse.ArgumentParser) -> None:
     from .config import DSpineSettings
-    from .training import TrainConfig
+    from .train_config import TrainConfig
 
     d = TrainConfig()
     p.add_argument("--target", required=True, help="target model path (transformers)")
@@ -222,7 +222,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 def train_config_from_args(args: argparse.Namespace):
     from .config import DSpineSettings
-    from .training import TrainConfig
+    from .train_config import TrainConfig
 
     kw = {}
     for f in fields(TrainConfig):
@@ -241,7 +241,8 @@ def train_config_from_args(args: argparse.Namespace):
 
 
 def _train_run(args: argparse.Namespace) -> int:
-    from .training import train, train_device
+    from .distributed import train_device
+    from .trainer import train
 
     tc = train_config_from_args(args)
     if not os.path.isfile(tc.data):
@@ -271,7 +272,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 def _export_run(args: argparse.Namespace) -> int:
     from .checkpoint import load_drafter, save_drafter
     from .config import DrafterConfigError
-    from .training import resolve_checkpoint
+    from .trainer import resolve_checkpoint
 
     try:
         src = resolve_checkpoint(args.checkpoint)
@@ -324,7 +325,7 @@ def _eval_run(args: argparse.Namespace) -> int:
     from .checkpoint import load_drafter
     from .data import HFGenerator, eos_ids_of, iter_records, prompt_ids
     from .generate import SpecResult, speculative_generate
-    from .training import resolve_checkpoint
+    from .trainer import resolve_checkpoint
 
     try:
         src = resolve_checkpoint(args.drafter)

@@ -27,30 +27,18 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
+from .jsonl import DataError, iter_jsonl
+
 ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                 "model": "assistant", "bot": "assistant", "system": "system"}
-
-
-class DataError(ValueError):
-    """An input record or file that cannot be turned into training data."""
 
 
 # ----------------------------------------------------------------------------------------------- prompts
 def iter_records(source: str, split: str = "train") -> Iterator[tuple[str, dict[str, Any]]]:
     """(id, record) pairs from a JSONL file, a saved `datasets` dataset, or a `datasets` name."""
     if os.path.isfile(source):
-        with open(source, encoding="utf-8") as f:
-            for lineno, line in enumerate(f):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{source}:{lineno + 1}: not valid JSON ({e.msg})") from None
-                if not isinstance(rec, dict):
-                    raise DataError(f"{source}:{lineno + 1}: expected a JSON object, found {type(rec).__name__}")
-                yield str(rec.get("id", lineno)), rec
+        for lineno, rec in iter_jsonl(source):
+            yield str(rec.get("id", lineno - 1)), rec
         return
     try:
         import datasets
@@ -338,17 +326,10 @@ def iter_token_data(path: str) -> Iterator[dict[str, Any]]:
     """The records of a regenerated JSONL one by one (streaming), checked."""
     if not os.path.isfile(path):
         raise DataError(f"training data {path}: not found (make it with `sglang-dspine data`)")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno + 1}: not valid JSON ({e.msg})") from None
-            ids, mask = rec.get("input_ids"), rec.get("loss_mask")
-            if ids is None or mask is None:
-                raise DataError(f"{path}:{lineno + 1}: expected `input_ids` and `loss_mask`, found keys {sorted(rec)}")
-            if len(ids) != len(mask):
-                raise DataError(f"{path}:{lineno + 1}: `input_ids` ({len(ids)}) and `loss_mask` ({len(mask)}) differ in length")
-            yield rec
+    for lineno, rec in iter_jsonl(path):
+        ids, mask = rec.get("input_ids"), rec.get("loss_mask")
+        if ids is None or mask is None:
+            raise DataError(f"{path}:{lineno}: expected `input_ids` and `loss_mask`, found keys {sorted(rec)}")
+        if len(ids) != len(mask):
+            raise DataError(f"{path}:{lineno}: `input_ids` ({len(ids)}) and `loss_mask` ({len(mask)}) differ in length")
+        yield rec
