@@ -11,15 +11,24 @@ from .data import DataError, iter_token_data
 
 
 class TokenData:
-    """Regenerated sequences, truncated to max_length, kept only if they hold a valid anchor."""
+    """Training sequences (token records, or conversations tokenised with the chat template), truncated to
+    max_length, kept only if they hold a valid anchor."""
 
-    def __init__(self, path: str, max_length: int):
+    def __init__(self, path: str, max_length: int, tokenizer=None, chat_template: str | None = None,
+                 enable_thinking: bool | None = None, last_turn_only: bool = False, vocab_size: int | None = None,
+                 progress: bool = False):
         import numpy as np
+        from tqdm import tqdm
 
         self.items: list[tuple[Any, Any]] = []  # (int32 ids, uint8 mask): compact for large sets
         self.dropped = 0
-        for rec in iter_token_data(path):
+        records = tqdm(iter_token_data(path, tokenizer, chat_template, enable_thinking, last_turn_only), desc="read data", unit="seq", disable=not progress,
+                       dynamic_ncols=True, leave=False)
+        for n, rec in enumerate(records, 1):
             ids = np.asarray(rec["input_ids"][:max_length], dtype=np.int64)
+            if vocab_size is not None and len(ids) and not 0 <= int(ids.min()) <= int(ids.max()) < vocab_size:
+                raise DataError(f"training data {path}: record {rec.get('id', n - 1)!r} holds token ids outside "
+                                f"[0, {vocab_size}) (the target's vocabulary): data made for another tokenizer?")
             mask = np.asarray(rec["loss_mask"][:max_length], dtype=np.float32) > 0.5
             if valid_anchors(torch.from_numpy(mask)[None]).any():
                 self.items.append((ids.astype(np.int32), mask.astype(np.uint8)))
