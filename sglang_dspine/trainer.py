@@ -189,6 +189,10 @@ class Trainer:
 
         os.makedirs(tc.output_dir, exist_ok=True)
         self.tokenizer = load_tokenizer(tc)
+        # the data before the drafter: a bad file fails fast, before a large head's transfer space is computed
+        self.data = TokenData(tc.data, tc.max_length, self.tokenizer, tc.chat_template, tc.enable_thinking,
+                              tc.last_turn_only, vocab_size=int(self.teacher.config.vocab_size),
+                              progress=tc.progress and self.rank == 0)
         self.resume_from = _latest_checkpoint(tc.output_dir) if tc.resume else None
         if self.resume_from:
             drafter = load_drafter(self.resume_from, target_head=self.teacher.head.detach().float().cpu())
@@ -211,9 +215,6 @@ class Trainer:
             self.model = DDP(self.objective, device_ids=[local] if self.device.type == "cuda" else None,
                              broadcast_buffers=False)
 
-        self.data = TokenData(tc.data, tc.max_length, self.tokenizer, tc.chat_template, tc.enable_thinking,
-                              tc.last_turn_only, vocab_size=int(self.teacher.config.vocab_size),
-                              progress=tc.progress and self.rank == 0)
         self.sched = Schedule(len(self.data), tc.batch_size, tc.grad_accum, self.world, tc.seed)
         self.total_steps = tc.max_steps or max(1, math.ceil(tc.epochs * self.sched.steps_per_epoch()))
         self._make_optimizer()
