@@ -1,25 +1,43 @@
 #!/usr/bin/env python3
-"""DSpine kernels on the GPU at Qwen3-8B shapes: fused kernels vs PyTorch vs torch.compile, and the draft step.
+"""DSpine's draft step and kernels on the GPU at Qwen3-8B shapes: what the server runs, timed alone.
 
 Shapes: H=4096, r=1024, m=512, K=16, B=16, V=151936, 5 drafter layers (32 heads / 8 kv heads / head_dim 128,
-intermediate 12288), bf16, batch sizes 1, 8, 32, 48, a context of 1024 tokens per request.
+intermediate 12288), bf16, batch sizes 1, 4, 16, 48, 64, a context of 1024 tokens per request.
 
-Measured (CUDA events around CUDA-graph replays, L2 flushed before each kernel-level replay, median):
-  * copy ceiling: a 1 GiB device-to-device copy (bytes read + written);
-  * injection, one layer: the fused pass alone (`gate_message`) vs its reference vs torch.compile of it, and
-    the whole layer (`inject_flat`: GEMMs + pass + residual GEMM; also the folded-GEMM variant) vs the
-    drafter's own `AdjacentInjection.forward` vs torch.compile of it;
-  * transition: the fused scoring + walk kernel (sweeping positions per program) vs its reference vs
-    torch.compile of it, and the whole `transition_walk` vs the drafter's math (materialised refinement,
-    `decoding.transition_scores`, `walk`) vs torch.compile of that; the memory-lean variant (no tables);
-  * top-K: the streaming Triton top-K vs torch.topk vs torch.argmax (what DFlash does instead);
-  * the draft step, one CUDA graph each, the SAME 5-layer backbone (weights of a DSpineDrafter; block queries
-    against 1024 cached context keys/values, causal inside the block, as DSpine; bf16 logits for both):
-    DFlash = backbone + final norm + LM head + argmax; DSpine = backbone with injection after every layer +
-    final norm + LM head + top-K + transition scoring + walk; also DSpine with the drafter's PyTorch math.
-Bytes are the fewest a variant must move (each input once, each output once); GB/s is bytes / time.
-Writes benchmarks/results/kernels.json and kernels_summary.json (and copies to --copy-to).
-`--smoke` runs the same logic on CPU at tiny shapes through TRITON_INTERPRET (a check of this script only).
+Timing: CUDA events around CUDA-graph replays, median. Kernel-level replays run with L2 flushed before each
+(cold weights, as inside the draft step); draft steps are not flushed, and their variants are replayed in
+alternating rounds so that clock drift hits them alike.
+
+1. Draft step, one CUDA graph per variant, the SAME backbone (`LeanBackbone`: the drafter's 5 layers laid out as
+   SGLang's DFlash layers run them: fused QKV / gate-up GEMMs, the residual add deferred to the next norm,
+   block keys/values written behind 1024 cached context keys/values, causal inside the block):
+     dflash        layers → final norm → positions 1..B-1 as rows → [bs·(B-1), H]×[H, V] GEMM → argmax
+                   (SGLang's DFlash draft sampler);
+     dspine        the server's own `DraftStep` (sglang_dspine.draft_step) on the Triton kernels: `begin`, the
+                   layers with `inject` after each (its (hidden, residual) pair added by the next norm, as
+                   SGLang's fused add-RMSNorm does), final norm, then `decode` on positions 1..B-1 as
+                   contiguous rows (worker.DSpineDraftSampler);
+     dspine_torch  the same with `DraftStep(..., kernels=False)` (SGLANG_DSPINE_KERNELS=0: the PyTorch math);
+     dspine_injection_only (attribution) dspine's layers and injection with dflash's argmax tail.
+   Reported per batch size: µs per step, the ratio to dflash and the overhead (dspine − dflash, µs).
+2. Kernels against their references: the gate pass (`gate_message` vs `gate_message_torch`); one injection
+   layer (`injection_delta` vs its reference pass vs the module's forward, which `DraftStep(kernels=False)`
+   runs; cuBLAS GEMMs alone for attribution); the transition (`transition_scores_walk` vs
+   `transition_scores_walk_torch`, a sweep of its per-position launch configuration, the whole
+   `transition_walk` as served and the drafter's materialised refinement); top-K (Triton vs torch.topk vs
+   DFlash's argmax). Bytes are the fewest a variant must move; GB/s is bytes / time, also as a fraction of a
+   measured copy ceiling.
+3. A check that the benchmark runs the right math: at a tiny shape in float32 (on the benchmark's device),
+   the tokens of the timed dspine, dspine_torch and dflash paths equal the plain drafter's `draft` tokens
+   (and the plain layers' argmax for dflash); at Qwen3-8B shapes in bf16 (GPU) their agreement is recorded.
+   A mismatch at the tiny shape is an error and the exit status is 1.
+
+Writes benchmarks/results/kernels.json and kernels_summary.json (command, commit, GPU, versions, date,
+`draft_step_overhead_us` per batch size), and copies them to --copy-to.
+`--compare-serving serving_scale.json` runs nothing: it prints the server's DSPINE − DFLASH µs per step (from
+its step times and its per-kernel profile) beside this benchmark's overhead at the same batch size, and the
+server step ratio that overhead predicts.
+`--smoke` runs everything on the CPU at tiny shapes through TRITON_INTERPRET (a check of this script).
 """
 from __future__ import annotations
 
@@ -31,20 +49,23 @@ import os
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 import traceback
+from types import SimpleNamespace
 
 SMOKE = "--smoke" in sys.argv
 if SMOKE:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton decorates the kernels
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from sglang_dspine.config import DrafterConfig, DSpineSettings  # noqa: E402
+from sglang_dspine.decoding import predecessor_tokens, transition_scores, walk  # noqa: E402
+from sglang_dspine.draft_step import DraftStep  # noqa: E402
 from sglang_dspine.drafter_setup import new_drafter_config  # noqa: E402
-from sglang_dspine.decoding import transition_scores  # noqa: E402
 from sglang_dspine.kernels import injection as kinj  # noqa: E402
 from sglang_dspine.kernels import top_k as ktopk  # noqa: E402
 from sglang_dspine.kernels import transition as ktr  # noqa: E402
@@ -53,13 +74,17 @@ from sglang_dspine.provenance import git_commit  # noqa: E402
 
 torch.set_grad_enabled(False)
 
-# shapes of the split transition's per-position kernel tried by the sweep: (BLOCK_H, msg chunk, num_warps)
-SPLIT_SWEEP = [(512, 512, 8), (256, 512, 8), (512, 512, 16), (1024, 512, 16)]
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+# per-position launch configurations of the transition tried by the sweep: (BLOCK_H, msg chunk, num_warps)
+POSITION_SWEEP = [(512, 512, 8), (256, 512, 8), (512, 512, 16), (1024, 512, 16)]
 
 QWEN3_8B = dict(hidden=4096, rank=1024, message=512, top_k=16, block=16, vocab=151936, layers=5, heads=32,
                 kv_heads=8, head_dim=128, inter=12288, target_layers=36, ctx=1024)
 TINY = dict(hidden=64, rank=32, message=16, top_k=4, block=5, vocab=300, layers=2, heads=4, kv_heads=2,
             head_dim=16, inter=128, target_layers=8, ctx=8)
+
+STEP_VARIANTS = ("dflash", "dspine", "dspine_torch", "dspine_injection_only")
 
 
 # ------------------------------------------------------------------------------------------- timing
@@ -72,11 +97,12 @@ class Bench:
     def left(self) -> float:
         return self.deadline - time.time()
 
-    def _capture(self, fn):
+    @staticmethod
+    def capture(fn):
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            for _ in range(2):  # JIT / torch.compile happen here, outside the capture
+            for _ in range(2):  # Triton JIT happens here, outside the capture
                 fn()
         torch.cuda.current_stream().wait_stream(s)
         torch.cuda.synchronize()
@@ -85,19 +111,7 @@ class Bench:
             fn()
         return g
 
-    def time(self, fn, reps: int = 40, flush: bool = True, graph: bool = True) -> dict:
-        if not self.gpu:  # smoke: wall clock, no graphs
-            fn()
-            t0 = time.perf_counter()
-            fn()
-            return {"us": (time.perf_counter() - t0) * 1e6}
-        if graph:
-            g = self._capture(fn)
-            run = g.replay
-        else:
-            g, run = None, fn
-        for _ in range(3):
-            run()
+    def _replays(self, run, reps: int, flush: bool) -> list[float]:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for i in range(reps):
@@ -107,9 +121,65 @@ class Bench:
             run()
             ends[i].record()
         torch.cuda.synchronize()
-        ts = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+        return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+
+    @staticmethod
+    def _stats(ts: list[float]) -> dict:
+        ts = sorted(ts)
+        return {"us": statistics.median(ts), "min_us": ts[0], "p80_us": ts[int(0.8 * (len(ts) - 1))], "n": len(ts)}
+
+    def time(self, fn, reps: int = 40, flush: bool = True, graph: bool = True) -> dict:
+        if not self.gpu:  # smoke: wall clock, no graphs
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            return {"us": (time.perf_counter() - t0) * 1e6}
+        g = self.capture(fn) if graph else None
+        run = g.replay if graph else fn
+        for _ in range(3):
+            run()
+        out = self._stats(self._replays(run, reps, flush))
         del g
-        return {"us": statistics.median(ts), "min_us": ts[0], "p80_us": ts[int(0.8 * (len(ts) - 1))]}
+        return out
+
+    def time_interleaved(self, fns: dict, res: dict, label: str, rounds: int = 4, reps: int = 10) -> dict:
+        """Each fn captured once, then `rounds` rounds of `reps` replays, the order reversed every round.
+        A variant that fails to run or capture is recorded in res['errors'] and left out."""
+        if not self.gpu:
+            out = {}
+            for name, fn in fns.items():
+                t = try_time(self, res, f"{label} {name}", fn)
+                if t:
+                    out[name] = t
+            return out
+        graphs = {}
+        for name, fn in fns.items():
+            try:
+                graphs[name] = self.capture(fn)
+                for _ in range(3):
+                    graphs[name].replay()
+            except Exception as e:  # noqa: BLE001
+                res["errors"].append(f"{label} {name}: {e!r}")
+                traceback.print_exc()
+        samples = {name: [] for name in graphs}
+        per_round = {name: [] for name in graphs}
+        names = list(graphs)
+        for r in range(rounds):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                ts = self._replays(graphs[name].replay, reps, flush=False)
+                samples[name] += ts
+                per_round[name].append(round(statistics.median(ts), 1))
+        del graphs
+        return {name: {**self._stats(ts), "round_medians_us": per_round[name]} for name, ts in samples.items()}
+
+
+def try_time(bench, res, label, fn, **kw):
+    try:
+        return bench.time(fn, **kw)
+    except Exception as e:  # noqa: BLE001
+        res["errors"].append(f"{label}: {e!r}")
+        traceback.print_exc()
+        return None
 
 
 # ---------------------------------------------------------------------------------------- the model
@@ -147,10 +217,39 @@ def build_model(s: dict, device: str, dtype: torch.dtype) -> tuple[DSpineDrafter
     return model, head
 
 
+class FinalNorm:
+    """The drafter's final RMSNorm with the attributes DraftStep reads from SGLang's (weight, variance_epsilon),
+    callable on 2-D rows."""
+
+    def __init__(self, weight: torch.Tensor, eps: float):
+        self.weight, self.variance_epsilon = weight, eps
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.variance_epsilon)
+
+
+def served_parts(model: DSpineDrafter) -> SimpleNamespace:
+    """What DraftStep takes from SGLang's DSpineDraftModel, taken from the plain drafter (same weights)."""
+    return SimpleNamespace(block_size=model.cfg.block_size, top_k=model.cfg.dspine.top_k, injection=model.injection,
+                           norm=FinalNorm(model.norm.weight, model.norm.eps), transfer_codes=model.transfer_codes,
+                           layers=model.layers)
+
+
+def served_steps(model: DSpineDrafter, head: torch.Tensor) -> dict[str, DraftStep]:
+    """The server's draft step on the kernels and on the PyTorch math, the target head attached."""
+    parts = served_parts(model)
+    steps = {"kernels": DraftStep(parts, kernels=True), "torch": DraftStep(parts, kernels=False)}
+    for step in steps.values():
+        step.attach_head(head)
+    return steps
+
+
 class LeanBackbone:
-    """The drafter's layers as serving runs them: fused QKV / gate-up GEMMs, block keys/values written into a
-    preallocated cache behind the context's, grouped-query attention without repeating K/V (the heads that
-    share a K/V head are stacked along the query axis), causal inside the block. Same weights as the model."""
+    """The drafter's layers as SGLang's DFlash layers run them: `layer(l, hidden, residual)` -> (hidden,
+    residual), the residual add deferred to the next norm (SGLang fuses it into an add-RMSNorm; here an add and
+    a norm, the same for both drafters); fused QKV and gate-up GEMMs; block keys/values written into a
+    preallocated cache behind the context's; grouped-query attention without repeating K/V (the heads sharing a
+    K/V head stacked along the query axis), causal inside the block. Same weights as the model."""
 
     def __init__(self, model: DSpineDrafter, bs: int, ctx_len: int, ctx_hidden: torch.Tensor | None = None):
         cfg = model.cfg
@@ -198,9 +297,15 @@ class LeanBackbone:
         rot = torch.cat([-x[..., h:], x[..., :h]], -1)
         return (x.float() * self.cos + rot.float() * self.sin).to(x.dtype)
 
-    def layer(self, l: int, x: torch.Tensor) -> torch.Tensor:
+    def add_norm(self, x, residual, weight):
+        """(norm(x + residual), x + residual); residual None: (norm(x), x)."""
+        if residual is not None:
+            x = x + residual
+        return F.rms_norm(x, (self.H,), weight, self.eps), x
+
+    def layer(self, l: int, x: torch.Tensor, residual: torch.Tensor | None):
         p, bs, B, d = self.layers[l], self.bs, self.B, self.d
-        a = F.rms_norm(x, (self.H,), p["ln1"], self.eps)
+        a, residual = self.add_norm(x, residual, p["ln1"])
         q, k, v = F.linear(a, p["qkv"]).split([self.nh * d, self.nkv * d, self.nkv * d], -1)
         q = self._rope(F.rms_norm(q.view(bs, B, self.nh, d), (d,), p["qn"], self.eps))
         k = self._rope(F.rms_norm(k.view(bs, B, self.nkv, d), (d,), p["kn"], self.eps))
@@ -209,96 +314,67 @@ class LeanBackbone:
         qg = q.view(bs, B, self.nkv, self.rep, d).permute(0, 2, 3, 1, 4).reshape(bs, self.nkv, self.rep * B, d)
         o = F.scaled_dot_product_attention(qg, self.k[l], self.v[l], attn_mask=self.bias)
         o = o.view(bs, self.nkv, self.rep, B, d).permute(0, 3, 1, 2, 4).reshape(bs * B, self.nh * d)
-        x = x + F.linear(o, p["o"])
-        g, u = F.linear(F.rms_norm(x, (self.H,), p["ln2"], self.eps), p["gu"]).chunk(2, -1)
-        return x + F.linear(F.silu(g) * u, p["down"])
+        a, residual = self.add_norm(F.linear(o, p["o"]), residual, p["ln2"])
+        g, u = F.linear(a, p["gu"]).chunk(2, -1)
+        return F.linear(F.silu(g) * u, p["down"]), residual
 
-    def logits(self, x: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        """bf16 logits of block positions 1..B-1: [bs·(B-1), V]."""
-        hn = F.rms_norm(x.view(self.bs, self.B, self.H)[:, 1:], (self.H,), self.norm_w, self.eps)
-        return F.linear(hn, head).view(self.bs * (self.B - 1), -1)
+    def final_norm(self, x, residual):
+        return self.add_norm(x, residual, self.norm_w)[0]
 
 
-class DraftSteps:
-    """Static inputs / outputs and the draft-step variants for one batch size (CUDA-graph friendly)."""
+class DraftStepBench:
+    """The draft-step variants at one batch size, on static inputs (CUDA-graph friendly): the block's input ids
+    (anchor + mask tokens), its embeddings, the context in the backbone's cache, the sampler's output buffer."""
 
-    def __init__(self, model, head, w, tables, bs, ctx_len, ctx_hidden=None, emb=None, anchors=None):
+    def __init__(self, model, head, steps: dict[str, DraftStep], bs: int, ctx_len: int, ctx_hidden=None, emb=None,
+                 anchors=None):
         cfg = model.cfg
-        self.model, self.head, self.w, self.tables = model, head, w, tables
-        self.bs, self.B, self.H, self.K = bs, cfg.block_size, cfg.hidden_size, cfg.dspine.top_k
-        self.P, self.m, self.V = self.B - 1, w.message_size, cfg.vocab_size
+        self.head, self.steps, self.bs = head, steps, bs
+        self.B, self.H, self.V = cfg.block_size, cfg.hidden_size, cfg.vocab_size
         dev, dt = head.device, head.dtype
         self.lean = LeanBackbone(model, bs, ctx_len, ctx_hidden)
         self.emb = emb if emb is not None else torch.randn(bs * self.B, self.H, device=dev, dtype=dt)
-        self.anchors = anchors if anchors is not None else torch.randint(0, self.V, (bs,), device=dev)
-        n = bs * self.P
-        self.recv = torch.empty(bs * self.B, self.m, device=dev)
-        self.vals = torch.empty(n, self.K, device=dev, dtype=dt)
-        self.idx = torch.empty(n, self.K, device=dev, dtype=torch.long)
-        self.scratch = torch.empty(n, triton.cdiv(self.V, ktopk.GROUP), device=dev)
-        self.outs = (torch.empty(bs, self.P, self.K, self.K, device=dev),
-                     torch.empty(bs, self.P, device=dev, dtype=torch.long),
-                     torch.empty(bs, self.P, device=dev, dtype=torch.long))
-        self.last = {}
+        anchors = anchors if anchors is not None else torch.randint(0, self.V, (bs,), device=dev)
+        self.input_ids = torch.full((bs, self.B), cfg.mask_token_id, dtype=torch.long, device=dev)
+        self.input_ids[:, 0] = anchors
+        self.input_ids = self.input_ids.view(-1)
+        self.out = torch.empty(bs * (self.B - 1), dtype=torch.long, device=dev)  # the sampler's static buffer
+
+    # SGLang's draft model forward (DFlash's, and DSpineDraftModel's with a draft step)
+    def forward(self, step: DraftStep | None) -> torch.Tensor:
+        if step is not None:
+            step.begin(self.input_ids.view(-1, self.B)[:, 0])
+        x, residual = self.emb, None
+        for l in range(len(self.lean.layers)):
+            x, residual = self.lean.layer(l, x, residual)
+            if step is not None:
+                x, residual = step.inject(x + residual, l)
+        return self.lean.final_norm(x, residual)
+
+    def _rows(self, hidden):  # positions 1..B-1 as contiguous rows, as both samplers take them
+        return hidden.view(-1, self.B, self.H)[:, 1:].reshape(-1, self.H)
+
+    def _argmax_tail(self, hidden):
+        logits = torch.matmul(self._rows(hidden), self.head.T)
+        tokens = torch.argmax(logits, dim=-1)
+        self.out[: tokens.numel()].copy_(tokens)
+        return tokens.view(self.bs, self.B - 1)
 
     def dflash(self):
-        x = self.emb
-        for l in range(len(self.lean.layers)):
-            x = self.lean.layer(l, x)
-        tokens = self.lean.logits(x, self.head).argmax(-1).view(self.bs, self.P)
-        self.last = dict(tokens=tokens)
+        return self._argmax_tail(self.forward(None))
+
+    def dspine(self, which: str = "kernels"):
+        step = self.steps[which]
+        tokens = step.decode(self._rows(self.forward(step)))
+        self.out[: tokens.numel()].copy_(tokens.reshape(-1))
         return tokens
 
-    def dspine(self, topk: str = "triton", impl: str = "triton", **transition):
-        w, bs, B = self.w, self.bs, self.B
-        codes = self.model.transfer_codes
-        ap = kinj.anchor_projections(w, codes, self.anchors)
-        x = self.emb
-        nl = len(self.lean.layers)
-        for l in range(nl):
-            x = self.lean.layer(l, x)
-            if l < nl - 1:
-                x = kinj.inject_flat(x, l, w, ap, B, out=x, impl=impl)
-            else:
-                pre = x
-                x = kinj.inject_flat(x, l, w, ap, B, recv_out=self.recv, impl=impl)
-        logits = self.lean.logits(x, self.head)
-        if topk == "triton":
-            _, cand = ktopk.topk(logits, self.K, self.vals, self.idx, self.scratch)
-        else:
-            cand = torch.topk(logits, self.K, dim=-1).indices
-        uh = torch.matmul(pre, w.writes[-1]).view(bs, B, -1)[:, 1:]
-        tokens, choice, scores = ktr.transition_walk(
-            pre.view(bs, B, -1)[:, 1:], cand.view(bs, self.P, self.K), self.anchors, w, self.tables, codes,
-            self.head, self.model.norm.weight, self.model.norm.eps, recv=self.recv.view(bs, B, -1)[:, 1:], uh=uh,
-            out=self.outs, impl=impl, **transition)
-        self.last = dict(tokens=tokens, pre=pre, hidden=x, cand=cand)
-        return tokens
+    def dspine_injection_only(self):
+        return self._argmax_tail(self.forward(self.steps["kernels"]))
 
-    def dspine_reference(self):
-        """The drafter's PyTorch math: AdjacentInjection.forward, torch.topk, materialised refinement."""
-        m, bs, B = self.model, self.bs, self.B
-        anchor_codes = m.transfer_codes[self.anchors]
-        x = self.emb
-        nl = len(self.lean.layers)
-        for l in range(nl):
-            x = self.lean.layer(l, x)
-            if l == nl - 1:
-                pre = x
-            x = m.injection(l, x.view(bs, B, -1), anchor_codes).view(bs * B, -1)
-        cand = torch.topk(self.lean.logits(x, self.head), self.K, dim=-1).indices.view(bs, self.P, self.K)
-        tokens = drafter_transition(m, self.head, pre.view(bs, B, -1)[:, 1:], cand, self.anchors)[0]
-        self.last = dict(tokens=tokens)
-        return tokens
-
-
-def drafter_transition(model, head, pre, cand, anchors):
-    """decode_block after its top-K (sglang_dspine.decoding): refine_normed, transition_scores, walk."""
-    preds = ktr.predecessor_tokens(cand, anchors)
-    refined = model.refine_normed(pre, model.transfer_codes[preds])
-    scores = transition_scores(refined, head[cand])
-    choice = ktr.walk(scores)
-    return cand.gather(-1, choice.unsqueeze(-1)).squeeze(-1), choice, scores
+    def variants(self) -> dict:
+        return {"dflash": self.dflash, "dspine": self.dspine, "dspine_torch": lambda: self.dspine("torch"),
+                "dspine_injection_only": self.dspine_injection_only}
 
 
 # ----------------------------------------------------------------------------------------- sections
@@ -307,48 +383,57 @@ def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def check_backbone(model, head, w, tables, s, device):
-    """The lean backbone + kernels against DSpineDrafter.forward_blocks + draft (bs 2, short context)."""
-    cfg, bs, S = model.cfg, 2, min(64, s["ctx"])
-    B, H = cfg.block_size, cfg.hidden_size
+def check_draft_step(model, head, steps, device, exact: bool) -> dict:
+    """The timed paths against the plain drafter at bs 2, a short context: DraftStep's tokens (kernels and
+    PyTorch math) vs DSpineDrafter.forward_blocks + draft, dflash's vs the plain layers + norm + argmax.
+    exact: float32, the tokens must be equal (else the returned 'ok' is False)."""
+    cfg = model.cfg
+    bs, S, B, H = 2, min(64, QWEN3_8B["ctx"]), cfg.block_size, cfg.hidden_size
     dt = head.dtype
-    ctx_hidden = torch.randn(bs, S, H, device=device, dtype=dt)
-    emb = torch.randn(bs * B, H, device=device, dtype=dt)
-    anchors = torch.randint(0, cfg.vocab_size, (bs,), device=device)
-    steps = DraftSteps(model, head, w, tables, bs, S, ctx_hidden=ctx_hidden, emb=emb, anchors=anchors)
-    steps.dspine()
-    got = steps.last
+    g = torch.Generator(device=device).manual_seed(1)
+    ctx_hidden = torch.randn(bs, S, H, device=device, dtype=dt, generator=g)
+    emb = torch.randn(bs * B, H, device=device, dtype=dt, generator=g)
+    anchors = torch.randint(0, cfg.vocab_size, (bs,), device=device, generator=g)
+    db = DraftStepBench(model, head, steps, bs, S, ctx_hidden=ctx_hidden, emb=emb, anchors=anchors)
+    got = {"dspine": db.dspine("kernels"), "dspine_torch": db.dspine("torch"), "dflash": db.dflash()}
+    hidden = db.forward(steps["kernels"]).view(bs, B, H)
+
     pos = torch.arange(S, device=device).expand(bs, S)
     ctx_kv = [layer.self_attn.keys_values(ctx_hidden, pos) for layer in model.layers]
-    out = model.forward_blocks(emb.view(bs, 1, B, H), (S + torch.arange(B, device=device)).expand(bs, 1, B), ctx_kv,
-                               torch.ones(bs, 1, S, dtype=torch.bool, device=device), anchors.view(bs, 1))
+    visible = torch.ones(bs, 1, S, dtype=torch.bool, device=device)
+    block_pos = (S + torch.arange(B, device=device)).expand(bs, 1, B)
+    out = model.forward_blocks(emb.view(bs, 1, B, H), block_pos, ctx_kv, visible, anchors.view(bs, 1))
     ref = model.draft(out, head, anchors)
-    return {
-        "pre_last_rel_err": rel(got["pre"].view(bs, B, H), out.pre_last[:, 0]),
-        "final_hidden_rel_err": rel(F.rms_norm(got["hidden"].view(bs, B, H), (H,), model.norm.weight, cfg.rms_norm_eps),
-                                    out.hidden[:, 0]),
-        "candidate_set_agreement": float(torch.tensor([
-            len(set(a.tolist()) & set(b.tolist())) / len(a)
-            for a, b in zip(got["cand"].view(-1, cfg.dspine.top_k).cpu(), ref.candidates.reshape(-1, cfg.dspine.top_k).cpu())
-        ]).mean()),
-        "draft_token_agreement": (got["tokens"] == ref.tokens).float().mean().item(),
-        "note": "bf16 lean backbone (fused GEMMs, SDPA) vs the drafter's forward_blocks and draft (fp32 logits)",
-    }
+    # DFlash: the same layers without the injection, the final norm, the argmax of fp32 logits
+    x, mask = emb.view(bs, B, H), model.block_mask(visible)
+    for l, layer in enumerate(model.layers):
+        x = layer(x, block_pos.view(bs, B), ctx_kv[l], mask)
+    ref_dflash = (model.norm(x)[:, 1:].float() @ head.float().T).argmax(-1)
+
+    want = {"dspine": ref.tokens, "dspine_torch": ref.tokens, "dflash": ref_dflash}
+    agree = {k: (got[k].view(bs, B - 1) == want[k]).float().mean().item() for k in got}
+    res = {"shape": "tiny" if H == TINY["hidden"] else "qwen3-8b", "dtype": str(dt), "bs": bs, "context": S,
+           "final_hidden_rel_err": rel(hidden, out.hidden[:, 0]),
+           "token_agreement": agree, "exact": exact}
+    if exact:
+        res["ok"] = all(torch.equal(got[k].view(bs, B - 1), want[k]) for k in got)
+    return res
 
 
-def section_step(bench, model, head, w, tables, bs, s, res):
-    steps = DraftSteps(model, head, w, tables, bs, s["ctx"])
-    out = {}
-    for name, fn in (("dflash", steps.dflash), ("dspine", steps.dspine),
-                     ("dspine_fused_transition", lambda: steps.dspine(variant="fused", positions_per_program=1)),
-                     ("dspine_torch_topk", lambda: steps.dspine(topk="torch")),
-                     ("dspine_pytorch_math", steps.dspine_reference)):
-        t = try_time(bench, res, f"step {name} bs={bs}", fn, reps=30, flush=False)
-        if t:
-            out[name] = t["us"]
-    if "dflash" in out and "dspine" in out:
-        out["ratio"] = out["dspine"] / out["dflash"]
-    del steps
+def section_step(bench, model, head, steps, bs, s, res) -> dict:
+    db = DraftStepBench(model, head, steps, bs, s["ctx"])
+    t = bench.time_interleaved(db.variants(), res, f"step bs={bs}")
+    del db
+    out = {name: round(v["us"], 1) for name, v in t.items()}
+    out["timing"] = t
+    d = out.get("dflash")
+    if d:
+        for name in ("dspine", "dspine_torch", "dspine_injection_only"):
+            if name in out:
+                out[f"ratio_{name}"] = out[name] / d
+                out[f"overhead_{name}_us"] = round(out[name] - d, 1)
+        if "dspine" in out:
+            out["ratio"], out["overhead_us"] = out["ratio_dspine"], out["overhead_dspine_us"]
     return out
 
 
@@ -362,125 +447,83 @@ def rec(res, bs, section, variant, t, nbytes=None, flops=None, ceiling=None):
     if flops:
         row["TFLOPs"] = flops / (t["us"] * 1e6)
     res["results"].append(row)
-    print(f"  bs={bs:3d} {section:10s} {variant:28s} {t['us']:10.1f} us"
+    print(f"  bs={bs:3d} {section:10s} {variant:44s} {t['us']:10.1f} us"
           + (f"  {row['GBps']:8.0f} GB/s" if nbytes else ""), flush=True)
 
 
-def try_time(bench, res, label, fn, **kw):
-    try:
-        return bench.time(fn, **kw)
-    except Exception as e:  # noqa: BLE001
-        res["errors"].append(f"{label}: {e!r}")
-        traceback.print_exc()
-        return None
-
-
-def section_kernels(bench, model, head, w, tables, bs, s, res, ceiling, compiled, do_compile, sweep):
+def section_kernels(bench, model, head, steps, bs, s, res, ceiling, sweep: bool):
+    step = steps["kernels"]
+    w, tables = step.weights, step.tables  # the server's own weights layout and per-token tables
     dev, dt = head.device, head.dtype
     H, r, m, K, B, V = s["hidden"], s["rank"], s["message"], s["top_k"], s["block"], s["vocab"]
     P, n = B - 1, bs * B
     eb = torch.finfo(dt).bits // 8
-    codes = model.transfer_codes
     g = torch.Generator(device=dev).manual_seed(bs)
     h = torch.randn(n, H, device=dev, dtype=dt, generator=g)
     anchors = torch.randint(0, V, (bs,), device=dev, generator=g)
-    ap = kinj.anchor_projections(w, codes, anchors)
 
-    # ---- injection: fused pass alone
-    z, y = kinj.project(h, 0, w)
+    def timed(section, variant, fn, nbytes=None, flops=None):
+        t = try_time(bench, res, f"{variant} bs={bs}", fn)
+        if t:
+            rec(res, bs, section, variant, t, nbytes, flops, ceiling)
+
+    # ---- injection: the gate pass alone
+    z, y, _ = kinj.project(h, 0, w)
     msg = torch.empty(n, m, device=dev, dtype=dt)
     recv = torch.empty(n, m, device=dev)
     nbytes = eb * n * (H + r + 3 * m + m) + 4 * n * m + eb * bs * 2 * m
     for variant, fn in (("gate_message triton", kinj.gate_message), ("gate_message torch", kinj.gate_message_torch)):
-        t = try_time(bench, res, f"{variant} bs={bs}", lambda fn=fn: fn(h, z, y, ap, w.bias, B, msg, recv))
-        if t:
-            rec(res, bs, "injection", variant, t, nbytes, ceiling=ceiling)
-    if do_compile():
-        f = compiled.setdefault("gate", torch.compile(kinj.gate_message_torch))
-        t = try_time(bench, res, f"gate compiled bs={bs}", lambda: f(h, z, y, ap, w.bias, B, msg, recv))
-        if t:
-            rec(res, bs, "injection", "gate_message torch.compile", t, nbytes, ceiling=ceiling)
+        timed("injection", variant,
+              lambda fn=fn: fn(h, z, y, anchors, tables.pred_proj, w.bias, B, msg, recv), nbytes)
 
-    # ---- injection: one whole layer
-    out = torch.empty_like(h)
+    # ---- injection: one whole layer (what DraftStep.inject runs, less the add SGLang's next norm does)
+    last = w.num_layers - 1
     wbytes = eb * (r * H + 3 * m * r + H * m)
     lbytes = eb * 2 * n * H + wbytes + eb * bs * 2 * m
     lflops = 2 * n * (H * r + r * 3 * m + m * H)
-    wf = kinj.InjectionWeights(w.readouts, w.maps, w.writes, w.bias,
-                               folded=[torch.cat([w.readouts[0].float(), w.maps.float() @ w.readouts[0].float()]).to(dt)])
-    anchor_codes = codes[anchors]
+    anchor_codes = model.transfer_codes[anchors]
     variants = [
-        ("inject_flat triton", lambda: kinj.inject_flat(h, 0, w, ap, B, out=out, recv_out=recv), lbytes),
-        ("inject_flat triton folded", lambda: kinj.inject_flat(h, 0, wf, ap, B, out=out, recv_out=recv),
-         lbytes + eb * 3 * m * H - eb * 3 * m * r),
-        ("inject_flat torch pass", lambda: kinj.inject_flat(h, 0, w, ap, B, out=out, recv_out=recv, impl="torch"), lbytes),
+        ("injection_delta triton", lambda: kinj.injection_delta(h, 0, w, anchors, tables.pred_proj, B), lbytes),
+        ("injection_delta triton last layer (recv, uh)",
+         lambda: kinj.injection_delta(h, last, w, anchors, tables.pred_proj, B, recv_out=recv),
+         lbytes + eb * (m * H + n * m) + 4 * n * m),
+        ("injection_delta torch pass",
+         lambda: kinj.injection_delta(h, 0, w, anchors, tables.pred_proj, B, impl="torch"), lbytes),
+        # attribution: the cuBLAS GEMMs of injection_delta alone (no gate pass)
+        ("injection_delta GEMMs only", lambda: torch.mm(kinj.project(h, 0, w)[1][:, :m], w.writes[0].t()), lbytes),
+        # what DraftStep(kernels=False).inject runs
         ("AdjacentInjection.forward", lambda: model.injection(0, h.view(bs, B, H), anchor_codes), lbytes),
-        # attribution: the three cuBLAS GEMMs of inject_flat alone (no fused pass)
-        ("inject_flat GEMMs only", lambda: torch.addmm(h, kinj.project(h, 0, w)[1][:, :m], w.writes[0].t(), out=out),
-         lbytes),
     ]
     for variant, fn, nb in variants:
-        t = try_time(bench, res, f"{variant} bs={bs}", fn)
-        if t:
-            rec(res, bs, "inj_layer", variant, t, nb, lflops, ceiling)
-    if do_compile():
-        f = compiled.setdefault("module", torch.compile(model.injection.forward))
-        t = try_time(bench, res, f"module compiled bs={bs}", lambda: f(0, h.view(bs, B, H), anchor_codes))
-        if t:
-            rec(res, bs, "inj_layer", "AdjacentInjection torch.compile", t, lbytes, lflops, ceiling)
+        timed("inj_layer", variant, fn, nb, lflops)
 
     # ---- transition
     pre_full = torch.randn(bs, B, H, device=dev, dtype=dt, generator=g)
     pre = pre_full[:, 1:]
     cand = torch.randint(0, V, (bs, P, K), device=dev, generator=g)
-    recv_p = (torch.randn(bs, B, m, device=dev, generator=g))[:, 1:]
+    recv_p = torch.randn(bs, B, m, device=dev, generator=g)[:, 1:]
     uh = torch.matmul(pre_full, w.writes[-1])[:, 1:]
     outs = (torch.empty(bs, P, K, K, device=dev), torch.empty(bs, P, device=dev, dtype=torch.long),
             torch.empty(bs, P, device=dev, dtype=torch.long))
-    nw, eps = model.norm.weight, model.norm.eps
+    nw, eps = step.norm.weight, step.norm.variance_epsilon
     args = (pre, recv_p, uh, cand, anchors, tables.pred_proj, tables.head_proj, head, nw, w.bias, tables.rfac, eps)
     tbytes = (eb * bs * P * (K * H + H + K * 3 * m + m) + 4 * bs * P * m + eb * m * (m + 1) // 2
               + 4 * bs * P * K * K + 8 * bs * P * (K + 2))
     tflops = 2 * bs * P * K * (H + K * m + m + m * m / 2)
-    split_cfgs = [ktr.SPLIT_CONFIG] + ([c for c in SPLIT_SWEEP if c != ktr.SPLIT_CONFIG] if sweep else [])
-    for cfg in split_cfgs:
-        t = try_time(bench, res, f"score_walk split {cfg} bs={bs}",
-                     lambda cfg=cfg: ktr.transition_scores_walk(*args, *outs, variant="split", split_config=cfg))
-        if t:
-            rec(res, bs, "transition", f"score_walk triton split cfg={cfg}"
-                + (" (default)" if cfg == ktr.SPLIT_CONFIG else ""), t, tbytes, tflops, ceiling)
-    for pb in ([1, 2, 4] if sweep else [1]):
-        t = try_time(bench, res, f"score_walk fused pb={pb} bs={bs}",
-                     lambda pb=pb: ktr.transition_scores_walk(*args, *outs, variant="fused", positions_per_program=pb))
-        if t:
-            rec(res, bs, "transition", f"score_walk triton fused pb={pb}", t, tbytes, tflops, ceiling)
-    t = try_time(bench, res, f"score_walk torch bs={bs}", lambda: ktr.transition_scores_walk_torch(*args, *outs))
-    if t:
-        rec(res, bs, "transition", "score_walk torch", t, tbytes, tflops, ceiling)
-    if do_compile():
-        f = compiled.setdefault("score", torch.compile(ktr.transition_scores_walk_torch))
-        t = try_time(bench, res, f"score compiled bs={bs}", lambda: f(*args, *outs))
-        if t:
-            rec(res, bs, "transition", "score_walk torch.compile", t, tbytes, tflops, ceiling)
-    # whole transition (uh GEMM included; recv from the last injection)
+    configs = [ktr.POSITION_CONFIG] + ([c for c in POSITION_SWEEP if c != ktr.POSITION_CONFIG] if sweep else [])
+    for cfg in configs:
+        default = " (default)" if cfg == ktr.POSITION_CONFIG else ""
+        timed("transition", f"score_walk triton cfg={cfg}{default}",
+              lambda cfg=cfg: ktr.transition_scores_walk(*args, *outs, position_config=cfg), tbytes, tflops)
+    timed("transition", "score_walk torch", lambda: ktr.transition_scores_walk_torch(*args, *outs), tbytes, tflops)
+    # the whole decoding after top-K: as DraftStep.decode calls it (recv and uh from the last injection), and
+    # the drafter's math that DraftStep(kernels=False) runs (materialised refinement, scores, walk)
     whole = tbytes + eb * (bs * P * H + H * m)
-    lean = ktr.TransitionTables(rfac=tables.rfac)
-    variants = [
-        ("transition_walk triton", lambda: ktr.transition_walk(pre, cand, anchors, w, tables, codes, head, nw, eps,
-                                                              recv=recv_p, out=outs), whole),
-        ("transition_walk triton no tables", lambda: ktr.transition_walk(pre, cand, anchors, w, lean, codes, head, nw,
-                                                                        eps, recv=recv_p, out=outs), whole),
-        ("drafter math (refine_normed)", lambda: drafter_transition(model, head, pre, cand, anchors), whole),
-    ]
-    for variant, fn, nb in variants:
-        t = try_time(bench, res, f"{variant} bs={bs}", fn)
-        if t:
-            rec(res, bs, "transition", variant, t, nb, ceiling=ceiling)
-    if do_compile():
-        f = compiled.setdefault("drafter_transition", torch.compile(drafter_transition))
-        t = try_time(bench, res, f"drafter transition compiled bs={bs}", lambda: f(model, head, pre, cand, anchors))
-        if t:
-            rec(res, bs, "transition", "drafter math torch.compile", t, whole, ceiling=ceiling)
+    timed("transition", "transition_walk triton (as served)",
+          lambda: ktr.transition_walk(pre, cand, anchors, w, tables, head, nw, eps, recv=recv_p, uh=uh, out=outs),
+          whole)
+    timed("transition", "drafter math (refine_normed)",
+          lambda: drafter_transition(steps["torch"], head, pre, cand, anchors), whole)
 
     # ---- top-K of the logits
     logits = (torch.randn(bs * P, V, device=dev, generator=g) * 3).to(dt)
@@ -491,53 +534,154 @@ def section_kernels(bench, model, head, w, tables, bs, s, res, ceiling, compiled
     for variant, fn in (("topk triton", lambda: ktopk.topk(logits, K, vals, idx, scratch)),
                         ("torch.topk", lambda: torch.topk(logits, K, dim=-1)),
                         ("torch.argmax (DFlash)", lambda: logits.argmax(-1))):
-        t = try_time(bench, res, f"{variant} bs={bs}", fn)
-        if t:
-            rec(res, bs, "topk", variant, t, kb, ceiling=ceiling)
+        timed("topk", variant, fn, kb)
 
 
-def main() -> None:
+def drafter_transition(step: DraftStep, head, pre, cand, anchors):
+    """decode_block after its top-K, as DraftStep(kernels=False) runs it: refine_normed, scores, walk."""
+    refined = step.refine_normed(pre, step.codes[predecessor_tokens(cand, anchors)])
+    scores = transition_scores(refined, head[cand])
+    choice = walk(scores)
+    return cand.gather(-1, choice.unsqueeze(-1)).squeeze(-1), choice, scores
+
+
+# ------------------------------------------------------------------------------- against the server
+def _mean_step_us(serving: dict, name: str, clients: int, temperature: float) -> float | None:
+    vals = [r["step_ms"] for rnd in serving.get("rounds", []) for r in rnd.get(name, [])
+            if r.get("clients") == clients and r.get("temperature") == temperature and r.get("step_ms")]
+    return 1000.0 * sum(vals) / len(vals) if vals else None
+
+
+def serving_comparison(summary: dict, serving: dict) -> list[dict]:
+    """Per client count (= batch size) and temperature of a serving_scale.json: the server's DSPINE − DFLASH
+    µs per step, from its step times (wall) and, where profiled, its GPU time per step; this benchmark's draft
+    step overhead at that batch size; and the server step ratio the overhead predicts,
+    (DFLASH step + overhead) ÷ DFLASH step, beside the measured one."""
+    over = summary.get("draft_step_overhead_us", {})
+    ratio = summary.get("draft_step_ratio", {})
+    rows = []
+    for c in serving.get("clients", []):
+        for temp in serving.get("temperatures", [0.0]):
+            d, s = _mean_step_us(serving, "dflash", c, temp), _mean_step_us(serving, "dspine", c, temp)
+            b = over.get(str(c))
+            row = {"clients": c, "temperature": temp, "server_dflash_step_us": d, "server_dspine_step_us": s,
+                   "server_overhead_us": s - d if d and s else None,
+                   "server_step_ratio": s / d if d and s else None,
+                   "bench_overhead_us": b, "bench_draft_ratio": ratio.get(str(c))}
+            if d and s and b is not None:
+                row["predicted_step_ratio"] = (d + b) / d
+                row["prediction_error"] = row["predicted_step_ratio"] / row["server_step_ratio"] - 1
+            prof = serving.get("profile", {}).get(f"c{c}", {})
+            pd, ps = (prof.get(n, {}).get("gpu_us_per_step") for n in ("dflash", "dspine"))
+            if temp == 0 and pd and ps:  # the profiles run a greedy load
+                row.update(profile_overhead_us=ps - pd, profile_step_ratio=ps / pd)
+                if b is not None:
+                    row["profile_predicted_ratio"] = (pd + b) / pd
+            rows.append(row)
+    return rows
+
+
+def print_serving_comparison(rows: list[dict], summary: dict, serving: dict) -> None:
+    def f(v, spec):
+        return format(v, spec) if v is not None else format("-", ">" + spec.lstrip("+").split(".")[0])
+
+    prov = serving.get("provenance", {})
+    print(f"server: {serving.get('geometry_name')} commit {str(prov.get('commit'))[:10]} {prov.get('gpu')}, "
+          f"cuda graphs up to bs {serving.get('graph_bs')}; benchmark: commit {str(summary.get('commit'))[:10]} "
+          f"{summary.get('gpu')}")
+    print(f"{'c':>3} {'T':>3} | {'server DFLASH':>13} {'DSPINE':>9} {'over µs':>8} {'ratio':>6} | "
+          f"{'profile over':>12} {'ratio':>6} {'predicted':>9} | {'bench over':>10} {'draft ratio':>11} | "
+          f"{'predicted':>9} {'error':>7}")
+    for r in rows:
+        print(f"{r['clients']:>3} {r['temperature']:>3g} | {f(r['server_dflash_step_us'], '13.0f')} "
+              f"{f(r['server_dspine_step_us'], '9.0f')} {f(r['server_overhead_us'], '8.0f')} "
+              f"{f(r['server_step_ratio'], '6.3f')} | {f(r.get('profile_overhead_us'), '12.0f')} "
+              f"{f(r.get('profile_step_ratio'), '6.3f')} {f(r.get('profile_predicted_ratio'), '9.3f')} | "
+              f"{f(r['bench_overhead_us'], '10.0f')} "
+              f"{f(r['bench_draft_ratio'], '11.3f')} | {f(r.get('predicted_step_ratio'), '9.3f')} "
+              f"{f(r.get('prediction_error'), '+7.1%')}")
+    print("predicted = (server DFLASH step + bench overhead) / server DFLASH step, from the wall step times "
+          "(error = predicted / measured - 1) and from the profile's GPU µs per step")
+
+
+# --------------------------------------------------------------------------------------------- main
+def summarize(res: dict, smoke: bool) -> dict:
+    st = res["draft_step"]
+    return {
+        "command": res["command"], "commit": res["commit"], "gpu": res["gpu"], "date": res["date"],
+        "versions": res["versions"], "shapes": res["shapes"], "context": res["shapes"]["ctx"],
+        "copy_ceiling_GBps": res.get("copy_ceiling_GBps"),
+        "draft_step_overhead_us": {k: v["overhead_us"] for k, v in st.items() if "overhead_us" in v},
+        "draft_step_ratio": {k: v["ratio"] for k, v in st.items() if "ratio" in v},
+        "draft_step_overhead_torch_us": {k: v["overhead_dspine_torch_us"] for k, v in st.items()
+                                         if "overhead_dspine_torch_us" in v},
+        "draft_step_overhead_injection_us": {k: v["overhead_dspine_injection_only_us"] for k, v in st.items()
+                                             if "overhead_dspine_injection_only_us" in v},
+        "draft_step_us": {k: {n: v[n] for n in STEP_VARIANTS if n in v} for k, v in st.items()},
+        "draft_check": res.get("draft_check"), "draft_check_bf16_agreement":
+            (res.get("draft_check_bf16") or {}).get("token_agreement"),
+        "tables_bytes": res.get("tables_bytes"),
+        "errors": len(res["errors"]), "skipped": res["skipped"], "smoke": smoke,
+    }
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bs", default="1,8,32,48")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--bs", default=None, help="batch sizes (requests per draft step; default 1,4,16,48,64, "
+                    "--smoke: 1,3)")
+    ap.add_argument("--out", default=None, help=f"results folder (default {RESULTS}; --smoke: a temporary one)")
     ap.add_argument("--copy-to", default=None, help="also copy the JSON files here (e.g. $OUT)")
-    ap.add_argument("--budget", type=float, default=330.0, help="seconds; optional parts are skipped past it")
-    ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--budget", type=float, default=400.0,
+                    help="seconds; sections that do not fit are skipped (the draft steps run first)")
+    ap.add_argument("--no-sweep", action="store_true", help="no sweep of the transition's launch configuration")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU through TRITON_INTERPRET")
+    ap.add_argument("--compare-serving", metavar="SERVING_SCALE_JSON", default=None,
+                    help="run nothing: print the server's DSPINE-DFLASH µs/step beside --summary's overhead")
+    ap.add_argument("--summary", default=os.path.join(RESULTS, "kernels_summary.json"),
+                    help="this benchmark's summary for --compare-serving")
     args = ap.parse_args()
+
+    if args.compare_serving:
+        for p in (args.compare_serving, args.summary):
+            if not os.path.isfile(p):
+                ap.error(f"{p}: no such file")
+        serving, summary = json.load(open(args.compare_serving)), json.load(open(args.summary))
+        if "rounds" not in serving or "clients" not in serving:
+            ap.error(f"{args.compare_serving}: not a serving_scale.json (no 'rounds'/'clients')")
+        if "draft_step_overhead_us" not in summary:
+            ap.error(f"{args.summary}: not a kernels_summary.json (no 'draft_step_overhead_us')")
+        print_serving_comparison(serving_comparison(summary, serving), summary, serving)
+        return 0
+
     t_start = time.time()
     s = dict(TINY if args.smoke else QWEN3_8B)
     device = "cpu" if args.smoke else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        ap.error("no CUDA device (use --smoke for the CPU check)")
+    out_dir = args.out or (tempfile.mkdtemp(prefix="dspine_kernels_smoke_") if args.smoke else RESULTS)
     dtype = torch.float32 if args.smoke else torch.bfloat16
-    bss = [1, 3] if args.smoke else [int(x) for x in args.bs.split(",")]
+    try:
+        bss = [int(x) for x in (args.bs or ("1,3" if args.smoke else "1,4,16,48,64")).split(",")]
+    except ValueError:
+        ap.error(f"--bs: expected comma-separated integers, found {args.bs!r}")
+    if any(b < 1 for b in bss):
+        ap.error(f"--bs: batch sizes must be positive, found {args.bs!r}")
     bench = Bench(device, t_start + args.budget)
     res = {
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
         "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke, TRITON_INTERPRET)",
-        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+        "versions": {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda},
         "dtype": str(dtype), "shapes": s, "batch_sizes": bss,
         "results": [], "draft_step": {}, "errors": [], "skipped": [],
     }
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, "kernels.json"), os.path.join(out_dir, "kernels_summary.json")]
 
     def save():
         res["elapsed_s"] = round(time.time() - t_start, 1)
-        summary = {"commit": res["commit"], "gpu": res["gpu"], "date": res["date"],
-                   "copy_ceiling_GBps": res.get("copy_ceiling_GBps"),
-                   "draft_step_ratio_bs48": res["draft_step"].get("48", {}).get("ratio"),
-                   "draft_step_overhead_us": {k: v["dspine"] - v["dflash"] for k, v in res["draft_step"].items()
-                                              if "dspine" in v and "dflash" in v},
-                   "draft_step_ratio": {k: v.get("ratio") for k, v in res["draft_step"].items()},
-                   "draft_step_us": {k: {kk: vv for kk, vv in v.items() if kk != "ratio"}
-                                     for k, v in res["draft_step"].items()},
-                   "goal": "DSpine draft step <= 1.05x DFlash's", "smoke": args.smoke}
-        paths = [os.path.join(args.out, "kernels.json"), os.path.join(args.out, "kernels_summary.json")]
-        if args.smoke:
-            paths = [p.replace(".json", "_smoke.json") for p in paths]
-        for p, obj in zip(paths, (res, summary)):
+        for p, obj in zip(paths, (res, summarize(res, args.smoke))):
             with open(p, "w") as f:
                 json.dump(obj, f, indent=1)
             if args.copy_to:
@@ -562,52 +706,61 @@ def main() -> None:
         del x, y
     ceiling = res.get("copy_ceiling_GBps")
 
-    model, head = build_model(s, device, dtype)
-    w = kinj.InjectionWeights.from_module(model.injection, dtype)
-    t0 = time.time()
-    tables = ktr.TransitionTables.build(w, model.transfer_codes, head, model.norm.weight)
-    res["tables_build_s"] = round(time.time() - t0, 2)
-    res["tables_bytes"] = sum(t.numel() * t.element_size() for t in (tables.pred_proj, tables.head_proj, tables.rfac))
+    # 2. the benchmark runs the right math: tiny shape, float32, exact tokens
+    try:
+        tm, th = build_model(TINY, device, torch.float32)
+        res["draft_check"] = check_draft_step(tm, th, served_steps(tm, th), device, exact=True)
+        print("draft check (tiny, float32):", res["draft_check"], flush=True)
+        if not res["draft_check"]["ok"]:
+            res["errors"].append("draft check: the timed paths' tokens differ from the plain drafter's")
+        del tm, th
+    except Exception as e:  # noqa: BLE001
+        res["errors"].append(f"draft check: {e!r}")
+        traceback.print_exc()
     save()
 
-    # 2. correctness of the benchmark's own backbone against the drafter
-    try:
-        res["backbone_check"] = check_backbone(model, head, w, tables, s, device)
-        print("backbone check:", res["backbone_check"], flush=True)
-    except Exception as e:  # noqa: BLE001
-        res["errors"].append(f"backbone check: {e!r}")
-        traceback.print_exc()
+    model, head = build_model(s, device, dtype)
+    t0 = time.time()
+    steps = served_steps(model, head)
+    res["tables_build_s"] = round(time.time() - t0, 2)
+    res["tables_bytes"] = steps["kernels"].tables.nbytes
+    if bench.gpu:  # the same check at the benchmark's shapes in bf16: agreement only
+        try:
+            res["draft_check_bf16"] = check_draft_step(model, head, steps, device, exact=False)
+            print("draft check (qwen3-8b, bf16):", res["draft_check_bf16"], flush=True)
+        except Exception as e:  # noqa: BLE001
+            res["errors"].append(f"draft check bf16: {e!r}")
+            traceback.print_exc()
     save()
 
     # 3. the draft steps (the headline), every batch size
     for bs in bss:
+        if bench.left() < 20:
+            res["skipped"].append(f"draft step bs={bs}")
+            continue
         print(f"draft step bs={bs}", flush=True)
-        res["draft_step"][str(bs)] = section_step(bench, model, head, w, tables, bs, s, res)
-        print("  ", res["draft_step"][str(bs)], flush=True)
+        try:
+            st = section_step(bench, model, head, steps, bs, s, res)
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory at one batch size
+            res["errors"].append(f"draft step bs={bs}: {e!r}")
+            traceback.print_exc()
+            continue
+        res["draft_step"][str(bs)] = st
+        print("  ", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in st.items() if k != "timing"},
+              flush=True)
         save()
         if bench.gpu:
             torch.cuda.empty_cache()
 
-    # 4. kernels vs references (torch.compile and the sweep while time allows)
-    compiled = {}
-
-    def do_compile():
-        if args.no_compile or args.smoke:
-            return False
-        if bench.left() < 60:
-            if "torch.compile" not in res["skipped"]:
-                res["skipped"].append("torch.compile")
-            return False
-        return True
-
-    for bs in sorted(bss, reverse=True):  # the largest batch (the headline) first
+    # 4. kernels vs references, the largest batch first, while the budget lasts
+    for bs in sorted(bss, reverse=True):
         if bench.left() < 15:
             res["skipped"].append(f"kernels bs={bs}")
             continue
         print(f"kernels bs={bs}", flush=True)
         try:
-            section_kernels(bench, model, head, w, tables, bs, s, res, ceiling, compiled, do_compile,
-                            sweep=not args.no_sweep and bench.left() > 60)
+            section_kernels(bench, model, head, steps, bs, s, res, ceiling,
+                            sweep=not args.no_sweep and not args.smoke and bench.left() > 60)
         except Exception as e:  # noqa: BLE001
             res["errors"].append(f"kernels bs={bs}: {e!r}")
             traceback.print_exc()
@@ -615,30 +768,20 @@ def main() -> None:
         if bench.gpu:
             torch.cuda.empty_cache()
 
-    # 5. the DSpine step again with the transition configuration the sweep found fastest, where it differs
-    for bs in bss:
-        sc = [r for r in res["results"] if r["bs"] == bs and r["variant"].startswith("score_walk triton")]
-        if not sc or bench.left() < 10:
-            continue
-        best = min(sc, key=lambda r: r["us"])
-        if best["variant"].endswith("(default)"):
-            continue
-        if "split" in best["variant"]:
-            cfg = tuple(int(v) for v in best["variant"].split("cfg=(")[1].split(")")[0].split(","))
-            kw, label = dict(variant="split", split_config=cfg), "split_" + "_".join(map(str, cfg))
-        else:
-            pb = int(best["variant"].split("pb=")[1].split()[0])
-            kw, label = dict(variant="fused", positions_per_program=pb), f"fused_pb{pb}"
-        steps = DraftSteps(model, head, w, tables, bs, s["ctx"])
-        t = try_time(bench, res, f"dspine {label} bs={bs}", lambda: steps.dspine(**kw), reps=30, flush=False)
-        if t:
-            st = res["draft_step"][str(bs)]
-            st[f"dspine_{label}"] = t["us"]
-            if "dflash" in st:
-                st[f"ratio_{label}"] = t["us"] / st["dflash"]
-        del steps
+    if args.smoke:  # the comparison code on a synthetic serving result built from this run
+        summary = summarize(res, True)
+        fake = {"clients": bss, "temperatures": [0.0], "rounds": [{
+            "dflash": [{"clients": c, "temperature": 0.0, "step_ms": 10.0} for c in bss],
+            "dspine": [{"clients": c, "temperature": 0.0, "step_ms": 10.0 + summary["draft_step_overhead_us"][str(c)]
+                        / 1000.0} for c in bss]}], "profile": {}}
+        rows = serving_comparison(summary, fake)
+        print_serving_comparison(rows, summary, fake)
+        if not all(abs(r["prediction_error"]) < 1e-9 for r in rows):
+            res["errors"].append("serving comparison: a server with exactly the benchmark's overhead not predicted")
     save()
     print_table(res)
+    print("wrote", *paths)
+    return 1 if res["errors"] else 0
 
 
 def print_table(res) -> None:
@@ -651,26 +794,32 @@ def print_table(res) -> None:
     def us(r):
         return "-" if r is None else f"{r['us']:.1f}"
 
-    print("\n== DSpine kernels, {} (copy ceiling {:.0f} GB/s), commit {} ==".format(
+    print("\n== DSpine draft step and kernels, {} (copy ceiling {:.0f} GB/s), commit {} ==".format(
         res["gpu"], res.get("copy_ceiling_GBps") or 0, res["commit"][:10]))
-    print(f"{'bs':>3} | {'gate tri/torch/comp':>20} | {'inj layer tri/torch/module/comp':>32} | "
-          f"{'transition split/fused/torch/comp':>34} | {'topk tri/torch/argmax':>22} | {'step dflash/dspine us':>21} | ratio")
+    print(f"{'bs':>3} | {'DFlash':>8} {'DSpine':>8} {'ratio':>6} {'over':>6} | {'torch math':>10} {'ratio':>6} | "
+          f"{'inj only':>8} | {'gate tri/torch':>14} | {'inj layer tri/torch/module':>26} | "
+          f"{'score_walk tri/torch':>20} | {'walk':>6} | {'topk tri/torch/argmax':>22}")
+    nan = float("nan")
     for bs in res["batch_sizes"]:
         st = res["draft_step"].get(str(bs), {})
-        print(f"{bs:>3} | {us(get(bs, 'injection', 'gate_message triton')):>6}/{us(get(bs, 'injection', 'gate_message torch')):>6}/"
-              f"{us(get(bs, 'injection', 'gate_message torch.compile')):>6}"
-              f" | {us(get(bs, 'inj_layer', 'inject_flat triton')):>7}/{us(get(bs, 'inj_layer', 'inject_flat torch')):>7}/"
-              f"{us(get(bs, 'inj_layer', 'AdjacentInjection.forward')):>7}/{us(get(bs, 'inj_layer', 'AdjacentInjection torch.compile')):>7}"
-              f" | {us(get(bs, 'transition', 'score_walk triton split')):>7}/{us(get(bs, 'transition', 'score_walk triton fused pb=1')):>7}/"
-              f"{us(get(bs, 'transition', 'score_walk torch')):>7}/{us(get(bs, 'transition', 'score_walk torch.compile')):>7}"
-              f" | {us(get(bs, 'topk', 'topk triton')):>6}/{us(get(bs, 'topk', 'torch.topk')):>6}/{us(get(bs, 'topk', 'torch.argmax')):>6}"
-              f" | {st.get('dflash', float('nan')):>9.1f}/{st.get('dspine', float('nan')):>9.1f}"
-              f" | {st.get('ratio', float('nan')):.3f}")
+        print(f"{bs:>3} | {st.get('dflash', nan):>8.1f} {st.get('dspine', nan):>8.1f} {st.get('ratio', nan):>6.3f} "
+              f"{st.get('overhead_us', nan):>6.0f} | {st.get('dspine_torch', nan):>10.1f} "
+              f"{st.get('ratio_dspine_torch', nan):>6.3f} | {st.get('dspine_injection_only', nan):>8.1f} | "
+              f"{us(get(bs, 'injection', 'gate_message triton')):>6}/"
+              f"{us(get(bs, 'injection', 'gate_message torch')):>7} | "
+              f"{us(get(bs, 'inj_layer', 'injection_delta triton')):>8}/"
+              f"{us(get(bs, 'inj_layer', 'injection_delta torch')):>8}/"
+              f"{us(get(bs, 'inj_layer', 'AdjacentInjection.forward')):>8} | "
+              f"{us(get(bs, 'transition', 'score_walk triton cfg=' + str(ktr.POSITION_CONFIG))):>9}/"
+              f"{us(get(bs, 'transition', 'score_walk torch')):>10} | "
+              f"{us(get(bs, 'transition', 'transition_walk triton')):>6} | "
+              f"{us(get(bs, 'topk', 'topk triton')):>6}/{us(get(bs, 'topk', 'torch.topk')):>7}/"
+              f"{us(get(bs, 'topk', 'torch.argmax')):>7}")
     if res["errors"]:
-        print(f"errors: {len(res['errors'])} (see kernels.json)")
+        print(f"errors: {len(res['errors'])}:", *res["errors"], sep="\n  ")
     if res["skipped"]:
         print("skipped:", ", ".join(res["skipped"]))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,21 +1,16 @@
 """Triton kernels of the DSpine draft step, installed as `sglang_dspine.kernels` (never import `kernels`).
 
 Each kernel has a plain PyTorch reference with the same signature next to it (`*_torch`).
-  injection.py   fused adjacent injection on flat [bs·B, H] states (gate_message, inject_flat)
-  transition.py  fused K×K transition scoring + walk (transition_scores_walk, transition_walk)
+  injection.py   fused adjacent injection on flat [bs·B, H] states (gate_message, injection_delta)
+  transition.py  transition scoring + walk from per-token tables (TransitionTables, transition_walk)
   top_k.py       top-K of the draft logits in one streaming pass (topk)
 """
-from .injection import InjectionWeights, anchor_projections, gate_message, gate_message_torch, inject_flat
+from .injection import InjectionWeights, gate_message, gate_message_torch, injection_delta
 from .top_k import topk, topk_torch
-from .transition import (
-    TransitionTables,
-    transition_scores_walk,
-    transition_scores_walk_torch,
-    transition_walk,
-)
+from .transition import TransitionTables, transition_scores_walk, transition_scores_walk_torch, transition_walk
 
 __all__ = [
-    "InjectionWeights", "anchor_projections", "gate_message", "gate_message_torch", "inject_flat",
+    "InjectionWeights", "gate_message", "gate_message_torch", "injection_delta",
     "topk", "topk_torch",
     "TransitionTables", "transition_scores_walk", "transition_scores_walk_torch", "transition_walk",
 ]

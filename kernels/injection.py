@@ -1,27 +1,26 @@
-"""Fused adjacent injection for the serving layout (DESIGN.md §1, §3).
+"""Fused adjacent injection for the serving layout (`sglang_dspine.injection.AdjacentInjection.forward` is the
+math; this computes the same thing).
 
-States are flat `[bs*B, H]`: whole blocks of B rows, B a compile-time constant. For one layer l
-(`sglang_dspine.injection.AdjacentInjection.forward` is the math; this computes the same thing):
+States are flat `[bs*B, H]`: whole blocks of B rows, B a compile-time constant. For one layer l:
 
     φ_t  = √r · normalize(z_t),  z_t = R_l h_t
     p_t  = √r · C[anchor]   (block position 1)   |   φ_{t-1}   (positions ≥ 2)
     h_t += rms(h_t) · U_l(σ(G_r φ_t + G_p p_t + b) ⊙ M p_t)          (position 0 untouched)
 
 Split between cuBLAS and the fused pass (why):
-  1. GEMM  z = h R_lᵀ                       [N, r]   weight-bound (R_l is H×r), cuBLAS does it best.
+  1. GEMM  z = h R_lᵀ                       [N, r]   weight-bound (R_l is H×r), cuBLAS does it best. For the
+     last layer the GEMM also yields uh = h U_L ([R_L; U_Lᵀ], one launch), which the transition scoring needs.
   2. GEMM  y = z [G_r; G_p; M]ᵀ             [N, 3m]  one GEMM on the *unnormalised* z: normalisation is a
      per-row scale s_t = √r / max(‖z_t‖, ε) and commutes with the linear maps, so G φ_t = s_t · (G z_t).
      The shift is applied after this GEMM: G_p p_t = s_{t-1} · (G_p z_{t-1}) for t at position ≥ 2, exact.
-     Optionally (`fold=True`) steps 1-2 are one GEMM with [R_l; (G_r;G_p;M) R_l] (one launch, more bytes).
-  3. Anchor projections √r·C[a] [G_p; M]ᵀ, [bs, 2m]: the same for every layer (G_p, M are shared), so once
-     per draft step (`anchor_projections`), not per layer.
+  3. The anchor's projection √r·C[a] [G_p; M]ᵀ is a row of the per-token table `pred_proj` [V, 2m] that the
+     transition scoring uses too: the fused pass reads it by token id, no per-step GEMM.
   4. Fused kernel (`gate_message`), one program per row: ‖h_t‖ (rms), ‖z_t‖ and ‖z_{t-1}‖ (the feature
-     scales), the in-block shift, the anchor projection for position 1, the gate σ(·), the product with the
-     message, and the rms scale; it writes msg_t = rms(h_t)·g_t ⊙ M p_t (zero on position 0) and optionally
-     the receiver term G_r φ_t, which the transition scoring of the last layer reuses.
-  5. GEMM with residual epilogue: h_out = h + msg U_lᵀ (`addmm`). Scaling msg by rms(h_t) *before* U_l is
-     exact (a row scalar) and lets cuBLAS do the residual write; position-0 rows have msg = 0, so their
-     output is h itself.
+     scales), the in-block shift, the anchor's row for position 1, the gate σ(·), the product with the message
+     and the rms scale; it writes msg_t = rms(h_t)·g_t ⊙ M p_t (zero on position 0) and optionally the
+     receiver term G_r φ_t, which the transition scoring of the last layer reuses.
+  5. GEMM  delta = msg U_lᵀ. Scaling msg by rms(h_t) *before* U_l is exact (a row scalar); position-0 rows
+     have msg = 0. The caller adds delta to the state (SGLang's next fused add-RMSNorm does it for free).
 No host synchronisation, no data-dependent shapes: everything is CUDA-graph capturable.
 """
 from __future__ import annotations
@@ -46,7 +45,7 @@ class InjectionWeights:
     maps: torch.Tensor  # [G_r; G_p; M] [3m, r] (shared by all layers)
     writes: list[torch.Tensor]  # U_l [H, m]
     bias: torch.Tensor  # b [m]
-    folded: list[torch.Tensor] | None = None  # [R_l; maps·R_l] [r+3m, H] (fold=True)
+    last_projection: torch.Tensor  # [R_L; U_Lᵀ] [r+m, H]: z and uh of the last layer in one GEMM
 
     @property
     def rank(self) -> int:
@@ -57,41 +56,34 @@ class InjectionWeights:
         return self.bias.shape[0]
 
     @property
+    def num_layers(self) -> int:
+        return len(self.readouts)
+
+    @property
     def pred_maps(self) -> torch.Tensor:
         """[G_p; M] [2m, r]: the maps applied to a predecessor."""
         return self.maps[self.message_size:]
 
     @classmethod
     @torch.no_grad()
-    def from_module(cls, inj: AdjacentInjection, dtype: torch.dtype | None = None, fold: bool = False) -> "InjectionWeights":
+    def from_module(cls, inj: AdjacentInjection, dtype: torch.dtype | None = None) -> "InjectionWeights":
         dtype = dtype or inj.bias.dtype
         cvt = lambda t: t.detach().to(dtype).contiguous()  # noqa: E731
         maps = torch.cat([inj.receiver_gate.weight, inj.predecessor_gate.weight, inj.message.weight], 0)
-        folded = None
-        if fold:
-            # fp32 product, one rounding to the model dtype
-            folded = [cvt(torch.cat([r.weight.float(), maps.float() @ r.weight.float()], 0)) for r in inj.readouts]
         return cls(
             readouts=[cvt(r.weight) for r in inj.readouts],
             maps=cvt(maps),
             writes=[cvt(w.weight) for w in inj.writes],
             bias=cvt(inj.bias),
-            folded=folded,
+            last_projection=cvt(torch.cat([inj.readouts[-1].weight, inj.writes[-1].weight.t()], 0)),
         )
-
-
-def anchor_projections(w: InjectionWeights, codes: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """[G_p; M](√r·C[anchor]) for each request: [bs, 2m] in the model dtype (the same for every layer)."""
-    dtype = w.maps.dtype
-    pred = math.sqrt(w.rank) * codes[anchors.view(-1)].to(dtype)  # same rounding order as the module
-    return F.linear(pred, w.pred_maps)
 
 
 # ---------------------------------------------------------------------------------------- fused kernel
 @triton.jit
 def _gate_message_kernel(
-    h_ptr, z_ptr, y_ptr, ap_ptr, b_ptr, msg_ptr, recv_ptr,
-    stride_h, stride_z, stride_y, stride_ap, stride_msg, stride_recv,
+    h_ptr, z_ptr, y_ptr, pp_ptr, anc_ptr, b_ptr, msg_ptr, recv_ptr,
+    stride_h, stride_z, stride_y, stride_pp, stride_msg, stride_recv,
     sqrt_r, eps,
     B: tl.constexpr, H: tl.constexpr, R: tl.constexpr, M: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr, WRITE_RECV: tl.constexpr,
@@ -115,8 +107,9 @@ def _gate_message_kernel(
     # shift after the GEMM: row t-1's G_p z and M z, scaled below by row t-1's feature scale
     yp = tl.load(y_ptr + (t - 1) * stride_y + M + o, mask=om & shifted, other=0.0)
     ym = tl.load(y_ptr + (t - 1) * stride_y + 2 * M + o, mask=om & shifted, other=0.0)
-    ap_g = tl.load(ap_ptr + n * stride_ap + o, mask=om & first, other=0.0)
-    ap_m = tl.load(ap_ptr + n * stride_ap + M + o, mask=om & first, other=0.0)
+    anchor = tl.load(anc_ptr + n).to(tl.int64)  # position 1: the anchor's row of the per-token table
+    ap_g = tl.load(pp_ptr + anchor * stride_pp + o, mask=om & first, other=0.0)
+    ap_m = tl.load(pp_ptr + anchor * stride_pp + M + o, mask=om & first, other=0.0)
     b = tl.load(b_ptr + o, mask=om, other=0.0).to(tl.float32)
 
     xf = x.to(tl.float32)
@@ -140,10 +133,11 @@ def _check_rows(name: str, t: torch.Tensor, rows: int, cols: int) -> None:
                          f"{tuple(t.shape)} strides {t.stride()}")
 
 
-def gate_message(h, z, y, anchor_proj, bias, block_size: int, msg_out, recv_out=None):
+def gate_message(h, z, y, anchors, pred_proj, bias, block_size: int, msg_out, recv_out=None):
     """Fused gate + message (Triton). h [N, H]; z [N, r] (= h R_lᵀ); y [N, 3m] (= z [G_r;G_p;M]ᵀ);
-    anchor_proj [bs, 2m]; bias [m]; writes msg_out [N, m] = rms(h)·σ(G_r φ + G_p p + b) ⊙ M p (0 on position 0)
-    and, if given, recv_out [N, m] = G_r φ (0 on position 0). N = bs·block_size. Returns msg_out."""
+    anchors [bs] token ids; pred_proj [V, 2m] per-token √r·C[v][G_p; M]ᵀ; bias [m]; writes msg_out [N, m] =
+    rms(h)·σ(G_r φ + G_p p + b) ⊙ M p (0 on position 0) and, if given, recv_out [N, m] = G_r φ (0 on
+    position 0). N = bs·block_size. Returns msg_out."""
     n_rows, hidden = h.shape
     rank, m = z.shape[1], bias.shape[0]
     if n_rows % block_size:
@@ -151,13 +145,16 @@ def gate_message(h, z, y, anchor_proj, bias, block_size: int, msg_out, recv_out=
     _check_rows("h", h, n_rows, hidden)
     _check_rows("z", z, n_rows, rank)
     _check_rows("y", y, n_rows, 3 * m)
-    _check_rows("anchor_proj", anchor_proj, n_rows // block_size, 2 * m)
+    _check_rows("pred_proj", pred_proj, pred_proj.shape[0], 2 * m)
     _check_rows("msg_out", msg_out, n_rows, m)
+    if anchors.numel() != n_rows // block_size:
+        raise ValueError(f"anchors: expected {n_rows // block_size}, found {anchors.numel()}")
     if recv_out is not None:
         _check_rows("recv_out", recv_out, n_rows, m)
     _gate_message_kernel[(n_rows,)](
-        h, z, y, anchor_proj, bias.contiguous(), msg_out, recv_out if recv_out is not None else msg_out,
-        h.stride(0), z.stride(0), y.stride(0), anchor_proj.stride(0), msg_out.stride(0),
+        h, z, y, pred_proj, anchors.contiguous(), bias.contiguous(), msg_out,
+        recv_out if recv_out is not None else msg_out,
+        h.stride(0), z.stride(0), y.stride(0), pred_proj.stride(0), msg_out.stride(0),
         recv_out.stride(0) if recv_out is not None else 0,
         math.sqrt(rank), NORMALIZE_EPS,
         B=block_size, H=hidden, R=rank, M=m,
@@ -170,7 +167,7 @@ def gate_message(h, z, y, anchor_proj, bias, block_size: int, msg_out, recv_out=
     return msg_out
 
 
-def gate_message_torch(h, z, y, anchor_proj, bias, block_size: int, msg_out, recv_out=None):
+def gate_message_torch(h, z, y, anchors, pred_proj, bias, block_size: int, msg_out, recv_out=None):
     """PyTorch reference of `gate_message` (same signature, same outputs), computed in float32."""
     n_rows, hidden = h.shape
     bs, rank, m = n_rows // block_size, z.shape[1], bias.shape[0]
@@ -179,7 +176,8 @@ def gate_message_torch(h, z, y, anchor_proj, bias, block_size: int, msg_out, rec
     zf = z.float().view(bs, block_size, rank)
     s = math.sqrt(rank) / zf.norm(dim=-1, keepdim=True).clamp_min(NORMALIZE_EPS)
     yf = y.float().view(bs, block_size, 3 * m) * s  # [G_r φ, G_p φ, M φ] of every row
-    pred = torch.cat([anchor_proj.float().view(bs, 1, 2 * m), yf[:, 1:-1, m:]], dim=1)  # shift by one
+    anchor_rows = pred_proj[anchors.view(-1)].float().view(bs, 1, 2 * m)
+    pred = torch.cat([anchor_rows, yf[:, 1:-1, m:]], dim=1)  # shift by one
     recv = yf[:, 1:, :m]
     msg = torch.sigmoid(recv + pred[..., :m] + bias.float()) * pred[..., m:] * rms[:, 1:]
     zero = msg.new_zeros(bs, 1, m)
@@ -190,39 +188,28 @@ def gate_message_torch(h, z, y, anchor_proj, bias, block_size: int, msg_out, rec
 
 
 # ------------------------------------------------------------------------------------ one whole layer
-def project(h: torch.Tensor, layer: int, w: InjectionWeights) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cuBLAS part before the fused pass: z = h R_lᵀ and y = z [G_r;G_p;M]ᵀ (views of one buffer if folded)."""
-    if w.folded is not None:
-        zy = F.linear(h, w.folded[layer])
-        return zy[:, : w.rank], zy[:, w.rank:]
-    z = F.linear(h, w.readouts[layer])
-    return z, F.linear(z, w.maps)
+def project(h: torch.Tensor, layer: int, w: InjectionWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The cuBLAS part before the fused pass: z = h R_lᵀ, y = z [G_r;G_p;M]ᵀ and, for the last layer,
+    uh = h U_L (z and uh are column views of one GEMM's output there)."""
+    if layer == w.num_layers - 1:
+        zu = F.linear(h, w.last_projection)
+        z, uh = zu[:, : w.rank], zu[:, w.rank:]
+    else:
+        z, uh = F.linear(h, w.readouts[layer]), None
+    return z, F.linear(z, w.maps), uh
 
 
-def inject_flat(h: torch.Tensor, layer: int, w: InjectionWeights, anchor_proj: torch.Tensor, block_size: int,
-                out: torch.Tensor | None = None, recv_out: torch.Tensor | None = None,
-                impl: str = "triton", fused_residual: bool = True) -> torch.Tensor:
-    """Adjacent injection of one layer on flat states h [bs·B, H] (GEMMs + fused pass + residual GEMM).
+def injection_delta(h: torch.Tensor, layer: int, w: InjectionWeights, anchors: torch.Tensor,
+                    pred_proj: torch.Tensor, block_size: int, recv_out: torch.Tensor | None = None,
+                    impl: str = "triton") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the injection after `layer` adds to flat states h [bs·B, H]: delta = msg U_lᵀ (GEMMs + fused pass).
 
-    anchor_proj: `anchor_projections(...)` [bs, 2m]. out: where to write (may be h itself for in place;
-    default: a new tensor). recv_out [bs·B, m]: optional G_r φ of each row (the transition scoring uses the
-    last layer's). impl: "triton" or "torch" (the reference pass). fused_residual: the residual add as the
-    GEMM's epilogue (addmm with a 2-D bias); False does a plain GEMM and an add, for batch-invariant GEMM
-    libraries that replace aten::addmm with a 1-D-bias-only version (SGLang's deterministic inference).
-    Returns the injected states.
+    anchors [bs]; pred_proj: the per-token table `TransitionTables.pred_proj`. recv_out [bs·B, m]: optional
+    G_r φ of each row (the transition scoring uses the last layer's). impl: "triton" or "torch" (the reference
+    pass). Returns (delta, uh): uh = h U_L for the last layer, else None.
     """
-    z, y = project(h, layer, w)
+    z, y, uh = project(h, layer, w)
     msg = torch.empty(h.shape[0], w.message_size, dtype=h.dtype, device=h.device)
     fn = gate_message if impl == "triton" else gate_message_torch
-    fn(h, z, y, anchor_proj, w.bias, block_size, msg, recv_out)
-    u = w.writes[layer]  # [H, m]
-    if not fused_residual:
-        delta = torch.mm(msg, u.t())
-        if out is None:
-            return delta.add_(h)
-        return torch.add(h, delta, out=out)
-    if out is None:
-        return torch.addmm(h, msg, u.t())
-    if out.data_ptr() == h.data_ptr():
-        return h.addmm_(msg, u.t())
-    return torch.addmm(h, msg, u.t(), out=out)
+    fn(h, z, y, anchors, pred_proj, w.bias, block_size, msg, recv_out)
+    return torch.mm(msg, w.writes[layer].t()), uh

@@ -1,24 +1,44 @@
 #!/usr/bin/env bash
 # Serve a target with DSPINE speculative decoding (OpenAI-compatible API on port ${PORT:-30000}).
 #   bash scripts/serve.sh [TARGET_DIR DRAFTER_DIR] [extra sglang.launch_server args]
-# With no model given, serves the built-in default pair in models/default/ (target/ + dspine/).
+# With no model given (no arguments, or only --flags), serves the built-in default pair in models/default/
+# (target/ + dspine/) under the model name `default`; a given pair is served under its target folder's name.
+# Extra arguments go to the server last, so they override the ones set here (--port, --served-model-name, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${VENV:-.venv}"
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e .
-if [ $# -ge 2 ] && [ -d "$1" ] && [ -d "$2" ]; then
+usage="usage: bash scripts/serve.sh [TARGET_DIR DRAFTER_DIR] [sglang args]"
+if [ $# -ge 1 ] && [ "${1#-}" = "$1" ]; then  # a first argument that is not a --flag: the pair
+  if [ $# -lt 2 ] || [ "${2#-}" != "$2" ]; then
+    echo "serve.sh: TARGET_DIR $1 given without a DRAFTER_DIR; $usage" >&2
+    exit 2
+  fi
+  for pair in "TARGET_DIR:$1" "DRAFTER_DIR:$2"; do
+    what="${pair%%:*}" path="${pair#*:}"
+    if [ ! -d "$path" ]; then
+      if [ -e "$path" ]; then
+        echo "serve.sh: $what $path: a file, not a directory; $usage" >&2
+      else
+        echo "serve.sh: $what $path: no such directory; $usage" >&2
+      fi
+      exit 2
+    fi
+  done
   target="$1"; drafter="$2"; shift 2
+  name="$(basename "$(realpath "$target")")"
 else
-  target=models/default/target; drafter=models/default/dspine
+  target=models/default/target; drafter=models/default/dspine; name=default
   if [ ! -d "$drafter" ]; then
-    echo "No model given and no built-in default pair in models/default/ yet." >&2
-    echo "Usage: bash scripts/serve.sh TARGET_DIR DRAFTER_DIR [sglang args]" >&2
+    echo "serve.sh: no model given and no built-in default pair in models/default/; $usage" >&2
     exit 2
   fi
 fi
+VENV="${VENV:-.venv}"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+# The tested versions (scripts/test.sh installs the same lock); PIP_CONSTRAINT reaches pip's build env too.
+lock="locks/sglang-$(sed -n 's/.*"sglang==\([^"]*\)".*/\1/p' setup.py).txt"
+PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir -c "$lock" -e .
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  echo "SGLang serving needs a CUDA GPU; none is visible here." >&2
+  echo "serve.sh: SGLang serving needs a CUDA GPU; none is visible here." >&2
   exit 2
 fi
 target="$(realpath "$target")"; drafter="$(realpath "$drafter")"; py="$(cd "$VENV/bin" && pwd)/python"  # not realpath: that would leave the venv
@@ -26,4 +46,4 @@ target="$(realpath "$target")"; drafter="$(realpath "$drafter")"; py="$(cd "$VEN
 cd /tmp
 exec "$py" -m sglang.launch_server --model-path "$target" \
   --speculative-algorithm DSPINE --speculative-draft-model-path "$drafter" \
-  --port "${PORT:-30000}" --attention-backend triton --sampling-backend pytorch "$@"
+  --port "${PORT:-30000}" --served-model-name "$name" --attention-backend triton --sampling-backend pytorch "$@"

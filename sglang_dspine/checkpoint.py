@@ -16,9 +16,10 @@ import json
 import os
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from .config import DSPINE_ARCH, DrafterConfig, DrafterConfigError, DSpineSettings
+from .config import DSPINE_ARCH, DrafterConfig, DrafterConfigError, DSpineSettings, read_json
 from .model import DSpineDrafter
 from .transfer import check_codes, compute_transfer_space
 
@@ -30,30 +31,62 @@ CODES_KEY = "transfer_codes"
 READY_KEY = "transfer_ready"
 
 
-def read_tensors(path: str) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory's model files (single file or shards)."""
+def model_files(path: str) -> list[str]:
+    """The weight files of a checkpoint directory: `model.safetensors`, or the shards its index's `weight_map`
+    names. A missing file or an index without a usable `weight_map` raises `DrafterConfigError` naming it."""
+    if not path or not os.path.isdir(path):
+        raise DrafterConfigError(f"checkpoint {path!r}: not a directory")
     single, index = os.path.join(path, MODEL_FILE), os.path.join(path, INDEX_FILE)
     if os.path.isfile(single):
-        return load_file(single)
+        return [single]
     if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        tensors: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            tensors.update(load_file(os.path.join(path, shard)))
-        return tensors
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise DrafterConfigError(f"{index}: expected a `weight_map` object (tensor name -> shard file), "
+                                     f"found {weight_map!r}")
+        shards = sorted(set(map(str, weight_map.values())))
+        missing = [f for f in shards if not os.path.isfile(os.path.join(path, f))]
+        if missing:
+            raise DrafterConfigError(f"{index}: weight_map names shard files that are not in {path}: {missing[:4]}")
+        return [os.path.join(path, f) for f in shards]
     raise DrafterConfigError(f"checkpoint {path}: neither {MODEL_FILE} nor {INDEX_FILE} found")
+
+
+def _unreadable(file: str, e: Exception) -> DrafterConfigError:
+    return DrafterConfigError(f"{file}: not a readable safetensors file ({e}); truncated or still being copied?")
+
+
+def load_safetensors(file: str) -> dict[str, torch.Tensor]:
+    """Every tensor of one safetensors file; a truncated or foreign file raises `DrafterConfigError` naming it."""
+    try:
+        return load_file(file)
+    except (SafetensorError, OSError) as e:
+        raise _unreadable(file, e) from None
+
+
+def safetensors_shapes(file: str) -> dict[str, list[int]]:
+    """Names and shapes of one safetensors file's tensors, from its header (no tensor is read). The header
+    check covers the whole file: a truncated file is refused here, naming it."""
+    try:
+        with safe_open(file, framework="pt") as st:
+            return {k: st.get_slice(k).get_shape() for k in st.keys()}
+    except (SafetensorError, OSError) as e:
+        raise _unreadable(file, e) from None
+
+
+def read_tensors(path: str) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory's model files (single file or shards)."""
+    tensors: dict[str, torch.Tensor] = {}
+    for file in model_files(path):
+        tensors.update(load_safetensors(file))
+    return tensors
 
 
 def tensor_shapes(path: str) -> dict[str, list[int]]:
     """Names and shapes of the model files' tensors, from their headers (no tensor is read)."""
-    from safetensors import safe_open
-
-    shapes = {}
-    for f in sorted(os.listdir(path)):
-        if f.endswith(".safetensors") and f != TRANSFER_FILE:
-            with safe_open(os.path.join(path, f), framework="pt") as st:
-                shapes.update({k: st.get_slice(k).get_shape() for k in st.keys()})
+    shapes: dict[str, list[int]] = {}
+    for file in model_files(path):
+        shapes.update(safetensors_shapes(file))
     return _strip_prefix(shapes)
 
 
@@ -100,14 +133,14 @@ def check_dspine_transfer(model: DSpineDrafter, source: str) -> None:
 def _raw_config(path: str) -> tuple[dict, bool, bool]:
     """config.json as stored (unwrapped where the release wraps it in {"config": ...}), whether it was wrapped,
     and whether the release's own rules apply: no `dspine_config`, codes in transfer.safetensors."""
-    cfg_file = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_file):
-        raise DrafterConfigError(f"drafter config not found: {cfg_file}")
-    with open(cfg_file, encoding="utf-8") as f:
-        raw = json.load(f)
+    if not path or not os.path.isdir(path):
+        raise DrafterConfigError(f"drafter {path!r}: not a directory")
+    raw = read_json(os.path.join(path, "config.json"))
     wrapped = set(raw) == {"config"}
     if wrapped:
         raw = raw["config"]
+        if not isinstance(raw, dict):
+            raise DrafterConfigError(f"{os.path.join(path, 'config.json')}: `config` is not a JSON object")
     return raw, wrapped, "dspine_config" not in raw and os.path.isfile(os.path.join(path, TRANSFER_FILE))
 
 
@@ -138,7 +171,21 @@ def _read_config(path: str) -> DrafterConfig:
             "message_size": int(shapes["injection.message.weight"][0]),
             "top_k": 16,
         }
-    return DrafterConfig.from_dict(raw)
+    try:
+        return DrafterConfig.from_dict(raw)
+    except DrafterConfigError as e:  # its messages name the field; this names the folder
+        raise DrafterConfigError(f"drafter {path}: {e}") from None
+
+
+def check_drafter_dir(path: str) -> DrafterConfig:
+    """What can be checked of a drafter folder without reading its tensors: its config, and that every weight
+    file (and a release's transfer.safetensors) is a complete safetensors file. Returns the config."""
+    cfg = _read_config(path)
+    tensor_shapes(path)
+    side = os.path.join(path, TRANSFER_FILE)
+    if os.path.isfile(side):
+        safetensors_shapes(side)
+    return cfg
 
 
 def load_drafter(
@@ -196,7 +243,7 @@ def warm_start_from_dflash(
     """A DSpine drafter on a trained DFlash backbone: zero writes, codes and readouts from the head.
 
     The DFlash backbone was trained bidirectional inside the block; the DSpine drafter is causal, which is
-    the one behavioural change (DESIGN §1) and what the DSpine fine-tune adapts to.
+    the one behavioural change (docs/algorithm.md) and what the DSpine fine-tune adapts to.
     """
     if target_head is None:
         raise DrafterConfigError("warm start from a DFlash checkpoint needs the target's LM head for the transfer codes")
@@ -223,7 +270,7 @@ def release_codes(path: str) -> torch.Tensor | None:
     transfer_path = os.path.join(path, TRANSFER_FILE)
     if not os.path.isfile(transfer_path):
         return None
-    side = load_file(transfer_path)
+    side = load_safetensors(transfer_path)
     if RELEASE_CODES not in side:
         raise DrafterConfigError(f"checkpoint {transfer_path}: expected tensor `{RELEASE_CODES}`, found {sorted(side)}")
     return side[RELEASE_CODES]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, fields
@@ -37,6 +38,44 @@ class CLIError(Exception):
     """A user error: printed as one line, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (argparse prints the whole usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _path(v: str) -> str:
+    if not v:  # "" would mean the working directory to os.path.join
+        raise argparse.ArgumentTypeError("expected a path, found an empty string")
+    return v
+
+
+# `namespace/name`: what transformers fetches from the Hugging Face hub when no such local path exists
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def check_model_dir(flag: str, path: str) -> None:
+    """Refuse a target that is not a model directory before transformers reads it (for a file or a missing
+    path transformers talks about hub repo ids; for a truncated weight file it names no file)."""
+    from .checkpoint import INDEX_FILE, MODEL_FILE, model_files, safetensors_shapes
+    from .config import DrafterConfigError, read_json
+
+    if not os.path.isdir(path):
+        if os.path.exists(path):
+            raise CLIError(f"{flag} {path}: a file; expected a model directory (config.json and weights)")
+        if _HUB_ID.fullmatch(path):
+            return  # a hub repo id: transformers fetches it (load_target reports a failure)
+        raise CLIError(f"{flag} {path}: no such directory")
+    try:
+        read_json(os.path.join(path, "config.json"))
+        if any(os.path.isfile(os.path.join(path, f)) for f in (MODEL_FILE, INDEX_FILE)):
+            for f in model_files(path):
+                safetensors_shapes(f)
+    except DrafterConfigError as e:
+        raise CLIError(f"{flag} {e}") from None
+
+
 # ------------------------------------------------------------------------------------------- helpers
 def _dtype(name: str):
     import torch
@@ -60,6 +99,7 @@ def load_target(path: str, dtype: str | None = None, device: str | None = None):
 
     dev = _device(device)
     dt = _dtype(dtype) if dtype else (torch.bfloat16 if dev.startswith("cuda") else torch.float32)
+    check_model_dir("--target", path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dt)
     except (OSError, ValueError) as e:
@@ -100,7 +140,7 @@ def _add_chat_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_prompt_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", help="tokenizer path (default: the target's)")
+    p.add_argument("--tokenizer", type=_path, help="tokenizer path (default: the target's)")
     _add_chat_args(p)
     p.add_argument("--system-prompt", help="a system message put in front of every chat")
     p.add_argument("--split", default="train", help="split of a datasets dataset (default: train)")
@@ -109,11 +149,11 @@ def _add_prompt_args(p: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------------------------------------- data
 def _data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="target model path (transformers / SGLang)")
-    p.add_argument("--prompts", required=True,
+    p.add_argument("--target", type=_path, required=True, help="target model directory (transformers / SGLang), or a hub repo id")
+    p.add_argument("--prompts", type=_path, required=True,
                    help="JSONL with `prompt`, `messages`/`conversations` or `prompt_ids` per line, or a datasets "
                         "dataset")
-    p.add_argument("--output", required=True, help="output JSONL of token ids (appended; reruns resume)")
+    p.add_argument("--output", type=_path, required=True, help="output JSONL of token ids (appended; reruns resume)")
     p.add_argument("--no-regenerate", dest="regenerate", action="store_false",
                    help="conversations that already hold the target's answers (SpecForge's `conversations` JSONL): "
                         "tokenise them with the chat template, loss on every assistant turn; the target does not run")
@@ -147,6 +187,7 @@ def _data_run(args: argparse.Namespace) -> int:
     from .chat import ChatFormat, resolve_template
     from .data import HFGenerator, SGLangGenerator, eos_ids_of, regenerate, tokenize_conversations
 
+    check_model_dir("--target", args.target)
     tokenizer = load_tokenizer(args.tokenizer, args.target)
     if not args.regenerate:
         if tokenizer is None:
@@ -204,15 +245,16 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     from .train_config import TrainConfig
 
     d = TrainConfig()
-    p.add_argument("--target", required=True, help="target model path (transformers)")
-    p.add_argument("--data", required=True,
+    p.add_argument("--target", type=_path, required=True, help="target model directory (transformers), or a hub repo id")
+    p.add_argument("--data", type=_path, required=True,
                    help="JSONL of token records (`sglang-dspine data`) or conversations (`id` + `conversations`, "
                         "SpecForge's format: role/content or from/value), or both")
-    p.add_argument("--output-dir", required=True, help="checkpoints, metrics.jsonl, tensorboard/ and final/ go here")
+    p.add_argument("--output-dir", type=_path, required=True,
+                   help="checkpoints, metrics.jsonl, tensorboard/ and final/ go here")
     p.add_argument("--kind", choices=["dspine", "dflash"], default="dspine")
-    p.add_argument("--init", help="start from a drafter checkpoint (a DFlash one becomes a DSpine warm start)")
+    p.add_argument("--init", type=_path, help="start from a drafter checkpoint (a DFlash one becomes a DSpine warm start)")
     g = p.add_argument_group("conversations (records with `conversations` or `messages`)")
-    g.add_argument("--tokenizer", help="tokenizer path (default: the target's)")
+    g.add_argument("--tokenizer", type=_path, help="tokenizer path (default: the target's)")
     _add_chat_args(g)
     g.add_argument("--last-turn-only", action="store_true",
                    help="loss on the last assistant turn only (default: on every assistant turn)")
@@ -284,14 +326,18 @@ def train_config_from_args(args: argparse.Namespace):
 
 
 def _train_run(args: argparse.Namespace) -> int:
+    from .checkpoint import check_drafter_dir
     from .distributed import train_device
     from .trainer import train
 
     tc = train_config_from_args(args)
     if not os.path.isfile(tc.data):
         raise CLIError(f"--data {tc.data}: not found (a conversation JSONL, or token data from `sglang-dspine data`)")
-    if tc.init and not os.path.isfile(os.path.join(tc.init, "config.json")):
-        raise CLIError(f"--init {tc.init}: no config.json there")
+    if tc.init:
+        if not os.path.isfile(os.path.join(tc.init, "config.json")):
+            raise CLIError(f"--init {tc.init}: no config.json there")
+        check_drafter_dir(tc.init)  # before the target is loaded
+    check_model_dir("--target", args.target)
     if tc.wandb_project:
         try:
             import wandb  # noqa: F401
@@ -307,13 +353,13 @@ def _train_run(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------------------------------- export
 def _export_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True,
+    p.add_argument("--checkpoint", type=_path, required=True,
                    help="a drafter directory, or a training --output-dir (its latest checkpoint)")
-    p.add_argument("--output", required=True, help="directory to write the serving checkpoint to")
+    p.add_argument("--output", type=_path, required=True, help="directory to write the serving checkpoint to")
     p.add_argument("--layout", choices=["specforge", "release"], default="specforge",
                    help="specforge: codes inside model.safetensors; release: codes in transfer.safetensors")
     p.add_argument("--dtype", default="bf16", help="tensor dtype of the export (bf16, fp16, fp32)")
-    p.add_argument("--target", help="check the drafter against this target (hidden size, vocab, layers)")
+    p.add_argument("--target", type=_path, help="check the drafter against this target (hidden size, vocab, layers)")
     p.add_argument("--force", action="store_true", help="overwrite an existing export")
 
 
@@ -325,14 +371,20 @@ def _export_run(args: argparse.Namespace) -> int:
     try:
         src = resolve_checkpoint(args.checkpoint)
     except FileNotFoundError as e:
-        raise CLIError(str(e)) from e
+        raise CLIError(f"--checkpoint {e}") from None
     if os.path.isfile(os.path.join(args.output, "config.json")) and not args.force:
         raise CLIError(f"--output {args.output}: a checkpoint is already there (use --force to overwrite)")
+    if args.target:
+        check_model_dir("--target", args.target)
     model = load_drafter(src)
     if args.target:
         from transformers import AutoConfig
 
-        t = AutoConfig.from_pretrained(args.target)
+        try:
+            t = AutoConfig.from_pretrained(args.target)
+        except (OSError, ValueError) as e:
+            raise CLIError(f"--target {args.target}: cannot read a transformers config ({e})") from None
+        t = getattr(t, "text_config", None) or t
         try:
             model.cfg.check_target(t.hidden_size, t.vocab_size, t.num_hidden_layers)
         except DrafterConfigError as e:
@@ -350,9 +402,9 @@ def _export_run(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- eval
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="target model path (transformers)")
-    p.add_argument("--drafter", required=True, help="drafter checkpoint (or a training --output-dir)")
-    p.add_argument("--prompts", required=True,
+    p.add_argument("--target", type=_path, required=True, help="target model directory (transformers), or a hub repo id")
+    p.add_argument("--drafter", type=_path, required=True, help="drafter checkpoint (or a training --output-dir)")
+    p.add_argument("--prompts", type=_path, required=True,
                    help="JSONL with `prompt`/`messages`/`prompt_ids` (or regenerated data: input_ids + prompt_len)")
     _add_prompt_args(p)
     p.add_argument("--as-dspine", action="store_true", help="evaluate a DFlash checkpoint as a DSpine warm start")
@@ -364,7 +416,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", help="target and drafter dtype (default: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--device")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", help="write the JSON result here (always printed too)")
+    p.add_argument("--output", type=_path, help="write the JSON result here (always printed too)")
 
 
 def _eval_run(args: argparse.Namespace) -> int:
@@ -375,10 +427,13 @@ def _eval_run(args: argparse.Namespace) -> int:
     from .generate import SpecResult, speculative_generate
     from .trainer import resolve_checkpoint
 
+    from .checkpoint import check_drafter_dir
+
     try:
         src = resolve_checkpoint(args.drafter)
     except FileNotFoundError as e:
-        raise CLIError(str(e)) from e
+        raise CLIError(f"--drafter {e}") from None
+    check_drafter_dir(src)  # before the target is loaded
     dev = _device(args.device)
     target = load_target(args.target, args.dtype, dev)
     head = target.get_output_embeddings().weight
@@ -393,7 +448,7 @@ def _eval_run(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(args.seed) if args.temperature > 0 and dev == "cpu" else None
     check = args.check_greedy and args.temperature == 0
     ref = HFGenerator(target, eos, args.max_new_tokens) if check else None
-    per, all_accept = [], []
+    per, results = [], []
     t0 = time.time()
     for i, (rid, rec) in enumerate(iter_records(args.prompts, args.split)):
         if args.limit is not None and i >= args.limit:
@@ -405,16 +460,15 @@ def _eval_run(args: argparse.Namespace) -> int:
         if check:
             row["matches_target"] = ref.generate([ids])[0].output_ids == res.tokens
         per.append(row)
-        all_accept.extend(res.accept_lengths)
+        results.append(res)
     if not per:
         raise CLIError(f"--prompts {args.prompts}: no prompts")
     b = drafter.cfg.block_size
-    overall = SpecResult([], all_accept, b)  # every prompt's rounds together
+    overall = SpecResult.pooled(results, b)  # τ: tokens ÷ verify rounds over every prompt (token-weighted)
     out: dict[str, Any] = {
         "tau": overall.tau,
-        "tau_mean_per_prompt": sum(r["tau"] for r in per) / len(per),
         "position_acceptance": overall.position_acceptance(),
-        "rounds": len(all_accept), "tokens": sum(r["tokens"] for r in per), "prompts": len(per),
+        "rounds": len(overall.accept_lengths), "tokens": sum(r["tokens"] for r in per), "prompts": len(per),
         "drafter": src, "kind": drafter.cfg.kind, "block_size": b, "target": args.target,
         "temperature": args.temperature, "seconds": time.time() - t0, "per_prompt": per,
     }
@@ -433,12 +487,13 @@ register_command("data", "regenerate responses with the target into a JSONL of t
                  _data_args, _data_run)
 register_command("train", "train a DSpine or DFlash drafter (torchrun for several GPUs)", _train_args, _train_run)
 register_command("export", "write the serving checkpoint of a trained drafter", _export_args, _export_run)
-register_command("eval", "offline acceptance length τ of a drafter with the target (JSON)", _eval_args, _eval_run)
+register_command("eval", "offline acceptance length τ of a drafter with the target (JSON; τ = tokens ÷ verify "
+                 "rounds over all prompts)", _eval_args, _eval_run)
 
 
 # ---------------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sglang-dspine", description="DSpine drafters: data, training, export, eval")
+    parser = _Parser(prog="sglang-dspine", description="DSpine drafters: data, training, export, eval")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for cmd in COMMANDS.values():
@@ -457,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args._run(args)
     except (CLIError, DrafterConfigError, DataError) as e:
-        print(f"sglang-dspine {args.command}: error: {e}", file=sys.stderr)
+        msg = " ".join(str(e).split())  # one line, whatever the message quotes
+        print(f"sglang-dspine {args.command}: error: {msg}", file=sys.stderr)
         return 2
     return int(rc or 0)
 

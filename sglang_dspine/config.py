@@ -1,7 +1,7 @@
 """Drafter configuration: parse and validate the `config.json` of a DSpine or DFlash drafter.
 
 The format is a Qwen3 config plus the DFlash fields (`block_size`, `num_target_layers`,
-`dflash_config {mask_token_id, target_layer_ids}`) and, for DSpine, `dspine_config` (DESIGN.md §1).
+`dflash_config {mask_token_id, target_layer_ids}`) and, for DSpine, `dspine_config` (docs/algorithm.md).
 Every inconsistency raises `DrafterConfigError` naming the field, what was expected and what was found.
 """
 from __future__ import annotations
@@ -19,6 +19,22 @@ DFLASH_ARCH = "DFlashDraftModel"
 
 class DrafterConfigError(ValueError):
     """A drafter config or checkpoint that cannot be used as it is."""
+
+
+def read_json(path: str) -> dict[str, Any]:
+    """A JSON object from `path`; a missing, unreadable or malformed file raises `DrafterConfigError` naming it."""
+    if not os.path.isfile(path):
+        raise DrafterConfigError(f"{path}: not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DrafterConfigError(f"{path}: not valid JSON ({e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DrafterConfigError(f"{path}: cannot be read ({e})") from None
+    if not isinstance(obj, dict):
+        raise DrafterConfigError(f"{path}: expected a JSON object, found {type(obj).__name__}")
+    return obj
 
 
 @dataclass
@@ -146,7 +162,7 @@ class DrafterConfig:
             target_layer_ids = [int(x) for x in dflash["target_layer_ids"]]
         else:  # DFlash's documented default when the field is absent
             target_layer_ids = default_target_layer_ids(int(need("num_target_layers")), int(need("num_hidden_layers")))
-        # DSpine is causal inside the block; DFlash checkpoints are bidirectional (DESIGN §1).
+        # DSpine is causal inside the block; DFlash checkpoints are bidirectional (docs/algorithm.md).
         is_causal = bool(d.get("is_causal", kind == "dspine"))
         cfg = cls(
             kind=kind,
@@ -173,12 +189,13 @@ class DrafterConfig:
 
     @classmethod
     def from_file(cls, path: str) -> "DrafterConfig":
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        if not os.path.isfile(path):
-            raise DrafterConfigError(f"drafter config not found: {path}")
-        with open(path, encoding="utf-8") as f:
-            return cls.from_dict(json.load(f))
+        """The config of a drafter folder (or its config.json); an error names the folder."""
+        folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+        raw = read_json(os.path.join(path, "config.json") if os.path.isdir(path) else path)
+        try:
+            return cls.from_dict(raw)
+        except DrafterConfigError as e:
+            raise DrafterConfigError(f"drafter {folder}: {e}") from None
 
     # ------------------------------------------------------------- validation
     def validate(self) -> None:

@@ -1,4 +1,4 @@
-"""Candidate decoding with a transition table (DESIGN.md §1).
+"""Candidate decoding with a transition table (docs/algorithm.md).
 
 For block positions 1..B-1 take the top-K tokens of the backbone logits; score every adjacent pair by
 refining the later position's last-layer state with the earlier candidate as known predecessor (the anchor

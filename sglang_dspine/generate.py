@@ -24,8 +24,16 @@ class SpecResult:
 
     @property
     def tau(self) -> float:
-        """Mean acceptance length: tokens produced per verify round."""
+        """Mean acceptance length: tokens produced per verify round, over every round this result holds."""
         return sum(self.accept_lengths) / max(len(self.accept_lengths), 1)
+
+    @classmethod
+    def pooled(cls, results: "list[SpecResult]", block_size: int) -> "SpecResult":
+        """Every round of several generations as one result. Its `tau` is THE τ of a set of prompts used
+        everywhere in this package: tokens produced ÷ verify rounds over all of them (token-weighted), what
+        SGLang's servers report (output tokens ÷ verify steps). The mean of per-prompt τ is not used: it weighs
+        a prompt that ended after 3 rounds like one that ran 300, and can rank two drafters the other way."""
+        return cls([], [a for r in results for a in r.accept_lengths], block_size)
 
     def position_acceptance(self) -> list[float]:
         """Fraction of rounds whose draft was accepted at least up to block position i (i = 1..B-1)."""

@@ -1,4 +1,4 @@
-"""Adjacent causal injection and the last-write refinement (DESIGN.md §1).
+"""Adjacent causal injection and the last-write refinement (docs/algorithm.md).
 
 After every drafter layer l, each block position i >= 1 receives a gated message built from its
 predecessor: the anchor's transfer code for position 1, the feature of position i-1's state for i >= 2.

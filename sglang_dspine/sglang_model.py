@@ -3,9 +3,12 @@
 The backbone is SGLang's `DFlashDraftModel` unchanged (RadixAttention over the draft KV pool, fused
 linears, context K/V written by the DFlash worker); `is_causal: true` in the config makes its block
 attention causal. This class adds what DSpine needs on top:
-- the injection after every layer on the flat [bs*B, H] block layout. SGLang defers the residual add, so
-  the layer's state is `hidden + residual`; after injecting we restart the residual chain from the result;
-- the last layer's pre-injection states and the anchors, kept for the worker's candidate decoding;
+- the injection after every layer on the flat [bs*B, H] block layout, through its `DraftStep`
+  (`draft_step.py`), which also decodes the block for the worker. SGLang defers the residual add, so the
+  layer's state is `hidden + residual`; the injection hands back a (hidden, residual) pair whose sum is the
+  injected state, so SGLang's next fused add-RMSNorm does the add;
+- `post_load_weights`, which SGLang's loaders call however the weights arrive (files or `--load-format
+  dummy`): it sets up the draft step, so a dummy-loaded drafter runs the same path as a loaded one;
 - a strict weight loader: SGLang's DFlash loader silently drops names it does not know (the transfer codes
   and injection weights among them) and never reports missing ones.
 """
@@ -20,9 +23,9 @@ from sglang.srt.models.dflash import DFlashDraftModel
 
 from .checkpoint import CODES_KEY, READY_KEY, RELEASE_CODES, check_dspine_transfer, load_state_strict, release_codes
 from .config import DrafterConfig, DrafterConfigError
+from . import draft_step
 from .injection import AdjacentInjection
 from .model import DSpineDrafter
-from .serving_kernels import KernelPath, kernels_enabled
 from .transfer import check_codes
 
 logger = logging.getLogger(__name__)
@@ -39,47 +42,29 @@ class DSpineDraftModel(DFlashDraftModel):
         self.register_buffer("transfer_codes", torch.zeros(int(config.vocab_size), s.transfer_rank))
         self.register_buffer("transfer_ready", torch.tensor(False))
         self.top_k = s.top_k
-        # Written by every forward, read by the worker's decoding right after it (inside the same graph).
-        self.last_pre_injection: Optional[torch.Tensor] = None
-        self.last_anchors: Optional[torch.Tensor] = None
-        self.kernel_path: Optional[KernelPath] = None  # set once the weights are in (`use_kernels`)
+        self.draft_step: Optional[draft_step.DraftStep] = None  # set up once the weights are in
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
                 pp_proxy_tensors=None) -> LogitsProcessorOutput:
         if input_embeds is None:
             raise ValueError("DSpineDraftModel requires `input_embeds` (the target's embedding of the block)")
-        b, h = self.block_size, input_embeds.shape[-1]
+        if self.draft_step is None:
+            raise RuntimeError("DSpineDraftModel.forward before its weights were loaded")
+        b = self.block_size
         n = input_embeds.shape[0]
         if n == 0:
             return LogitsProcessorOutput(next_token_logits=None, hidden_states=input_embeds)
         if n % b:
             raise ValueError(f"DSpineDraftModel: {n} tokens is not a whole number of blocks of {b}")
-        anchors = input_ids.view(-1, b)[:, 0]
-        kp = self.kernel_path
-        if kp is not None:
-            anchor_proj = kp.anchor_projections(self.transfer_codes, anchors)  # the same for every layer
-        else:
-            anchor_codes = self.transfer_codes[anchors]
+        step = self.draft_step
+        step.begin(input_ids.view(-1, b)[:, 0])
         x, residual = input_embeds, None
-        last = len(self.layers) - 1
         for l, layer in enumerate(self.layers):
             x, residual = layer(positions, x, forward_batch, residual)
-            x = x + residual  # the layer's full state (SGLang defers this add to the next norm)
-            if l == last:
-                self.last_pre_injection = x
-            if kp is not None:
-                x = kp.inject(x, l, anchor_proj, b)
-            else:
-                x = self.injection(l, x.view(-1, b, h), anchor_codes).view(n, h)
-            residual = None
-        self.last_anchors = anchors
-        return LogitsProcessorOutput(next_token_logits=None, hidden_states=self.norm(x))
-
-    def refine_normed(self, pre_last: torch.Tensor, pred_codes: torch.Tensor) -> torch.Tensor:
-        """norm(refine(h̃, a)): [..., H], [..., K, r] -> [..., K, H] (SGLang's RMSNorm wants 2-D input)."""
-        out = self.injection.refine(pre_last, pred_codes)
-        return self.norm(out.reshape(-1, out.shape[-1])).view(out.shape)
+            x, residual = step.inject(x + residual, l)  # the layer's full state (SGLang defers this add)
+        hidden = self.norm(x) if residual is None else self.norm(x, residual)[0]
+        return LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden)
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
@@ -110,13 +95,15 @@ class DSpineDraftModel(DFlashDraftModel):
             check_codes(None, self.cfg.vocab_size, self.cfg.dspine.transfer_rank)
         load_state_strict(self, ours, "DSpine drafter", names=own)
         check_dspine_transfer(self, "DSpine drafter")
-        self.use_kernels()
+        self._set_up_draft_step("files")
 
-    def use_kernels(self) -> None:
-        """Switch the injection (and, once the worker builds the tables, the decoding) to the Triton kernels."""
-        if self.kernel_path is None and self.transfer_codes.is_cuda and kernels_enabled():
-            self.kernel_path = KernelPath(self.injection, self.transfer_codes.dtype)
-        logger.info("DSPINE draft step on %s", "the Triton kernels" if self.kernel_path else "PyTorch (SGLANG_DSPINE_KERNELS=0 or no CUDA)")
+    def post_load_weights(self) -> None:
+        """Called by SGLang's loaders that bypass `load_weights` (`--load-format dummy` among them)."""
+        self._set_up_draft_step("dummy")
+
+    def _set_up_draft_step(self, weights_from: str) -> None:
+        if self.draft_step is None:  # once: a loader may call both
+            self.draft_step = draft_step.choose(self, weights_from)
 
     def _check_names(self, seen: set[str]) -> None:
         """Every tensor the plain drafter defines must arrive, and nothing else (SGLang's loader would not say)."""

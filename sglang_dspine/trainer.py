@@ -54,6 +54,11 @@ def _latest_checkpoint(output_dir: str) -> str | None:
 
 def resolve_checkpoint(path: str) -> str:
     """A drafter directory: `path` itself, or the latest `checkpoint-N` (or `final`) of a training output."""
+    if not path:  # "" would otherwise mean the working directory
+        raise FileNotFoundError("an empty path; expected a drafter directory")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path}: {'a file' if os.path.exists(path) else 'no such directory'}; "
+                                "expected a drafter directory")
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
     latest = _latest_checkpoint(path)

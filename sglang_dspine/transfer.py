@@ -1,4 +1,4 @@
-"""Transfer space: fixed token codes computed once from the target's LM head (DESIGN.md §1).
+"""Transfer space: fixed token codes computed once from the target's LM head (docs/algorithm.md).
 
 Rows of the head W (V×H) are normalised to unit length, centred on their mean, and projected on the top
 `rank` principal directions, each whitened by the square root of its eigenvalue; the code of a token is
@@ -40,6 +40,8 @@ def compute_transfer_space(
     need), and each direction's sign is fixed (largest-magnitude entry positive) so the result does not
     depend on the solver's arbitrary sign choice. A direction counts as present when its eigenvalue exceeds
     `min_relative_eigenvalue` times the largest one (exact zeros come out as round-off).
+
+    Computed on the head's device (a 151k-row head stays where it is); the result lives there too.
     """
     lm_head = lm_head.detach()
     if lm_head.dim() != 2:
@@ -52,11 +54,12 @@ def compute_transfer_space(
 
     # Pass 1: mean of unit rows. Pass 2: covariance of the centred unit rows. Both in float64 chunks so a
     # 151k×4096 head never needs a float64 copy of itself.
-    total = torch.zeros(hidden, dtype=torch.float64)
+    dev = lm_head.device
+    total = torch.zeros(hidden, dtype=torch.float64, device=dev)
     for s in range(0, vocab, chunk_rows):
         total += _unit_rows(lm_head[s : s + chunk_rows]).sum(0)
     mean = total / vocab
-    cov = torch.zeros(hidden, hidden, dtype=torch.float64)
+    cov = torch.zeros(hidden, hidden, dtype=torch.float64, device=dev)
     for s in range(0, vocab, chunk_rows):
         x = _unit_rows(lm_head[s : s + chunk_rows]) - mean
         cov += x.T @ x
@@ -72,10 +75,10 @@ def compute_transfer_space(
         )
     evals, evecs = evals[-rank:], evecs[:, -rank:]
     pivot = evecs.abs().argmax(0)
-    signs = torch.sign(evecs[pivot, torch.arange(rank)])
+    signs = torch.sign(evecs[pivot, torch.arange(rank, device=dev)])
     evecs = evecs * signs
 
-    codes = torch.empty(vocab, rank, dtype=torch.float32)
+    codes = torch.empty(vocab, rank, dtype=torch.float32, device=dev)
     whiten = evecs / evals.sqrt()
     for s in range(0, vocab, chunk_rows):
         z = (_unit_rows(lm_head[s : s + chunk_rows]) - mean) @ whiten

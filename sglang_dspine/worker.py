@@ -1,10 +1,17 @@
-"""The DSPINE worker: SGLang's DFlashWorkerV2 with DSpine's draft decoding.
+"""The DSPINE worker: SGLang's DFlashWorkerV2 with DSpine's draft decoding, and log-probabilities.
 
 Everything but the choice of draft tokens is DFlash's (prefill, context K/V, block preparation,
-verification, overlap scheduling, CUDA-graph capture). The choice becomes candidate decoding: top-K of the
-backbone logits per block position -> transition scores from the last-write refinement -> the walk. It runs
-inside the draft CUDA graph as the graph's tail hook (the slot DFlash uses for its argmax) for every
-captured batch size, and eagerly above them.
+verification, overlap scheduling, CUDA-graph capture). The choice is the drafter's `DraftStep.decode`
+(top-K of the backbone logits per block position -> transition scores -> walk). It runs inside the draft
+CUDA graph as the graph's tail hook (the slot DFlash uses for its argmax) for every captured batch size,
+and eagerly above them.
+
+Log-probabilities (which DFlash's worker refuses up front): the prefill is the target's own forward, so the
+target worker computes them exactly as without speculation; after a verify step they come from the verify
+logits the tokens were accepted or sampled from (SGLang's `compute_spec_v2_logprobs`, the function its
+EAGLE workers use), with the semantics of SGLang's sampler: log-softmax of the logits after penalties, logit
+bias and grammar masks, divided by the request's temperature (before top-k/top-p), or before the temperature
+with SGLANG_RETURN_ORIGINAL_LOGPROB. No extra target forward.
 """
 from __future__ import annotations
 
@@ -13,81 +20,101 @@ import logging
 import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from .cache import TransitionCache
-from .decoding import decode_block
-from .sharding import FULL, VocabShard
+from .sharding import VocabShard
 
 logger = logging.getLogger(__name__)
 
 
-def draft_tokens(model, h: torch.Tensor, head: torch.Tensor, cache: TransitionCache | None = None,
-                 shard: VocabShard = FULL) -> torch.Tensor:
-    """[bs, B-1, H] final draft states of positions 1..B-1 (the model's last forward) -> [bs, B-1] tokens.
-    Under tensor parallelism `head` is this rank's rows of the target head and `shard` says which."""
-    bs, b = h.shape[0], model.block_size
-    if h.dtype != head.dtype:
-        h = h.to(head.dtype)
-    logits = torch.matmul(h, head.T)
-    pre = model.last_pre_injection.view(bs, b, -1)[:, 1:]
-    kp = model.kernel_path
-    if kp is not None and kp.tables is not None and shard.world == 1:
-        draft = kp.decode(logits, pre, model.last_anchors, model.top_k, model.transfer_codes, head,
-                          model.norm.weight, model.norm.variance_epsilon)
-    else:
-        draft = decode_block(logits, pre, model.last_anchors, model.top_k, model.refine_normed,
-                             model.transfer_codes, head, shard)
-    if cache is not None:
-        cache.store(draft)
-    return draft.tokens
+class _LogprobsHidden:
+    """A batch as DFlash's worker code sees it when log-probs were asked for: `return_logprob` reads False, so
+    its up-front refusal passes and its verify step builds no log-prob work; every other attribute is the
+    batch's own (reads and writes go through). The target worker is handed the batch itself (`_TargetWorker`)."""
+
+    return_logprob = False
+
+    def __init__(self, batch):
+        object.__setattr__(self, "_batch", batch)
+
+    def __getattr__(self, name):
+        return getattr(self._batch, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._batch, name, value)
 
 
-def prepare_decoding(model, head: torch.Tensor, shard: VocabShard = FULL) -> None:
-    """Build the kernels' transition tables for this head, outside any graph capture (whole heads only: the
-    tables index the head by token)."""
-    if model.kernel_path is not None and shard.world == 1:
-        model.kernel_path.build_tables(model.transfer_codes, head, model.norm.weight)
+class _TargetWorker:
+    """The target worker, given back the real batch: a prefill asked for log-probs computes them as it would
+    without speculation."""
+
+    def __init__(self, worker):
+        self._worker = worker
+
+    def __getattr__(self, name):
+        return getattr(self._worker, name)
+
+    def forward_batch_generation(self, batch=None, *args, **kwargs):
+        if isinstance(batch, _LogprobsHidden):
+            batch = batch._batch
+        return self._worker.forward_batch_generation(batch, *args, **kwargs)
 
 
 class DSpineDraftSampler:
     """Capture-safe DSpine decoding with the DFlash sampler's contract: `__call__(hidden, input_ids)` writes
     the bs*(B-1) draft tokens into the static buffer `out`."""
 
-    def __init__(self, model, head: torch.Tensor, max_bs: int, shard: VocabShard = FULL):
-        self.model, self.head, self.shard = model, head, shard
-        b = model.block_size
-        self.out = torch.empty(max_bs * (b - 1), dtype=torch.int64, device=head.device)
-        self.cache = TransitionCache(max_bs, b - 1, model.top_k, head.device)
+    def __init__(self, step, max_bs: int):
+        self.step = step
+        b = step.block_size
+        self.out = torch.empty(max_bs * (b - 1), dtype=torch.int64, device=step.head.device)
 
     def __call__(self, hidden_states, input_ids=None):
-        b = self.model.block_size
-        states = hidden_states.view(-1, b, hidden_states.shape[-1])[:, 1:]
-        tokens = draft_tokens(self.model, states, self.head, self.cache, self.shard)
+        b, h = self.step.block_size, hidden_states.shape[-1]
+        states = hidden_states.view(-1, b, h)[:, 1:].reshape(-1, h)  # positions 1..B-1, rows contiguous
+        tokens = self.step.decode(states)
         self.out[: tokens.numel()].copy_(tokens.reshape(-1))
 
 
 class DSpineWorker(DFlashWorkerV2):
+    _logprob_batch = None  # the batch asking for log-probs while DFlash's code runs on it
+
+    @property
+    def target_worker(self):
+        return self._target_worker if self._logprob_batch is None else _TargetWorker(self._target_worker)
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if not getattr(batch, "return_logprob", False):
+            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+        # Decided before DFlash's code runs: its verify step sets the batch's mode to TARGET_VERIFY, which
+        # SGLang counts as an extend mode.
+        verify = is_verify_step(batch)
+        self._logprob_batch = batch
+        try:
+            result = super().forward_batch_generation(_LogprobsHidden(batch), on_publish=on_publish,
+                                                      grammar_barrier=grammar_barrier)
+        finally:
+            self._logprob_batch = None
+        if verify:
+            verify_logprobs(batch, result, self.block_size)
+        return result
     def _maybe_build_draft_sampler(self):
         base = super()._maybe_build_draft_sampler()  # DFlash's checks: head present, unquantized, no added vocab
         if base is None:
             logger.info("DSPINE draft decoding kept eager (see the DFLASH reason above)")
             return None
         # DFlash's sampler already holds this rank's head rows and TP group (None on one rank)
-        shard = VocabShard(base.org_vocab_start, base.num_org, base.tp_group)
-        head = base.weight[: base.num_org]
-        prepare_decoding(self.draft_model, head, shard)
+        step = self.draft_model.draft_step
+        step.attach_head(base.weight[: base.num_org], VocabShard(base.org_vocab_start, base.num_org, base.tp_group))
         max_bs = base.out.numel() // (self.block_size - 1)
-        logger.info("DSPINE candidate decoding folded into the draft cuda graph (max bs %d, tp %d)", max_bs, shard.world)
-        return DSpineDraftSampler(self.draft_model, head, max_bs, shard)
+        logger.info("DSPINE candidate decoding folded into the draft cuda graph (max bs %d, tp %d)", max_bs,
+                    step.shard.world)
+        return DSpineDraftSampler(step, max_bs)
 
     def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
-        """Eager path (above the captured batch sizes, or graphs off). DFlash hands over positions 1..B-1 only;
-        the decoding also needs the model's last pre-injection states and anchors, kept by its forward."""
-        model = self.draft_model
-        states = hidden_states.view(-1, model.block_size - 1, hidden_states.shape[-1])
+        """Eager path (above the captured batch sizes, or graphs off): DFlash hands over positions 1..B-1."""
+        step = self.draft_model.draft_step
         shard = self._vocab_shard(lm_head)
-        head = lm_head.weight[: shard.size]
-        prepare_decoding(model, head, shard)  # once; a no-op after
-        return draft_tokens(model, states, head, shard=shard).reshape(-1)
+        step.attach_head(lm_head.weight[: shard.size], shard)  # once; a no-op after
+        return step.decode(hidden_states.contiguous()).reshape(-1)
 
     @staticmethod
     def _vocab_shard(lm_head) -> VocabShard:
@@ -103,3 +130,22 @@ class DSpineWorker(DFlashWorkerV2):
         group = get_tp_group()
         return VocabShard(int(info.org_vocab_start_index), int(info.num_org_elements),
                           group if group.world_size > 1 else None)
+
+
+def is_verify_step(batch) -> bool:
+    """Whether DFlash's worker will run a draft + verify step on `batch` (not a prefill, not an idle batch)."""
+    return not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
+
+
+def verify_logprobs(batch, result, block_size: int) -> None:
+    """Log-probs of every token a verify step emits, from its logits, into `result.logits_output`.
+
+    Row n·B + j of the verify logits is the target's distribution for request n's j-th emitted token (the
+    accepted draft tokens, then the bonus token: DFlash's linear chain), and `result.next_token_ids` holds
+    those tokens at n·B + j; entries past a request's accept length are computed and not read."""
+    from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
+
+    out = result.logits_output
+    bs = out.next_token_logits.shape[0] // block_size
+    rows = torch.arange(bs * block_size, device=out.next_token_logits.device).view(bs, block_size)
+    compute_spec_v2_logprobs(batch, out, result.next_token_ids.view(-1), rows, block_size - 1)

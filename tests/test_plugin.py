@@ -58,7 +58,7 @@ def _args(root, draft, *extra):
 def test_server_args_match_dflash(dirs):
     root, _ = dirs
     dsp = _args(root, root / "dspine", "DSPINE")
-    dfl = _args(root, root / "dspine", "DFLASH")
+    dfl = _args(root, root / "dflash", "DFLASH")  # the DFlash drafter of the same shape: DFLASH refuses a DSpine one
     assert dsp.speculative_algorithm == "DSPINE"
     for key in ("speculative_num_draft_tokens", "speculative_num_steps", "speculative_eagle_topk",
                 "speculative_draft_attention_backend", "max_running_requests", "enable_mixed_chunk"):
@@ -108,14 +108,40 @@ def _variant(root, name, edit_config=None, edit_tensors=None):
     return edit_drafter_dir(dst, tensors=edit_tensors, config=edit_config)
 
 
+def _truncate(path):
+    f = path / "model.safetensors"
+    os.truncate(f, f.stat().st_size // 2)
+    return path
+
+
+def _no_weight_map(path):
+    (path / "model.safetensors").rename(path / "model-00001-of-00001.safetensors")
+    (path / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    return path
+
+
 @pytest.mark.parametrize("case,msg", [
-    ("no codes", "no transfer codes"),
-    ("wrong vocab", "vocab_size: expected 64 \\(the target's\\), found 80"),
-    ("block size mismatch", "block_size 4 but --speculative-num-draft-tokens"),
-    ("dflash drafter", "is a dflash drafter"),
-    ("block size 1", "block_size: expected >= 2"),
+    # found after SGLang's DFlash argument handling (they need the target and the resolved block size)
+    ("no codes", "DSPINE: refusing drafter {d}: no transfer codes"),
+    ("wrong vocab", "DSPINE: refusing drafter {d}: drafter vocab_size: expected 64 (the target's), found 80"),
+    ("block size mismatch", "DSPINE: refusing drafter {d}: drafter block_size 4 but --speculative-num-draft-tokens"),
+    # found before SGLang reads the drafter's files (sglang_patches.check_drafters_first)
+    ("dflash drafter", "DSPINE: refusing drafter {d}: it is a dflash drafter"),
+    ("block size 1", "DSPINE: refusing the drafter: drafter {d}: config.json block_size: expected >= 2, found 1"),
+    ("truncated weights", "DSPINE: refusing the drafter: {d}/model.safetensors: not a readable safetensors file ("),
+    ("invalid config.json", "DSPINE: refusing the drafter: {d}/config.json: not valid JSON ("),
+    ("index without weight_map",
+     "DSPINE: refusing the drafter: {d}/model.safetensors.index.json: expected a `weight_map` object"),
+    ("empty path", "DSPINE: --speculative-draft-model-path must be a local directory, found ''"),
+    ("missing", "DSPINE: --speculative-draft-model-path must be a local directory, found '{d}'"),
+    ("DSpine drafter under DFLASH", "DFLASH: refusing drafter {d}: it is a DSpine drafter (architectures "
+     "['DSpineDraftModel']); serve it with --speculative-algorithm DSPINE"),
 ])
 def test_bad_drafters_are_refused_at_start(dirs, case, msg):
+    import re
+
+    from sglang_dspine.plugin import StartupRefusal
+
     root, _ = dirs
     extra = ["DSPINE"]
     if case == "no codes":
@@ -126,16 +152,50 @@ def test_bad_drafters_are_refused_at_start(dirs, case, msg):
         draft, extra = root / "dspine", ["DSPINE", "--speculative-num-draft-tokens", "8"]
     elif case == "dflash drafter":
         draft = root / "dflash"
-    else:
+    elif case == "block size 1":
         draft = _variant(root, "block1", edit_config=lambda c: c.update(block_size=1))
-    with pytest.raises(ValueError, match=msg):
+    elif case == "truncated weights":
+        draft = _truncate(_variant(root, "truncated"))
+    elif case == "invalid config.json":
+        draft = _variant(root, "badjson")
+        (draft / "config.json").write_text('{"architectures": [')
+    elif case == "index without weight_map":
+        draft = _no_weight_map(_variant(root, "noweightmap"))
+    elif case == "empty path":
+        draft = ""
+    elif case == "missing":
+        draft = root / "missing"
+    else:
+        draft, extra = root / "dspine", ["DFLASH"]
+    with pytest.raises(StartupRefusal, match="^" + re.escape(msg.format(d=draft))):
         _args(root, draft, *extra)
+
+
+@pytest.mark.parametrize("algorithm,variant", [("DFLASH", None), ("DSPINE", "truncated")])
+def test_refused_server_exits_2_with_one_line(dirs, tmp_path, algorithm, variant):
+    """`python -m sglang.launch_server` as a user runs it: a refused drafter ends the launcher with exit code 2 and
+    `sglang-dspine: error: ...` as the last line on stderr, without a traceback (the lines before it are SGLang's
+    own start-up log)."""
+    root, _ = dirs
+    draft = _truncate(_variant(root, "launch_truncated")) if variant else root / "dspine"
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(root / "target"), "--device", "cuda",
+           "--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)  # not the repo root
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    if algorithm == "DFLASH":
+        assert last == (f"sglang-dspine: error: DFLASH: refusing drafter {draft}: it is a DSpine drafter "
+                        "(architectures ['DSpineDraftModel']); serve it with --speculative-algorithm DSPINE (DFLASH "
+                        "would ignore its injection and transition walk)")
+    else:
+        assert last.startswith(f"sglang-dspine: error: DSPINE: refusing the drafter: {draft}/model.safetensors: "
+                               "not a readable safetensors file (")
 
 
 def test_unconverted_reference_release_is_refused_then_served_after_export(dirs):
     """The release's own config (no `dspine_config`) is refused at start with the command that converts it; the
-    converted folder passes the start-up checks. (A wrapped {"config": ...} one fails earlier, in SGLang's own
-    config read: "Should have a `model_type` key".)"""
+    converted folder passes the start-up checks."""
     import json
 
     from sglang_dspine.cli import main as cli_main
@@ -149,6 +209,11 @@ def test_unconverted_reference_release_is_refused_then_served_after_export(dirs)
     (release / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="reference release's own layout.*sglang-dspine export --checkpoint"):
         _args(root, release, "DSPINE", "--speculative-num-draft-tokens", "16")
+    wrapped = root / "release_wrapped"  # refused by the same check, before SGLang's own config read fails on it
+    save_drafter(plain, wrapped, layout="release")
+    (wrapped / "config.json").write_text(json.dumps({"config": cfg}))
+    with pytest.raises(ValueError, match="reference release's own layout.*sglang-dspine export --checkpoint"):
+        _args(root, wrapped, "DSPINE", "--speculative-num-draft-tokens", "16")
     converted = root / "release_converted"
     assert cli_main(["export", "--checkpoint", str(release), "--output", str(converted), "--dtype", "fp32"]) == 0
     args = _args(root, converted, "DSPINE", "--speculative-num-draft-tokens", "16")
@@ -222,10 +287,10 @@ def test_stack_dump_on_sigusr1_when_asked():
 
 
 @pytest.mark.parametrize("path", ["pytorch", "kernels"])
-def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, target, dspine):
+def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, target, dspine, monkeypatch):
     """The SGLang DSpineDraftModel (SGLang's DFlash layers, RadixAttention over the draft KV pool written the
     way the DFlash worker writes it; torch-native attention on CPU) against the plain drafter: two requests
-    with different contexts in one flat batch, then the worker's decoding on what the forward kept. On the
+    with different contexts in one flat batch, then its draft step's decoding, as the worker calls it. On the
     kernel path the injection and the decoding run on the Triton kernels (interpreter on CPU)."""
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -233,19 +298,16 @@ def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, t
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
     from types import SimpleNamespace
 
-    from sglang_dspine.serving_kernels import KernelPath
-    from sglang_dspine.worker import draft_tokens, prepare_decoding
-
     plain = dspine  # conftest: seed 1, transfer space from the head, random injection
     save_drafter(plain, tmp_path)
     model = _sglang_model(tmp_path).float()
+    monkeypatch.setenv("SGLANG_DSPINE_KERNELS", "1" if path == "kernels" else "0")
     model.load_weights(iter(load_file(tmp_path / "model.safetensors").items()))
+    step = model.draft_step
+    assert step.kernels == (path == "kernels")
     dc, b = plain.cfg, plain.cfg.block_size
     head = target.lm_head.weight.detach()
-    if path == "kernels":  # what use_kernels() does on a GPU
-        model.kernel_path = KernelPath(model.injection, torch.float32)
-        prepare_decoding(model, head)
-        assert model.kernel_path.tables is not None
+    step.attach_head(head)
 
     pool = MHATokenToKVPool(size=256, page_size=1, dtype=torch.float32, head_num=dc.num_key_value_heads,
                             head_dim=dc.head_dim, layer_num=dc.num_hidden_layers, device="cpu",
@@ -280,11 +342,39 @@ def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, t
         backend.init_forward_metadata(fb)
         with forward_context(ForwardContext(attn_backend=backend)):
             hidden = model.forward(ids, positions, fb, input_embeds=emb).hidden_states.view(2, b, -1)
-        served = draft_tokens(model, hidden[:, 1:], head)
+        served = step.decode(hidden[:, 1:].reshape(-1, hidden.shape[-1]))
         for r, (s, a) in enumerate(requests):
             kv = plain.context_kv(feats[r][None], torch.arange(s)[None])
             ref = plain.forward_blocks(emb.view(2, b, -1)[r].view(1, 1, b, -1), (s + torch.arange(b)).view(1, 1, b), kv,
                                        torch.ones(1, 1, s, dtype=torch.bool), torch.tensor([[a]]))
             torch.testing.assert_close(hidden[r], ref.hidden[0, 0], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(model.last_pre_injection.view(2, b, -1)[r], ref.pre_last[0, 0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(step._pre_last.view(2, b, -1)[r], ref.pre_last[0, 0], atol=1e-5, rtol=1e-5)
             assert served[r].tolist() == plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist()
+
+
+@pytest.mark.parametrize("kernels", ["0", "1"])
+def test_dummy_weights_run_the_same_draft_step_as_loaded_ones(sglang_cpu, dirs, kernels, monkeypatch, caplog):
+    """SGLang's dummy loader (`--load-format dummy`, what benchmarks use) bypasses load_weights and calls
+    post_load_weights: the draft step (kernels and per-token tables, or the PyTorch math) is set up all the
+    same, and the log says which path runs."""
+    import logging
+
+    from sglang.srt.model_loader.loader import _post_load_weights
+    from sglang.srt.model_loader.weight_utils import initialize_dummy_weights
+
+    root, _ = dirs
+    monkeypatch.setenv("SGLANG_DSPINE_KERNELS", kernels)
+    loaded = _sglang_model(root / "dspine")
+    loaded.load_weights(iter(load_file(root / "dspine" / "model.safetensors").items()))
+    dummy = _sglang_model(root / "dspine")
+    with caplog.at_level(logging.INFO, logger="sglang_dspine.draft_step"):
+        initialize_dummy_weights(dummy)
+        _post_load_weights(dummy)
+    assert dummy.draft_step is not None and dummy.draft_step.kernels == loaded.draft_step.kernels == (kernels == "1")
+    if kernels == "1":
+        assert dummy.draft_step.tables.pred_proj.shape == loaded.draft_step.tables.pred_proj.shape
+    want = "the Triton kernels" if kernels == "1" else "PyTorch math (SGLANG_DSPINE_KERNELS=0)"
+    assert any(f"DSPINE draft step on {want}" in r.getMessage() and "from dummy" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    _post_load_weights(loaded)  # a loader calling both: the step is set up once
+    assert loaded.draft_step is not None

@@ -1,4 +1,4 @@
-"""Transfer space: codes against an independent numpy computation and the properties DESIGN §1 states."""
+"""Transfer space: codes against an independent numpy computation and the properties docs/algorithm.md states."""
 import numpy as np
 import pytest
 import torch
@@ -58,3 +58,39 @@ def test_refuses_rank_above_the_heads_directions():
 def test_check_codes_refuses(bad, msg):
     with pytest.raises(DrafterConfigError, match=msg):
         check_codes(bad, 10, 4)
+
+
+def test_space_is_computed_on_the_heads_device_in_its_dtype():
+    """The result lives where the head lives; a bf16 head gives the codes of its float32 copy (the statistics
+    are float64 whatever the head's dtype)."""
+    w = head(v=300, h=24, seed=3).bfloat16()
+    space = compute_transfer_space(w, 6, chunk_rows=64)
+    for t in (space.codes, space.directions, space.eigenvalues):
+        assert t.device == w.device and t.dtype == torch.float32
+    torch.testing.assert_close(space.codes, compute_transfer_space(w.float(), 6, chunk_rows=300).codes,
+                               atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+def test_cuda_head_gives_the_cpu_codes():
+    """A head on the GPU: same codes, directions and eigenvalues as on the CPU, and a drafter on the GPU takes
+    them through init_dspine_transfer without a copy of the head to the CPU."""
+    from sglang_dspine.checkpoint import init_dspine_transfer
+    from sglang_dspine.model import DSpineDrafter
+    from sglang_dspine.tiny import drafter_config_for, make_target
+
+    w = head(v=5000, h=64, seed=4)
+    cpu = compute_transfer_space(w, 16, chunk_rows=1024)
+    gpu = compute_transfer_space(w.cuda(), 16, chunk_rows=1024)
+    assert gpu.codes.is_cuda
+    torch.testing.assert_close(gpu.codes.cpu(), cpu.codes, atol=1e-5, rtol=0)
+    torch.testing.assert_close(gpu.directions.cpu(), cpu.directions, atol=1e-5, rtol=0)
+    torch.testing.assert_close(gpu.eigenvalues.cpu(), cpu.eigenvalues, rtol=1e-6, atol=0)
+
+    target = make_target(seed=0)
+    drafters = {}
+    for dev in ("cpu", "cuda"):
+        d = DSpineDrafter(drafter_config_for(target)).to(dev)
+        init_dspine_transfer(d, target.lm_head.weight.detach().to(dev))
+        drafters[dev] = d
+    torch.testing.assert_close(drafters["cuda"].transfer_codes.cpu(), drafters["cpu"].transfer_codes, atol=1e-5, rtol=0)

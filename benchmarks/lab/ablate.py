@@ -52,14 +52,15 @@ def train(lab: str, name: str, work: str) -> str:
 
 
 def evaluate(target, drafter, prompts, eos, max_new: int, decoding: str = "walk") -> float:
-    from sglang_dspine.generate import DrafterProposer, speculative_generate
+    """τ of one suite as `sglang-dspine eval` computes it (SpecResult.pooled: tokens ÷ verify rounds)."""
+    from sglang_dspine.generate import DrafterProposer, SpecResult, speculative_generate
 
-    tokens = rounds = 0
+    results = []
     for ids in prompts:
         proposer = DrafterProposer(drafter, target, decoding=decoding)
-        r = speculative_generate(target, proposer, ids, max_new, eos_token_ids=eos, block_size=drafter.cfg.block_size)
-        tokens, rounds = tokens + sum(r.accept_lengths), rounds + len(r.accept_lengths)
-    return tokens / max(rounds, 1)
+        results.append(speculative_generate(target, proposer, ids, max_new, eos_token_ids=eos,
+                                            block_size=drafter.cfg.block_size))
+    return SpecResult.pooled(results, drafter.cfg.block_size).tau
 
 
 def main() -> int:

@@ -1,0 +1,155 @@
+"""SGLang servers for the serving benchmarks: start, wait, query, profile, stop.
+
+Every serving script launches `python -m sglang.launch_server` through `Server`, so the flags the bundle needs
+on the GPU machine, the working directory and the log handling live here once. Servers run from /tmp: python
+started in the repository root puts the root first on sys.path, and its top-level `kernels/` folder would
+shadow the `kernels` package that transformers and SGLang import.
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import defaultdict
+
+# Flags every benchmark server gets: the attention and sampling backends the bundle carries (fa3 and
+# FlashInfer's JIT are not in it), and decode log lines often enough to read the batch and the graph use.
+BASE_ARGS = ["--host", "127.0.0.1", "--attention-backend", "triton", "--sampling-backend", "pytorch",
+             "--log-level", "info", "--decode-log-interval", "10"]
+
+
+def spec_args(target: str, algo: str, drafter: str, *extra: str) -> list[str]:
+    """Server arguments for `target` speculating with `algo` on `drafter`."""
+    return ["--model-path", target, "--speculative-algorithm", algo, "--speculative-draft-model-path", drafter, *extra]
+
+
+class Server:
+    def __init__(self, name: str, port: int, args: list[str], out: str, env: dict | None = None,
+                 base_args: list[str] | None = None):
+        """env: variables set for this server only, over the machine's (which keep its NCCL settings)."""
+        self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
+        self.log = os.path.join(out, f"server_{name}.log")
+        open(self.log, "w").close()  # the server appends (O_APPEND), so notes written here are kept
+        self.env = {**os.environ, **(env or {})}
+        cmd = [sys.executable, "-m", "sglang.launch_server", *(BASE_ARGS if base_args is None else base_args),
+               "--port", str(port), *args]
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True, cwd="/tmp")
+        self.started = time.time()
+        self.up_after: float | None = None
+
+    def wait(self, timeout: float = 600) -> bool:
+        """True once /health answers; False if the process exits or `timeout` passes first."""
+        while time.time() - self.started < timeout:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=2)
+                self.up_after = time.time() - self.started
+                return True
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(1)
+        return False
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait(30)
+
+    def text(self) -> str:
+        return open(self.log, errors="ignore").read()
+
+    def tail(self, n: int = 40) -> str:
+        return "".join(self.text().splitlines(keepends=True)[-n:])
+
+    def info(self) -> dict:
+        return json.loads(urllib.request.urlopen(self.url + "/server_info", timeout=30).read())
+
+    def memory(self) -> dict:
+        """KV-cache tokens and the request limit, from the scheduler's start-up line in the log, and the static
+        memory fraction and captured batch sizes it was started with."""
+        m = re.search(r"max_total_num_tokens=(\d+).*?max_running_requests=(\d+)", self.text())
+        info = self.info()
+        return {"max_total_num_tokens": int(m.group(1)) if m else info.get("max_total_num_tokens"),
+                "max_running_requests": int(m.group(2)) if m else None,
+                "mem_fraction_static": info.get("mem_fraction_static"),
+                "cuda_graph_max_bs": info.get("cuda_graph_max_bs")}
+
+    def post(self, path: str, payload: dict, timeout: float = 300) -> dict:
+        return post(self.url + path, payload, timeout)
+
+    def generate_ids(self, input_ids: list[int], max_new: int, temperature: float = 0.0, **extra) -> dict:
+        sp = {"max_new_tokens": max_new, "temperature": temperature, "ignore_eos": True}
+        return self.post("/generate", {"input_ids": input_ids, "sampling_params": sp, **extra})
+
+    def profile(self, out_dir: str, num_steps: int) -> None:
+        """Start SGLang's torch profiler for the next `num_steps` forward steps (CPU + GPU activities); it stops
+        by itself and writes a `*.trace.json.gz` under `out_dir` (the server needs SGLANG_TORCH_PROFILER_DIR)."""
+        os.makedirs(out_dir, exist_ok=True)
+        self.post("/start_profile", {"output_dir": out_dir, "num_steps": num_steps, "activities": ["CPU", "GPU"]},
+                  timeout=60)
+
+
+def post(url: str, payload: dict, timeout: float = 300) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    body = urllib.request.urlopen(req, timeout=timeout).read().decode()
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError:  # endpoints such as /start_profile answer with plain text
+        return {"text": body}
+
+
+def decode_lines(log_text: str) -> list[str]:
+    return [line for line in log_text.splitlines() if "Decode batch" in line]
+
+
+def graph_use(log_text: str) -> dict:
+    """How many decode log lines say the step ran on a CUDA graph."""
+    lines = decode_lines(log_text)
+    return {"decode_log_lines": len(lines), "cuda_graph_true": sum("cuda graph: True" in l for l in lines),
+            "cuda_graph_false": sum("cuda graph: False" in l for l in lines)}
+
+
+def archive_logs(out: str, tar_name: str) -> None:
+    """The servers' logs (server_*.log) into out/tar_name, then removed."""
+    logs = sorted(f for f in os.listdir(out) if f.startswith("server_") and f.endswith(".log"))
+    if logs:
+        subprocess.run(["tar", "czf", os.path.join(out, tar_name), "-C", out] + logs, check=False)
+        for f in logs:
+            os.remove(os.path.join(out, f))
+
+
+# ------------------------------------------------------------------------------------------- profiles
+_GRAPH_NOISE = re.compile(r"\s+")
+
+
+def kernel_times(trace_dir: str) -> dict:
+    """GPU kernel time by kernel name (µs, summed) from the newest torch-profiler trace under `trace_dir`, and
+    the number of forward steps it holds (SGLang's `num_steps` covers target and draft forwards alike)."""
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json*"), recursive=True), key=os.path.getmtime)
+    if not files:
+        raise FileNotFoundError(f"no *.trace.json(.gz) under {trace_dir}")
+    path = files[-1]
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    by_name: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            name = _GRAPH_NOISE.sub(" ", e.get("name", "?"))[:160]
+            by_name[name] += float(e.get("dur", 0.0))
+            count[name] += 1
+    return {"trace": os.path.basename(path), "kernels": {k: {"us": round(v, 1), "calls": count[k]}
+                                                          for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])}}

@@ -1,0 +1,1426 @@
+#!/usr/bin/env python3
+"""Request conformance of SGLang servers without speculation ("plain"), with DFLASH and with DSPINE (GPU).
+
+The built-in pair (models/default: target/, dflash/, dspine/) served side by side on one GPU, every server with
+`servers.BASE_ARGS` and FLAGS below (xgrammar, 64-token prefill chunks, CUDA graphs up to 48, 0.1 of the GPU's
+memory each). The plain server starts first, alone, so the kernel builds are cached; DFLASH and DSPINE then
+start together while the plain server's features run. FlashInfer's sampling module, which stock DFLASH's
+verify builds at its first batch mixing greedy and sampled requests (a ~2 minute stall), is built beforehand
+in a separate process while the plain server starts.
+
+Each server gets every feature in FEATURES, each isolated (a failure is recorded with its error text and the
+run goes on), after a 48-request warm-up burst mixing greedy and T=1 requests. Then the three servers get a
+48-client mixed load of all the request kinds at the same time (one client process per server: the servers
+are independent processes), then one request each to show they still serve.
+
+Against plain: the greedy texts (bf16 near-ties may flip a few: counted, not failed), and the log-probs of
+greedy requests on the positions before the first token the two servers emit differently (same prompt): the
+largest absolute difference of the emitted token's log-prob and of the top-5 log-probs matched by token id.
+
+Usage on the GPU machine (repo root, carry .devbundle): `GIT_COMMIT=<hash> bash scripts/device/serving_features.sh`.
+Results: $OUT/serving_features.json (everything), $OUT/serving_features_summary.json (also written to
+benchmarks/results/ on that machine), the servers' logs in $OUT/serving_features_logs.tar.gz.
+`--smoke` (CPU, no servers): the inputs from the real tokenizer, the grammars through xgrammar, every request
+body against SGLang's request models, the response checks and the log-prob comparison on responses built with
+SGLang's response classes, and the summary.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import math
+import multiprocessing as mp
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servers import BASE_ARGS, Server, archive_logs, graph_use, spec_args  # noqa: E402
+
+from sglang_dspine.provenance import provenance  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAMES = ("plain", "dflash", "dspine")
+PORTS = {"plain": 31001, "dflash": 31002, "dspine": 31003}
+FLAGS = ["--grammar-backend", "xgrammar", "--chunked-prefill-size", "64", "--cuda-graph-max-bs", "48",
+         "--mem-fraction-static", "0.1", "--disable-prefill-cuda-graph",
+         # usage.prompt_tokens_details.cached_tokens in OpenAI answers (the radix-cache check reads it)
+         "--enable-cache-report",
+         # JSON output without free whitespace: a small model may otherwise emit whitespace until max_tokens
+         "--constrained-json-disable-any-whitespace"]
+MODEL = "default"
+CHUNK = 64  # --chunked-prefill-size
+TOP_K = 5
+GREEDY_MAX = 48
+LP_MAX = 24
+EXACT_MAX_TOKENS = (1, 2, 3, 5, 7)  # all below the drafters' block of 16
+LONG_MIN_TOKENS = 8 * CHUNK
+PREFIX_MIN_TOKENS = 6 * CHUNK
+ABORT_MAX_TOKENS = 2000
+# Seconds one request may take: a few on these tiny models; a request past it means a stuck server.
+REQUEST_TIMEOUT = 30.0
+WARM_UP_TIMEOUT = 240.0  # stock DFLASH's first mixed batch may wait ~2 minutes for FlashInfer's JIT build
+REGEX = r"(Yes|No), because [a-z]{2,10}( [a-z]{2,10}){0,3}\."
+JSON_SCHEMA = {
+    "type": "object",
+    # a pattern, not just a length: a JSON string may not hold raw control characters (a tab, say), which
+    # the grammar of a bare string lets a model emit
+    "properties": {"name": {"type": "string", "pattern": "^[A-Za-z][A-Za-z0-9 _-]{0,11}$"},
+                   "count": {"type": "integer", "minimum": 0, "maximum": 999},
+                   "valid": {"type": "boolean"},
+                   "kind": {"enum": ["code", "math", "prose"]}},
+    "required": ["name", "count", "valid", "kind"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "item", "schema": JSON_SCHEMA}}
+SAMPLING_VARIANTS = {
+    "top_p": {"temperature": 0.8, "top_p": 0.9},
+    "top_k": {"temperature": 0.8, "top_k": 20},
+    "min_p": {"temperature": 0.8, "min_p": 0.1},
+    "presence_penalty": {"temperature": 0.8, "presence_penalty": 0.5},
+    "frequency_penalty": {"temperature": 0.8, "frequency_penalty": 0.5},
+    "repetition_penalty": {"temperature": 0.8, "repetition_penalty": 1.2},
+    "all": {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "presence_penalty": 0.3,
+            "frequency_penalty": 0.3, "repetition_penalty": 1.1},
+    # greedy with penalties: the texts are compared with plain's (penalties applied inside verification)
+    "greedy_repetition_penalty": {"temperature": 0.0, "repetition_penalty": 1.3},
+    "greedy_frequency_penalty": {"temperature": 0.0, "frequency_penalty": 0.8},
+}
+LOAD_STOPS = ("\n", ".", " the", "(", ",")
+SHARED_ENDINGS = ("Summarise the text above in one sentence.", "What is the main point of the text above?",
+                  "List three words from the text above.", "Rewrite the first sentence above.",
+                  "Is the text above about code? Answer briefly.", "Give the text above a title.",
+                  "What comes next after the text above?", "Name one person or thing in the text above.")
+# Parameters the OpenAI client takes by name; everything else in a body travels in `extra_body`.
+OPENAI_ARGS = {
+    "/v1/completions": {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stream", "stop", "logprobs",
+                        "presence_penalty", "frequency_penalty", "seed", "stream_options"},
+    "/v1/chat/completions": {"model", "messages", "max_tokens", "temperature", "top_p", "n", "stream", "stop",
+                             "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
+                             "response_format", "seed", "stream_options"},
+}
+
+
+class Malformed(Exception):
+    """An answer that came back (2xx) but does not do what the request asked."""
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, body: str):
+        self.status = status
+        try:
+            err = json.loads(body)
+            err = err.get("error", err) if isinstance(err, dict) else err
+            self.message = err.get("message", body) if isinstance(err, dict) else str(err)
+        except (json.JSONDecodeError, AttributeError):
+            self.message = body
+        super().__init__(f"HTTP {status}: {self.message}")
+
+
+def status_of(e: Exception) -> int | None:
+    import openai
+
+    if isinstance(e, openai.APIStatusError):
+        return e.status_code
+    if isinstance(e, HttpError):
+        return e.status
+    return None
+
+
+def error_text(e: Exception) -> str:
+    import openai
+
+    if isinstance(e, openai.APIStatusError):
+        body = e.body if isinstance(e.body, dict) else {}
+        return f"HTTP {e.status_code}: {body.get('message') or e.message}"[:700]
+    if isinstance(e, HttpError):
+        return f"HTTP {e.status}: {e.message}"[:700]
+    return f"{type(e).__name__}: {e}"[:700]
+
+
+# ------------------------------------------------------------------------------------------- inputs
+def read_suites(folder: str) -> dict[str, list[str]]:
+    out = {}
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".heldout.jsonl"):
+            out[f.split(".")[0]] = [json.loads(line)["prompt"] for line in open(os.path.join(folder, f)) if line.strip()]
+    if not out:
+        raise SystemExit(f"{folder}: no *.heldout.jsonl prompt files")
+    return out
+
+
+def common_prefix_len(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def build_inputs(tokenizer, models: str) -> dict:
+    """Every prompt the run sends (chat template applied, as the pair was trained), the context length, and the
+    text of every vocabulary id as SGLang decodes it for log-probs (one id at a time, special tokens kept)."""
+    suites = read_suites(os.path.join(models, "suites"))
+    cfg = json.load(open(os.path.join(models, "target", "config.json")))
+    context_len, vocab = int(cfg["max_position_embeddings"]), int(cfg["vocab_size"])
+    for name in ("code", "math", "prose"):
+        if len(suites.get(name, [])) < 8:
+            raise SystemExit(f"{models}/suites: want 8 prompts or more in {name}.heldout.jsonl")
+
+    def chat_text(content: str) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                             add_generation_prompt=True)
+
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def joined(texts: list[str], min_tokens: int, what: str) -> str:
+        out = ""
+        for t in texts:
+            out = f"{out}\n\n{t}" if out else t
+            if len(ids(out)) >= min_tokens:
+                return out
+        raise SystemExit(f"{models}/suites: {what} reaches only {len(ids(out))} tokens (want {min_tokens})")
+
+    raw = [suites[s][i] for i in range(4) for s in ("code", "math", "prose")]
+    chat_messages = [[{"role": "user", "content": t}] for t in raw[:4]]
+    long_text = joined(suites["code"][4:] + suites["math"][4:], LONG_MIN_TOKENS + 64, "the long prompt")
+    prefix = joined(suites["prose"][4:] + suites["math"][4:], PREFIX_MIN_TOKENS + 64, "the shared prefix")
+    shared = [chat_text(f"{prefix}\n\n{e}") for e in SHARED_ENDINGS]
+    shared_ids = [ids(p) for p in shared]
+    filler = ids("\n\n".join(t for s in suites.values() for t in s))
+    over = [filler[i % len(filler)] for i in range(context_len + 64)]
+    return {
+        "greedy_prompts": [chat_text(t) for t in raw],
+        "lp_prompts": [chat_text(t) for t in raw[:4]],
+        "chat_messages": chat_messages,
+        "chat_prompt_tokens": [len(ids(tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)))
+                               for m in chat_messages],
+        "json_messages": [{"role": "user", "content": raw[2] + "\n\nDescribe one item of the text above as JSON: "
+                                                               "its name, a count, whether it is valid and its kind."}],
+        "regex_prompt": chat_text(raw[1] + "\n\nIs this correct? Answer yes or no, and say why."),
+        "long_prompt": chat_text(long_text),
+        "long_prompt_tokens": len(ids(chat_text(long_text))),
+        "shared_prompts": shared,
+        "shared_common_tokens": min(common_prefix_len(shared_ids[0], s) for s in shared_ids[1:]),
+        "over_context_ids": over,
+        "context_len": context_len,
+        "vocab_text": tokenizer.batch_decode([[i] for i in range(vocab)]),
+    }
+
+
+def text_to_id(vocab_text: list[str]) -> dict[str, int]:
+    """Token text -> id for the texts only one id decodes to (OpenAI top log-probs are keyed by text)."""
+    seen: dict[str, int] = {}
+    dup = set()
+    for i, t in enumerate(vocab_text):
+        if t in seen:
+            dup.add(t)
+        seen[t] = i
+    return {t: i for t, i in seen.items() if t not in dup}
+
+
+# ----------------------------------------------------------------------------------------- requests
+def completion_req(prompt, max_tokens: int, temperature: float = 0.0, **extra) -> dict:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, **extra}
+    if not body.get("stream"):
+        body["return_token_ids"] = True  # the emitted ids, to check log-prob entries against
+    return {"endpoint": "/v1/completions", "body": body}
+
+
+def chat_req(messages, max_tokens: int, temperature: float = 0.0, **extra) -> dict:
+    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": temperature, **extra}
+    if not body.get("stream"):
+        body["return_token_ids"] = True
+    return {"endpoint": "/v1/chat/completions", "body": body}
+
+
+def generate_req(prompt, max_new: int, temperature: float = 0.0, logprobs: bool = False, **sampling) -> dict:
+    sp = {"max_new_tokens": max_new, "temperature": temperature, **sampling}
+    body = {"text" if isinstance(prompt, str) else "input_ids": prompt, "sampling_params": sp}
+    if logprobs:
+        body.update(return_logprob=True, top_logprobs_num=TOP_K)
+    return {"endpoint": "/generate", "body": body}
+
+
+def split_openai(endpoint: str, body: dict) -> tuple[dict, dict]:
+    known = OPENAI_ARGS[endpoint]
+    return {k: v for k, v in body.items() if k in known}, {k: v for k, v in body.items() if k not in known}
+
+
+def dump(resp) -> dict:
+    """An OpenAI client object as the JSON the server sent (extra fields such as token_ids included)."""
+    return resp.model_dump() if hasattr(resp, "model_dump") else resp
+
+
+class Api:
+    """One server's endpoints: OpenAI ones through the OpenAI client, /generate through httpx."""
+
+    def __init__(self, url: str, timeout: float = REQUEST_TIMEOUT):
+        import httpx
+        import openai
+
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+        self.url = url
+        self.http = httpx.Client(base_url=url, timeout=timeout, trust_env=False, limits=limits)
+        self.oa = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=timeout,
+                                http_client=httpx.Client(timeout=timeout, trust_env=False, limits=limits))
+
+    def call(self, req: dict):
+        endpoint, body = req["endpoint"], req["body"]
+        if endpoint == "/generate":
+            r = self.http.post(endpoint, json=body)
+            if r.status_code != 200:
+                raise HttpError(r.status_code, r.text)
+            return r.json()
+        named, extra = split_openai(endpoint, body)
+        create = self.oa.completions.create if endpoint == "/v1/completions" else self.oa.chat.completions.create
+        return create(**named, extra_body=extra or None)
+
+    def get(self, path: str) -> tuple[int, str]:
+        r = self.http.get(path)
+        return r.status_code, r.text
+
+
+# ------------------------------------------------------------------------------------------- checks
+def _count_check(n_ids: int | None, max_tokens: int, finish: str, exact: bool, where: str) -> None:
+    if n_ids is None:
+        return
+    if not 1 <= n_ids <= max_tokens:
+        raise Malformed(f"{where}: {n_ids} tokens for max_tokens {max_tokens}")
+    if (exact or finish == "length") and n_ids != max_tokens:
+        raise Malformed(f"{where}: {n_ids} tokens, expected exactly {max_tokens} (finish_reason {finish!r})")
+
+
+def check_openai(r: dict, max_tokens: int, n: int = 1, exact: bool = False, chat: bool = False) -> list[dict]:
+    """An OpenAI completion/chat answer: n choices, each finished by stop or length with at most max_tokens
+    tokens (exactly max_tokens when `exact` or cut by length), usage consistent with the choices."""
+    choices = r.get("choices") or []
+    if sorted(c.get("index") for c in choices) != list(range(n)):
+        raise Malformed(f"choices with indices {[c.get('index') for c in choices]}, expected {n}")
+    total_ids = 0
+    for c in choices:
+        text = (c.get("message") or {}).get("content") if chat else c.get("text")
+        if not isinstance(text, str):
+            raise Malformed(f"choice {c.get('index')}: no text ({text!r})")
+        if c.get("finish_reason") not in ("stop", "length"):
+            raise Malformed(f"choice {c.get('index')}: finish_reason {c.get('finish_reason')!r}")
+        ids = c.get("token_ids")
+        _count_check(None if ids is None else len(ids), max_tokens, c["finish_reason"], exact, f"choice {c['index']}")
+        total_ids += len(ids or [])
+    usage = r.get("usage") or {}
+    ct = usage.get("completion_tokens")
+    if ct is None or not n <= ct <= n * max_tokens:
+        raise Malformed(f"usage.completion_tokens {ct} for n={n}, max_tokens {max_tokens}")
+    if exact and ct != n * max_tokens:
+        raise Malformed(f"usage.completion_tokens {ct}, expected exactly {n * max_tokens}")
+    if all(c.get("token_ids") is not None for c in choices) and total_ids != ct:
+        raise Malformed(f"usage.completion_tokens {ct} but the choices hold {total_ids} token ids")
+    return choices
+
+
+def check_generate(r: dict, max_new: int, exact: bool = False) -> dict:
+    """A /generate answer: text, output ids and meta_info agreeing, finished by stop or length."""
+    if not isinstance(r.get("text"), str) or not isinstance(r.get("output_ids"), list):
+        raise Malformed(f"/generate answer without text or output_ids: keys {sorted(r)}")
+    mi = r.get("meta_info") or {}
+    finish = (mi.get("finish_reason") or {}).get("type")
+    if finish not in ("stop", "length"):
+        raise Malformed(f"finish_reason {mi.get('finish_reason')!r}")
+    _count_check(len(r["output_ids"]), max_new, finish, exact, "/generate")
+    if mi.get("completion_tokens") != len(r["output_ids"]):
+        raise Malformed(f"meta_info.completion_tokens {mi.get('completion_tokens')} for {len(r['output_ids'])} output ids")
+    return r
+
+
+def validate_json(text: str) -> dict:
+    """The text parses as JSON and validates against JSON_SCHEMA."""
+    import jsonschema
+
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise Malformed(f"not JSON ({e}): {text[:200]!r}") from None
+    try:
+        jsonschema.validate(obj, JSON_SCHEMA)
+    except jsonschema.ValidationError as e:
+        raise Malformed(f"JSON does not validate: {e.message}: {text[:200]!r}") from None
+    return obj
+
+
+def check_regex(text: str) -> None:
+    if not re.fullmatch(REGEX, text):
+        raise Malformed(f"output {text[:200]!r} does not match {REGEX!r}")
+
+
+def pick_stop(text: str) -> str | None:
+    """A stop string taken from a greedy output: 4 characters a third of the way in (at least 8 characters
+    after the start), not blank; None if the text is too short."""
+    if len(text) < 16:
+        return None
+    for i in range(max(8, len(text) // 3), len(text) - 4):
+        s = text[i:i + 4]
+        if s.strip() and "\ufffd" not in s:
+            return s
+    return None
+
+
+# ---------------------------------------------------------------------------------------- log-probs
+# An entry per emitted token: {"id": emitted id, "lp": its log-prob, "top": {str(id): log-prob}}.
+LP_TOL = 1e-4  # one tensor's values read twice (token log-prob and its top-k entry); float32 printing
+
+
+def check_entries(entries: list[dict], k: int, greedy: bool, where: str) -> None:
+    """Log-probs are finite and ≤ 0, each top list holds 1..k entries in decreasing order, the emitted token's
+    top-k entry (when listed) carries its log-prob, and a greedy token is the most likely one (ties allowed)."""
+    for i, e in enumerate(entries):
+        vals = list(e["top"].values())
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v <= LP_TOL for v in [e["lp"], *vals]):
+            raise Malformed(f"{where} position {i}: log-probs not finite or above 0: {e['lp']}, {vals}")
+        if not 1 <= len(vals) <= k:
+            raise Malformed(f"{where} position {i}: {len(vals)} top log-probs, expected 1..{k}")
+        if any(b > a + 1e-6 for a, b in zip(vals, vals[1:])):
+            raise Malformed(f"{where} position {i}: top log-probs not in decreasing order: {vals}")
+        own = e["top"].get(str(e["id"]))
+        if own is not None and abs(own - e["lp"]) > LP_TOL:
+            raise Malformed(f"{where} position {i}: token {e['id']} has log-prob {e['lp']} but {own} in the top-{k}")
+        if greedy and max(vals) - e["lp"] > 1e-3:
+            raise Malformed(f"{where} position {i}: greedy token {e['id']} (log-prob {e['lp']:.4f}) is not the most "
+                            f"likely ({max(vals):.4f})")
+
+
+def _same_ids(reported: list[int], emitted: list[int], where: str) -> None:
+    if len(reported) != len(emitted):
+        raise Malformed(f"{where}: {len(reported)} log-prob entries for {len(emitted)} emitted tokens")
+    for i, (a, b) in enumerate(zip(reported, emitted)):
+        if a != b:
+            raise Malformed(f"{where}: log-prob entry {i} is for token {a}, the emitted token is {b}")
+
+
+def entries_generate(r: dict, k: int, greedy: bool) -> list[dict]:
+    mi = r["meta_info"]
+    toks, tops, ids = mi.get("output_token_logprobs"), mi.get("output_top_logprobs"), r["output_ids"]
+    if toks is None or tops is None:
+        raise Malformed("/generate: no output_token_logprobs / output_top_logprobs in meta_info")
+    _same_ids([int(t[1]) for t in toks], ids, "/generate")
+    if len(tops) != len(ids):
+        raise Malformed(f"/generate: {len(tops)} top log-prob lists for {len(ids)} emitted tokens")
+    entries = []
+    for i, (t, top) in enumerate(zip(toks, tops)):
+        if not top or len(top) != k:
+            raise Malformed(f"/generate position {i}: {len(top or [])} top log-probs, expected {k}")
+        entries.append({"id": int(t[1]), "lp": t[0], "top": {str(int(x[1])): x[0] for x in top}})
+    check_entries(entries, k, greedy, "/generate")
+    return entries
+
+
+def _entries_openai(tokens, lps, tops, ids, vocab_text, k, greedy, where) -> list[dict]:
+    if ids is None:
+        raise Malformed(f"{where}: no token_ids in the choice (return_token_ids)")
+    if not len(tokens) == len(lps) == len(tops):
+        raise Malformed(f"{where}: {len(tokens)} tokens, {len(lps)} log-probs, {len(tops)} top lists")
+    if len(tokens) != len(ids):
+        raise Malformed(f"{where}: {len(tokens)} log-prob entries for {len(ids)} emitted tokens")
+    for i, (t, tid) in enumerate(zip(tokens, ids)):
+        if t != vocab_text[tid]:
+            raise Malformed(f"{where}: log-prob entry {i} is for {t!r}, the emitted token {tid} is {vocab_text[tid]!r}")
+    by_text = text_to_id(vocab_text)
+    entries = []
+    for i, (tid, lp, top) in enumerate(zip(ids, lps, tops)):
+        if not top:
+            raise Malformed(f"{where} position {i}: no top log-probs")
+        entries.append({"id": int(tid), "lp": lp, "top": {str(by_text[t]): v for t, v in top.items() if t in by_text}})
+        if not entries[-1]["top"]:  # every listed text ambiguous: keep the values for the range checks
+            entries[-1]["top"] = {f"?{j}": v for j, v in enumerate(top.values())}
+    check_entries(entries, k, greedy, where)
+    return entries
+
+
+def entries_completion(choice: dict, vocab_text: list[str], k: int, greedy: bool) -> list[dict]:
+    lp = choice.get("logprobs")
+    if not lp:
+        raise Malformed("/v1/completions: no logprobs in the choice")
+    return _entries_openai(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], choice.get("token_ids"),
+                           vocab_text, k, greedy, "/v1/completions")
+
+
+def entries_chat(choice: dict, vocab_text: list[str], k: int, greedy: bool) -> list[dict]:
+    content = (choice.get("logprobs") or {}).get("content")
+    if content is None:
+        raise Malformed("/v1/chat/completions: no logprobs.content in the choice")
+    tops = [{t["token"]: t["logprob"] for t in c["top_logprobs"]} for c in content]
+    return _entries_openai([c["token"] for c in content], [c["logprob"] for c in content], tops,
+                           choice.get("token_ids"), vocab_text, k, greedy, "/v1/chat/completions")
+
+
+def compare_entries(a: list[dict], b: list[dict]) -> dict:
+    """Two servers' entries for one greedy prompt, on the positions before the first differing emitted token
+    (after it the contexts differ): the largest |Δ| of the token log-prob and of the top-k log-probs matched
+    by token id."""
+    n = tops = 0
+    tok_diff = top_diff = 0.0
+    for ea, eb in zip(a, b):
+        if ea["id"] != eb["id"]:
+            break
+        n += 1
+        tok_diff = max(tok_diff, abs(ea["lp"] - eb["lp"]))
+        for key in ea["top"].keys() & eb["top"].keys():
+            if not key.startswith("?"):
+                tops += 1
+                top_diff = max(top_diff, abs(ea["top"][key] - eb["top"][key]))
+    return {"positions": n, "of": min(len(a), len(b)), "top_pairs": tops, "token_max_abs_diff": tok_diff,
+            "top_max_abs_diff": top_diff}
+
+
+def logprobs_vs_plain(plain: dict, other: dict) -> dict:
+    """Per log-prob feature (endpoint) and overall, from both servers' features."""
+    out = {}
+    for feat in ("logprobs_completions", "logprobs_chat", "logprobs_generate"):
+        pa, pb = plain.get(feat, {}), other.get(feat, {})
+        ea = pa.get("details", {}).get("greedy_entries") if pa.get("ok") else None
+        eb = pb.get("details", {}).get("greedy_entries") if pb.get("ok") else None
+        if not (ea and eb):
+            continue
+        per = [compare_entries(x, y) for x, y in zip(ea, eb)]
+        out[feat] = {"prompts": len(per), "positions": sum(p["positions"] for p in per),
+                     "of": sum(p["of"] for p in per), "top_pairs": sum(p["top_pairs"] for p in per),
+                     "token_max_abs_diff": max((p["token_max_abs_diff"] for p in per), default=0.0),
+                     "top_max_abs_diff": max((p["top_max_abs_diff"] for p in per), default=0.0)}
+    if out:
+        out["max_abs_diff"] = max(max(v["token_max_abs_diff"], v["top_max_abs_diff"]) for v in out.values())
+    return out
+
+
+def text_agreement(a: list[str], b: list[str]) -> dict:
+    diffs = []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            j = common_prefix_len(list(x), list(y))
+            diffs.append({"prompt": i, "first_diff_char": j, "plain": x[max(0, j - 20):j + 30],
+                          "other": y[max(0, j - 20):j + 30]})
+    return {"identical": min(len(a), len(b)) - len(diffs), "total": min(len(a), len(b)), "differences": diffs}
+
+
+# ----------------------------------------------------------------------------------------- features
+def _completion(api, ctx, prompt, max_tokens, exact=False, n=1, **kw) -> list[dict]:
+    """A completion request, its answer checked; the choices."""
+    if n != 1:
+        kw["n"] = n
+    return check_openai(dump(api.call(completion_req(prompt, max_tokens, **kw))), max_tokens, n=n, exact=exact)
+
+
+def f_greedy_completions(api, ctx) -> dict:
+    """/v1/completions at T=0 on the 12 prompts (48 tokens): every answer valid; the texts are compared with
+    plain's in the summary (near-ties may flip a few, counted, not failed)."""
+    out = [_completion(api, ctx, p, GREEDY_MAX)[0] for p in ctx["greedy_prompts"]]
+    return {"texts": [c["text"] for c in out], "tokens": [len(c["token_ids"] or []) for c in out]}
+
+
+def f_chat_completions(api, ctx) -> dict:
+    """/v1/chat/completions at T=0: valid answers, and usage.prompt_tokens is what the chat template gives."""
+    texts = []
+    for msgs, expect in zip(ctx["chat_messages"], ctx["chat_prompt_tokens"]):
+        r = dump(api.call(chat_req(msgs, GREEDY_MAX)))
+        c = check_openai(r, GREEDY_MAX, chat=True)[0]
+        if r["usage"]["prompt_tokens"] != expect:
+            raise Malformed(f"usage.prompt_tokens {r['usage']['prompt_tokens']}, the chat template gives {expect}")
+        texts.append(c["message"]["content"])
+    return {"texts": texts}
+
+
+def _lp_feature(api, ctx, kind: str) -> dict:
+    """Log-probs (top 5) on one endpoint, 4 greedy and 2 T=1 requests: one entry per emitted token, for the
+    emitted token (ids from token_ids / output_ids), finite, ordered, the emitted token's top-5 entry equal to
+    its log-prob, a greedy token the most likely. The greedy entries are compared with plain's in the summary."""
+    vt = ctx["vocab_text"]
+    greedy, sampled = [], []
+    for temp, prompts, sink in ((0.0, ctx["lp_prompts"], greedy), (1.0, ctx["lp_prompts"][:2], sampled)):
+        for i, p in enumerate(prompts):
+            if kind == "completions":
+                c = _completion(api, ctx, p, LP_MAX, temperature=temp, logprobs=TOP_K)[0]
+                e = entries_completion(c, vt, TOP_K, greedy=temp == 0.0)
+            elif kind == "chat":
+                r = dump(api.call(chat_req(ctx["chat_messages"][i], LP_MAX, temperature=temp, logprobs=True,
+                                           top_logprobs=TOP_K)))
+                e = entries_chat(check_openai(r, LP_MAX, chat=True)[0], vt, TOP_K, greedy=temp == 0.0)
+            else:
+                r = check_generate(api.call(generate_req(p, LP_MAX, temperature=temp, logprobs=True)), LP_MAX)
+                e = entries_generate(r, TOP_K, greedy=temp == 0.0)
+            sink.append(e)
+    return {"greedy_entries": greedy, "t1_tokens": [len(e) for e in sampled]}
+
+
+def f_logprobs_completions(api, ctx) -> dict:
+    return _lp_feature(api, ctx, "completions")
+
+
+def f_logprobs_chat(api, ctx) -> dict:
+    return _lp_feature(api, ctx, "chat")
+
+
+def f_logprobs_generate(api, ctx) -> dict:
+    return _lp_feature(api, ctx, "generate")
+
+
+def f_n2(api, ctx) -> dict:
+    """n=2 at T=1 and T=0: two valid choices each (indices 0 and 1), usage counting both."""
+    p = ctx["greedy_prompts"][1]
+    sampled = _completion(api, ctx, p, 24, n=2, temperature=1.0)
+    greedy = _completion(api, ctx, p, 24, n=2)
+    return {"t1_texts": [c["text"] for c in sampled], "greedy_pair_identical": greedy[0]["text"] == greedy[1]["text"]}
+
+
+def f_stop_strings(api, ctx) -> dict:
+    """A stop string taken from the server's own greedy output: the output ends before it, finish_reason stop."""
+    for p in ctx["greedy_prompts"]:
+        ref = _completion(api, ctx, p, 64)[0]["text"]  # same cache state as the request with the stop string
+        stop = pick_stop(ref)
+        if stop:
+            break
+    else:
+        raise Malformed("no greedy output long enough to take a stop string from")
+    c = _completion(api, ctx, p, 64, stop=[stop])[0]
+    if stop in c["text"]:
+        raise Malformed(f"output {c['text']!r} contains the stop string {stop!r}")
+    if c["finish_reason"] != "stop":
+        raise Malformed(f"finish_reason {c['finish_reason']!r}: the stop string {stop!r} was not hit "
+                        f"(greedy output without it: {ref!r})")
+    return {"stop": stop, "text": c["text"], "matched_stop": c.get("matched_stop"),
+            "equals_greedy_prefix": c["text"] == ref[:ref.index(stop)]}
+
+
+def f_max_tokens(api, ctx) -> dict:
+    """max_tokens 1, 2, 3, 5, 7 (below the drafters' block of 16), T=0 and T=1, ignore_eos: exactly that many
+    tokens from /v1/completions (usage and token_ids) and from /generate (output_ids, meta_info)."""
+    bad, done = [], []
+    p = ctx["greedy_prompts"][2]
+    for k in EXACT_MAX_TOKENS:
+        for temp in (0.0, 1.0):
+            try:
+                _completion(api, ctx, p, k, exact=True, temperature=temp, ignore_eos=True)
+                check_generate(api.call(generate_req(p, k, temperature=temp, ignore_eos=True)), k, exact=True)
+                done.append(f"{k}@T{temp:g}")
+            except Malformed as e:
+                bad.append(f"max_tokens {k} T={temp:g}: {e}")
+    if bad:
+        raise Malformed("; ".join(bad))
+    return {"exact": done}
+
+
+def f_regex(api, ctx) -> dict:
+    """/generate with sampling_params.regex (T=0 twice, T=1): the text matches REGEX in full."""
+    texts = []
+    for p, temp in ((ctx["regex_prompt"], 0.0), (ctx["greedy_prompts"][0], 0.0), (ctx["regex_prompt"], 1.0)):
+        r = check_generate(api.call(generate_req(p, 64, temperature=temp, regex=REGEX)), 64)
+        check_regex(r["text"])
+        texts.append(r["text"])
+    return {"texts": texts}
+
+
+def f_json_schema(api, ctx) -> dict:
+    """Chat with response_format json_schema (xgrammar), T=0 and T=1: the content parses and validates."""
+    objs = []
+    for temp in (0.0, 1.0):
+        r = dump(api.call(chat_req(ctx["json_messages"], 128, temperature=temp, response_format=RESPONSE_FORMAT)))
+        objs.append(validate_json(check_openai(r, 128, chat=True)[0]["message"]["content"]))
+    return {"objects": objs}
+
+
+def stream_text(stream) -> tuple[str, int, str | None]:
+    text, chunks, finish = "", 0, None
+    for chunk in stream:
+        chunks += 1
+        for c in dump(chunk).get("choices") or []:
+            text += c.get("text") or ""
+            finish = c.get("finish_reason") or finish
+    return text, chunks, finish
+
+
+def f_stream_equals_nonstream(api, ctx) -> dict:
+    """Greedy /v1/completions streamed: the chunks joined equal the non-streamed text (two prompts)."""
+    out = []
+    for p in ctx["greedy_prompts"][:2]:
+        ref = _completion(api, ctx, p, GREEDY_MAX)[0]["text"]
+        text, chunks, finish = stream_text(api.call(completion_req(p, GREEDY_MAX, stream=True)))
+        if finish not in ("stop", "length"):
+            raise Malformed(f"stream ended with finish_reason {finish!r} after {chunks} chunks")
+        if text != ref:
+            d = text_agreement([ref], [text])["differences"][0]
+            raise Malformed(f"streamed text differs from the non-streamed one at character {d['first_diff_char']}: "
+                            f"{d['other']!r} vs {d['plain']!r}")
+        out.append({"chunks": chunks, "chars": len(text)})
+    return {"streams": out}
+
+
+def f_sampling_params(api, ctx) -> dict:
+    """top_p, top_k, min_p, presence/frequency/repetition penalties, all together, and greedy with penalties:
+    each accepted with a valid answer (greedy-with-penalty texts are compared with plain's in the summary)."""
+    bad, texts = [], {}
+    for name, params in SAMPLING_VARIANTS.items():
+        try:
+            texts[name] = _completion(api, ctx, ctx["greedy_prompts"][3], 24, **params)[0]["text"]
+        except Exception as e:  # noqa: BLE001 - each variant is reported on its own
+            bad.append(f"{name}: {error_text(e)}")
+    if bad:
+        raise Malformed("; ".join(bad))
+    return {"texts": texts}
+
+
+def f_over_context_400(api, ctx) -> dict:
+    """A prompt 64 tokens over the context: HTTP 400 from /v1/completions and from /generate."""
+    msgs = {}
+    ids = ctx["over_context_ids"]
+    for name, req in (("completions", completion_req(ids, 16)), ("generate", generate_req(ids, 16))):
+        try:
+            api.call(req)
+        except Exception as e:  # noqa: BLE001 - the answer expected is an error
+            if status_of(e) != 400:
+                raise Malformed(f"{name}: expected HTTP 400, got {error_text(e)}") from None
+            msgs[name] = error_text(e)
+            continue
+        raise Malformed(f"{name}: a {len(ids)}-token prompt (context {ctx['context_len']}) was answered")
+    return msgs
+
+
+def f_long_prompt(api, ctx) -> dict:
+    """A prompt of 600+ tokens (ten 64-token prefill chunks): a valid answer, the prompt counted in full."""
+    r = dump(api.call(completion_req(ctx["long_prompt"], 32)))
+    c = check_openai(r, 32)[0]
+    pt = r["usage"]["prompt_tokens"]
+    if pt < LONG_MIN_TOKENS:
+        raise Malformed(f"the long prompt is {pt} tokens, expected at least {LONG_MIN_TOKENS}")
+    return {"prompt_tokens": pt, "prefill_chunks": math.ceil(pt / CHUNK), "text": c["text"]}
+
+
+def f_shared_prefix(api, ctx) -> dict:
+    """Five prompts sharing 500+ leading tokens, one after another: from the second on, meta_info.cached_tokens
+    (/generate) and usage.prompt_tokens_details.cached_tokens (/v1/completions) cover at least half of it."""
+    common = ctx["shared_common_tokens"]
+    need = common // 2
+    cached, prompt_tokens = [], []
+    for p in ctx["shared_prompts"][:4]:
+        r = check_generate(api.call(generate_req(p, 16)), 16)
+        cached.append(r["meta_info"].get("cached_tokens"))
+        prompt_tokens.append(r["meta_info"].get("prompt_tokens"))
+    if any((c or 0) < need for c in cached[1:]):
+        raise Malformed(f"meta_info.cached_tokens {cached} for prompts of {prompt_tokens} tokens sharing their first "
+                        f"{common}: expected at least {need} after the first")
+    r = dump(api.call(completion_req(ctx["shared_prompts"][4], 16)))
+    check_openai(r, 16)
+    usage_cached = (r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
+    if (usage_cached or 0) < need:
+        raise Malformed(f"usage.prompt_tokens_details.cached_tokens {usage_cached}, expected at least {need}")
+    return {"common_tokens": common, "cached_tokens": cached, "prompt_tokens": prompt_tokens,
+            "usage_cached_tokens": usage_cached}
+
+
+def f_abort_midstream(api, ctx) -> dict:
+    """A 2000-token stream closed after 3 chunks, then a new request answered and /health 200."""
+    stream = api.call(completion_req(ctx["greedy_prompts"][3], ABORT_MAX_TOKENS, stream=True, ignore_eos=True))
+    chunks = 0
+    for _ in stream:
+        chunks += 1
+        if chunks >= 3:
+            break
+    stream.close()
+    if chunks < 3:
+        raise Malformed(f"the stream ended after {chunks} chunks ({ABORT_MAX_TOKENS} tokens were asked)")
+    c = _completion(api, ctx, ctx["greedy_prompts"][0], 16)[0]
+    status, body = api.get("/health")
+    if status != 200:
+        raise Malformed(f"/health answered {status} after the abort: {body[:200]}")
+    return {"chunks_read": chunks, "next_text": c["text"]}
+
+
+# Order matters only for comparisons: the log-prob prompts are the first greedy prompts, so both servers
+# compute them in the same cache state; the abort comes last so nothing runs beside the others.
+FEATURES = {
+    "greedy_completions": f_greedy_completions,
+    "chat_completions": f_chat_completions,
+    "logprobs_completions": f_logprobs_completions,
+    "logprobs_chat": f_logprobs_chat,
+    "logprobs_generate": f_logprobs_generate,
+    "n2": f_n2,
+    "stop_strings": f_stop_strings,
+    "max_tokens_exact": f_max_tokens,
+    "regex_generate": f_regex,
+    "json_schema_chat": f_json_schema,
+    "stream_equals_nonstream": f_stream_equals_nonstream,
+    "sampling_params": f_sampling_params,
+    "long_prompt": f_long_prompt,
+    "shared_prefix_cache": f_shared_prefix,
+    "over_context_400": f_over_context_400,
+    "abort_midstream": f_abort_midstream,
+}
+AFTER_LOAD = "serves_after_load"
+ALL_FEATURES = (*FEATURES, AFTER_LOAD)
+
+
+def timed_out(e: BaseException) -> bool:
+    import httpx
+    import openai
+
+    return isinstance(e, (openai.APITimeoutError, httpx.TimeoutException))
+
+
+def run_feature(fn, api, ctx) -> dict:
+    t = time.time()
+    try:
+        rec = {"ok": True, "details": fn(api, ctx)}
+    except Exception as e:  # noqa: BLE001 - a failing feature is recorded and the run goes on
+        rec = {"ok": False, "error": error_text(e), "timed_out": timed_out(e)}
+    rec["seconds"] = round(time.time() - t, 2)
+    return rec
+
+
+def answers(url: str, ctx: dict, timeout: float = 15.0) -> bool:
+    """Whether the server still answers a one-token request."""
+    try:
+        _completion(Api(url, timeout), ctx, ctx["greedy_prompts"][0], 1)
+        return True
+    except Exception:  # noqa: BLE001 - any failure means no
+        return False
+
+
+def run_features(url: str, ctx: dict, log=print, name: str = "") -> dict:
+    """Every feature in turn. After a request timed out, the server must still answer a one-token request, or
+    the remaining features are recorded as skipped: one stuck server must not hold the run past the device's
+    time limit."""
+    api = Api(url, timeout=REQUEST_TIMEOUT)
+    out = {}
+    stuck = None
+    for fname, fn in FEATURES.items():
+        if stuck:
+            out[fname] = {"ok": False, "error": f"skipped: the server stopped answering in {stuck}", "seconds": 0.0}
+            continue
+        out[fname] = run_feature(fn, api, ctx)
+        if out[fname].get("timed_out") and not answers(url, ctx):
+            stuck = fname
+        log(f"  {name} {fname}: {'ok' if out[fname]['ok'] else 'FAILED ' + out[fname]['error'][:200]}"
+            f" ({out[fname]['seconds']} s)")
+    return out
+
+
+def serves_after_load(api, ctx) -> dict:
+    status, body = api.get("/health")
+    if status != 200:
+        raise Malformed(f"/health answered {status}: {body[:200]}")
+    return {"text": _completion(api, ctx, ctx["greedy_prompts"][0], 16)[0]["text"]}
+
+
+# --------------------------------------------------------------------------------------- mixed load
+def _lp_kind(kind):
+    def run(api, ctx, rng):
+        temp = rng.choice((0.0, 1.0))
+        i = rng.randrange(len(ctx["lp_prompts"]))
+        if kind == "completions":
+            c = _completion(api, ctx, ctx["lp_prompts"][i], LP_MAX, temperature=temp, logprobs=TOP_K)[0]
+            entries_completion(c, ctx["vocab_text"], TOP_K, greedy=temp == 0.0)
+        elif kind == "chat":
+            r = dump(api.call(chat_req(ctx["chat_messages"][i], LP_MAX, temperature=temp, logprobs=True,
+                                       top_logprobs=TOP_K)))
+            entries_chat(check_openai(r, LP_MAX, chat=True)[0], ctx["vocab_text"], TOP_K, greedy=temp == 0.0)
+        else:
+            r = check_generate(api.call(generate_req(ctx["lp_prompts"][i], LP_MAX, temperature=temp, logprobs=True)),
+                               LP_MAX)
+            entries_generate(r, TOP_K, greedy=temp == 0.0)
+        return "ok"
+    return run
+
+
+def _load_stop(api, ctx, rng):
+    stop = rng.choice(LOAD_STOPS)
+    c = _completion(api, ctx, rng.choice(ctx["greedy_prompts"]), 48, temperature=rng.choice((0.0, 1.0)), stop=[stop])[0]
+    if stop in c["text"]:
+        raise Malformed(f"output contains the stop string {stop!r}: {c['text'][:200]!r}")
+    return "ok"
+
+
+def _load_stream(api, ctx, rng):
+    text, chunks, finish = stream_text(api.call(completion_req(rng.choice(ctx["greedy_prompts"]), rng.randint(8, 48),
+                                                               temperature=rng.choice((0.0, 1.0)), stream=True)))
+    if finish not in ("stop", "length"):
+        raise Malformed(f"stream ended with finish_reason {finish!r} after {chunks} chunks")
+    return "ok"
+
+
+def _load_abort(api, ctx, rng):
+    stream = api.call(completion_req(rng.choice(ctx["greedy_prompts"]), 512, temperature=rng.choice((0.0, 1.0)),
+                                     stream=True, ignore_eos=True))
+    chunks = 0
+    for _ in stream:
+        chunks += 1
+        if chunks >= 2:
+            break
+    stream.close()
+    if chunks < 2:
+        raise Malformed(f"stream ended after {chunks} chunks of 512 tokens asked")
+    return "ok"
+
+
+def _load_over_context(api, ctx, rng):
+    try:
+        api.call(completion_req(ctx["over_context_ids"], 16))
+    except Exception as e:  # noqa: BLE001 - the answer expected is an error
+        if status_of(e) == 400:
+            return "expected_400"
+        raise
+    raise Malformed("an over-context prompt was answered")
+
+
+def _load_max_tokens(api, ctx, rng):
+    k = rng.choice(EXACT_MAX_TOKENS)
+    _completion(api, ctx, rng.choice(ctx["greedy_prompts"]), k, exact=True, temperature=rng.choice((0.0, 1.0)),
+                ignore_eos=True)
+    return "ok"
+
+
+def _load_sampled(api, ctx, rng):
+    params = SAMPLING_VARIANTS[rng.choice(sorted(SAMPLING_VARIANTS))]
+    _completion(api, ctx, rng.choice(ctx["greedy_prompts"]), rng.randint(8, 48), **params)
+    return "ok"
+
+
+def _load_greedy(api, ctx, rng):
+    _completion(api, ctx, rng.choice(ctx["greedy_prompts"]), rng.randint(8, 48))
+    return "ok"
+
+
+def _load_chat(api, ctx, rng):
+    check_openai(dump(api.call(chat_req(rng.choice(ctx["chat_messages"]), 32, temperature=rng.choice((0.0, 1.0))))),
+                 32, chat=True)
+    return "ok"
+
+
+def _load_n2(api, ctx, rng):
+    _completion(api, ctx, rng.choice(ctx["greedy_prompts"]), 24, n=2, temperature=rng.choice((0.0, 1.0)))
+    return "ok"
+
+
+def _load_regex(api, ctx, rng):
+    r = check_generate(api.call(generate_req(ctx["regex_prompt"], 64, temperature=rng.choice((0.0, 1.0)),
+                                             regex=REGEX)), 64)
+    check_regex(r["text"])
+    return "ok"
+
+
+def _load_json(api, ctx, rng):
+    r = dump(api.call(chat_req(ctx["json_messages"], 128, temperature=rng.choice((0.0, 1.0)),
+                               response_format=RESPONSE_FORMAT)))
+    validate_json(check_openai(r, 128, chat=True)[0]["message"]["content"])
+    return "ok"
+
+
+def _load_long(api, ctx, rng):
+    _completion(api, ctx, ctx["long_prompt"], 16, temperature=rng.choice((0.0, 1.0)))
+    return "ok"
+
+
+def _load_shared(api, ctx, rng):
+    check_generate(api.call(generate_req(rng.choice(ctx["shared_prompts"]), 16, temperature=rng.choice((0.0, 1.0)))),
+                   16)
+    return "ok"
+
+
+LOAD_KINDS = {
+    "greedy": _load_greedy,
+    "sampled": _load_sampled,
+    "chat": _load_chat,
+    "n2": _load_n2,
+    "stop": _load_stop,
+    "max_tokens_exact": _load_max_tokens,
+    "regex": _load_regex,
+    "json_schema": _load_json,
+    "stream": _load_stream,
+    "abort": _load_abort,
+    "over_context": _load_over_context,
+    "long_prompt": _load_long,
+    "shared_prefix": _load_shared,
+    "logprobs_completions": _lp_kind("completions"),
+    "logprobs_chat": _lp_kind("chat"),
+    "logprobs_generate": _lp_kind("generate"),
+}
+
+
+def load_worker(url: str, ctx: dict, seconds: float, clients: int, seed: int = 0) -> dict:
+    """`clients` threads sending random request kinds for `seconds`; every answer checked. An error: any
+    non-2xx answer but the over-context 400, any exception, any answer failing its check."""
+    api = Api(url, timeout=REQUEST_TIMEOUT)
+    kinds = sorted(LOAD_KINDS)
+    stats = {k: {"requests": 0, "ok": 0, "expected_400": 0, "errors": 0} for k in kinds}
+    samples: dict[str, list[str]] = {}
+    lock = threading.Lock()
+    deadline = time.time() + seconds
+
+    def client(i: int) -> None:
+        rng = random.Random(seed * 1000 + i)
+        while time.time() < deadline:
+            kind = rng.choice(kinds)
+            msg = None
+            try:
+                outcome = LOAD_KINDS[kind](api, ctx, rng)
+                if outcome not in ("ok", "expected_400"):
+                    raise Malformed(f"check returned {outcome!r}")
+            except Exception as e:  # noqa: BLE001 - every failure is counted and sampled
+                outcome, msg = "errors", error_text(e)
+            with lock:
+                stats[kind]["requests"] += 1
+                stats[kind][outcome] += 1
+                if msg and len(samples.setdefault(kind, [])) < 3:
+                    samples[kind].append(msg)
+
+    t = time.time()
+    with cf.ThreadPoolExecutor(clients) as ex:
+        list(ex.map(client, range(clients)))
+    return {"clients": clients, "seconds": round(time.time() - t, 1),
+            "requests": sum(s["requests"] for s in stats.values()),
+            "errors": sum(s["errors"] for s in stats.values()),
+            "expected_400": sum(s["expected_400"] for s in stats.values()),
+            "by_kind": stats, "error_samples": samples}
+
+
+def warm_up(url: str, ctx: dict, n: int = 48) -> float:
+    """n requests at once, greedy and T=1 alternating (the first batch that mixes them is the one that stalls
+    stock DFLASH while FlashInfer's sampling module builds); seconds until all are answered."""
+    api = Api(url, timeout=WARM_UP_TIMEOUT)
+    t = time.time()
+    reqs = [generate_req(ctx["greedy_prompts"][i % len(ctx["greedy_prompts"])], 16, temperature=float(i % 2))
+            for i in range(n)]
+    with cf.ThreadPoolExecutor(n) as ex:
+        for r in ex.map(api.call, reqs):
+            check_generate(r, 16)
+    return round(time.time() - t, 2)
+
+
+# ------------------------------------------------------------------------------------------ summary
+def summarize(res: dict) -> dict:
+    """Per server: features_ok / features_total, the failed features with their messages, agreement with plain
+    (greedy texts, chat texts, long prompt, greedy with penalties), log-prob differences with plain, and the
+    mixed load's requests and errors."""
+    feats = res.get("features", {})
+    plain = feats.get("plain", {})
+    out = {}
+    for name in res.get("server_names", []):
+        f = feats.get(name, {})
+        srv = res.get("servers", {}).get(name, {})
+        failed = [{"feature": k, "message": v.get("error")} for k, v in f.items() if not v.get("ok")]
+        if not srv.get("up", False):
+            failed.insert(0, {"feature": "server_start", "message": srv.get("error", "did not start")})
+        row = {"up": srv.get("up", False), "features_ok": sum(1 for v in f.values() if v.get("ok")),
+               "features_total": len(ALL_FEATURES), "failed_features": failed}
+        if name != "plain" and plain:
+            def texts(d, feat, key="texts"):
+                v = d.get(feat, {})
+                return v.get("details", {}).get(key) if v.get("ok") else None
+            agree = {}
+            for feat in ("greedy_completions", "chat_completions"):
+                a, b = texts(plain, feat), texts(f, feat)
+                if a is not None and b is not None:
+                    agree[feat] = text_agreement(a, b)
+            a, b = texts(plain, "long_prompt", "text"), texts(f, "long_prompt", "text")
+            if a is not None and b is not None:
+                agree["long_prompt"] = text_agreement([a], [b])
+            a, b = texts(plain, "sampling_params"), texts(f, "sampling_params")
+            if a and b:
+                greedy_keys = [k for k in SAMPLING_VARIANTS if SAMPLING_VARIANTS[k]["temperature"] == 0.0]
+                agree["greedy_with_penalties"] = text_agreement([a[k] for k in greedy_keys], [b[k] for k in greedy_keys])
+            g = agree.get("greedy_completions")
+            row["greedy_match_vs_plain"] = f"{g['identical']}/{g['total']}" if g else None
+            row["greedy_differences_vs_plain"] = g["differences"] if g else None
+            row["text_agreement_vs_plain"] = {k: f"{v['identical']}/{v['total']}" for k, v in agree.items()}
+            lp = logprobs_vs_plain(plain, f)
+            row["logprob_max_abs_diff_vs_plain"] = lp.get("max_abs_diff")
+            row["logprob_vs_plain"] = lp
+        load = res.get("load", {}).get(name)
+        row["mixed_load_requests"] = load.get("requests") if load else None
+        row["mixed_load_errors"] = load.get("errors") if load else None
+        if load:
+            row["mixed_load_expected_400"] = load.get("expected_400")
+            row["mixed_load_errors_by_kind"] = {k: v["errors"] for k, v in load["by_kind"].items() if v["errors"]}
+            row["mixed_load_error_samples"] = {k: v[:1] for k, v in load.get("error_samples", {}).items()}
+            if load.get("error"):
+                row["mixed_load_error"] = load["error"]
+        row["accept_length"] = srv.get("accept_length")
+        row["warm_up_seconds"] = srv.get("warm_up_seconds")
+        out[name] = row
+    prov = res.get("provenance", {})
+    return {"servers": out, "load": {"clients": res.get("clients"), "seconds": res.get("load_seconds"),
+                                     "mode": res.get("load_mode")},
+            "features": list(ALL_FEATURES), "server_flags": FLAGS,
+            "commit": prov.get("commit"), "gpu": prov.get("gpu"), "date": prov.get("date"),
+            "command": prov.get("command"), "wall_seconds": res.get("wall_seconds")}
+
+
+def print_table(summary: dict) -> None:
+    print(f"\n{'server':8} {'up':>3} {'features':>9} {'greedy=plain':>12} {'logprob Δ':>10} {'load reqs':>9} "
+          f"{'load errs':>9}")
+    for name, r in summary["servers"].items():
+        lp = r.get("logprob_max_abs_diff_vs_plain")
+        print(f"{name:8} {'yes' if r['up'] else 'no':>3} {r['features_ok']:>4}/{r['features_total']:<4} "
+              f"{r.get('greedy_match_vs_plain') or '-':>12} {f'{lp:.4f}' if lp is not None else '-':>10} "
+              f"{r['mixed_load_requests'] if r['mixed_load_requests'] is not None else '-':>9} "
+              f"{r['mixed_load_errors'] if r['mixed_load_errors'] is not None else '-':>9}")
+    for name, r in summary["servers"].items():
+        for f in r["failed_features"]:
+            print(f"  {name} FAILED {f['feature']}: {(f['message'] or '')[:240]}")
+        if r.get("mixed_load_errors_by_kind"):
+            print(f"  {name} load errors by kind: {r['mixed_load_errors_by_kind']}")
+
+
+# --------------------------------------------------------------------------------------------- main
+PREBUILD = """
+import time
+t = time.time()
+import torch
+import flashinfer.sampling as s
+p = torch.softmax(torch.randn(4, 4096, device="cuda"), -1)
+s.top_k_renorm_probs(p, torch.tensor([1, 4096, 20, 1], device="cuda", dtype=torch.int32))
+s.top_p_renorm_probs(p, torch.tensor([1.0, 0.9, 0.5, 1.0], device="cuda"))
+torch.cuda.synchronize()
+print(f"FlashInfer sampling module built and run in {time.time() - t:.1f} s", flush=True)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=os.path.join(REPO, "models", "default"),
+                    help="folder with target/, dflash/, dspine/ and suites/")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    ap.add_argument("--servers", default=",".join(NAMES))
+    ap.add_argument("--clients", type=int, default=48)
+    ap.add_argument("--load-seconds", type=float, default=120.0)
+    ap.add_argument("--results-dir", default=os.path.join(REPO, "benchmarks", "results"))
+    ap.add_argument("--no-prebuild", action="store_true", help="do not build FlashInfer's sampling module first")
+    ap.add_argument("--smoke", action="store_true", help="CPU self-test of the pure parts, no servers")
+    args = ap.parse_args(argv)
+    names = [n for n in args.servers.split(",") if n]
+    if not names or set(names) - set(NAMES):
+        raise SystemExit(f"--servers: choose from {','.join(NAMES)}")
+    models = os.path.abspath(args.models)
+    for sub in ("target", "suites", *[n for n in names if n != "plain"]):
+        if not os.path.isdir(os.path.join(models, sub)):
+            raise SystemExit(f"--models {models}: no {sub}/")
+    if args.smoke:
+        return smoke(models)
+
+    from transformers import AutoTokenizer
+
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    log = lambda msg: print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)  # noqa: E731
+    target = os.path.join(models, "target")
+    ctx = build_inputs(AutoTokenizer.from_pretrained(target), models)
+    res = {"provenance": provenance(sys.argv if argv is None else ["serving_features.py", *argv]),
+           "server_names": names, "server_flags": FLAGS, "clients": args.clients, "load_seconds": args.load_seconds,
+           "load_mode": "the servers loaded at the same time, one client process each",
+           "inputs": {"greedy_prompts": len(ctx["greedy_prompts"]), "long_prompt_tokens": ctx["long_prompt_tokens"],
+                      "shared_common_tokens": ctx["shared_common_tokens"], "context_len": ctx["context_len"],
+                      "over_context_tokens": len(ctx["over_context_ids"]), "regex": REGEX, "json_schema": JSON_SCHEMA},
+           "servers": {}, "features": {}, "load": {}, "timeline": {}}
+
+    # The servers' phases run in threads: every change to `res` and every save holds this lock (json.dump
+    # iterating a dict another thread is adding to would raise).
+    guard = threading.RLock()
+
+    def save() -> None:
+        with guard:
+            res["wall_seconds"] = round(time.time() - t0, 1)
+            summary = summarize(res)
+            json.dump(res, open(os.path.join(args.out, "serving_features.json"), "w"), indent=1)
+            json.dump(summary, open(os.path.join(args.out, "serving_features_summary.json"), "w"), indent=1)
+            os.makedirs(args.results_dir, exist_ok=True)
+            json.dump(summary, open(os.path.join(args.results_dir, "serving_features_summary.json"), "w"), indent=1)
+
+    def stamp(what: str) -> None:
+        with guard:
+            res["timeline"][what] = round(time.time() - t0, 1)
+            save()
+        log(what)
+
+    prebuild = None
+    if "dflash" in names and not args.no_prebuild:
+        prebuild = subprocess.Popen([sys.executable, "-c", PREBUILD], cwd="/tmp", start_new_session=True,
+                                    stdout=open(os.path.join(args.out, "flashinfer_prebuild.log"), "w"),
+                                    stderr=subprocess.STDOUT)
+    drafters = {"dflash": ("DFLASH", os.path.join(models, "dflash")), "dspine": ("DSPINE", os.path.join(models, "dspine"))}
+
+    def server_args(name: str) -> list[str]:
+        if name == "plain":
+            return ["--model-path", target, *FLAGS]
+        return spec_args(target, drafters[name][0], drafters[name][1], *FLAGS)
+
+    servers: dict[str, Server] = {}
+
+    def bring_up(name: str) -> bool:
+        s = servers[name]
+        ok = s.wait(timeout=480)
+        rec = {"up": ok, "start_seconds": s.up_after, "args": s.cmd[3:]}
+        if not ok:
+            rec["error"] = "did not start: " + s.tail(30)[-1500:]
+        with guard:
+            res["servers"][name] = rec
+        if not ok:
+            stamp(f"{name} did NOT start:\n{s.tail(40)}")
+            return False
+        stamp(f"{name} up after {s.up_after:.0f} s")
+        return True
+
+    def phase(name: str) -> None:
+        """Start-up wait, warm-up burst and the features of one server (a thread each)."""
+        if not res["servers"].get(name, {}).get("up") and not bring_up(name):
+            return
+        try:
+            warm = {"warm_up_seconds": warm_up(servers[name].url, ctx)}
+        except Exception as e:  # noqa: BLE001 - recorded; the features still run
+            warm = {"warm_up_error": error_text(e)}
+        with guard:
+            res["servers"][name].update(warm)
+        stamp(f"{name} warm-up burst: {warm.get('warm_up_seconds', warm.get('warm_up_error'))} s")
+        feats = run_features(servers[name].url, ctx, log, name)
+        with guard:
+            res["features"][name] = feats
+        stamp(f"{name} features: {sum(v['ok'] for v in feats.values())}/{len(FEATURES)} ok")
+
+    try:
+        order = [n for n in NAMES if n in names]
+        first = order[0]  # plain when it is asked for: alone, so the kernel builds are cached for the others
+        servers[first] = Server(first, PORTS[first], server_args(first), args.out)
+        if not bring_up(first):
+            with guard:
+                for n in order[1:]:
+                    res["servers"][n] = {"up": False, "error": f"not started: {first} did not start"}
+        else:
+            for n in order[1:]:
+                servers[n] = Server(n, PORTS[n], server_args(n), args.out)
+            with cf.ThreadPoolExecutor(len(order)) as ex:
+                threads = {n: ex.submit(phase, n) for n in order}
+                for n, t in threads.items():
+                    try:
+                        t.result()
+                    except Exception as e:  # noqa: BLE001 - a fault in one server's phase leaves the others
+                        with guard:
+                            res["servers"].setdefault(n, {})["phase_error"] = error_text(e)
+                        stamp(f"{n} phase FAILED: {error_text(e)}")
+        up = [n for n in order if res["servers"].get(n, {}).get("up")]
+        if prebuild is not None:
+            res["flashinfer_prebuild"] = {"returncode": prebuild.poll(),
+                                          "log": open(os.path.join(args.out, "flashinfer_prebuild.log")).read()[-800:]}
+        # ---- mixed load, all servers at once (independent processes, one client process each)
+        if up:
+            stamp(f"mixed load: {args.clients} clients x {args.load_seconds:.0f} s on {', '.join(up)} at once")
+            with cf.ProcessPoolExecutor(len(up), mp_context=mp.get_context("spawn")) as ex:
+                futs = {n: ex.submit(load_worker, servers[n].url, ctx, args.load_seconds, args.clients, i)
+                        for i, n in enumerate(up)}
+                for n, fut in futs.items():
+                    try:
+                        res["load"][n] = fut.result()
+                    except Exception as e:  # noqa: BLE001 - recorded per server
+                        res["load"][n] = {"error": error_text(e), "requests": None, "errors": None, "by_kind": {}}
+                    stamp(f"{n} load: {res['load'][n].get('requests')} requests, {res['load'][n].get('errors')} errors")
+        for n in up:
+            res["features"].setdefault(n, {})[AFTER_LOAD] = run_feature(serves_after_load, Api(servers[n].url, REQUEST_TIMEOUT), ctx)
+            try:
+                info = servers[n].info()
+                res["servers"][n]["accept_length"] = next((s.get("avg_spec_accept_length")
+                                                           for s in info.get("internal_states", [])), None)
+                res["servers"][n]["server_info"] = {k: info.get(k) for k in (
+                    "chunked_prefill_size", "disable_radix_cache", "page_size", "cuda_graph_max_bs", "grammar_backend",
+                    "speculative_algorithm", "speculative_num_draft_tokens", "max_total_num_tokens", "context_length")}
+            except Exception as e:  # noqa: BLE001 - information only
+                res["servers"][n]["server_info_error"] = error_text(e)
+            res["servers"][n]["graph_use"] = graph_use(servers[n].text())
+        stamp("after-load checks done")
+    finally:
+        for s in servers.values():
+            s.stop()
+        if prebuild is not None and prebuild.poll() is None:
+            os.killpg(prebuild.pid, 15)
+        save()
+        archive_logs(args.out, "serving_features_logs.tar.gz")
+    print_table(summarize(res))
+    return 0
+
+
+# -------------------------------------------------------------------------------------- CPU self-test
+def _ret_item(ids: list[int], vocab_text: list[str], k: int, seed: int, greedy: bool) -> dict:
+    """A /generate answer in SGLang's shape for emitted `ids`: log-probs from a random distribution per
+    position in which a greedy token is the most likely."""
+    rng = random.Random(seed)
+    toks, tops = [], []
+    for tid in ids:
+        logits = {j: rng.gauss(0, 2) for j in range(64)}
+        logits[tid] = max(logits.values()) + (1.0 if greedy else -0.5)
+        z = math.log(sum(math.exp(v) for v in logits.values()))
+        lp = {j: v - z for j, v in logits.items()}
+        top = sorted(lp.items(), key=lambda kv: -kv[1])[:k]
+        toks.append((lp[tid], tid, vocab_text[tid]))
+        tops.append([(v, j, vocab_text[j]) for j, v in top])
+    return {"text": "".join(vocab_text[i] for i in ids), "output_ids": list(ids),
+            "meta_info": {"id": "x", "finish_reason": {"type": "length", "length": len(ids)},
+                          "prompt_tokens": 10, "completion_tokens": len(ids), "cached_tokens": 0,
+                          "output_token_logprobs": toks, "output_top_logprobs": tops, "weight_version": "default"}}
+
+
+def openai_answers(ret: dict, chat: bool) -> dict:
+    """The OpenAI answer SGLang builds from a /generate answer (its own response classes and log-prob
+    conversion), passed through the OpenAI client's types as the client would."""
+    import openai.types as ot
+    import openai.types.chat as otc
+    from sglang.srt.entrypoints.openai import protocol as P
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+    from sglang.srt.entrypoints.openai.utils import to_openai_style_logprobs
+
+    mi = ret["meta_info"]
+    lp = to_openai_style_logprobs(output_token_logprobs=mi["output_token_logprobs"],
+                                  output_top_logprobs=mi["output_top_logprobs"])
+    usage = P.UsageInfo(prompt_tokens=mi["prompt_tokens"], completion_tokens=mi["completion_tokens"],
+                        total_tokens=mi["prompt_tokens"] + mi["completion_tokens"])
+    finish = mi["finish_reason"]["type"]
+    if chat:
+        content = OpenAIServingChat._process_logprobs_tokens(None, lp, use_token_index=True)
+        choice = P.ChatCompletionResponseChoice(index=0, message=P.ChatMessage(role="assistant", content=ret["text"]),
+                                                logprobs=P.ChoiceLogprobs(content=content), finish_reason=finish,
+                                                token_ids=ret["output_ids"])
+        resp = P.ChatCompletionResponse(id="x", model=MODEL, choices=[choice], usage=usage)
+        return otc.ChatCompletion.model_validate(json.loads(resp.model_dump_json())).model_dump()
+    choice = P.CompletionResponseChoice(index=0, text=ret["text"], logprobs=lp, finish_reason=finish,
+                                        token_ids=ret["output_ids"])
+    resp = P.CompletionResponse(id="x", model=MODEL, choices=[choice], usage=usage)
+    return ot.Completion.model_validate(json.loads(resp.model_dump_json())).model_dump()
+
+
+def request_catalogue(ctx: dict) -> list[dict]:
+    """Every request body the features and the load send (one of each shape)."""
+    p, m = ctx["greedy_prompts"][0], ctx["chat_messages"][0]
+    reqs = [completion_req(p, GREEDY_MAX), completion_req(p, 24, n=2, temperature=1.0),
+            completion_req(p, 64, stop=["abc"]), completion_req(p, 3, temperature=1.0, ignore_eos=True),
+            completion_req(p, GREEDY_MAX, stream=True), completion_req(p, LP_MAX, logprobs=TOP_K),
+            completion_req(ctx["over_context_ids"], 16), completion_req(p, ABORT_MAX_TOKENS, stream=True, ignore_eos=True),
+            chat_req(m, GREEDY_MAX), chat_req(m, LP_MAX, temperature=1.0, logprobs=True, top_logprobs=TOP_K),
+            chat_req(ctx["json_messages"], 128, response_format=RESPONSE_FORMAT),
+            generate_req(p, 64, regex=REGEX), generate_req(p, LP_MAX, temperature=1.0, logprobs=True),
+            generate_req(p, 5, ignore_eos=True), generate_req(ctx["over_context_ids"], 16)]
+    reqs += [completion_req(p, 24, **params) for params in SAMPLING_VARIANTS.values()]
+    return reqs
+
+
+def validate_request(req: dict, vocab_size: int) -> None:
+    """The body against SGLang's own request model: every field known to it (pydantic would drop a misspelt
+    one silently) and valid; /generate's sampling parameters through SamplingParams.verify."""
+    import dataclasses
+
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    body = req["body"]
+    if req["endpoint"] == "/generate":
+        unknown = set(body) - {f.name for f in dataclasses.fields(GenerateReqInput)}
+        GenerateReqInput(**body)
+        sp = SamplingParams(**body["sampling_params"])
+        sp.normalize(None)
+        sp.verify(vocab_size)
+    else:
+        model = CompletionRequest if req["endpoint"] == "/v1/completions" else ChatCompletionRequest
+        unknown = set(body) - set(model.model_fields) - {f.alias for f in model.model_fields.values() if f.alias}
+        model.model_validate(body)
+        named, extra = split_openai(req["endpoint"], body)
+        if set(named) | set(extra) != set(body):
+            raise AssertionError(f"split_openai lost fields of {req}")
+    if unknown:
+        raise AssertionError(f"{req['endpoint']}: fields SGLang does not know: {sorted(unknown)}")
+
+
+def check_flags(models: str) -> None:
+    """Every server's command line parses with SGLang's own argument parser (a misspelt flag would stop a
+    server on the GPU). DSPINE's algorithm name is registered by the plugin at server start, so its line is
+    parsed with DFLASH's."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    target = os.path.join(models, "target")
+    for args in (["--model-path", target, *FLAGS], spec_args(target, "DFLASH", os.path.join(models, "dflash"), *FLAGS)):
+        parsed = parser.parse_args([*BASE_ARGS, "--port", "1", *args])
+        assert parsed.chunked_prefill_size == CHUNK and parsed.grammar_backend == "xgrammar", parsed
+
+
+def check_grammars(target: str) -> None:
+    """REGEX and JSON_SCHEMA compile in xgrammar with the target's tokenizer, as the server compiles them, and
+    accept (or refuse) sample outputs as expected; the sample JSON validates against the schema."""
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    tok = AutoTokenizer.from_pretrained(target)
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok)))
+    compiler.compile_regex(REGEX)
+    compiler.compile_json_schema(json.dumps(JSON_SCHEMA), any_whitespace=False)
+    regex_g = xgr.Grammar.from_regex(REGEX)
+    json_g = xgr.Grammar.from_json_schema(json.dumps(JSON_SCHEMA), any_whitespace=False)
+    good = '{"name": "alpha 1", "count": 12, "valid": true, "kind": "math"}'
+    assert accepts(regex_g, "No, because it is wrong.") and not accepts(regex_g, "Maybe.")
+    assert accepts(json_g, good) and not accepts(json_g, good.replace("12", "1200"))
+    assert not accepts(json_g, good.replace("alpha", "al\tpha")) and not accepts(json_g, good.replace(": ", ":  "))
+    validate_json(good)
+    check_regex("Yes, because it works.")
+
+
+def smoke(models: str) -> int:
+    from transformers import AutoTokenizer
+
+    target = os.path.join(models, "target")
+    t = time.time()
+    ctx = build_inputs(AutoTokenizer.from_pretrained(target), models)
+    assert ctx["long_prompt_tokens"] >= LONG_MIN_TOKENS and ctx["shared_common_tokens"] >= PREFIX_MIN_TOKENS
+    assert len(ctx["over_context_ids"]) > ctx["context_len"]
+    print(f"inputs: {len(ctx['greedy_prompts'])} greedy prompts, long prompt {ctx['long_prompt_tokens']} tokens, "
+          f"shared prefix {ctx['shared_common_tokens']} tokens, over-context {len(ctx['over_context_ids'])} tokens")
+    check_flags(models)
+    print("flags: the servers' command lines parse with SGLang's argument parser")
+    check_grammars(target)
+    print("grammars: regex and JSON schema compile in xgrammar and accept/refuse the samples")
+    for req in request_catalogue(ctx):
+        validate_request(req, len(ctx["vocab_text"]))
+    print(f"requests: {len(request_catalogue(ctx))} bodies valid for SGLang's request models")
+    vt = ctx["vocab_text"]
+    ids = [5, 17, 300, 2]
+    for greedy in (True, False):
+        ret = _ret_item(ids, vt, TOP_K, 0, greedy)
+        check_generate(ret, 4, exact=True)
+        e = entries_generate(ret, TOP_K, greedy)
+        for chat in (False, True):
+            c = check_openai(openai_answers(ret, chat), 4, exact=True, chat=chat)[0]
+            e2 = (entries_chat if chat else entries_completion)(c, vt, TOP_K, greedy)
+            assert compare_entries(e, e2)["positions"] == len(ids) and compare_entries(e, e2)["token_max_abs_diff"] < 1e-6
+    shifted = _ret_item(ids, vt, TOP_K, 0, True)
+    shifted["meta_info"]["output_token_logprobs"] = shifted["meta_info"]["output_token_logprobs"][1:] + [(-0.1, 2, "")]
+    try:
+        entries_generate(shifted, TOP_K, True)
+        raise AssertionError("log-probs one position off were not caught")
+    except Malformed as e:
+        print(f"checks: off-by-one log-probs caught ({e})")
+    res = {"server_names": list(NAMES), "provenance": {"commit": "smoke"}, "features": {}, "servers": {}, "load": {}}
+    for n in NAMES:
+        res["servers"][n] = {"up": True}
+        res["features"][n] = {f: {"ok": True, "details": {}} for f in ALL_FEATURES}
+        res["features"][n]["logprobs_generate"]["details"] = {"greedy_entries": [entries_generate(
+            _ret_item(ids, vt, TOP_K, 1 if n == "dspine" else 0, True), TOP_K, True)]}
+        res["load"][n] = {"requests": 10, "errors": 0, "expected_400": 1, "by_kind": {}}
+    res["features"]["dflash"]["logprobs_generate"] = {"ok": False, "error": "HTTP 400: no log-probs"}
+    s = summarize(res)
+    assert s["servers"]["dflash"]["features_ok"] == len(ALL_FEATURES) - 1
+    assert s["servers"]["dspine"]["logprob_max_abs_diff_vs_plain"] > 0
+    print_table(s)
+    print(f"smoke ok in {time.time() - t:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

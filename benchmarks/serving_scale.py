@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+"""DSPINE's per-step cost against DFLASH's in SGLang at a real target's geometry (GPU).
+
+The target is a Qwen3 config served with `--load-format dummy` (random weights: no hub, no files), the
+drafters are random drafters of the paper's shape made and saved by this package. Random weights accept
+almost nothing (τ ≈ 1), so output tokens/s measures the cost of one draft + verify step. Reported per server
+and client count: tokens/s, verify steps, and the step time = wall × clients ÷ verify steps (requests run in
+whole waves of `clients`, so every batched step holds `clients` requests).
+
+Phases (one GPU):
+  1. side by side, equal KV pools: DFLASH, DSPINE and DSPINE on its PyTorch math (SGLANG_DSPINE_KERNELS=0)
+     started one after the other, each with `--max-total-tokens POOL` and a static-memory fraction high enough
+     that every server reaches that cap (checked in /server_info: the run stops if the pools differ); then
+     measured in turn, `--repeats` alternating rounds, clients 1, 4, 16, 48, 64, T=0 and T=1.
+  2. profile (`--profile-clients`): SGLang's torch profiler over `--profile-steps` steps of a steady load, GPU
+     time per step by kernel name for each server, and DSPINE minus DFLASH per kernel.
+  3. alone (`--alone`): DFLASH, then DSPINE, each alone on the GPU with SGLang's default `--cuda-graph-max-bs`
+     and the same `--mem-fraction-static`: their KV-cache tokens and max running requests, and one round.
+
+Usage on the GPU machine (repo root, carry .devbundle): `bash scripts/device/serving_scale.sh [args]`.
+Results: $OUT/serving_scale.json, benchmarks/results/serving_scale.json and serving_scale_summary.json.
+`--smoke` (CPU): makes the models at a tiny geometry and checks the summary code on synthetic timings.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servers import Server, archive_logs, graph_use, kernel_times, spec_args  # noqa: E402
+
+from sglang_dspine.provenance import provenance  # noqa: E402
+
+# Qwen3 configs as published (config.json fields); the drafter shape is SpecForge's qwen3-8b DSpine one.
+GEOMETRIES = {
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False,
+                     max_position_embeddings=40960),
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+                     max_position_embeddings=40960),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=512, tie_word_embeddings=False,
+                 max_position_embeddings=4096),
+}
+DRAFTER = dict(layers=5, block_size=16, transfer_rank=1024, message_size=512, top_k=16, mask_token_id=151669)
+TINY_DRAFTER = dict(layers=2, block_size=4, transfer_rank=16, message_size=8, top_k=4, mask_token_id=511)
+SERVERS = ("dflash", "dspine", "dspine_torch")
+
+
+# ------------------------------------------------------------------------------------------- models
+def write_target(root: str, geometry: dict) -> str:
+    """A Qwen3 target folder holding only config.json (served with --load-format dummy)."""
+    path = os.path.join(root, "target")
+    os.makedirs(path, exist_ok=True)
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
+           "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False, "attention_dropout": 0.0,
+           "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16", "use_cache": True,
+           **geometry}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return path
+
+
+def write_drafters(root: str, geometry: dict, shape: dict, device: str) -> dict[str, str]:
+    """A DSpine drafter and a DFlash drafter with the same random backbone, saved by this package."""
+    from transformers import Qwen3Config
+
+    from sglang_dspine.checkpoint import save_drafter
+    from sglang_dspine.config import default_target_layer_ids
+    from sglang_dspine.model import DSpineDrafter
+    from sglang_dspine.tiny import drafter_config_for
+
+    target = Qwen3Config(**{k: v for k, v in geometry.items()})
+    holder = type("Target", (), {"config": target})
+    layer_ids = default_target_layer_ids(target.num_hidden_layers, shape["layers"])
+    out = {}
+    gen = torch.Generator(device=device).manual_seed(0)
+    for kind in ("dspine", "dflash"):
+        cfg = drafter_config_for(holder, kind=kind, block_size=shape["block_size"], layers=shape["layers"],
+                                 transfer_rank=shape["transfer_rank"], message_size=shape["message_size"],
+                                 top_k=shape["top_k"], mask_token_id=shape["mask_token_id"],
+                                 target_layer_ids=layer_ids)
+        with torch.device(device):
+            model = DSpineDrafter(cfg).to(torch.bfloat16)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.02, generator=gen)
+            if kind == "dspine":
+                codes = torch.randn(model.transfer_codes.shape, device=device, generator=gen)
+                model.transfer_codes.copy_(torch.nn.functional.normalize(codes, dim=-1))
+                model.transfer_ready.fill_(True)
+        path = os.path.join(root, kind)
+        save_drafter(model, path)
+        out[kind] = path
+        del model
+    return out
+
+
+# ---------------------------------------------------------------------------------------- measuring
+def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(n)]
+
+
+def measure(server: Server, prompts: list[list[int]], clients: int, max_new: int, temperature: float) -> dict:
+    """Whole waves of `clients` requests (4 waves up to 4 clients, else 2), after one warm-up wave."""
+    waves = 4 if clients <= 4 else 2
+    reqs = [prompts[i % len(prompts)] for i in range(waves * clients)]
+    with cf.ThreadPoolExecutor(clients) as ex:
+        list(ex.map(lambda p: server.generate_ids(p, 8, temperature), reqs[:clients]))
+        t = time.time()
+        outs = list(ex.map(lambda p: server.generate_ids(p, max_new, temperature), reqs))
+        wall = time.time() - t
+    tokens = sum(len(o["output_ids"]) for o in outs)
+    verify = sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs)
+    return {"clients": clients, "temperature": temperature, "requests": len(reqs), "output_tokens": tokens,
+            "verify_steps": verify, "seconds": wall, "tokens_per_s": tokens / wall,
+            "tau": tokens / verify if verify else None,
+            "step_ms": 1000.0 * wall * clients / verify if verify else None}
+
+
+def steady_load(server: Server, prompts, clients: int, seconds: float, temperature: float = 0.0):
+    """A background load of `clients` long requests (returns the futures' executor, to be shut down)."""
+    ex = cf.ThreadPoolExecutor(clients)
+    for i in range(clients):
+        ex.submit(server.generate_ids, prompts[i % len(prompts)], 4096, temperature)
+    return ex
+
+
+def profile(server: Server, prompts, clients: int, steps: int, out_dir: str) -> dict:
+    ex = steady_load(server, prompts, clients, 0)
+    time.sleep(3.0 + 0.05 * clients)  # past the prefills: every request decoding
+    d = os.path.join(out_dir, f"{server.name}_c{clients}")
+    server.profile(d, steps)
+    deadline = time.time() + 240
+    result = None
+    while time.time() < deadline:
+        time.sleep(2)
+        try:
+            result = kernel_times(d)
+            break
+        except (FileNotFoundError, EOFError, ValueError):  # not written yet, or still being written
+            continue
+    server.post("/abort_request", {"abort_all": True}, timeout=30)
+    ex.shutdown(wait=True, cancel_futures=True)
+    if result is None:
+        return {"error": "no trace written"}
+    total = sum(v["us"] for v in result["kernels"].values())
+    result.update(steps=steps, clients=clients, gpu_us_per_step=total / steps,
+                  kernels={k: {**v, "us_per_step": round(v["us"] / steps, 2)} for k, v in result["kernels"].items()})
+    shutil.rmtree(d, ignore_errors=True)
+    return result
+
+
+def kernel_diff(a: dict, b: dict, top: int = 25) -> list[dict]:
+    """Per kernel name: µs per step in `a` minus in `b` (largest differences first)."""
+    ka, kb = a.get("kernels", {}), b.get("kernels", {})
+    rows = []
+    for name in set(ka) | set(kb):
+        ua, ub = ka.get(name, {}).get("us_per_step", 0.0), kb.get(name, {}).get("us_per_step", 0.0)
+        rows.append({"kernel": name, "dspine_us": ua, "dflash_us": ub, "diff_us": round(ua - ub, 2)})
+    total = round(sum(r["diff_us"] for r in rows), 1)
+    rows.sort(key=lambda r: -abs(r["diff_us"]))
+    return [{"kernel": "(all kernels)", "dspine_us": round(sum(v["us_per_step"] for v in ka.values()), 1),
+             "dflash_us": round(sum(v["us_per_step"] for v in kb.values()), 1), "diff_us": total}] + rows[:top]
+
+
+# ------------------------------------------------------------------------------------------ summary
+def summarize(res: dict) -> dict:
+    """step_ratio_by_clients: DSPINE step ÷ DFLASH step at each client count (T=0 and T=1, mean of the
+    repeats); step_ratio_max: the worst over clients and temperatures."""
+    def mean_step(name, temp, c):
+        vals = [r["step_ms"] for rnd in res.get("rounds", []) for r in rnd.get(name, [])
+                if r["clients"] == c and r["temperature"] == temp and r.get("step_ms")]
+        return sum(vals) / len(vals) if vals else None
+
+    by = {}
+    torch_by = {}
+    for temp in res.get("temperatures", []):
+        key = f"T{temp:g}"
+        by[key], torch_by[key] = {}, {}
+        for c in res.get("clients", []):
+            d, s, t = mean_step("dflash", temp, c), mean_step("dspine", temp, c), mean_step("dspine_torch", temp, c)
+            if d and s:
+                by[key][str(c)] = round(s / d, 4)
+            if d and t:
+                torch_by[key][str(c)] = round(t / d, 4)
+    ratios = [v for d in by.values() for v in d.values()]
+    spread = {}
+    for name in SERVERS:  # repeat-to-repeat spread of each server's step time
+        for temp in res.get("temperatures", []):
+            for c in res.get("clients", []):
+                vals = [r["step_ms"] for rnd in res.get("rounds", []) for r in rnd.get(name, [])
+                        if r["clients"] == c and r["temperature"] == temp and r.get("step_ms")]
+                if len(vals) > 1:
+                    spread[f"{name} T{temp:g} c{c}"] = round(max(vals) / min(vals) - 1, 4)
+    alone = res.get("alone", {})
+    return {
+        "geometry": res.get("geometry_name"), "target": res.get("geometry"), "drafter": res.get("drafter"),
+        "step_ratio_max": max(ratios) if ratios else None,
+        "step_ratio_by_clients": by,
+        "torch_path_step_ratio_by_clients": torch_by,
+        "repeat_spread_max": max(spread.values()) if spread else None,
+        "kv_pools_side_by_side": {n: m.get("max_total_num_tokens") for n, m in res.get("memory", {}).items()},
+        "alone_default_graph_bs": {n: {k: a.get(k) for k in ("memory", "step_ratio_vs_dflash")}
+                                   for n, a in alone.items()},
+        "profile_gpu_us_per_step": {k: {n: p.get("gpu_us_per_step") for n, p in v.items() if n in SERVERS}
+                                    for k, v in res.get("profile", {}).items()},
+        "profile_dspine_minus_dflash": {k: v["diff"][:15] for k, v in res.get("profile", {}).items() if "diff" in v},
+        "commit": res.get("provenance", {}).get("commit"),
+        "gpu": res.get("provenance", {}).get("gpu"),
+        "date": res.get("provenance", {}).get("date"),
+        "command": res.get("provenance", {}).get("command"),
+    }
+
+
+def print_table(res: dict) -> None:
+    s = summarize(res)
+    print("\nstep ms (mean of rounds) and DSPINE/DFLASH ratio")
+    for temp in res.get("temperatures", []):
+        for c in res.get("clients", []):
+            row = []
+            for n in SERVERS:
+                vals = [r["step_ms"] for rnd in res.get("rounds", []) for r in rnd.get(n, [])
+                        if r["clients"] == c and r["temperature"] == temp and r.get("step_ms")]
+                row.append(f"{n}={sum(vals) / len(vals):.2f}" if vals else f"{n}=-")
+            print(f"T={temp:g} c={c:3d}  " + "  ".join(row) + f"  ratio={s['step_ratio_by_clients'].get(f'T{temp:g}', {}).get(str(c))}")
+    for key, prof in res.get("profile", {}).items():
+        if "diff" in prof:
+            print(f"\nprofile {key}: DSPINE - DFLASH µs/step, top kernels")
+            for r in prof["diff"][:12]:
+                print(f"  {r['diff_us']:+9.1f}  {r['kernel'][:110]}")
+    print("\nstep_ratio_max", s["step_ratio_max"], "kv pools", s["kv_pools_side_by_side"])
+
+
+# --------------------------------------------------------------------------------------------- main
+def server_args_for(name: str, target: str, drafters: dict, extra: list[str]) -> tuple[list[str], dict | None]:
+    common = ["--load-format", "dummy", "--skip-tokenizer-init", "--speculative-draft-load-format", "safetensors",
+              *extra]
+    if name == "dflash":
+        return spec_args(target, "DFLASH", drafters["dflash"], *common), None
+    if name == "dspine":
+        return spec_args(target, "DSPINE", drafters["dspine"], *common), None
+    if name == "dspine_torch":
+        return spec_args(target, "DSPINE", drafters["dspine"], *common), {"SGLANG_DSPINE_KERNELS": "0"}
+    raise ValueError(name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="qwen3-8b")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    ap.add_argument("--work", default="/tmp/serving_scale", help="where the target and drafter folders go")
+    ap.add_argument("--servers", default=",".join(SERVERS))
+    ap.add_argument("--clients", default="1,4,16,48,64")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--pool", type=int, default=60000, help="--max-total-tokens of every side-by-side server")
+    ap.add_argument("--graph-bs", type=int, default=64, help="--cuda-graph-max-bs of the side-by-side servers")
+    ap.add_argument("--profile-clients", default="1,16,64", help="'' for no profile")
+    ap.add_argument("--profile-steps", type=int, default=30)
+    ap.add_argument("--torch-once", action="store_true",
+                    help="DSPINE on its PyTorch math (the reference) in the first round at T=0 only")
+    ap.add_argument("--alone", action="store_true", help="phase 3: each server alone, default --cuda-graph-max-bs")
+    ap.add_argument("--alone-mem-fraction", type=float, default=0.85)
+    ap.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--smoke", action="store_true", help="CPU: make tiny models and check the summary")
+    args = ap.parse_args()
+    names = [n for n in args.servers.split(",") if n]
+    if set(names) - set(SERVERS) or not names:
+        raise SystemExit(f"--servers: choose from {','.join(SERVERS)}")
+    clients = [int(c) for c in args.clients.split(",") if c]
+    temps = [float(t) for t in args.temperatures.split(",") if t]
+    geometry = GEOMETRIES["tiny" if args.smoke else args.geometry]
+    shape = TINY_DRAFTER if args.smoke else DRAFTER
+    os.makedirs(args.out, exist_ok=True)
+    res = {"geometry_name": "tiny" if args.smoke else args.geometry, "geometry": geometry, "drafter": shape,
+           "clients": clients, "temperatures": temps, "prompt_len": args.prompt_len, "max_new": args.max_new,
+           "pool": args.pool, "graph_bs": args.graph_bs, "provenance": provenance(sys.argv), "rounds": [],
+           "memory": {}, "profile": {}, "alone": {}}
+    t0 = time.time()
+    shutil.rmtree(args.work, ignore_errors=True)
+    target = write_target(args.work, geometry)
+    drafters = write_drafters(args.work, geometry, shape, "cuda" if torch.cuda.is_available() else "cpu")
+    print(f"models written in {time.time() - t0:.0f} s", flush=True)
+    if args.smoke:
+        synthetic = {n: [{"clients": c, "temperature": t, "step_ms": 10.0 + (n != "dflash") * 0.1, "tokens_per_s": 1}
+                         for c in clients for t in temps] for n in names}
+        res["rounds"] = [synthetic, synthetic]
+        print(json.dumps(summarize(res), indent=1))
+        return
+
+    def save():
+        json.dump(res, open(os.path.join(args.out, "serving_scale.json"), "w"), indent=1)
+        os.makedirs(args.results_dir, exist_ok=True)
+        json.dump(res, open(os.path.join(args.results_dir, "serving_scale.json"), "w"), indent=1)
+        json.dump(summarize(res), open(os.path.join(args.results_dir, "serving_scale_summary.json"), "w"), indent=1)
+        json.dump(summarize(res), open(os.path.join(args.out, "serving_scale_summary.json"), "w"), indent=1)
+
+    prompts = random_prompts(64, args.prompt_len, geometry["vocab_size"])
+    servers: dict[str, Server] = {}
+    env_prof = {"SGLANG_TORCH_PROFILER_DIR": os.path.join(args.work, "profiles")}
+    try:
+        # ---- phase 1: side by side, equal pools
+        side = ["--cuda-graph-max-bs", str(args.graph_bs), "--max-total-tokens", str(args.pool),
+                "--mem-fraction-static", "0.88", "--disable-prefill-cuda-graph"]
+        for i, n in enumerate(names):
+            a, env = server_args_for(n, target, drafters, side)
+            servers[n] = Server(n, 31000 + i, a, args.out, env={**(env or {}), **env_prof})
+            ok = servers[n].wait()
+            print(f"{n} up={ok} after {servers[n].up_after}", flush=True)
+            if not ok:
+                raise SystemExit(f"server {n} did not start:\n{servers[n].tail(60)}")
+            res["memory"][n] = servers[n].memory()
+        pools = {n: m["max_total_num_tokens"] for n, m in res["memory"].items()}
+        print("kv pools", pools, flush=True)
+        if len(set(pools.values())) != 1:
+            raise SystemExit(f"KV pools differ side by side: {pools}")
+        save()
+        for rnd in range(args.repeats):
+            order = names if rnd % 2 == 0 else names[::-1]
+            res["rounds"].append({})
+            for n in order:
+                ts = temps if not (n == "dspine_torch" and args.torch_once) else ([0.0] if rnd == 0 else [])
+                res["rounds"][-1][n] = [measure(servers[n], prompts, c, args.max_new, t) for t in ts for c in clients]
+                print(f"round {rnd} {n}", {f"T{r['temperature']:g}c{r['clients']}": round(r["step_ms"] or 0, 2)
+                                           for r in res["rounds"][-1][n]}, flush=True)
+                save()
+        # ---- phase 2: profiles
+        for c in [int(x) for x in args.profile_clients.split(",") if x]:
+            key = f"c{c}"
+            res["profile"][key] = {n: profile(servers[n], prompts, c, args.profile_steps, env_prof["SGLANG_TORCH_PROFILER_DIR"])
+                                   for n in names}
+            if "dspine" in names and "dflash" in names:
+                res["profile"][key]["diff"] = kernel_diff(res["profile"][key]["dspine"], res["profile"][key]["dflash"])
+            save()
+        for n, s in servers.items():
+            res["memory"][n]["graph_use"] = graph_use(s.text())
+            res["memory"][n]["draft_path_log"] = [l[-160:] for l in s.text().splitlines()
+                                                 if "DSPINE draft step" in l or "DSPINE candidate" in l][:4]
+            s.stop()
+        servers = {}
+        # ---- phase 3: each alone, SGLang's default --cuda-graph-max-bs
+        if args.alone:
+            for n in [x for x in ("dflash", "dspine") if x in names]:
+                a, env = server_args_for(n, target, drafters, ["--mem-fraction-static", str(args.alone_mem_fraction)])
+                s = Server(n + "_alone", 31010, a, args.out, env=env)
+                servers[n] = s
+                if not s.wait():
+                    res["alone"][n] = {"error": s.tail(40)}
+                    s.stop()
+                    continue
+                res["alone"][n] = {"memory": s.memory(),
+                                   "rounds": [measure(s, prompts, c, args.max_new, 0.0) for c in clients]}
+                res["alone"][n]["graph_use"] = graph_use(s.text())
+                s.stop()
+                del servers[n]
+                save()
+            if "dflash" in res["alone"] and "dspine" in res["alone"] and "rounds" in res["alone"]["dspine"]:
+                d = {r["clients"]: r["step_ms"] for r in res["alone"]["dflash"].get("rounds", [])}
+                res["alone"]["dspine"]["step_ratio_vs_dflash"] = {
+                    str(r["clients"]): round(r["step_ms"] / d[r["clients"]], 4)
+                    for r in res["alone"]["dspine"]["rounds"] if d.get(r["clients"])}
+    finally:
+        for s in servers.values():
+            s.stop()
+        res["wall_seconds"] = time.time() - t0
+        save()
+        archive_logs(args.out, "serving_scale_logs.tar.gz")
+    print_table(res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The environment variables this package reads, each declared once, typed, and documented in the README.
+
+Values are read when asked for (not at import), so a test or a launcher can set them for one process.
+A malformed value is an error naming the variable, never a silent default.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+def _flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw not in ("0", "1"):
+        raise ValueError(f"{name}: expected 0 or 1, found {raw!r}")
+    return raw == "1"
+
+
+@dataclass(frozen=True)
+class _Variable:
+    name: str
+    default: object
+    help: str
+
+
+VARIABLES = (
+    _Variable("SGLANG_DSPINE_KERNELS", True,
+              "1 (default): DSPINE's draft step runs on the Triton kernels on CUDA; 0: on the plain PyTorch math"),
+    _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
+              "1: `kill -USR1 <scheduler pid>` prints every thread's Python stack to the server log"),
+    _Variable("DSPINE_SUITES_DIR", None,
+              "folder the benchmark suite loaders read local copies of the paper's suites from"),
+)
+
+
+class _Env:
+    @property
+    def kernels(self) -> bool:
+        return _flag("SGLANG_DSPINE_KERNELS", True)
+
+    @property
+    def stacks_on_sigusr1(self) -> bool:
+        return _flag("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False)
+
+    @property
+    def suites_dir(self) -> str | None:
+        return os.environ.get("DSPINE_SUITES_DIR") or None
+
+
+ENV = _Env()

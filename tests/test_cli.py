@@ -1,0 +1,168 @@
+"""`sglang-dspine` on bad input: one line on stderr naming the file or flag and what is wrong, exit code 2, no
+traceback, in every subcommand, and nothing read from the working directory for an empty path."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sglang_dspine.checkpoint import init_dspine_transfer, load_drafter, save_drafter
+from sglang_dspine.cli import main
+from sglang_dspine.config import DrafterConfigError
+from sglang_dspine.model import DSpineDrafter
+from sglang_dspine.tiny import drafter_config_for, make_target
+from sglang_dspine.trainer import resolve_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """A target, a drafter, prompts and training data, and broken copies of the target and the drafter."""
+    root = tmp_path_factory.mktemp("cli")
+    target = make_target()
+    target.save_pretrained(root / "target")
+    torch.manual_seed(0)
+    d = DSpineDrafter(drafter_config_for(target))
+    init_dspine_transfer(d, target.lm_head.weight)
+    save_drafter(d, root / "dspine")
+    (root / "prompts.jsonl").write_text(json.dumps({"prompt_ids": [1, 2, 3]}) + "\n")
+    (root / "data.jsonl").write_text(json.dumps({"input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1]}) + "\n")
+    (root / "a_file").write_text("not a model\n")
+
+    def broken(src, name, edit):
+        shutil.copytree(root / src, root / name)
+        edit(root / name)
+
+    def truncate(p):
+        f = p / "model.safetensors"
+        os.truncate(f, f.stat().st_size // 2)
+
+    def bad_json(p):
+        (p / "config.json").write_text('{"architectures": [')
+
+    def no_weight_map(p):
+        (p / "model.safetensors").rename(p / "model-00001-of-00001.safetensors")
+        (p / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 1}}))
+
+    def block_size_1(p):
+        cfg = json.loads((p / "config.json").read_text())
+        cfg["block_size"] = 1
+        (p / "config.json").write_text(json.dumps(cfg))
+
+    for src in ("target", "dspine"):
+        broken(src, f"{src}_truncated", truncate)
+        broken(src, f"{src}_bad_json", bad_json)
+    broken("dspine", "dspine_no_weight_map", no_weight_map)
+    broken("dspine", "dspine_block_size_1", block_size_1)
+    return root
+
+
+def run(capsys, argv):
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    err = capsys.readouterr().err
+    return rc, err
+
+
+def assert_one_line(rc, err, *parts):
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, err
+    assert "Traceback" not in err
+    for p in parts:
+        assert p in lines[0], lines[0]
+    return lines[0]
+
+
+def commands(ws, target=None, drafter=None):
+    """Every subcommand's argument list, with this target (and drafter, where it takes one)."""
+    t = target or ws / "target"
+    d = drafter or ws / "dspine"
+    return {
+        "data": ["data", "--target", t, "--prompts", ws / "prompts.jsonl", "--output", ws / "out" / "data.jsonl",
+                 "--backend", "hf", "--no-progress"],
+        "train": ["train", "--target", t, "--data", ws / "data.jsonl", "--output-dir", ws / "out" / "run",
+                  "--init", d, "--no-progress"],
+        "export": ["export", "--checkpoint", d, "--output", ws / "out" / "export", "--target", t],
+        "eval": ["eval", "--target", t, "--drafter", d, "--prompts", ws / "prompts.jsonl", "--max-new-tokens", "4"],
+    }
+
+
+@pytest.mark.parametrize("command", ["data", "train", "export", "eval"])
+@pytest.mark.parametrize("case", ["truncated weights", "invalid config.json", "a file", "missing"])
+def test_bad_target(ws, capsys, command, case):
+    t = {"truncated weights": ws / "target_truncated", "invalid config.json": ws / "target_bad_json",
+         "a file": ws / "a_file", "missing": ws / "missing" / "target"}[case]
+    rc, err = run(capsys, commands(ws, target=t)[command])
+    want = {"truncated weights": f"--target {t}/model.safetensors: not a readable safetensors file",
+            "invalid config.json": f"--target {t}/config.json: not valid JSON",
+            "a file": f"--target {t}: a file; expected a model directory",
+            "missing": f"--target {t}: no such directory"}[case]
+    line = assert_one_line(rc, err, f"sglang-dspine {command}: error: ", want)
+    assert "Repo id" not in line
+
+
+@pytest.mark.parametrize("command", ["train", "export", "eval"])
+@pytest.mark.parametrize("case", ["truncated weights", "invalid config.json", "index without weight_map",
+                                  "block_size 1"])
+def test_bad_drafter(ws, capsys, command, case):
+    d = ws / {"truncated weights": "dspine_truncated", "invalid config.json": "dspine_bad_json",
+              "index without weight_map": "dspine_no_weight_map", "block_size 1": "dspine_block_size_1"}[case]
+    rc, err = run(capsys, commands(ws, drafter=d)[command])
+    want = {"truncated weights": f"{d}/model.safetensors: not a readable safetensors file (",
+            "invalid config.json": f"{d}/config.json: not valid JSON (",
+            "index without weight_map": f"{d}/model.safetensors.index.json: expected a `weight_map` object",
+            "block_size 1": f"drafter {d}: config.json block_size: expected >= 2, found 1"}[case]
+    assert_one_line(rc, err, f"sglang-dspine {command}: error: ", want)
+
+
+@pytest.mark.parametrize("command,flag", [("train", "--init"), ("export", "--checkpoint"), ("eval", "--drafter"),
+                                          ("eval", "--target"), ("data", "--prompts")])
+def test_empty_path_is_refused(ws, capsys, command, flag):
+    argv = commands(ws)[command]
+    argv[argv.index(flag) + 1] = ""
+    rc, err = run(capsys, argv)
+    assert_one_line(rc, err, f"sglang-dspine {command}: error: argument {flag}: expected a path, found an empty string")
+
+
+def test_empty_path_never_means_the_working_directory(ws, monkeypatch):
+    """The loader's own refusal, whatever the working directory holds (here a complete drafter)."""
+    monkeypatch.chdir(ws / "dspine")
+    with pytest.raises(DrafterConfigError, match="not a directory"):
+        load_drafter("")
+    with pytest.raises(FileNotFoundError, match="an empty path"):
+        resolve_checkpoint("")
+
+
+def test_missing_drafter_and_usage_errors_are_one_line(ws, capsys):
+    rc, err = run(capsys, commands(ws, drafter=ws / "nope")["eval"])
+    assert_one_line(rc, err, f"sglang-dspine eval: error: --drafter {ws / 'nope'}: no such directory")
+    rc, err = run(capsys, ["eval", "--target", ws / "target"])
+    assert_one_line(rc, err, "sglang-dspine eval: error: the following arguments are required: --drafter, --prompts")
+
+
+def test_the_installed_command_exits_2_without_a_traceback(ws, tmp_path):
+    """The process as a user runs it (not the repo root: its kernels/ folder would shadow `kernels`)."""
+    d = ws / "dspine_block_size_1"
+    out = subprocess.run([sys.executable, "-m", "sglang_dspine.cli", *map(str, commands(ws, drafter=d)["eval"])],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.strip() == f"sglang-dspine eval: error: drafter {d}: config.json block_size: expected >= 2, found 1"
+
+
+def test_eval_reports_one_tau_tokens_per_verify_round_over_all_prompts(ws, capsys, tmp_path):
+    """τ of a prompt set is pooled over every round (token-weighted), not a mean of per-prompt τ."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in ([1, 2, 3], [7], [9, 9, 30, 31, 5])))
+    out = tmp_path / "eval.json"
+    rc, err = run(capsys, ["eval", "--target", ws / "target", "--drafter", ws / "dspine", "--prompts", prompts,
+                           "--max-new-tokens", "13", "--output", out])
+    assert rc == 0, err
+    res = json.loads(out.read_text())
+    per = res["per_prompt"]
+    assert len(per) == 3 and res["rounds"] == sum(r["rounds"] for r in per)
+    assert res["tau"] == pytest.approx(sum(r["tau"] * r["rounds"] for r in per) / res["rounds"], rel=1e-12)
+    assert [k for k in res if k.startswith("tau")] == ["tau"]

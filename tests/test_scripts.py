@@ -1,0 +1,98 @@
+"""scripts/serve.sh and scripts/test.sh: what they refuse and the command they end up running. The scripts run for
+real; their virtualenv's `python` is a recorder that writes its arguments down (no GPU or install here)."""
+import os
+import shlex
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def recorder(tmp_path):
+    """A VENV whose bin/python appends its argument list (one shell-quoted line per call) to calls.txt."""
+    log = tmp_path / "calls.txt"
+    py = tmp_path / "venv" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" >> {shlex.quote(str(log))}\necho >> {shlex.quote(str(log))}\n')
+    py.chmod(0o755)
+
+    def calls():
+        return [shlex.split(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    return tmp_path / "venv", calls
+
+
+def run(script, *args, venv=None):
+    env = {**os.environ, **({"VENV": str(venv)} if venv else {})}
+    return subprocess.run(["bash", os.path.join(REPO, "scripts", script), *map(str, args)], capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["/missing/target", "/missing/drafter"], "serve.sh: TARGET_DIR /missing/target: no such directory"),
+    (["{dir}", "/missing/drafter"], "serve.sh: DRAFTER_DIR /missing/drafter: no such directory"),
+    (["{file}", "{dir}"], "serve.sh: TARGET_DIR {file}: a file, not a directory"),
+    (["{dir}"], "serve.sh: TARGET_DIR {dir} given without a DRAFTER_DIR"),
+    (["{dir}", "--port", "8000"], "serve.sh: TARGET_DIR {dir} given without a DRAFTER_DIR"),
+])
+def test_serve_refuses_paths_that_do_not_exist(tmp_path, recorder, args, msg):
+    venv, calls = recorder
+    (tmp_path / "a_file").write_text("x")
+    fill = {"dir": str(tmp_path), "file": str(tmp_path / "a_file")}
+    out = run("serve.sh", *[a.format(**fill) for a in args], venv=venv)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(msg.format(**fill)), out.stderr
+    assert calls() == []  # refused before anything is installed or started
+
+
+def _server_argv(calls):
+    launches = [c for c in calls() if c[:2] == ["-m", "sglang.launch_server"]]
+    assert len(launches) == 1, calls()
+    return launches[0][2:]
+
+
+def test_serve_passes_the_pair_and_extra_arguments(tmp_path, recorder):
+    venv, calls = recorder
+    target, drafter = tmp_path / "my-target", tmp_path / "my-drafter"
+    target.mkdir(), drafter.mkdir()
+    out = run("serve.sh", target, drafter, "--port", "8001", "--tp-size", "2", venv=venv)
+    assert out.returncode == 0, out.stderr
+    argv = _server_argv(calls)
+    assert argv[argv.index("--model-path") + 1] == str(target.resolve())
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == str(drafter.resolve())
+    assert argv[argv.index("--speculative-algorithm") + 1] == "DSPINE"
+    assert argv[argv.index("--served-model-name") + 1] == "my-target"
+    assert argv[-4:] == ["--port", "8001", "--tp-size", "2"]  # last: they override the script's own
+    assert str(target) not in argv[-4:] and str(drafter) not in argv[-4:]
+    install = [c for c in calls() if c[:3] == ["-m", "pip", "install"]]
+    assert install and "-c" in install[0] and install[0][install[0].index("-c") + 1] == "locks/sglang-0.5.17.txt"
+
+
+def test_serve_with_only_flags_serves_the_default_pair(recorder):
+    venv, calls = recorder
+    out = run("serve.sh", "--port", "8002", venv=venv)
+    assert out.returncode == 0, out.stderr
+    argv = _server_argv(calls)
+    assert argv[argv.index("--model-path") + 1] == os.path.join(REPO, "models", "default", "target")
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == os.path.join(REPO, "models", "default", "dspine")
+    assert argv[argv.index("--served-model-name") + 1] == "default"
+    assert argv[-2:] == ["--port", "8002"]
+
+
+@pytest.mark.parametrize("args,pytest_args", [
+    ([], ["tests"]),
+    (["-q", "-p", "no:cacheprovider"], ["tests", "-q", "-p", "no:cacheprovider"]),  # .ci/run: everything
+    (["tests/test_generate.py"], ["tests/test_generate.py"]),
+    (["tests/test_cli.py::test_empty_path_is_refused", "-x"], ["tests/test_cli.py::test_empty_path_is_refused", "-x"]),
+    (["-k", "tests", "-q"], ["tests", "-k", "tests", "-q"]),  # a -k value that names a folder is not a path
+])
+def test_test_sh_runs_just_the_paths_it_is_given(recorder, args, pytest_args):
+    venv, calls = recorder
+    out = run("test.sh", *args, venv=venv)
+    assert out.returncode == 0, out.stderr
+    install, test = calls()[-2:]
+    assert install[:3] == ["-m", "pip", "install"] and "--no-cache-dir" in install
+    assert install[install.index("-c") + 1] == "locks/sglang-0.5.17.txt"
+    assert test == ["-m", "pytest", *pytest_args]

@@ -1,0 +1,230 @@
+"""The pure parts of the request-conformance run (benchmarks/serving_features.py) on CPU: its inputs from the
+default pair's tokenizer, request bodies against SGLang's request models, server flags against SGLang's
+parser, grammars through xgrammar, answer checks and log-prob extraction on answers built by SGLang's own
+response code, the comparison with the server without speculation, and the summary."""
+import copy
+import importlib.util
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = os.path.join(ROOT, "models", "default")
+TARGET = os.path.join(MODELS, "target")
+
+
+def _module():
+    """benchmarks/serving_features.py as a module (the repo root stays off sys.path: its kernels/ would shadow
+    `kernels`; the benchmarks folder goes on it for `servers`)."""
+    key = "dspine_serving_features"
+    if key not in sys.modules:
+        sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+        spec = importlib.util.spec_from_file_location(key, os.path.join(ROOT, "benchmarks", "serving_features.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[key]
+
+
+@pytest.fixture(scope="module")
+def sf():
+    return _module()
+
+
+@pytest.fixture(scope="module")
+def ctx(sf):
+    from transformers import AutoTokenizer
+
+    return sf.build_inputs(AutoTokenizer.from_pretrained(TARGET), MODELS)
+
+
+def test_inputs_span_chunks_share_a_prefix_and_overflow_the_context(sf, ctx):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    assert len(ctx["greedy_prompts"]) == 12 and ctx["lp_prompts"] == ctx["greedy_prompts"][:4]
+    assert ctx["long_prompt_tokens"] >= sf.LONG_MIN_TOKENS > 4 * sf.CHUNK
+    assert ctx["shared_common_tokens"] >= sf.PREFIX_MIN_TOKENS
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in ctx["shared_prompts"]]
+    assert all(i[:ctx["shared_common_tokens"]] == ids[0][:ctx["shared_common_tokens"]] for i in ids)
+    assert len(set(map(tuple, ids))) == len(ids)  # different endings
+    assert ctx["context_len"] == 4096 and len(ctx["over_context_ids"]) > ctx["context_len"]
+    assert all(0 <= i < len(ctx["vocab_text"]) for i in ctx["over_context_ids"])
+    # the chat prompt length the chat check expects is what the chat template gives
+    m = ctx["chat_messages"][0]
+    assert ctx["chat_prompt_tokens"][0] == len(tok.apply_chat_template(m, tokenize=True, add_generation_prompt=True,
+                                                                       return_dict=False))
+
+
+def test_vocab_text_is_what_sglang_reports_for_log_prob_tokens(ctx):
+    """The OpenAI log-prob tokens are SGLang's per-id decode (tokenizer_manager.detokenize_logprob_tokens)."""
+    from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
+
+    tok = get_tokenizer(TARGET)
+    assert tok.batch_decode([[i] for i in range(len(ctx["vocab_text"]))]) == ctx["vocab_text"]
+
+
+def test_request_bodies_are_valid_sglang_requests(sf, ctx):
+    reqs = sf.request_catalogue(ctx)
+    assert {r["endpoint"] for r in reqs} == {"/v1/completions", "/v1/chat/completions", "/generate"}
+    for req in reqs:
+        sf.validate_request(req, len(ctx["vocab_text"]))
+    bad = sf.completion_req("x", 4, top_kk=3)  # a misspelt field SGLang would drop silently
+    with pytest.raises(AssertionError, match="top_kk"):
+        sf.validate_request(bad, len(ctx["vocab_text"]))
+    with pytest.raises(Exception):
+        sf.validate_request(sf.generate_req("x", 4, top_kk=3), len(ctx["vocab_text"]))
+    named, extra = sf.split_openai("/v1/completions", sf.completion_req("x", 4, top_k=3, logprobs=5)["body"])
+    assert extra == {"top_k": 3, "return_token_ids": True} and named["logprobs"] == 5
+
+
+def test_server_flags_parse(sf):
+    sf.check_flags(MODELS)
+
+
+def test_grammars_compile_and_samples(sf):
+    sf.check_grammars(TARGET)
+    with pytest.raises(sf.Malformed, match="does not validate"):
+        sf.validate_json('{"name": "a", "count": 1000, "valid": true, "kind": "math"}')
+    with pytest.raises(sf.Malformed, match="not JSON"):
+        sf.validate_json('{"name": "a", ')
+    with pytest.raises(sf.Malformed, match="does not match"):
+        sf.check_regex("Yes because.")
+
+
+def test_answer_checks_count_tokens(sf):
+    def answer(n_ids, finish="length", ct=None, n=1):
+        choices = [{"index": i, "text": "t", "finish_reason": finish, "token_ids": list(range(n_ids))} for i in range(n)]
+        return {"choices": choices, "usage": {"completion_tokens": n * n_ids if ct is None else ct}}
+
+    sf.check_openai(answer(3), 3, exact=True)
+    sf.check_openai(answer(2, "stop"), 3)
+    sf.check_openai(answer(3, n=2), 3, n=2, exact=True)
+    for bad, kw in ((answer(2), {}), (answer(4), {}), (answer(2, "stop"), {"exact": True}),
+                    (answer(3, "abort"), {}), (answer(3, ct=2), {}), (answer(3), {"n": 2})):
+        with pytest.raises(sf.Malformed):
+            sf.check_openai(bad, 3, **kw)
+    gen = {"text": "ab", "output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "length"}, "completion_tokens": 2}}
+    sf.check_generate(gen, 2, exact=True)
+    with pytest.raises(sf.Malformed):
+        sf.check_generate(gen, 3, exact=True)
+    with pytest.raises(sf.Malformed):
+        sf.check_generate({**gen, "meta_info": {**gen["meta_info"], "completion_tokens": 3}}, 2)
+
+
+def test_pick_stop(sf):
+    text = "def forward(self, x):\n    return self.linear(x)"
+    s = sf.pick_stop(text)
+    assert s and s.strip() and text.index(s) >= 4 and len(s) == 4
+    assert sf.pick_stop("short") is None
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_log_prob_entries_from_sglang_answers(sf, ctx, greedy):
+    """The same log-probs read from /generate, /v1/completions and /v1/chat/completions answers (built by
+    SGLang's response code, parsed by the OpenAI client's types) give the same entries."""
+    vt = ctx["vocab_text"]
+    ids = [5, 17, 300, 2]
+    ret = sf._ret_item(ids, vt, sf.TOP_K, 0, greedy)
+    e = sf.entries_generate(ret, sf.TOP_K, greedy)
+    assert [x["id"] for x in e] == ids and all(len(x["top"]) == sf.TOP_K for x in e)
+    for chat, fn in ((False, sf.entries_completion), (True, sf.entries_chat)):
+        answer = sf.openai_answers(ret, chat)
+        c = sf.check_openai(answer, len(ids), exact=True, chat=chat)[0]
+        e2 = fn(c, vt, sf.TOP_K, greedy)
+        cmp = sf.compare_entries(e, e2)
+        assert cmp["positions"] == len(ids) and cmp["token_max_abs_diff"] < 1e-9 and cmp["top_max_abs_diff"] < 1e-9
+        assert cmp["top_pairs"] > 0
+        # the reported tokens must be the emitted ones
+        wrong = copy.deepcopy(c)
+        wrong["token_ids"][1] = 18
+        with pytest.raises(sf.Malformed, match="entry 1"):
+            fn(wrong, vt, sf.TOP_K, greedy)
+
+
+def test_log_prob_checks_catch_shifted_missing_and_non_argmax(sf, ctx):
+    vt = ctx["vocab_text"]
+    ids = [5, 17, 300, 2]
+    shifted = sf._ret_item(ids, vt, sf.TOP_K, 0, True)
+    mi = shifted["meta_info"]
+    mi["output_token_logprobs"] = mi["output_token_logprobs"][1:] + [(-0.1, 2, None)]
+    with pytest.raises(sf.Malformed, match="entry 0 is for token 17"):
+        sf.entries_generate(shifted, sf.TOP_K, True)
+    short = sf._ret_item(ids, vt, sf.TOP_K, 0, True)
+    short["meta_info"]["output_token_logprobs"].pop()
+    with pytest.raises(sf.Malformed, match="3 log-prob entries for 4"):
+        sf.entries_generate(short, sf.TOP_K, True)
+    sampled = sf._ret_item(ids, vt, sf.TOP_K, 0, False)  # emitted tokens below the top one
+    sf.entries_generate(sampled, sf.TOP_K, False)
+    with pytest.raises(sf.Malformed, match="not the most likely"):
+        sf.entries_generate(sampled, sf.TOP_K, True)
+    disagree = sf._ret_item(ids, vt, sf.TOP_K, 0, True)
+    lp, tid, txt = disagree["meta_info"]["output_token_logprobs"][0]
+    disagree["meta_info"]["output_token_logprobs"][0] = (lp - 0.01, tid, txt)
+    with pytest.raises(sf.Malformed, match="in the top"):
+        sf.entries_generate(disagree, sf.TOP_K, False)
+
+
+def test_compare_entries_stops_at_the_first_different_token(sf):
+    a = [{"id": 1, "lp": -0.1, "top": {"1": -0.1, "2": -2.0}}, {"id": 3, "lp": -0.5, "top": {"3": -0.5, "4": -1.0}},
+         {"id": 5, "lp": -0.2, "top": {"5": -0.2}}, {"id": 6, "lp": -9.0, "top": {"6": -9.0}}]
+    b = [{"id": 1, "lp": -0.12, "top": {"1": -0.12, "7": -2.5}}, {"id": 3, "lp": -0.45, "top": {"3": -0.45, "4": -1.3}},
+         {"id": 8, "lp": -0.3, "top": {"8": -0.3}}, {"id": 6, "lp": -1.0, "top": {"6": -1.0}}]
+    c = sf.compare_entries(a, b)
+    assert c["positions"] == 2 and c["of"] == 4 and c["top_pairs"] == 3
+    assert c["token_max_abs_diff"] == pytest.approx(0.05)
+    assert c["top_max_abs_diff"] == pytest.approx(0.3)  # token 4 at position 1; token 2/7 unmatched
+
+
+def _result(sf, dspine_lp_shift=0.0):
+    vt = [str(i) for i in range(400)]
+    res = {"server_names": list(sf.NAMES), "provenance": {"commit": "c0ffee", "gpu": "H200", "date": "d"},
+           "features": {}, "servers": {}, "load": {}, "clients": 48, "load_seconds": 120.0}
+    for n in sf.NAMES:
+        res["servers"][n] = {"up": True}
+        feats = {f: {"ok": True, "details": {}} for f in sf.ALL_FEATURES}
+        feats["greedy_completions"]["details"] = {"texts": ["abc", "def", "ghi" if n != "dflash" else "ghx"]}
+        entries = sf.entries_generate(sf._ret_item([5, 17, 300], vt, sf.TOP_K, 0, True), sf.TOP_K, True)
+        if n == "dspine":
+            for e in entries:
+                e["lp"] += dspine_lp_shift
+                e["top"] = {k: v + dspine_lp_shift for k, v in e["top"].items()}
+        feats["logprobs_generate"]["details"] = {"greedy_entries": [entries]}
+        res["features"][n] = feats
+        res["load"][n] = {"requests": 100, "errors": 0, "expected_400": 6,
+                          "by_kind": {"greedy": {"requests": 94, "ok": 94, "expected_400": 0, "errors": 0}}}
+    return res
+
+
+def test_summary(sf):
+    res = _result(sf, dspine_lp_shift=0.03)
+    res["features"]["dflash"]["logprobs_chat"] = {"ok": False, "error": "HTTP 400: DFLASH ... return_logprob yet."}
+    res["load"]["dflash"]["errors"] = 7
+    res["load"]["dflash"]["by_kind"]["logprobs_chat"] = {"requests": 7, "ok": 0, "expected_400": 0, "errors": 7}
+    res["load"]["dflash"]["error_samples"] = {"logprobs_chat": ["HTTP 400: DFLASH"]}
+    s = sf.summarize(res)
+    assert s["commit"] == "c0ffee" and s["gpu"] == "H200" and s["load"]["clients"] == 48
+    total = len(sf.ALL_FEATURES)
+    p, d, sp = s["servers"]["plain"], s["servers"]["dflash"], s["servers"]["dspine"]
+    assert p["features_ok"] == p["features_total"] == total and p["failed_features"] == []
+    assert "logprob_max_abs_diff_vs_plain" not in p
+    assert d["features_ok"] == total - 1
+    assert d["failed_features"] == [{"feature": "logprobs_chat", "message": "HTTP 400: DFLASH ... return_logprob yet."}]
+    assert d["greedy_match_vs_plain"] == "2/3" and sp["greedy_match_vs_plain"] == "3/3"
+    assert d["mixed_load_errors"] == 7 and d["mixed_load_errors_by_kind"] == {"logprobs_chat": 7}
+    assert sp["mixed_load_errors"] == 0 and sp["mixed_load_requests"] == 100
+    assert sp["logprob_max_abs_diff_vs_plain"] == pytest.approx(0.03)
+    assert d["logprob_max_abs_diff_vs_plain"] == pytest.approx(0.0)
+    sf.print_table(s)
+
+
+def test_summary_of_a_server_that_did_not_start(sf):
+    res = _result(sf)
+    res["servers"]["dspine"] = {"up": False, "error": "did not start: ValueError: DSPINE ..."}
+    res["features"].pop("dspine")
+    res["load"].pop("dspine")
+    s = sf.summarize(res)["servers"]["dspine"]
+    assert s["up"] is False and s["features_ok"] == 0 and s["features_total"] == len(sf.ALL_FEATURES)
+    assert s["failed_features"][0]["feature"] == "server_start" and s["mixed_load_errors"] is None
+    assert s["logprob_max_abs_diff_vs_plain"] is None
