@@ -1,4 +1,4 @@
-"""The drafter training objective (the paper's, as SpecForge trains it), as one module DDP can wrap.
+"""The drafter training objective (docs/algorithm.md, "Training objective"), as one module DDP can wrap.
 
 One step, per sequence of a regenerated response (`data.py`):
 - the frozen target runs once (no grad) and gives the features of `target_layer_ids` (`hidden_states[i+1]`)
