@@ -28,8 +28,9 @@ setup(
         "tqdm",
     ],
     extras_require={
-        "test": ["pytest", "matplotlib"],  # the lab tests draw its plots too
+        "test": ["pytest", "matplotlib", "tensorboard"],  # the lab tests draw its plots; the trainer's logs are read
         "lab": ["matplotlib", "tokenizers"],
+        "train": ["tensorboard"],  # TensorBoard logs beside metrics.jsonl (wandb: install it yourself)
     },
     entry_points={
         "console_scripts": ["sglang-dspine=sglang_dspine.cli:main"],

@@ -62,9 +62,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from sglang_dspine.config import DrafterConfig, default_target_layer_ids  # noqa: E402
+from sglang_dspine.config import DrafterConfig, DSpineSettings  # noqa: E402
 from sglang_dspine.decoding import predecessor_tokens, transition_scores, walk  # noqa: E402
 from sglang_dspine.draft_step import DraftStep  # noqa: E402
+from sglang_dspine.drafter_setup import new_drafter_config  # noqa: E402
 from sglang_dspine.kernels import injection as kinj  # noqa: E402
 from sglang_dspine.kernels import top_k as ktopk  # noqa: E402
 from sglang_dspine.kernels import transition as ktr  # noqa: E402
@@ -183,16 +184,14 @@ def try_time(bench, res, label, fn, **kw):
 
 # ---------------------------------------------------------------------------------------- the model
 def drafter_config(s: dict) -> DrafterConfig:
-    ids = default_target_layer_ids(s["target_layers"], s["layers"])
-    return DrafterConfig.from_dict({
-        "architectures": ["DSpineDraftModel"], "model_type": "qwen3", "hidden_size": s["hidden"],
-        "intermediate_size": s["inter"], "num_hidden_layers": s["layers"], "num_attention_heads": s["heads"],
-        "num_key_value_heads": s["kv_heads"], "head_dim": s["head_dim"], "vocab_size": s["vocab"],
-        "rms_norm_eps": 1e-6, "rope_theta": 1e6, "block_size": s["block"], "is_causal": True,
-        "num_target_layers": s["target_layers"],
-        "dflash_config": {"mask_token_id": s["vocab"] - 1, "target_layer_ids": ids},
-        "dspine_config": {"transfer_rank": s["rank"], "message_size": s["message"], "top_k": s["top_k"]},
-    })
+    """The trainer's drafter config for a Qwen3 target of the benchmark's geometry."""
+    from transformers import Qwen3Config
+
+    target = Qwen3Config(hidden_size=s["hidden"], intermediate_size=s["inter"], num_hidden_layers=s["target_layers"],
+                         num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"], head_dim=s["head_dim"],
+                         vocab_size=s["vocab"], rms_norm_eps=1e-6, rope_theta=1e6)
+    settings = DSpineSettings(transfer_rank=s["rank"], message_size=s["message"], top_k=s["top_k"])
+    return new_drafter_config(target, "dspine", s["layers"], s["block"], settings=settings)
 
 
 def build_model(s: dict, device: str, dtype: torch.dtype) -> tuple[DSpineDrafter, torch.Tensor]:

@@ -130,10 +130,18 @@ def _int_list(v: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, found {v!r}") from None
 
 
-def _add_prompt_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokenizer", type=_path, help="tokenizer path (default: the target's)")
+def _add_chat_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat-template", metavar="NAME_OR_FILE",
+                   help="chat template: a Jinja file, a template name the tokenizer carries, or built-in `chatml` / "
+                        "`plain` (the messages' text, for base models); default: the tokenizer's own (an error "
+                        "when it has none)")
     p.add_argument("--thinking", choices=["on", "off", "auto"], default="auto",
                    help="enable_thinking for chat templates that read it (auto: the template's default)")
+
+
+def _add_prompt_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", type=_path, help="tokenizer path (default: the target's)")
+    _add_chat_args(p)
     p.add_argument("--system-prompt", help="a system message put in front of every chat")
     p.add_argument("--split", default="train", help="split of a datasets dataset (default: train)")
     p.add_argument("--limit", type=int, help="use only the first N prompts")
@@ -143,8 +151,14 @@ def _add_prompt_args(p: argparse.ArgumentParser) -> None:
 def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=_path, required=True, help="target model directory (transformers / SGLang), or a hub repo id")
     p.add_argument("--prompts", type=_path, required=True,
-                   help="JSONL with `prompt`, `messages` or `prompt_ids` per line, or a datasets dataset")
+                   help="JSONL with `prompt`, `messages`/`conversations` or `prompt_ids` per line, or a datasets "
+                        "dataset")
     p.add_argument("--output", type=_path, required=True, help="output JSONL of token ids (appended; reruns resume)")
+    p.add_argument("--no-regenerate", dest="regenerate", action="store_false",
+                   help="conversations that already hold the target's answers (SpecForge's `conversations` JSONL): "
+                        "tokenise them with the chat template, loss on every assistant turn; the target does not run")
+    p.add_argument("--last-turn-only", action="store_true",
+                   help="with --no-regenerate: loss on the last assistant turn only")
     _add_prompt_args(p)
     p.add_argument("--backend", choices=["auto", "sglang", "hf"], default="auto",
                    help="auto: SGLang's offline engine on a GPU, transformers generation on CPU")
@@ -170,13 +184,22 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 def _data_run(args: argparse.Namespace) -> int:
     import torch
 
-    from .data import HFGenerator, SGLangGenerator, eos_ids_of, regenerate
+    from .chat import ChatFormat, resolve_template
+    from .data import HFGenerator, SGLangGenerator, eos_ids_of, regenerate, tokenize_conversations
 
     check_model_dir("--target", args.target)
+    tokenizer = load_tokenizer(args.tokenizer, args.target)
+    if not args.regenerate:
+        if tokenizer is None:
+            raise CLIError(f"--target {args.target}: no tokenizer there (give --tokenizer)")
+        chat = ChatFormat(resolve_template(tokenizer, args.chat_template), _thinking(args.thinking), args.last_turn_only)
+        stats = tokenize_conversations(args.prompts, args.output, tokenizer, chat, split=args.split, limit=args.limit,
+                                       progress=not args.no_progress)
+        print(json.dumps({"output": args.output, "regenerated": False, **stats}))
+        return 0
     backend = args.backend
     if backend == "auto":
         backend = "sglang" if torch.cuda.is_available() else "hf"
-    tokenizer = load_tokenizer(args.tokenizer, args.target)
     if backend == "hf":
         model = load_target(args.target, args.dtype, args.device)
         eos = eos_ids_of(tokenizer, model, args.eos_token_id)
@@ -204,6 +227,7 @@ def _data_run(args: argparse.Namespace) -> int:
     try:
         stats = regenerate(args.prompts, args.output, gen, tokenizer, enable_thinking=_thinking(args.thinking),
                            system_prompt=args.system_prompt, split=args.split, limit=args.limit,
+                           chat_template=args.chat_template,
                            max_prompt_len=args.max_prompt_len, batch_size=args.batch_size,
                            progress=not args.no_progress, max_seconds=args.max_seconds)
     finally:
@@ -218,20 +242,32 @@ _BOOL_SWITCHES = {"backbone_loss", "refinement_loss", "alignment_loss", "replace
 
 def _train_args(p: argparse.ArgumentParser) -> None:
     from .config import DSpineSettings
-    from .training import TrainConfig
+    from .train_config import TrainConfig
 
     d = TrainConfig()
     p.add_argument("--target", type=_path, required=True, help="target model directory (transformers), or a hub repo id")
-    p.add_argument("--data", type=_path, required=True, help="regenerated JSONL from `sglang-dspine data`")
-    p.add_argument("--output-dir", type=_path, required=True, help="checkpoints, metrics.jsonl and final/ go here")
+    p.add_argument("--data", type=_path, required=True,
+                   help="JSONL of token records (`sglang-dspine data`) or conversations (`id` + `conversations`, "
+                        "SpecForge's format: role/content or from/value), or both")
+    p.add_argument("--output-dir", type=_path, required=True,
+                   help="checkpoints, metrics.jsonl, tensorboard/ and final/ go here")
     p.add_argument("--kind", choices=["dspine", "dflash"], default="dspine")
     p.add_argument("--init", type=_path, help="start from a drafter checkpoint (a DFlash one becomes a DSpine warm start)")
-    g = p.add_argument_group("fresh drafter")
-    g.add_argument("--num-draft-layers", type=int, default=d.num_draft_layers)
+    g = p.add_argument_group("conversations (records with `conversations` or `messages`)")
+    g.add_argument("--tokenizer", type=_path, help="tokenizer path (default: the target's)")
+    _add_chat_args(g)
+    g.add_argument("--last-turn-only", action="store_true",
+                   help="loss on the last assistant turn only (default: on every assistant turn)")
+    g = p.add_argument_group("fresh drafter (defaults fit the target)")
+    g.add_argument("--num-draft-layers", type=int, help="default: 5, at most half the target's layers")
     g.add_argument("--block-size", type=int, default=d.block_size)
-    g.add_argument("--target-layer-ids", type=_int_list, help="comma-separated (default: DFlash's spread rule)")
-    g.add_argument("--mask-token-id", type=int, help="default: vocab_size - 1")
-    g = p.add_argument_group("DSpine settings (dspine_config; default: the drafter's or the reference's)")
+    g.add_argument("--target-layer-ids", type=_int_list,
+                   help="comma-separated (default: DFlash's spread over the target's layers, one per drafter layer)")
+    g.add_argument("--mask-token-id", type=int,
+                   help="default: the tokenizer's mask token, else <|MASK|>'s id (len(tokenizer) where it is not "
+                        "in the vocabulary yet, as SpecForge: 151669 for Qwen3)")
+    g = p.add_argument_group("DSpine settings (dspine_config; default: the drafter's, or the reference's with "
+                             "transfer rank hidden/4 capped at 1024 and message size half of it)")
     for f in fields(DSpineSettings):
         g.add_argument(f"--{f.name.replace('_', '-')}", dest=f"dspine_{f.name}", metavar=f.name.upper(),
                        type=int if f.type in (int, "int") else float, default=None)
@@ -258,12 +294,19 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
     g.add_argument("--device", help="default: cuda:LOCAL_RANK if present, else cpu")
     g.add_argument("--no-resume", dest="resume", action="store_false", help="ignore checkpoints in --output-dir")
+    g.add_argument("--no-save", dest="save", action="store_false",
+                   help="metrics only: no checkpoint or final drafter (throughput trials)")
     g.add_argument("--no-progress", dest="progress", action="store_false")
+    g = p.add_argument_group("logging (metrics.jsonl always)")
+    g.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
+                   help="no TensorBoard event files in --output-dir/tensorboard")
+    g.add_argument("--wandb-project", help="also log to this Weights & Biases project (needs wandb installed)")
+    g.add_argument("--run-name", help="the Weights & Biases run name")
 
 
 def train_config_from_args(args: argparse.Namespace):
     from .config import DSpineSettings
-    from .training import TrainConfig
+    from .train_config import TrainConfig
 
     kw = {}
     for f in fields(TrainConfig):
@@ -273,6 +316,7 @@ def train_config_from_args(args: argparse.Namespace):
             kw[f.name] = getattr(args, f.name)
     kw["dspine"] = {f.name: getattr(args, f"dspine_{f.name}") for f in fields(DSpineSettings)
                     if getattr(args, f"dspine_{f.name}", None) is not None}
+    kw["enable_thinking"] = _thinking(args.thinking)
     tc = TrainConfig(**kw)
     try:
         tc.validate()
@@ -282,18 +326,23 @@ def train_config_from_args(args: argparse.Namespace):
 
 
 def _train_run(args: argparse.Namespace) -> int:
-    from .training import train, train_device
-
     from .checkpoint import check_drafter_dir
+    from .distributed import train_device
+    from .trainer import train
 
     tc = train_config_from_args(args)
     if not os.path.isfile(tc.data):
-        raise CLIError(f"--data {tc.data}: not found (make it with `sglang-dspine data`)")
+        raise CLIError(f"--data {tc.data}: not found (a conversation JSONL, or token data from `sglang-dspine data`)")
     if tc.init:
         if not os.path.isfile(os.path.join(tc.init, "config.json")):
             raise CLIError(f"--init {tc.init}: no config.json there")
         check_drafter_dir(tc.init)  # before the target is loaded
     check_model_dir("--target", args.target)
+    if tc.wandb_project:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise CLIError("--wandb-project: the `wandb` package is not installed (pip install wandb)") from None
     device, bf16 = train_device(tc)
     target = load_target(args.target, "bf16" if bf16 else "fp32", str(device))
     summary = train(tc, target=target)
@@ -317,7 +366,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 def _export_run(args: argparse.Namespace) -> int:
     from .checkpoint import load_drafter, save_drafter
     from .config import DrafterConfigError
-    from .training import resolve_checkpoint
+    from .trainer import resolve_checkpoint
 
     try:
         src = resolve_checkpoint(args.checkpoint)
@@ -376,7 +425,7 @@ def _eval_run(args: argparse.Namespace) -> int:
     from .checkpoint import load_drafter
     from .data import HFGenerator, eos_ids_of, iter_records, prompt_ids
     from .generate import SpecResult, speculative_generate
-    from .training import resolve_checkpoint
+    from .trainer import resolve_checkpoint
 
     from .checkpoint import check_drafter_dir
 
@@ -405,7 +454,7 @@ def _eval_run(args: argparse.Namespace) -> int:
         if args.limit is not None and i >= args.limit:
             break
         ids = prompt_ids(rec, tokenizer, _thinking(args.thinking), args.system_prompt,
-                         where=f"{args.prompts} id {rid}")
+                         where=f"{args.prompts} id {rid}", chat_template=args.chat_template)
         res = speculative_generate(target, drafter, ids, args.max_new_tokens, args.temperature, eos, gen)
         row: dict[str, Any] = {"id": rid, "tau": res.tau, "tokens": len(res.tokens), "rounds": len(res.accept_lengths)}
         if check:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from .config import DrafterConfig, DSpineSettings
+from .drafter_setup import new_drafter_config
 
 
 def make_target(vocab: int = 64, hidden: int = 64, layers: int = 4, heads: int = 4, kv_heads: int = 2,
@@ -26,30 +27,9 @@ def make_target(vocab: int = 64, hidden: int = 64, layers: int = 4, heads: int =
 def drafter_config_for(target, kind: str = "dspine", block_size: int = 4, layers: int = 2,
                        transfer_rank: int = 16, message_size: int = 8, top_k: int = 4,
                        mask_token_id: int | None = None, target_layer_ids: list[int] | None = None) -> DrafterConfig:
-    """A drafter config that fits `target` (a transformers Qwen3 model)."""
-    t = target.config
-    n_target = t.num_hidden_layers
-    d = {
-        "architectures": ["DSpineDraftModel" if kind == "dspine" else "DFlashDraftModel"],
-        "model_type": "qwen3",
-        "hidden_size": t.hidden_size,
-        "intermediate_size": t.intermediate_size,
-        "num_hidden_layers": layers,
-        "num_attention_heads": t.num_attention_heads,
-        "num_key_value_heads": t.num_key_value_heads,
-        "head_dim": t.head_dim,
-        "vocab_size": t.vocab_size,
-        "rms_norm_eps": t.rms_norm_eps,
-        "rope_theta": 10000.0,
-        "max_position_embeddings": t.max_position_embeddings,
-        "block_size": block_size,
-        "is_causal": kind == "dspine",
-        "num_target_layers": n_target,
-        "dflash_config": {
-            "mask_token_id": t.vocab_size - 1 if mask_token_id is None else mask_token_id,
-            "target_layer_ids": target_layer_ids or [1, n_target - 2],
-        },
-    }
-    if kind == "dspine":
-        d["dspine_config"] = DSpineSettings(transfer_rank=transfer_rank, message_size=message_size, top_k=top_k).to_dict()
-    return DrafterConfig.from_dict(d)
+    """A small drafter config that fits `target` (a transformers Qwen3 model): the trainer's factory with
+    small defaults (target layers 1 and n-2)."""
+    n_target = target.config.num_hidden_layers
+    settings = DSpineSettings(transfer_rank=transfer_rank, message_size=message_size, top_k=top_k)
+    return new_drafter_config(target.config, kind, layers, block_size, target_layer_ids or [1, n_target - 2],
+                              mask_token_id, settings if kind == "dspine" else None)

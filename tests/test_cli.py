@@ -14,7 +14,7 @@ from sglang_dspine.cli import main
 from sglang_dspine.config import DrafterConfigError
 from sglang_dspine.model import DSpineDrafter
 from sglang_dspine.tiny import drafter_config_for, make_target
-from sglang_dspine.training import resolve_checkpoint
+from sglang_dspine.trainer import resolve_checkpoint
 
 
 @pytest.fixture(scope="module")

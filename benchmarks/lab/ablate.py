@@ -69,6 +69,7 @@ def main() -> int:
     from sglang_dspine.checkpoint import load_drafter
     from sglang_dspine.cli import _device, load_target
     from sglang_dspine.data import eos_ids_of, prompt_ids
+    from sglang_dspine.jsonl import read_jsonl
     from sglang_dspine.provenance import provenance
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -102,7 +103,7 @@ def main() -> int:
     pdir = os.path.join(args.lab, "corpus", "prompts")
     for f in sorted(os.listdir(pdir)):
         if f.endswith(".heldout.jsonl"):
-            recs = [json.loads(l) for l in open(os.path.join(pdir, f)) if l.strip()][: args.limit]
+            recs = read_jsonl(os.path.join(pdir, f))[: args.limit]
             suites[f.split(".")[0]] = [prompt_ids(r, tok) for r in recs]
 
     dspine = load(os.path.join(args.lab, "drafters", "dspine"))

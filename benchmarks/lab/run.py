@@ -275,13 +275,13 @@ class Lab:
                 args += ["--max-seconds", str(p["data_seconds"])]
             t0 = time.time()
             self.runner.run("data", "cli", args)
+            from sglang_dspine.jsonl import iter_jsonl
+
             n, toks, resp = 0, 0, 0
-            with open(out) as f:
-                for line in f:
-                    r = json.loads(line)
-                    n += 1
-                    toks += len(r["input_ids"])
-                    resp += sum(r["loss_mask"])
+            for _, r in iter_jsonl(out):
+                n += 1
+                toks += len(r["input_ids"])
+                resp += sum(r["loss_mask"])
             with open(self.path("data", "summary.json"), "w") as f:
                 json.dump({"sequences": n, "tokens": toks, "response_tokens": resp, "seconds": round(time.time() - t0, 1)}, f)
         s = json.load(open(self.path("data", "summary.json")))
@@ -322,8 +322,9 @@ class Lab:
         self.runner.run_many([(f"train_{k}", "cli", self.train_args(k)) for k in todo])
         self.summary["train"] = {}
         for k in KINDS:
-            lines = open(self.path("runs", k, "metrics.jsonl")).read().splitlines()
-            last = json.loads(lines[-1])
+            from sglang_dspine.jsonl import read_jsonl
+
+            last = read_jsonl(self.path("runs", k, "metrics.jsonl"))[-1]
             keep = {x: last[x] for x in ("step", "loss", "ce", "accuracy", "accuracy_per_position", "candidate_coverage",
                                           "backbone_accept_len", "tokens_per_s") if x in last}
             self.summary["train"][k] = keep

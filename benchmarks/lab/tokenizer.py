@@ -47,14 +47,14 @@ def record_text(rec: dict[str, Any]) -> str:
 
 def iter_corpus(corpus: str, split: str = "train", domains=DOMAINS) -> Iterator[tuple[str, str]]:
     """(domain, text) of every document of a split, domain by domain, in file order."""
+    from sglang_dspine.jsonl import iter_jsonl
+
     for d in domains:
         path = os.path.join(corpus, f"{d}.{split}.jsonl")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: not found (run the corpus stage first)")
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    yield d, record_text(json.loads(line))
+        for _, rec in iter_jsonl(path):
+            yield d, record_text(rec)
 
 
 def sample_texts(corpus: str, sample_mb: float, seed: int = 0) -> list[str]:

@@ -276,10 +276,12 @@ def prompts_for(tokenizer, n, suites_dir=None, seed=0):
     """n prompts as token ids: the lab's held-out suites round-robin (chat template applied, as in training)
     when given, else code-like openings. Returns [(suite, ids)]."""
     if suites_dir and os.path.isdir(suites_dir):
+        from sglang_dspine.jsonl import read_jsonl
+
         per = {}
         for f in sorted(os.listdir(suites_dir)):
             if f.endswith(".heldout.jsonl"):
-                per[f.split(".")[0]] = [json.loads(l)["prompt"] for l in open(os.path.join(suites_dir, f)) if l.strip()]
+                per[f.split(".")[0]] = [r["prompt"] for r in read_jsonl(os.path.join(suites_dir, f))]
         order = [(suite, texts[i]) for i in range(max(map(len, per.values()))) for suite, texts in per.items() if i < len(texts)]
         from sglang_dspine.data import prompt_ids
 

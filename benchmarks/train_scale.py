@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Drafter training at a real target's geometry: step time, tokens/s and peak memory of 5-layer DFlash and
+DSpine drafters trained by the project's trainer (`sglang_dspine.trainer.train`, the target forward included).
+
+The target is a Qwen3 of Qwen3-8B's geometry (hidden 4096, 36 layers, vocabulary 151936, 32 query / 8 KV
+heads of 128, intermediate 12288) with random weights made directly on the GPU in bf16 (no hub; a step costs
+the same whatever the weights). Data: random token sequences of exactly `--seq-len` tokens (the first quarter
+prompt, the rest response). Settings follow SpecForge's Qwen3-8B DSpine run: micro-batch 2 per GPU,
+2 accumulation steps, 512 anchors per sequence, block 16, the loss in chunks of 128 blocks; its sequences
+are up to 3072 tokens, here 2048. Training runs in bf16 autocast with float32 master weights (the trainer's
+GPU default).
+
+Each kind trains `--warmup` + `--steps` optimizer steps; the step time is the mean of the timed steps'
+wall time as the trainer's metrics log records it. Under torchrun with N > 1 processes (NCCL), each kind
+first trains on rank 0 alone with N times the accumulation (the same global batch), the other ranks waiting,
+then on all N ranks; the summary adds `scaling_efficiency_{N}gpu` (N-GPU tokens/s ÷ N × one-GPU tokens/s)
+and `loss_diff_{N}gpu_vs_1gpu` (largest |loss| difference over the steps: both runs see the same blocks).
+
+    python benchmarks/train_scale.py --out $OUT/train_scale_summary.json          # one GPU
+    torchrun --nproc_per_node 2 benchmarks/train_scale.py --out ...                 # 2 GPUs, with the 1-GPU run
+    python benchmarks/train_scale.py --smoke --out /tmp/ts.json                     # toy geometry on CPU (a check)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import shutil
+import sys
+import time
+
+import torch
+
+QWEN3_8B = dict(hidden=4096, layers=36, vocab=151936, heads=32, kv_heads=8, head_dim=128, intermediate=12288,
+                rope_theta=1_000_000.0)
+TOY = dict(hidden=64, layers=6, vocab=512, heads=4, kv_heads=2, head_dim=16, intermediate=128, rope_theta=10000.0)
+
+
+def build_target(geom: dict, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """A random Qwen3ForCausalLM of `geom`, made on `device` in `dtype` (never on the CPU first)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=geom["vocab"], hidden_size=geom["hidden"], intermediate_size=geom["intermediate"],
+                      num_hidden_layers=geom["layers"], num_attention_heads=geom["heads"],
+                      num_key_value_heads=geom["kv_heads"], head_dim=geom["head_dim"], rope_theta=geom["rope_theta"],
+                      max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen3ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return model.eval()
+
+
+def write_data(path: str, n: int, seq_len: int, vocab: int, seed: int = 0) -> None:
+    """n random sequences of exactly seq_len tokens: a quarter prompt (loss 0), the rest response (loss 1)."""
+    rng = random.Random(seed)
+    prompt = seq_len // 4
+    with open(path, "w") as f:
+        for _ in range(n):
+            f.write(json.dumps({"input_ids": [rng.randrange(vocab) for _ in range(seq_len)],
+                                "loss_mask": [0] * prompt + [1] * (seq_len - prompt)}) + "\n")
+
+
+def run_kind(args, kind: str, target, data: str, out_dir: str, device: torch.device, grad_accum: int,
+             single_process: bool, world: int, rank: int) -> dict:
+    """Train one kind through the trainer; its timing, memory and per-step losses (read from the metrics log,
+    which rank 0 writes: the other ranks return nothing)."""
+    from sglang_dspine.jsonl import read_jsonl
+    from sglang_dspine.train_config import TrainConfig
+    from sglang_dspine.trainer import train
+
+    tc = TrainConfig(data=data, output_dir=out_dir, kind=kind, num_draft_layers=args.layers,
+                     block_size=args.block_size, num_anchors=args.num_anchors, batch_size=args.batch_size,
+                     grad_accum=grad_accum, max_length=args.seq_len, max_steps=args.warmup + args.steps,
+                     objective_chunk_blocks=args.objective_chunk_blocks, lr=6e-4, log_every=1, save=False,
+                     progress=False, resume=False, tensorboard=False, device=str(device),
+                     precision="bf16" if device.type == "cuda" else "fp32", seed=0)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.time()
+    summary = train(tc, target=target, single_process=single_process)
+    if rank != 0:
+        return {}
+    res: dict = {"seconds_total": round(time.time() - t0, 1)}
+    recs = read_jsonl(os.path.join(out_dir, "metrics.jsonl"))
+    timed = [r for r in recs if r["step"] > args.warmup]
+    seconds = sum(r["interval_seconds"] for r in timed)
+    n_gpus = 1 if single_process else world
+    tokens = len(timed) * args.batch_size * grad_accum * n_gpus * args.seq_len
+    res["ms_per_step"] = round(1000 * seconds / len(timed), 2)
+    res["tokens_per_s"] = round(tokens / seconds, 1)  # every sequence token (the target reads them all)
+    res["response_tokens_per_s"] = round(sum(r["tokens_per_s"] * r["interval_seconds"] for r in timed) / seconds, 1)
+    res["steps_timed"] = len(timed)
+    res["losses"] = [round(r["loss"], 5) for r in recs]
+    res["final_accuracy"] = round(recs[-1]["accuracy"], 4)
+    res["gpus"] = n_gpus
+    res["global_batch_sequences"] = args.batch_size * grad_accum * n_gpus
+    if device.type == "cuda":
+        res["peak_mem_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
+    res["steps"] = summary["steps"]
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("--smoke", action="store_true", help="toy geometry and sizes on the CPU (a check of this script)")
+    ap.add_argument("--kinds", default="dflash,dspine")
+    ap.add_argument("--layers", type=int, default=5, help="drafter layers")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--batch-size", type=int, default=2, help="sequences per micro-batch per GPU")
+    ap.add_argument("--grad-accum", type=int, default=2)
+    ap.add_argument("--num-anchors", type=int, default=512)
+    ap.add_argument("--objective-chunk-blocks", type=int, default=128)
+    ap.add_argument("--warmup", type=int, default=3, help="steps before the timed ones")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps")
+    ap.add_argument("--no-compare", action="store_true", help="under torchrun, skip the one-GPU run")
+    ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "train_scale_work"),
+                    help="scratch folder (data, run folders)")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                  "train_scale_summary.json"))
+    args = ap.parse_args(argv)
+    geom = dict(QWEN3_8B)
+    if args.smoke:
+        geom = dict(TOY)
+        args.seq_len, args.batch_size, args.num_anchors = min(args.seq_len, 96), min(args.batch_size, 2), 16
+        args.layers, args.warmup, args.steps = min(args.layers, 2), min(args.warmup, 1), min(args.steps, 2)
+
+    from sglang_dspine.distributed import setup_distributed
+    from sglang_dspine.provenance import provenance
+
+    t_start = time.time()
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        # the other ranks wait at a barrier while rank 0 trains alone: a longer timeout than the default
+        backend = "nccl" if torch.cuda.is_available() and not args.smoke else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
+    rank, world, local = setup_distributed()
+
+    device = torch.device("cuda", local) if torch.cuda.is_available() and not args.smoke else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    t0 = time.time()
+    target = build_target(geom, device, dtype)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    target_build_s = round(time.time() - t0, 1)
+    kinds = [k for k in args.kinds.split(",") if k]
+    if rank == 0:  # run folders of an earlier run would be appended to
+        for kind in kinds:
+            for n in (1, world):
+                shutil.rmtree(os.path.join(args.work, f"{kind}_{n}gpu"), ignore_errors=True)
+    if world > 1:
+        dist.barrier()
+    os.makedirs(args.work, exist_ok=True)
+    # every rank writes the same data to its own file (no shared file system needed)
+    data = os.path.join(args.work, f"data_rank{rank}.jsonl")
+    n_seq = args.batch_size * args.grad_accum * world * (args.warmup + args.steps)
+    write_data(data, n_seq, args.seq_len, geom["vocab"])
+
+    per_kind: dict[str, dict] = {}
+    compare = world > 1 and not args.no_compare
+    for kind in kinds:
+        row: dict = {}
+        if compare:  # rank 0 alone, the same global batch; the others wait
+            if rank == 0:
+                row["one_gpu"] = run_kind(args, kind, target, data, os.path.join(args.work, f"{kind}_1gpu"), device,
+                                          args.grad_accum * world, True, world, rank)
+            dist.barrier()
+        row["run"] = run_kind(args, kind, target, data, os.path.join(args.work, f"{kind}_{world}gpu"), device,
+                              args.grad_accum, False, world, rank)
+        if compare and rank == 0:
+            one, many = row["one_gpu"], row["run"]
+            row[f"scaling_efficiency_{world}gpu"] = round(many["tokens_per_s"] / (world * one["tokens_per_s"]), 3)
+            row[f"loss_diff_{world}gpu_vs_1gpu"] = max(abs(a - b) for a, b in zip(one["losses"], many["losses"]))
+        per_kind[kind] = row
+    if rank != 0:
+        return 0
+    res: dict = {
+        "what": __doc__.split("\n\n")[0].replace("\n", " "),
+        "geometry": {**geom, "preset": "toy (smoke)" if args.smoke else "Qwen3-8B"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work")},
+        "precision": "bf16 autocast, float32 master weights" if dtype == torch.bfloat16 else "float32",
+        "device": str(device), "world_size": world, "target_build_seconds": target_build_s,
+        "target_parameters": sum(p.numel() for p in target.parameters()),
+        **provenance(argv if argv is not None else sys.argv),
+        "per_kind": per_kind,
+    }
+    if device.type == "cuda":
+        res["target_weights_gb"] = round(sum(p.numel() * p.element_size() for p in target.parameters()) / 1e9, 2)
+    run = {k: v["run"] for k, v in per_kind.items()}
+    res["tokens_per_s"] = {k: v["tokens_per_s"] for k, v in run.items()}
+    res["ms_per_step"] = {k: v["ms_per_step"] for k, v in run.items()}
+    if device.type == "cuda":
+        res["peak_mem_gb"] = {k: v["peak_mem_gb"] for k, v in run.items()}
+    if {"dflash", "dspine"} <= set(run):
+        res["dspine_over_dflash_step"] = round(run["dspine"]["ms_per_step"] / run["dflash"]["ms_per_step"], 3)
+    for k, v in per_kind.items():
+        for key in (f"scaling_efficiency_{world}gpu", f"loss_diff_{world}gpu_vs_1gpu"):
+            if key in v:
+                res.setdefault(key, {})[k] = v[key]
+    res["seconds"] = round(time.time() - t_start, 1)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps({k: res[k] for k in ("ms_per_step", "tokens_per_s", "peak_mem_gb", "dspine_over_dflash_step")
+                      if k in res}), "->", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

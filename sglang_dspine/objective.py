@@ -1,0 +1,208 @@
+"""The drafter training objective (docs/algorithm.md, "Training objective"), as one module DDP can wrap.
+
+One step, per sequence of a regenerated response (`data.py`):
+- the frozen target runs once (no grad) and gives the features of `target_layer_ids` (`hidden_states[i+1]`)
+  and its last (final-normed) hidden states, from which the teacher distributions are read;
+- anchors are sampled inside the response: a position a is valid when a and a+1 are response tokens;
+  up to `num_anchors` of them per sequence, sorted. The block at anchor a is [token a, mask × (B-1)] at
+  positions a..a+B-1; it sees the context positions < a and itself (causally for DSpine, whole for DFlash);
+  block position i is labelled with token a+i and supervised while a+i is still in the response
+  (supervision stops at the first position that is not);
+- each supervised position i (1..B-1) is weighted exp(-(i-1)/γ), and the loss is
+      [ce_weight·CE + (1-ce_weight)·L1]                       backbone (the DFlash objective uses only this)
+    + [ce_weight·CE_K + (1-ce_weight)·L1_K]                     refinement over the K backbone candidates
+    + β(step) · mean_CE · Σ_l (1 - cos(φ_l(h_i^l), C[y_i]))      layer-wise alignment
+  summed over positions and divided by the sum of the weights (over the whole optimizer step: all
+  micro-batches, all ranks). The teacher of position i is the target's distribution at position a+i-1.
+  Early in training the predecessors of the first `replacement_layers` layers are, per block with a
+  probability that holds then decays to 0, the true tokens' codes.
+
+Every term can be switched off; the DFlash objective is the backbone term alone on a bidirectional drafter.
+Schedules and defaults follow SpecForge's reference (`OnlineDSpineModel`, `DSpineConfig.schedule`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .blocks import Blocks
+from .model import DSpineDrafter
+from .teacher import TargetTeacher
+
+
+TERM_NAMES = ("ce", "l1", "refinement", "alignment")
+
+
+@dataclass
+class ObjectiveSwitches:
+    backbone: bool = True
+    refinement: bool = True
+    alignment: bool = True
+    replacement: bool = True
+
+
+class DrafterObjective(nn.Module):
+    """The drafter plus the objective, as one module (what DDP wraps). The target's embedding and head are
+    held outside the module's parameters (frozen, never synchronised)."""
+
+    def __init__(self, drafter: DSpineDrafter, teacher: TargetTeacher, switches: ObjectiveSwitches,
+                 dflash_ce_weight: float = 1.0, coverage_k: int = 16, chunk_blocks: int = 128):
+        super().__init__()
+        self.drafter = drafter
+        self._teacher = [teacher]  # a list keeps it out of the module tree
+        self.switches = switches
+        self.dflash_ce_weight = dflash_ce_weight
+        self.coverage_k = coverage_k
+        self.chunk_blocks = chunk_blocks
+
+    @property
+    def teacher(self) -> TargetTeacher:
+        return self._teacher[0]
+
+    @property
+    def ce_weight(self) -> float:
+        s = self.drafter.cfg.dspine
+        return float(s.ce_weight) if s is not None else float(self.dflash_ce_weight)
+
+    @property
+    def is_dspine(self) -> bool:
+        return self.drafter.cfg.is_dspine
+
+    def replacement_override(self, blocks: Blocks, dtype) -> list[torch.Tensor | None] | None:
+        if blocks.replace is None or not self.is_dspine or not bool(blocks.replace.any()):
+            return None
+        s = self.drafter.cfg.dspine
+        codes = math.sqrt(s.transfer_rank) * self.drafter.transfer_codes[blocks.labels[..., :-1]].to(dtype)
+        return [codes if l < s.replacement_layers else None for l in range(self.drafter.cfg.num_hidden_layers)]
+
+    def forward(self, features: torch.Tensor, last_hidden: torch.Tensor, blocks: Blocks,
+                ce_only: bool = False) -> dict[str, torch.Tensor]:
+        """Weighted sums of the terms (and metric counts) of one micro-batch."""
+        d = self.drafter
+        n, s = features.shape[:2]
+        pos = torch.arange(s, device=features.device).expand(n, s)
+        ctx_kv = d.context_kv(features, pos)
+        embeds = self.teacher.embed(blocks.block_ids).to(torch.float32)
+        # the CE prepass sees the same replacement as the graded pass: it must compute the same CE
+        override = self.replacement_override(blocks, embeds.dtype)
+        anchor_tokens = blocks.labels[..., 0]
+        out = d.forward_blocks(embeds, blocks.positions, ctx_kv, blocks.ctx_visible, anchor_tokens,
+                               predecessor_override=override, override_blocks=blocks.replace if override else None)
+        b = d.cfg.block_size
+        m = n * blocks.anchors.shape[1]
+        flat = lambda t: t[..., 1:, :].reshape(m, b - 1, t.shape[-1])  # noqa: E731
+        hidden = flat(out.hidden)
+        labels = blocks.labels[..., 1:].reshape(m, b - 1)
+        prev = blocks.labels[..., :-1].reshape(m, b - 1)
+        weights = blocks.weights.reshape(m, b - 1)
+        sup = blocks.supervised.reshape(m, b - 1)
+        tidx = blocks.teacher_index.reshape(n, -1)
+        t_hidden = torch.gather(last_hidden, 1, tidx.unsqueeze(-1).expand(-1, -1, last_hidden.shape[-1]))
+        t_hidden = t_hidden.reshape(m, b - 1, -1)
+        extras: list[torch.Tensor] = []
+        if self.is_dspine and not ce_only:
+            extras = [flat(out.pre_last)] + [flat(x) for x in out.layer_states]
+        # blocks without supervision cost nothing: drop them before the vocabulary-sized work
+        live = sup[:, 0].nonzero().squeeze(-1)
+        args = [hidden, labels, prev, weights, sup, t_hidden] + extras
+        args = [a.index_select(0, live) for a in args]
+        total: dict[str, torch.Tensor] = {}
+        step = self.chunk_blocks if self.chunk_blocks and self.chunk_blocks > 0 else max(len(live), 1)
+        for start in range(0, len(live), step):
+            part = [a[start:start + step] for a in args]
+            fn = lambda *xs: self._terms(*xs, ce_only=ce_only)  # noqa: E731
+            if torch.is_grad_enabled() and self.chunk_blocks and len(live) > step:
+                res = checkpoint(fn, *part, use_reentrant=False)
+            else:
+                res = fn(*part)
+            for k, v in res.items():
+                total[k] = total[k] + v if k in total else v
+        if not total:  # no supervised block at all (the data loader never lets this happen)
+            zero = hidden.sum() * 0.0
+            zeros = torch.zeros(b - 1, device=hidden.device)
+            total = {**{k: zero for k in TERM_NAMES}, "correct_pos": zeros, "count_pos": zeros.clone(),
+                     "lead_correct": zero.detach(), "full_blocks": zero.detach(), "coverage": zero.detach()}
+        total["denominator"] = blocks.denominator
+        return total
+
+    def _terms(self, hidden, labels, prev, weights, sup, t_hidden, *extras, ce_only: bool = False):
+        head = self.teacher.head
+        sw = self.switches
+        logits = _head_logits(hidden, head).float()
+        logp = logits.log_softmax(-1)
+        ce = -logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        res = {"ce": (ce * weights).sum()}
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == labels) & sup
+            res["correct_pos"] = correct.sum(0).float()
+            res["count_pos"] = sup.sum(0).float()
+            full = sup.all(-1)
+            lead = correct.long().cumprod(-1).sum(-1)
+            res["lead_correct"] = (lead * full).sum().float()
+            res["full_blocks"] = full.sum().float()
+        if ce_only:
+            return res
+        cw = self.ce_weight
+        need_teacher = (sw.backbone and cw < 1) or (self.is_dspine and sw.refinement)
+        teacher = None
+        if need_teacher:
+            with torch.no_grad():
+                teacher = _head_logits(t_hidden, head).float().softmax(-1)
+        if sw.backbone and cw < 1:
+            l1 = (logp.exp() - teacher).abs().sum(-1)
+            res["l1"] = (l1 * weights).sum()
+        k = self.drafter.cfg.dspine.top_k if self.is_dspine else self.coverage_k
+        cand = logits.detach().topk(min(k, logits.shape[-1]), dim=-1).indices
+        covered = cand == labels.unsqueeze(-1)
+        with torch.no_grad():
+            res["coverage"] = (covered.any(-1) & sup).sum().float()
+        if self.is_dspine and sw.refinement:
+            d = self.drafter
+            pre_last = extras[0]
+            refined = d.refine_normed(pre_last, d.transfer_codes[prev].unsqueeze(-2)).squeeze(-2)
+            rows = F.embedding(cand, head)  # [M, P, K, H]
+            if not torch.is_autocast_enabled():
+                refined = refined.to(rows.dtype)
+            scores = torch.matmul(rows, refined.unsqueeze(-1)).squeeze(-1).float()
+            q = scores.log_softmax(-1)
+            rce = -(q * covered).sum(-1)
+            t_cand = teacher.gather(-1, cand)
+            mass = t_cand.sum(-1)
+            t_cand = t_cand / mass.unsqueeze(-1).clamp_min(1e-30)
+            rl1 = (q.exp() - t_cand).abs().sum(-1) * (mass > d.cfg.dspine.candidate_mass_threshold)
+            res["refinement"] = ((cw * rce + (1 - cw) * rl1) * weights).sum()
+        if self.is_dspine and sw.alignment:
+            d = self.drafter
+            target_codes = d.transfer_codes[labels].float()
+            align = 0.0
+            for l, state in enumerate(extras[1:]):
+                feat = d.injection.feature(l, state).float()
+                align = align + (1 - F.cosine_similarity(feat, target_codes, dim=-1))
+            res["alignment"] = (align * weights).sum()
+        return res
+
+
+def _head_logits(x: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """x @ headᵀ; under autocast the cast is autocast's, else x takes the head's dtype (never a copy of the head)."""
+    return F.linear(x if torch.is_autocast_enabled() else x.to(head.dtype), head)
+
+
+def assemble_loss(terms: dict[str, torch.Tensor], ce_weight: float, switches: ObjectiveSwitches, is_dspine: bool,
+                  beta: float, mean_ce: torch.Tensor | float) -> torch.Tensor:
+    """The numerator of the loss (divide by the global weight sum)."""
+    zero = terms["ce"] * 0.0
+    num = zero
+    if switches.backbone:
+        num = num + ce_weight * terms["ce"]
+        if ce_weight < 1:
+            num = num + (1 - ce_weight) * terms.get("l1", zero)
+    if is_dspine and switches.refinement:
+        num = num + terms.get("refinement", zero)
+    if is_dspine and switches.alignment and beta > 0:
+        num = num + beta * mean_ce * terms.get("alignment", zero)
+    return num

@@ -1,0 +1,31 @@
+"""benchmarks/train_scale.py at toy geometry on the CPU: under torchrun with two ranks (gloo) it trains each
+kind on rank 0 alone and then on both ranks, and the two runs see the same blocks (equal losses)."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_train_scale_smoke_one_vs_two_ranks(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "ts.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), os.path.join(ROOT, "benchmarks", "train_scale.py"), "--smoke",
+           "--kinds", "dspine", "--warmup", "1", "--steps", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    res = json.load(open(out))
+    assert res["world_size"] == 2 and res["geometry"]["preset"] == "toy (smoke)" and res["commit"]
+    row = res["per_kind"]["dspine"]
+    one, two = row["one_gpu"], row["run"]
+    assert one["gpus"] == 1 and two["gpus"] == 2 and one["global_batch_sequences"] == two["global_batch_sequences"]
+    assert len(one["losses"]) == len(two["losses"]) == 2
+    # same sequences, same anchors, same replacement draws: the same losses up to summation order
+    assert res["loss_diff_2gpu_vs_1gpu"]["dspine"] < 1e-4, (one["losses"], two["losses"])
+    assert res["scaling_efficiency_2gpu"]["dspine"] > 0 and res["tokens_per_s"]["dspine"] > 0
