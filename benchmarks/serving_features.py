@@ -507,6 +507,29 @@ def text_agreement(a: list[str], b: list[str]) -> dict:
     return {"identical": min(len(a), len(b)) - len(diffs), "total": min(len(a), len(b)), "differences": diffs}
 
 
+def divergence_margins(plain_api, ctx: dict, plain_ids: list, other_ids: list) -> list[dict]:
+    """For each greedy prompt where a server's tokens leave plain's: plain's own top-2 log-probs at the first
+    differing position (plain regenerates its answer up to there with log-probs). A small margin with the
+    other server's token second is a near-tie that bf16 arithmetic of another batch shape can flip."""
+    out = []
+    for i, (a, b) in enumerate(zip(plain_ids, other_ids)):
+        if not a or not b or a == b:
+            continue
+        j = common_prefix_len(a, b)
+        if j >= min(len(a), len(b)):
+            continue  # one answer is a prefix of the other: a length difference, not a token choice
+        req = generate_req(ctx["greedy_prompts"][i], j + 1, logprobs=True)
+        req["body"]["top_logprobs_num"] = 2
+        r = plain_api.call(req)
+        top = r["meta_info"]["output_top_logprobs"][j]
+        rec = {"prompt": i, "position": j, "plain_token": a[j], "other_token": b[j],
+               "replayed_prefix_equal": r["output_ids"][:j + 1] == a[:j + 1],
+               "top1": [int(top[0][1]), top[0][0]], "top2": [int(top[1][1]), top[1][0]],
+               "margin": top[0][0] - top[1][0], "other_token_is_second": int(top[1][1]) == b[j]}
+        out.append(rec)
+    return out
+
+
 # ----------------------------------------------------------------------------------------- features
 def _completion(api, ctx, prompt, max_tokens, exact=False, n=1, **kw) -> list[dict]:
     """A completion request, its answer checked; the choices."""
@@ -519,7 +542,8 @@ def f_greedy_completions(api, ctx) -> dict:
     """/v1/completions at T=0 on the 12 prompts (48 tokens): every answer valid; the texts are compared with
     plain's in the summary (near-ties may flip a few, counted, not failed)."""
     out = [_completion(api, ctx, p, GREEDY_MAX)[0] for p in ctx["greedy_prompts"]]
-    return {"texts": [c["text"] for c in out], "tokens": [len(c["token_ids"] or []) for c in out]}
+    return {"texts": [c["text"] for c in out], "tokens": [len(c["token_ids"] or []) for c in out],
+            "ids": [c["token_ids"] for c in out]}
 
 
 def f_chat_completions(api, ctx) -> dict:
@@ -1033,6 +1057,10 @@ def summarize(res: dict) -> dict:
             g = agree.get("greedy_completions")
             row["greedy_match_vs_plain"] = f"{g['identical']}/{g['total']}" if g else None
             row["greedy_differences_vs_plain"] = g["differences"] if g else None
+            margins = res.get("servers", {}).get(name, {}).get("greedy_divergence_margins")
+            if margins is not None:
+                row["greedy_divergence_margins"] = margins
+                row["greedy_divergence_max_margin"] = max((m["margin"] for m in margins), default=None)
             row["text_agreement_vs_plain"] = {k: f"{v['identical']}/{v['total']}" for k, v in agree.items()}
             lp = logprobs_vs_plain(plain, f)
             row["logprob_max_abs_diff_vs_plain"] = lp.get("max_abs_diff")
@@ -1071,6 +1099,10 @@ def print_table(summary: dict) -> None:
             print(f"  {name} FAILED {f['feature']}: {(f['message'] or '')[:240]}")
         if r.get("mixed_load_errors_by_kind"):
             print(f"  {name} load errors by kind: {r['mixed_load_errors_by_kind']}")
+        for m in r.get("greedy_divergence_margins") or []:
+            print(f"  {name} greedy prompt {m['prompt']} leaves plain at token {m['position']}: plain's top-2 margin "
+                  f"{m['margin']:.4f} (log-prob), {name}'s token is plain's "
+                  f"{'second' if m['other_token_is_second'] else 'NOT second'}")
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -1235,6 +1267,16 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # noqa: BLE001 - information only
                 res["servers"][n]["server_info_error"] = error_text(e)
             res["servers"][n]["graph_use"] = graph_use(servers[n].text())
+        g_plain = res["features"].get("plain", {}).get("greedy_completions", {})
+        for n in up:
+            g = res["features"][n].get("greedy_completions", {})
+            if n == "plain" or not (g.get("ok") and g_plain.get("ok")):
+                continue
+            try:
+                res["servers"][n]["greedy_divergence_margins"] = divergence_margins(
+                    Api(servers["plain"].url, REQUEST_TIMEOUT), ctx, g_plain["details"]["ids"], g["details"]["ids"])
+            except Exception as e:  # noqa: BLE001 - recorded; a diagnostic of the differences only
+                res["servers"][n]["greedy_divergence_margins_error"] = error_text(e)
         stamp("after-load checks done")
     finally:
         for s in servers.values():

@@ -228,3 +228,35 @@ def test_summary_of_a_server_that_did_not_start(sf):
     assert s["up"] is False and s["features_ok"] == 0 and s["features_total"] == len(sf.ALL_FEATURES)
     assert s["failed_features"][0]["feature"] == "server_start" and s["mixed_load_errors"] is None
     assert s["logprob_max_abs_diff_vs_plain"] is None
+
+
+class _ReplayPlain:
+    """Answers /generate as the server without speculation would for these greedy answers: its ids, and at
+    each position top-2 log-probs (the emitted token first) with the given margins."""
+
+    def __init__(self, ids: list[list[int]], margins: dict[tuple[int, int], float], second: dict[tuple[int, int], int]):
+        self.ids, self.margins, self.second, self.prompts = ids, margins, second, []
+
+    def call(self, req):
+        i = self.prompts_index[req["body"]["text"]]
+        n = req["body"]["sampling_params"]["max_new_tokens"]
+        self.prompts.append((i, n))
+        tops = [[(-0.1, t, ""), (-0.1 - self.margins.get((i, j), 5.0), self.second.get((i, j), 0), "")]
+                for j, t in enumerate(self.ids[i][:n])]
+        return {"output_ids": self.ids[i][:n], "meta_info": {"output_top_logprobs": tops}}
+
+
+def test_divergence_margins(sf):
+    prompts = ["p0", "p1", "p2", "p3"]
+    ctx = {"greedy_prompts": prompts}
+    plain = [[5, 6, 7, 8], [1, 2, 3], [9, 9, 9], [4, 4]]
+    other = [[5, 6, 7, 8], [1, 2, 30], [9, 11, 9], [4, 4, 4]]  # same; differs at 2; differs at 1; a longer answer
+    api = _ReplayPlain(plain, {(1, 2): 0.02, (2, 1): 1.5}, {(1, 2): 30, (2, 1): 12})
+    api.prompts_index = {p: i for i, p in enumerate(prompts)}
+    m = sf.divergence_margins(api, ctx, plain, other)
+    assert [(r["prompt"], r["position"]) for r in m] == [(1, 2), (2, 1)]
+    assert api.prompts == [(1, 3), (2, 2)]  # regenerated up to and including the differing token
+    assert m[0]["margin"] == pytest.approx(0.02) and m[0]["other_token_is_second"]
+    assert m[1]["margin"] == pytest.approx(1.5) and not m[1]["other_token_is_second"]
+    assert all(r["replayed_prefix_equal"] for r in m)
+    assert m[0]["plain_token"] == 3 and m[0]["other_token"] == 30
