@@ -14,8 +14,11 @@ Phases (one GPU):
      measured in turn, `--repeats` alternating rounds, clients 1, 4, 16, 48, 64, T=0 and T=1.
   2. profile (`--profile-clients`): SGLang's torch profiler over `--profile-steps` steps of a steady load, GPU
      time per step by kernel name for each server, and DSPINE minus DFLASH per kernel.
-  3. alone (`--alone`): DFLASH, then DSPINE, each alone on the GPU with SGLang's default `--cuda-graph-max-bs-decode`
-     and the same `--mem-fraction-static`: their KV-cache tokens and max running requests, and one round.
+  3. alone (`--alone`, or `--alone-only` without phases 1 and 2): DFLASH, then DSPINE, each alone on the GPU with
+     SGLang's default `--cuda-graph-max-bs-decode` and the same `--mem-fraction-static`: their KV-cache tokens
+     and max running requests, and one round. `--backends ATTENTION/SAMPLING,...` then starts DSPINE alone with
+     each other pair of backends (`default` = the flag left out, SGLang's own choice) and records whether it
+     starts, which backends it ran, and one round.
 
 Usage on the GPU machine (repo root, carry .devbundle): `bash scripts/device/serving_scale.sh [args]`.
 Results: $OUT/serving_scale.json, benchmarks/results/serving_scale.json and serving_scale_summary.json.
@@ -37,7 +40,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import Server, archive_logs, graph_use, kernel_times, spec_args  # noqa: E402
+from servers import BASE_ARGS, Server, archive_logs, graph_use, kernel_times, spec_args  # noqa: E402
 
 from sglang_dspine.provenance import provenance  # noqa: E402
 
@@ -219,6 +222,9 @@ def summarize(res: dict) -> dict:
         "kv_pools_side_by_side": {n: m.get("max_total_num_tokens") for n, m in res.get("memory", {}).items()},
         "alone_default_graph_bs": {n: {k: a.get(k) for k in ("memory", "step_ratio_vs_dflash")}
                                    for n, a in alone.items()},
+        "dspine_backends": {k: {"started": b.get("started"), "ran": b.get("ran"),
+                                "step_ms": {str(r["clients"]): r.get("step_ms") for r in b.get("rounds", [])}}
+                            for k, b in res.get("backends", {}).items()},
         "profile_gpu_us_per_step": {k: {n: p.get("gpu_us_per_step") for n, p in v.items() if n in SERVERS}
                                     for k, v in res.get("profile", {}).items()},
         "profile_dspine_minus_dflash": {k: v["diff"][:15] for k, v in res.get("profile", {}).items() if "diff" in v},
@@ -284,10 +290,18 @@ def main() -> None:
     ap.add_argument("--torch-once", action="store_true",
                     help="DSPINE on its PyTorch math (the reference) in the first round at T=0 only")
     ap.add_argument("--alone", action="store_true", help="phase 3: each server alone, default --cuda-graph-max-bs-decode")
+    ap.add_argument("--alone-only", action="store_true", help="phase 3 alone (no side-by-side rounds, no profile)")
     ap.add_argument("--alone-mem-fraction", type=float, default=0.85)
+    ap.add_argument("--backends", default="",
+                    help="after phase 3: DSPINE alone with these ATTENTION/SAMPLING backend pairs, e.g. "
+                         "'default/default,flashinfer/flashinfer' (default = SGLang's own choice)")
     ap.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--smoke", action="store_true", help="CPU: make tiny models and check the summary")
     args = ap.parse_args()
+    backends = [tuple(b.split("/")) for b in args.backends.split(",") if b]
+    if any(len(b) != 2 or not all(b) for b in backends):
+        raise SystemExit(f"--backends {args.backends!r}: want ATTENTION/SAMPLING pairs separated by commas")
+    args.alone = args.alone or args.alone_only
     names = [n for n in args.servers.split(",") if n]
     if set(names) - set(SERVERS) or not names:
         raise SystemExit(f"--servers: choose from {','.join(SERVERS)}")
@@ -299,7 +313,7 @@ def main() -> None:
     res = {"geometry_name": "tiny" if args.smoke else args.geometry, "geometry": geometry, "drafter": shape,
            "clients": clients, "temperatures": temps, "prompt_len": args.prompt_len, "max_new": args.max_new,
            "pool": args.pool, "graph_bs": args.graph_bs, "provenance": provenance(sys.argv), "rounds": [],
-           "memory": {}, "profile": {}, "alone": {}}
+           "memory": {}, "profile": {}, "alone": {}, "backends": {}}
     t0 = time.time()
     shutil.rmtree(args.work, ignore_errors=True)
     target = write_target(args.work, geometry)
@@ -324,10 +338,11 @@ def main() -> None:
     env_prof = {"SGLANG_TORCH_PROFILER_DIR": os.path.join(args.work, "profiles")}
     try:
         # ---- phase 1: side by side, equal pools
+        side_names = [] if args.alone_only else names
         side = ["--cuda-graph-max-bs-decode", str(args.graph_bs), "--max-total-tokens", str(args.pool),
                 "--max-running-requests", str(max(clients)),  # else SGLang derives a lower cap (48 at 60000)
                 "--mem-fraction-static", "0.88", "--disable-prefill-cuda-graph"]
-        for i, n in enumerate(names):
+        for i, n in enumerate(side_names):
             a, env = server_args_for(n, target, drafters, side)
             servers[n] = Server(n, 31000 + i, a, args.out, env={**(env or {}), **env_prof})
             ok = servers[n].wait()
@@ -337,15 +352,15 @@ def main() -> None:
             res["memory"][n] = servers[n].memory()
         pools = {n: m["max_total_num_tokens"] for n, m in res["memory"].items()}
         print("kv pools", pools, flush=True)
-        if len(set(pools.values())) != 1:
+        if len(set(pools.values())) > 1:
             raise SystemExit(f"KV pools differ side by side: {pools}")
         save()
         if args.warmup_round:  # first use of each batch size and sampling mode: not counted
-            for n in names:
+            for n in side_names:
                 for t in temps:
                     for c in clients:
                         measure(servers[n], prompts, c, min(args.max_new, 16), t)
-        for rnd in range(args.repeats):
+        for rnd in range(0 if args.alone_only else args.repeats):
             order = names if rnd % 2 == 0 else names[::-1]
             res["rounds"].append({})
             for n in order:
@@ -355,7 +370,7 @@ def main() -> None:
                                            for r in res["rounds"][-1][n]}, flush=True)
                 save()
         # ---- phase 2: profiles
-        for c in [int(x) for x in args.profile_clients.split(",") if x]:
+        for c in [] if args.alone_only else [int(x) for x in args.profile_clients.split(",") if x]:
             key = f"c{c}"
             fits = max(args.profile_steps * 4, args.pool // c - args.prompt_len - 2 * shape["block_size"])
             res["profile"][key] = {n: profile(servers[n], prompts, c, args.profile_steps,
@@ -391,6 +406,31 @@ def main() -> None:
                 res["alone"]["dspine"]["step_ratio_vs_dflash"] = {
                     str(r["clients"]): round(r["step_ms"] / d[r["clients"]], 4)
                     for r in res["alone"]["dspine"]["rounds"] if d.get(r["clients"])}
+        # ---- DSPINE alone on other attention / sampling backends
+        for attention, sampling in backends:
+            key = f"{attention}/{sampling}"
+            base = [a for a in BASE_ARGS if a not in ("--attention-backend", "triton", "--sampling-backend", "pytorch")]
+            if attention != "default":
+                base += ["--attention-backend", attention]
+            if sampling != "default":
+                base += ["--sampling-backend", sampling]
+            a, env = server_args_for("dspine", target, drafters, ["--mem-fraction-static", str(args.alone_mem_fraction)])
+            s = Server("dspine_" + key.replace("/", "_"), 31020, a, args.out, env=env, base_args=base)
+            servers["backend"] = s
+            rec: dict = {"started": s.wait()}
+            if rec["started"]:
+                info = s.info()
+                rec["ran"] = {k: info.get(k) for k in ("attention_backend", "sampling_backend",
+                                                       "speculative_algorithm", "max_total_num_tokens")}
+                rec["draft_path_log"] = [l[-160:] for l in s.text().splitlines() if "DSPINE draft step" in l][:2]
+                rec["rounds"] = [measure(s, prompts, c, args.max_new, 0.0) for c in clients]
+            else:
+                rec["error"] = s.tail(40)[-2000:]
+            s.stop()
+            del servers["backend"]
+            res["backends"][key] = rec
+            print(f"DSPINE on {key}: started={rec['started']}", rec.get("ran", ""), flush=True)
+            save()
     finally:
         for s in servers.values():
             s.stop()
