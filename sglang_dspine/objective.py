@@ -143,7 +143,7 @@ class DrafterObjective(nn.Module):
     def vocab_path(self, device: torch.device) -> str:
         """Which path the vocabulary-sized terms take on device, in words (the trainer logs it)."""
         if self.vocab_on_kernel(device):
-            return "the Triton kernel (sglang_dspine.kernels.vocab_loss)"
+            return "the Triton kernel (sglang_dspine.kernels.vocab_objective)"
         if self.vocab_kernel is False:
             why = "asked for"
         else:
@@ -219,7 +219,7 @@ def vocab_terms(hidden: torch.Tensor, t_hidden: torch.Tensor | None, head: torch
     the teacher's y = t_hidden @ headᵀ stay in the GEMM's dtype; CE, argmax, L1 = Σ|softmax(z) - softmax(y)|
     and the teacher's log-normaliser come per row from `vocab_loss` (kernel: the Triton kernel, else the same
     math in PyTorch), and the teacher's probabilities are read at the K candidates only, exp(y - lse_y)."""
-    from .kernels.vocab_loss import vocab_loss
+    from .kernels.vocab_objective import vocab_loss
 
     z = _head_logits(hidden, head)
     rows, vsize = z.shape[:-1], z.shape[-1]
