@@ -176,8 +176,8 @@ def main(argv=None) -> int:
         new_fn = lambda h, t, hd, l, w: new_vocab(h, t, hd, l, w, args.top_k, cw, path == "kernel")  # noqa: E731
         r_old, out_old, g_old = run_variant(old_fn, inputs, needs_teacher, device, args.iters, args.warmup, autocast)
         r_new, out_new, g_new = run_variant(new_fn, inputs, needs_teacher, device, args.iters, args.warmup, autocast)
-        res["kinds"][kind] = {"ce_weight": cw, "old": r_old, "new": r_new,
-                              "speedup": r_old["ms"] / r_new["ms"], "agreement": agreement(out_old, out_new, g_old, g_new)}
+        res["kinds"][kind] = {"ce_weight": cw, "old": r_old, "new": r_new, "speedup": r_old["ms"] / r_new["ms"],
+                              "agreement": agreement(out_old, out_new, g_old, g_new)}
         print(f"{kind}: old {r_old['ms']:.2f} ms, new {r_new['ms']:.2f} ms ({path}), x{r_old['ms'] / r_new['ms']:.2f}; "
               f"peak GiB old {r_old['peak_gib_above_inputs']} new {r_new['peak_gib_above_inputs']}; "
               f"{res['kinds'][kind]['agreement']}", flush=True)

@@ -9,6 +9,8 @@
   former float32 formulation (kept in benchmarks/vocab_loss.py), both kernel and PyTorch;
 - benchmarks/vocab_loss.py at a tiny size; on a GPU (marked `gpu`) the kernel at Qwen3-8B's shape.
 """
+import copy
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -201,10 +203,14 @@ def _setup(target, kind, ce_weight):
     mask[1, 4:15] = 1
     anchors, keep = sample_anchors(mask, 6, torch.Generator().manual_seed(0))
     blocks = make_blocks(ids, mask, anchors, keep, 4, d.cfg.mask_token_id, 2.5)
-    return d, ids, blocks
+    tensors = {f.name: getattr(blocks, f.name) for f in dataclasses.fields(blocks)}
+    blocks = dataclasses.replace(blocks, **{k: v.to(DEVICE) for k, v in tensors.items() if isinstance(v, torch.Tensor)})
+    return d.to(DEVICE), ids.to(DEVICE), blocks
 
 
 def _terms_and_grads(target, d, ids, blocks, kernel, ce_weight):
+    if DEVICE != "cpu":  # the session's target stays on the CPU for the other modules
+        target = copy.deepcopy(target).to(DEVICE)
     obj = DrafterObjective(d, TargetTeacher(target), ObjectiveSwitches(), dflash_ce_weight=ce_weight, coverage_k=4,
                            chunk_blocks=3, vocab_kernel=kernel)
     feats, last = obj.teacher.run(ids, d.cfg.target_layer_ids)
@@ -283,8 +289,8 @@ def test_vocab_path_is_chosen_by_device(target, monkeypatch):
 def test_benchmark_runs_at_a_tiny_size(tmp_path):
     out = tmp_path / "v.json"
     r = subprocess.run([sys.executable, BENCH, "--rows", "30", "--vocab", "500", "--hidden", "32", "--path", "torch",
-                        "--iters", "2", "--warmup", "1", "--out", str(out)], capture_output=True, text=True,
-                       cwd=str(tmp_path), timeout=600)
+                        "--iters", "2", "--warmup", "1", "--device", "cpu", "--out", str(out)],
+                       capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["rows"] == 30 and res["vocab"] == 500 and res["new_path"] == "torch"
