@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
-"""The objective's vocabulary-sized work, fwd+bwd under the trainer's checkpoint: the former float32
-formulation against `sglang_dspine.objective.vocab_terms` (the vocab_loss kernel on CUDA), per kind.
+"""The objective's vocabulary-sized work of one micro-batch, fwd+bwd as the trainer runs it (chunks under
+torch.utils.checkpoint): the former float32 formulation against the objective's code now (`teacher_logits` +
+`vocab_terms`, the vocab_loss kernel on CUDA), per kind.
 
-One chunk of the objective at Qwen3-8B geometry: 128 blocks × 15 positions = 1920 rows, hidden 4096, the
-151936-token bf16 head, bf16 autocast, float32 hidden states (what the drafter hands the objective), random
-labels and weights. Per kind, what the vocabulary costs:
+One micro-batch at Qwen3-8B geometry: 2 sequences × 2048 positions, 512 anchors each (sorted random, blocks of
+16 overlapping as the trainer's do), 15 supervised positions per block, chunks of 128 blocks (1920 rows), hidden
+4096, the 151936-token bf16 head, bf16 autocast, float32 drafter hidden states, random labels and weights, the
+target's last hidden states in bf16. Per kind, the vocabulary's work:
   dspine (ce_weight 0.1): the drafter's and the teacher's logits, CE, argmax, L1 to the teacher, top-16 and the
     teacher's probabilities of the candidates (their sum is the refinement's candidate mass);
   dflash (ce_weight 1):   the drafter's logits, CE, argmax, top-16 (the coverage metric).
-"old" is the former code (log_softmax, softmax and the L1 on float32 [rows, V] tensors, kept here verbatim
-as the baseline), "new" the objective's `vocab_terms` (`--path kernel` or `torch`: the kernel or its PyTorch
-math). Each variant runs as the trainer runs a chunk (torch.utils.checkpoint, so the forward twice) and reports
-the median ms of fwd+bwd over --iters, the peak memory above the inputs, and how old and new agree (CE and L1
-sums, the gradient of the hidden states, argmax, the top-K sets, the teacher's candidate probabilities).
+"old" is the former code, kept here verbatim as the baseline: per chunk, log_softmax, softmax and the L1 on
+float32 [rows, V] tensors, the teacher's logits per (block, position) inside the checkpoint. "new" is the
+objective's: the teacher's logits once per distinct position outside the checkpoint, per chunk `vocab_terms`
+(`--path kernel` or `torch`: the kernel or its PyTorch math). Reported: median ms of fwd+bwd of the micro-batch
+over --iters (a training step is grad_accum × sequences / 2 micro-batches of this), the peak memory above the
+inputs, and how old and new agree (CE/L1 loss, the gradient of the hidden states, argmax, the top-K sets, the
+teacher's candidate probabilities).
 
     python benchmarks/vocab_loss.py --out /tmp/vocab_loss.json                   # H200, the real shape
-    python benchmarks/vocab_loss.py --rows 30 --vocab 1000 --hidden 64 --path torch --out /tmp/v.json   # CPU check
+    python benchmarks/vocab_loss.py --seq-len 64 --anchors 8 --chunk-blocks 4 --vocab 500 --hidden 32 \
+        --path torch --out /tmp/v.json                                            # CPU check
 Writes JSON with provenance (command, commit, GPU, versions, date).
 """
 from __future__ import annotations
@@ -32,10 +37,11 @@ from torch.utils.checkpoint import checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CE_WEIGHT = {"dspine": 0.1, "dflash": 1.0}
+POSITIONS = 15  # supervised positions of a block of 16
 
 
 def old_vocab(hidden, t_hidden, head, labels, weights, k, cw):
-    """The former `_terms` vocabulary code: (loss, argmax, cand, t_cand, mass)."""
+    """The former `_terms` vocabulary code, one chunk: (loss, argmax, cand, t_cand, mass)."""
     from sglang_dspine.objective import _head_logits
 
     logits = _head_logits(hidden, head).float()
@@ -58,10 +64,11 @@ def old_vocab(hidden, t_hidden, head, labels, weights, k, cw):
     return loss, amax, cand, t_cand, mass
 
 
-def new_vocab(hidden, t_hidden, head, labels, weights, k, cw, kernel):
+def new_vocab(hidden, t_logits, t_rows, head, labels, weights, k, cw, kernel):
+    """One chunk through the objective's `vocab_terms`: (loss, argmax, cand, t_cand, mass)."""
     from sglang_dspine.objective import vocab_terms
 
-    v = vocab_terms(hidden, t_hidden, head, labels, k, cw < 1, kernel=kernel)
+    v = vocab_terms(hidden, head, labels, k, cw < 1, kernel=kernel, t_logits=t_logits, t_rows=t_rows)
     loss = cw * (v.ce * weights).sum()
     if cw < 1:
         loss = loss + (1 - cw) * (v.l1 * weights).sum()
@@ -69,30 +76,62 @@ def new_vocab(hidden, t_hidden, head, labels, weights, k, cw, kernel):
     return loss, v.argmax, v.cand, v.teacher_cand, mass
 
 
-def make_inputs(rows, vocab, hidden, device, seed=0):
+def old_microbatch(x, inp, k, cw, chunk, teacher):
+    """The former forward: the teacher's hidden states gathered per (block, position), then per chunk."""
+    head, last, t_pos, labels, weights = inp
+    t_hidden = last.index_select(0, t_pos.reshape(-1)).view(*t_pos.shape, -1) if teacher else None
+    outs = []
+    for a in range(0, x.shape[0], chunk):
+        sl = slice(a, a + chunk)
+        outs.append(checkpoint(old_vocab, x[sl], t_hidden[sl] if teacher else None, head, labels[sl], weights[sl],
+                               k, cw, use_reentrant=False))
+    return outs
+
+
+def new_microbatch(x, inp, k, cw, chunk, teacher, kernel):
+    """The objective's forward now: the teacher's logits of the distinct positions once, then per chunk."""
+    from sglang_dspine.objective import teacher_logits
+
+    head, last, t_pos, labels, weights = inp
+    t_logits, t_rows = teacher_logits(last, t_pos, head) if teacher else (None, None)
+    outs = []
+    for a in range(0, x.shape[0], chunk):
+        sl = slice(a, a + chunk)
+        outs.append(checkpoint(new_vocab, x[sl], t_logits, t_rows[sl] if teacher else None, head, labels[sl],
+                               weights[sl], k, cw, kernel, use_reentrant=False))
+    return outs
+
+
+def make_inputs(seqs, seq_len, anchors, vocab, hidden, device, seed=0):
+    """(head [V, H], the target's last hidden states [seqs·seq_len, H], t_pos [blocks, 15] (each position's
+    teacher: anchor + i - 1), labels, weights, drafter hidden states [blocks, 15, H] float32)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     dt = torch.bfloat16 if device.type == "cuda" else torch.float32
-    blocks, pos = max(1, rows // 15), min(rows, 15)
+    if seq_len <= POSITIONS + 1 or anchors > seq_len - POSITIONS - 1:
+        raise ValueError(f"--anchors {anchors} must fit in --seq-len {seq_len} minus a block")
     head = (torch.randn(vocab, hidden, generator=g) / hidden ** 0.5 * 2).to(device=device, dtype=dt)
-    h = torch.randn(blocks, pos, hidden, generator=g).to(device)
-    th = torch.randn(blocks, pos, hidden, generator=g).to(device)
-    labels = torch.randint(0, vocab, (blocks, pos), generator=g).to(device)
-    weights = torch.rand(blocks, pos, generator=g).to(device)
-    return head, h, th, labels, weights
+    last = torch.randn(seqs * seq_len, hidden, generator=g).to(device=device, dtype=dt)
+    a = torch.stack([torch.randperm(seq_len - POSITIONS - 1, generator=g)[:anchors].sort().values
+                     for _ in range(seqs)])  # [seqs, anchors]
+    t_pos = (a.unsqueeze(-1) + torch.arange(POSITIONS) + seq_len * torch.arange(seqs).view(-1, 1, 1))
+    blocks = seqs * anchors
+    labels = torch.randint(0, vocab, (blocks, POSITIONS), generator=g)
+    weights = torch.rand(blocks, POSITIONS, generator=g)
+    h = torch.randn(blocks, POSITIONS, hidden, generator=g)
+    inp = (head, last, t_pos.reshape(blocks, POSITIONS).to(device), labels.to(device), weights.to(device))
+    return inp, h.to(device)
 
 
-def run_variant(fn, inputs, needs_teacher, device, iters, warmup, autocast):
-    head, h, th, labels, weights = inputs
+def run_variant(fn, inp, h, device, iters, warmup, autocast):
     x = h.clone().requires_grad_()
-    t = th if needs_teacher else None
 
     def step():
         x.grad = None
         # enable_grad: provenance() imports sglang, and that import can leave autograd switched off
         with torch.enable_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            out = checkpoint(lambda xx: fn(xx, t, head, labels, weights), x, use_reentrant=False)
-            out[0].backward()
-        return out
+            outs = fn(x, inp)
+            sum(o[0] for o in outs).backward()
+        return outs
 
     for _ in range(warmup):
         step()
@@ -105,17 +144,19 @@ def run_variant(fn, inputs, needs_teacher, device, iters, warmup, autocast):
         if device.type == "cuda":
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            out = step()
+            outs = step()
             b.record()
             torch.cuda.synchronize()
             times.append(a.elapsed_time(b))
         else:
             t0 = time.perf_counter()
-            out = step()
+            outs = step()
             times.append((time.perf_counter() - t0) * 1e3)
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30 if device.type == "cuda" else None
+    cat = [sum(float(o[0]) for o in outs)] + [None if outs[0][i] is None else torch.cat([o[i] for o in outs])
+                                             for i in range(1, 5)]
     return {"ms": statistics.median(times), "ms_all": [round(v, 3) for v in times],
-            "peak_gib_above_inputs": peak}, out, x.grad.detach().clone()
+            "peak_gib_above_inputs": peak}, cat, x.grad.detach().clone()
 
 
 def rel(a, b):
@@ -126,59 +167,79 @@ def rel(a, b):
 def agreement(old, new, g_old, g_new):
     loss_o, am_o, cand_o, tc_o, mass_o = old
     loss_n, am_n, cand_n, tc_n, mass_n = new
-    res = {"loss_rel": abs(float(loss_n) - float(loss_o)) / max(abs(float(loss_o)), 1e-30),
+    res = {"loss_rel": abs(loss_n - loss_o) / max(abs(loss_o), 1e-30),
            "grad_hidden_rel": rel(g_new, g_old),
            "argmax_agree": float((am_o == am_n).float().mean()),
            "topk_set_agree": float((cand_o.sort(-1).values == cand_n.sort(-1).values).all(-1).float().mean())}
     if tc_o is not None:
-        # per row the candidates may come in another order: compare the teacher's probabilities as sorted
-        res["teacher_cand_max_abs"] = float((tc_o.sort(-1).values - tc_n.sort(-1).values).abs().max())
+        # per row the candidates may come in another order: compare the probabilities sorted by candidate id
+        so, sn = cand_o.sort(-1), cand_n.sort(-1)
+        res["teacher_cand_max_abs"] = float((tc_o.gather(-1, so.indices) - tc_n.gather(-1, sn.indices)).abs().max())
         res["mass_max_abs"] = float((mass_o - mass_n).abs().max())
     return res
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=1920, help="rows of one chunk (128 blocks × 15 positions)")
+    ap.add_argument("--seqs", type=int, default=2, help="sequences per micro-batch")
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--anchors", type=int, default=512, help="blocks per sequence")
+    ap.add_argument("--chunk-blocks", type=int, default=128, help="blocks per checkpointed chunk")
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--top-k", type=int, default=16)
     ap.add_argument("--kinds", default="dspine,dflash")
     ap.add_argument("--path", choices=("kernel", "torch"), help="the new code's path (default: kernel on CUDA, "
                     "else torch)")
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", help="default: cuda if present, else cpu")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "vocab_loss.json"))
     args = ap.parse_args(argv)
     from sglang_dspine.provenance import provenance
 
+    prov = provenance(argv if argv is not None else sys.argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     path = args.path or ("kernel" if device.type == "cuda" else "torch")
     if path == "kernel" and device.type != "cuda":
         import triton
         if not triton.knobs.runtime.interpret:
             ap.error("--path kernel: needs CUDA (or TRITON_INTERPRET=1)")
-    autocast = device.type == "cuda"
-    if args.rows % 15 and args.rows > 15:
-        ap.error(f"--rows {args.rows}: a multiple of 15 (blocks × the 15 supervised positions)")
-    inputs = make_inputs(args.rows, args.vocab, args.hidden, device)
-    res = {"rows": args.rows, "vocab": args.vocab, "hidden": args.hidden, "top_k": args.top_k, "new_path": path,
-           "device": str(device), "precision": "bf16 autocast, bf16 head, float32 hidden" if autocast else "float32",
-           "timing": "median ms of forward + recomputed forward + backward under torch.utils.checkpoint",
-           "kinds": {}, **provenance(argv if argv is not None else sys.argv)}
-    for kind in args.kinds.split(","):
+    kinds = args.kinds.split(",")
+    for kind in kinds:
         if kind not in CE_WEIGHT:
             ap.error(f"--kinds: unknown kind {kind!r} (dspine, dflash)")
+    autocast = device.type == "cuda"
+    try:
+        inp, h = make_inputs(args.seqs, args.seq_len, args.anchors, args.vocab, args.hidden, device)
+    except ValueError as e:
+        ap.error(str(e))
+    blocks = args.seqs * args.anchors
+    res = {"seqs": args.seqs, "seq_len": args.seq_len, "anchors": args.anchors, "chunk_blocks": args.chunk_blocks,
+           "rows_per_chunk": args.chunk_blocks * POSITIONS, "chunks": -(-blocks // args.chunk_blocks),
+           "teacher_positions": int(inp[2].unique().numel()), "vocab": args.vocab, "hidden": args.hidden,
+           "top_k": args.top_k, "new_path": path, "device": str(device),
+           "precision": "bf16 autocast, bf16 head and target states, float32 drafter states" if autocast
+           else "float32",
+           "timing": "median ms of one micro-batch: forward, recomputed forward and backward of every chunk",
+           "kinds": {}, **prov}
+    for kind in kinds:
         cw = CE_WEIGHT[kind]
-        needs_teacher = kind == "dspine"
-        old_fn = lambda h, t, hd, l, w: old_vocab(h, t, hd, l, w, args.top_k, cw)  # noqa: E731
-        new_fn = lambda h, t, hd, l, w: new_vocab(h, t, hd, l, w, args.top_k, cw, path == "kernel")  # noqa: E731
-        r_old, out_old, g_old = run_variant(old_fn, inputs, needs_teacher, device, args.iters, args.warmup, autocast)
-        r_new, out_new, g_new = run_variant(new_fn, inputs, needs_teacher, device, args.iters, args.warmup, autocast)
+        teacher = kind == "dspine"
+
+        def old_fn(x, i):
+            return old_microbatch(x, i, args.top_k, cw, args.chunk_blocks, teacher)
+
+        def new_fn(x, i):
+            return new_microbatch(x, i, args.top_k, cw, args.chunk_blocks, teacher, path == "kernel")
+
+        r_old, out_old, g_old = run_variant(old_fn, inp, h, device, args.iters, args.warmup, autocast)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        r_new, out_new, g_new = run_variant(new_fn, inp, h, device, args.iters, args.warmup, autocast)
         res["kinds"][kind] = {"ce_weight": cw, "old": r_old, "new": r_new, "speedup": r_old["ms"] / r_new["ms"],
                               "agreement": agreement(out_old, out_new, g_old, g_new)}
-        print(f"{kind}: old {r_old['ms']:.2f} ms, new {r_new['ms']:.2f} ms ({path}), x{r_old['ms'] / r_new['ms']:.2f}; "
+        print(f"{kind}: old {r_old['ms']:.1f} ms, new {r_new['ms']:.1f} ms ({path}), x{r_old['ms'] / r_new['ms']:.2f}; "
               f"peak GiB old {r_old['peak_gib_above_inputs']} new {r_new['peak_gib_above_inputs']}; "
               f"{res['kinds'][kind]['agreement']}", flush=True)
         del out_old, out_new, g_old, g_new

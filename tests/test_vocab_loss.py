@@ -239,31 +239,42 @@ def test_objective_kernel_path_equals_pytorch_path(target, kind, ce_weight):
     assert any(float(g.abs().sum()) > 0 for g in g_got.values())
 
 
-@pytest.mark.parametrize("kernel", [True, False])
-def test_vocab_terms_equal_the_former_formulation(kernel):
-    """benchmarks/vocab_loss.py keeps the objective's former float32 code: same loss, gradient, argmax,
-    candidates and teacher probabilities of the candidates (their sum: the refinement's candidate mass)."""
+def _bench():
     spec = importlib.util.spec_from_file_location("bench_vocab_loss", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    head, h, th, labels, weights = bench.make_inputs(45, 300, 32, torch.device(DEVICE))
-    head, h, th = head.float(), h.float(), th.float()
-    for cw, teacher in ((0.1, th), (1.0, None), (1.0, th)):
+    return bench
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_vocab_terms_equal_the_former_formulation(kernel):
+    """benchmarks/vocab_loss.py keeps the objective's former float32 code (teacher logits per row, inside the
+    chunk): the objective's code now gives the same loss, gradient, argmax, candidates and teacher
+    probabilities of the candidates (their sum: the refinement's candidate mass), over several chunks."""
+    bench = _bench()
+    inp, h = bench.make_inputs(2, 40, 6, 300, 32, torch.device(DEVICE))
+    head, last, t_pos, labels, weights = inp
+    inp = (head.float(), last.float(), t_pos, labels, weights)
+    assert t_pos.unique().numel() < t_pos.numel()  # blocks overlap: positions are shared
+    for cw, teacher in ((0.1, True), (1.0, False), (1.0, True)):
         outs, grads = [], []
-        for fn in (lambda *a: bench.old_vocab(*a, 5, cw), lambda *a: bench.new_vocab(*a, 5, cw, kernel)):
-            x = h.clone().requires_grad_()
+        for fn in (lambda x: bench.old_microbatch(x, inp, 5, cw, 5, teacher),
+                   lambda x: bench.new_microbatch(x, inp, 5, cw, 5, teacher, kernel)):
+            x = h.float().clone().requires_grad_()
             with torch.enable_grad():
-                out = fn(x, teacher, head, labels, weights)
-                out[0].backward()
-            outs.append(out)
+                out = fn(x)
+                assert len(out) == 3  # 12 blocks in chunks of 5
+                sum(o[0] for o in out).backward()
+            outs.append([torch.stack([o[0] for o in out])] + [None if out[0][i] is None else
+                                                              torch.cat([o[i] for o in out]) for i in range(1, 5)])
             grads.append(x.grad)
         (lo, ao, co, to, mo), (ln, an, cn, tn, mn) = outs
         torch.testing.assert_close(ln, lo, rtol=1e-5, atol=1e-5)
         assert rel_err(grads[1], grads[0]) < 1e-5
         assert an.tolist() == ao.tolist()
         assert cn.sort(-1).values.tolist() == co.sort(-1).values.tolist()
-        assert (tn is None) == (teacher is None)
-        if teacher is not None:
+        assert (tn is None) == (not teacher)
+        if teacher:
             # the same candidates in each one's order: compare the probabilities as sorted by candidate id
             so, sn = co.sort(-1), cn.sort(-1)
             torch.testing.assert_close(tn.gather(-1, sn.indices), to.gather(-1, so.indices), rtol=1e-5, atol=1e-7)
@@ -288,12 +299,14 @@ def test_vocab_path_is_chosen_by_device(target, monkeypatch):
 
 def test_benchmark_runs_at_a_tiny_size(tmp_path):
     out = tmp_path / "v.json"
-    r = subprocess.run([sys.executable, BENCH, "--rows", "30", "--vocab", "500", "--hidden", "32", "--path", "torch",
-                        "--iters", "2", "--warmup", "1", "--device", "cpu", "--out", str(out)],
+    r = subprocess.run([sys.executable, BENCH, "--seq-len", "40", "--anchors", "6", "--chunk-blocks", "5",
+                        "--vocab", "500", "--hidden", "32", "--path", "torch", "--iters", "2", "--warmup", "1",
+                        "--device", "cpu", "--out", str(out)],
                        capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads(out.read_text())
-    assert res["rows"] == 30 and res["vocab"] == 500 and res["new_path"] == "torch"
+    assert res["vocab"] == 500 and res["new_path"] == "torch" and res["chunks"] == 3 and res["rows_per_chunk"] == 75
+    assert 15 < res["teacher_positions"] < 2 * 6 * 15  # overlapping blocks share teacher positions
     assert res["commit"] and res["versions"]["torch"] and res["date"] and res["command"]
     for kind in ("dspine", "dflash"):
         k = res["kinds"][kind]
