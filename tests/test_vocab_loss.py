@@ -35,6 +35,8 @@ from sglang_dspine.teacher import TargetTeacher  # noqa: E402
 from sglang_dspine.tiny import drafter_config_for  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Triton's interpreter converts its one-element arrays with a NumPy deprecation warning, thousands of times
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks", "vocab_loss.py")
 
