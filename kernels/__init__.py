@@ -1,16 +1,19 @@
-"""Triton kernels of the DSpine draft step, installed as `sglang_dspine.kernels` (never import `kernels`).
+"""Triton kernels of the DSpine draft step and of the training objective, installed as `sglang_dspine.kernels` (never import `kernels`).
 
 Each kernel has a plain PyTorch reference with the same signature next to it (`*_torch`).
-  injection.py   fused adjacent injection on flat [bs·B, H] states (gate_message, injection_delta)
-  transition.py  transition scoring + walk from per-token tables (TransitionTables, transition_walk)
-  top_k.py       top-K of the draft logits in one streaming pass (topk)
+  injection.py        fused adjacent injection on flat [bs·B, H] states (gate_message, injection_delta)
+  transition.py       transition scoring + walk from per-token tables (TransitionTables, transition_walk)
+  top_k.py            top-K of the draft logits in one streaming pass (topk)
+  vocab_objective.py  the training objective's per-row CE, argmax, L1 to the teacher and their gradient (vocab_loss)
 """
 from .injection import InjectionWeights, gate_message, gate_message_torch, injection_delta
 from .top_k import topk, topk_torch
 from .transition import TransitionTables, transition_scores_walk, transition_scores_walk_torch, transition_walk
+from .vocab_objective import vocab_loss, vocab_loss_torch
 
 __all__ = [
     "InjectionWeights", "gate_message", "gate_message_torch", "injection_delta",
     "topk", "topk_torch",
     "TransitionTables", "transition_scores_walk", "transition_scores_walk_torch", "transition_walk",
+    "vocab_loss", "vocab_loss_torch",
 ]

@@ -27,7 +27,8 @@ class _Variable:
 
 VARIABLES = (
     _Variable("SGLANG_DSPINE_KERNELS", True,
-              "1 (default): DSPINE's draft step runs on the Triton kernels on CUDA; 0: on the plain PyTorch math"),
+              "1 (default): DSPINE's draft step and the training objective's vocabulary-sized terms run on the "
+              "Triton kernels on CUDA; 0: on the plain PyTorch math"),
     _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
               "1: `kill -USR1 <scheduler pid>` prints every thread's Python stack to the server log"),
     _Variable("DSPINE_SUITES_DIR", None,

@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .blocks import Blocks
+from .env import ENV
 from .model import DSpineDrafter
 from .teacher import TargetTeacher
 
@@ -51,7 +52,8 @@ class DrafterObjective(nn.Module):
     held outside the module's parameters (frozen, never synchronised)."""
 
     def __init__(self, drafter: DSpineDrafter, teacher: TargetTeacher, switches: ObjectiveSwitches,
-                 dflash_ce_weight: float = 1.0, coverage_k: int = 16, chunk_blocks: int = 128):
+                 dflash_ce_weight: float = 1.0, coverage_k: int = 16, chunk_blocks: int = 128,
+                 vocab_kernel: bool | None = None):
         super().__init__()
         self.drafter = drafter
         self._teacher = [teacher]  # a list keeps it out of the module tree
@@ -59,6 +61,7 @@ class DrafterObjective(nn.Module):
         self.dflash_ce_weight = dflash_ce_weight
         self.coverage_k = coverage_k
         self.chunk_blocks = chunk_blocks
+        self.vocab_kernel = vocab_kernel  # None: by device (`vocab_on_kernel`)
 
     @property
     def teacher(self) -> TargetTeacher:
@@ -101,21 +104,27 @@ class DrafterObjective(nn.Module):
         prev = blocks.labels[..., :-1].reshape(m, b - 1)
         weights = blocks.weights.reshape(m, b - 1)
         sup = blocks.supervised.reshape(m, b - 1)
+        # each position's teacher: its row among the micro-batch's n·s target positions
         tidx = blocks.teacher_index.reshape(n, -1)
-        t_hidden = torch.gather(last_hidden, 1, tidx.unsqueeze(-1).expand(-1, -1, last_hidden.shape[-1]))
-        t_hidden = t_hidden.reshape(m, b - 1, -1)
+        t_pos = (tidx + s * torch.arange(n, device=tidx.device).unsqueeze(-1)).reshape(m, b - 1)
         extras: list[torch.Tensor] = []
         if self.is_dspine and not ce_only:
             extras = [flat(out.pre_last)] + [flat(x) for x in out.layer_states]
         # blocks without supervision cost nothing: drop them before the vocabulary-sized work
         live = sup[:, 0].nonzero().squeeze(-1)
-        args = [hidden, labels, prev, weights, sup, t_hidden] + extras
+        args = [hidden, labels, prev, weights, sup, t_pos] + extras
         args = [a.index_select(0, live) for a in args]
+        t_logits = None
+        if self._teacher_use(ce_only)[1] and len(live):
+            # The teacher's logits once per distinct position (overlapping blocks share them: 512 anchors × 15
+            # positions in 2048 tokens read each ~4 times) and outside the checkpoint (no gradient: nothing
+            # to recompute); args[5] becomes each position's row in them.
+            t_logits, args[5] = teacher_logits(last_hidden.reshape(n * s, -1), args[5], self.teacher.head)
         total: dict[str, torch.Tensor] = {}
         step = self.chunk_blocks if self.chunk_blocks and self.chunk_blocks > 0 else max(len(live), 1)
         for start in range(0, len(live), step):
             part = [a[start:start + step] for a in args]
-            fn = lambda *xs: self._terms(*xs, ce_only=ce_only)  # noqa: E731
+            fn = lambda *xs: self._terms(*xs, ce_only=ce_only, t_logits=t_logits)  # noqa: E731
             if torch.is_grad_enabled() and self.chunk_blocks and len(live) > step:
                 res = checkpoint(fn, *part, use_reentrant=False)
             else:
@@ -130,15 +139,42 @@ class DrafterObjective(nn.Module):
         total["denominator"] = blocks.denominator
         return total
 
-    def _terms(self, hidden, labels, prev, weights, sup, t_hidden, *extras, ce_only: bool = False):
+    def vocab_on_kernel(self, device: torch.device) -> bool:
+        """Whether the vocabulary-sized terms run on the Triton kernel: on CUDA unless SGLANG_DSPINE_KERNELS=0,
+        the PyTorch math elsewhere (`vocab_kernel` forces either; the tests run the kernel interpreted)."""
+        if self.vocab_kernel is not None:
+            return self.vocab_kernel
+        return ENV.kernels and device.type == "cuda"
+
+    def vocab_path(self, device: torch.device) -> str:
+        """Which path the vocabulary-sized terms take on device, in words (the trainer logs it)."""
+        if self.vocab_on_kernel(device):
+            return "the Triton kernel (sglang_dspine.kernels.vocab_objective)"
+        if self.vocab_kernel is False:
+            why = "asked for"
+        else:
+            why = "SGLANG_DSPINE_KERNELS=0" if not ENV.kernels else f"no CUDA: {device}"
+        return f"the PyTorch math ({why})"
+
+    def _teacher_use(self, ce_only: bool) -> tuple[bool, bool]:
+        """(the backbone's L1 is computed, the teacher is needed at all)."""
+        want_l1 = not ce_only and self.switches.backbone and self.ce_weight < 1
+        return want_l1, want_l1 or (not ce_only and self.is_dspine and self.switches.refinement)
+
+    def _terms(self, hidden, labels, prev, weights, sup, t_rows, *extras, ce_only: bool = False,
+               t_logits: torch.Tensor | None = None):
+        """The terms of one chunk; t_logits: the teacher's logits of the distinct positions, t_rows: each
+        position's row in them (None when no term needs the teacher)."""
         head = self.teacher.head
         sw = self.switches
-        logits = _head_logits(hidden, head).float()
-        logp = logits.log_softmax(-1)
-        ce = -logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-        res = {"ce": (ce * weights).sum()}
+        cw = self.ce_weight
+        want_l1, _ = self._teacher_use(ce_only)
+        k = None if ce_only else (self.drafter.cfg.dspine.top_k if self.is_dspine else self.coverage_k)
+        v = vocab_terms(hidden, head, labels, k, want_l1, kernel=self.vocab_on_kernel(hidden.device),
+                        t_logits=t_logits, t_rows=t_rows if t_logits is not None else None)
+        res = {"ce": (v.ce * weights).sum()}
         with torch.no_grad():
-            correct = (logits.argmax(-1) == labels) & sup
+            correct = (v.argmax == labels) & sup
             res["correct_pos"] = correct.sum(0).float()
             res["count_pos"] = sup.sum(0).float()
             full = sup.all(-1)
@@ -147,17 +183,9 @@ class DrafterObjective(nn.Module):
             res["full_blocks"] = full.sum().float()
         if ce_only:
             return res
-        cw = self.ce_weight
-        need_teacher = (sw.backbone and cw < 1) or (self.is_dspine and sw.refinement)
-        teacher = None
-        if need_teacher:
-            with torch.no_grad():
-                teacher = _head_logits(t_hidden, head).float().softmax(-1)
-        if sw.backbone and cw < 1:
-            l1 = (logp.exp() - teacher).abs().sum(-1)
-            res["l1"] = (l1 * weights).sum()
-        k = self.drafter.cfg.dspine.top_k if self.is_dspine else self.coverage_k
-        cand = logits.detach().topk(min(k, logits.shape[-1]), dim=-1).indices
+        if want_l1:
+            res["l1"] = (v.l1 * weights).sum()
+        cand = v.cand
         covered = cand == labels.unsqueeze(-1)
         with torch.no_grad():
             res["coverage"] = (covered.any(-1) & sup).sum().float()
@@ -171,7 +199,7 @@ class DrafterObjective(nn.Module):
             scores = torch.matmul(rows, refined.unsqueeze(-1)).squeeze(-1).float()
             q = scores.log_softmax(-1)
             rce = -(q * covered).sum(-1)
-            t_cand = teacher.gather(-1, cand)
+            t_cand = v.teacher_cand
             mass = t_cand.sum(-1)
             t_cand = t_cand / mass.unsqueeze(-1).clamp_min(1e-30)
             rl1 = (q.exp() - t_cand).abs().sum(-1) * (mass > d.cfg.dspine.candidate_mass_threshold)
@@ -185,6 +213,55 @@ class DrafterObjective(nn.Module):
                 align = align + (1 - F.cosine_similarity(feat, target_codes, dim=-1))
             res["alignment"] = (align * weights).sum()
         return res
+
+
+@dataclass
+class VocabTerms:
+    """Per position [..., P]: ce, l1 (None unless asked), argmax; cand [..., P, K] (the top-K of the drafter's
+    logits, None without K) and teacher_cand (the teacher's probabilities of cand, None without a teacher)."""
+    ce: torch.Tensor
+    l1: torch.Tensor | None
+    argmax: torch.Tensor
+    cand: torch.Tensor | None
+    teacher_cand: torch.Tensor | None
+
+
+def vocab_terms(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, k: int | None, l1: bool,
+                kernel: bool, t_logits: torch.Tensor | None = None, t_rows: torch.Tensor | None = None) -> VocabTerms:
+    """The vocabulary-sized work of the objective on hidden [..., H]: the drafter's logits z = hidden @ headᵀ
+    stay in the GEMM's dtype, and so do the teacher's (t_logits [R, V], position p's teacher is row t_rows[p]);
+    CE, argmax, L1 = Σ|softmax(z) - softmax(y)| and the teacher's log-normaliser come per row from `vocab_loss`
+    (kernel: the Triton kernel, else the same math in PyTorch), and the teacher's probabilities are read at the
+    K candidates only, exp(y - lse_y)."""
+    from .kernels.vocab_objective import vocab_loss
+
+    z = _head_logits(hidden, head)
+    rows, vsize = z.shape[:-1], z.shape[-1]
+    z2 = z.reshape(-1, vsize)
+    y_index = t_rows.reshape(-1) if t_logits is not None else None
+    ce, l1v, lse_y, amax = vocab_loss(z2, labels.reshape(-1), t_logits, y_index, l1=l1, kernel=kernel)
+    cand = t_cand = None
+    if k is not None:
+        kk = min(k, vsize)
+        with torch.no_grad():
+            if kernel:
+                from .kernels.top_k import topk
+                cand = topk(z2.detach(), kk)[1]
+            else:
+                cand = z2.detach().topk(kk, dim=-1).indices
+            if t_logits is not None:
+                t_cand = (t_logits[y_index.unsqueeze(-1), cand].float() - lse_y.unsqueeze(-1)).exp().view(*rows, kk)
+        cand = cand.view(*rows, kk)
+    return VocabTerms(ce.view(rows), l1v.view(rows) if l1v is not None else None, amax.view(rows), cand, t_cand)
+
+
+def teacher_logits(positions_hidden: torch.Tensor, t_pos: torch.Tensor, head: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the teacher's logits [R, V] of the R distinct positions in t_pos, each entry of t_pos's row in them):
+    positions_hidden [P, H] are the target's last hidden states, t_pos indexes them."""
+    uniq, rows = torch.unique(t_pos, return_inverse=True)
+    with torch.no_grad():
+        return _head_logits(positions_hidden.index_select(0, uniq), head), rows
 
 
 def _head_logits(x: torch.Tensor, head: torch.Tensor) -> torch.Tensor:

@@ -238,6 +238,8 @@ class Trainer:
             print(f"train: {cfg.kind} drafter, {cfg.num_hidden_layers} layers, target layers {cfg.target_layer_ids}, "
                   f"mask token {cfg.mask_token_id} ({self.mask_source}){extra}; {len(self.data)} sequences, "
                   f"{self.total_steps} steps", file=sys.stderr)
+            print(f"train: the objective's vocabulary-sized terms on {self.objective.vocab_path(self.device)}",
+                  file=sys.stderr)
             self.log = MetricsSink(tc.output_dir, tc.tensorboard, tc.wandb_project, tc.run_name,
                                    {**tc.to_dict(), "drafter": drafter_used})
 
