@@ -114,8 +114,10 @@ def test_kernel_matches_pytorch_math(dtype, mode):
     assert dz.dtype == dtype
     # float32 sums in another order; where most of p sits on tokens with s = 1 (row 1's three-way tie),
     # S ≈ 1 and p·(s - S) keeps only float32's relative 1e-7 of S: that row's L1 gradient agrees to ~2%
-    # of its own (tiny) size, the whole tensor to ~1e-5.
-    assert rel_err(dz, dz_ref) < (5e-5 if dtype == torch.float32 else 1e-2)
+    # of its own (tiny) size, the whole tensor to ~1e-5. Without the CE's gradient the whole tensor is L1
+    # gradient and that row weighs in: 2.2e-4 measured on an H200 (a dropped S term gives O(1)).
+    f32_bound = 1e-3 if mode == "l1 only" else 5e-5
+    assert rel_err(dz, dz_ref) < (f32_bound if dtype == torch.float32 else 1e-2)
     if dtype == torch.bfloat16:  # each element: the same float32 value up to noise, rounded: at most one ulp apart
         torch.testing.assert_close(dz.float(), dz_ref.float(), rtol=2 ** -7, atol=1e-3 * float(dz_ref.abs().max()))
     if mode == "ce+l1":
