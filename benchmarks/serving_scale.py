@@ -76,10 +76,10 @@ def write_drafters(root: str, geometry: dict, shape: dict, device: str) -> dict[
     """A DSpine drafter and a DFlash drafter with the same random backbone, saved by this package."""
     from transformers import Qwen3Config
 
-    from sglang_dspine.checkpoint import save_drafter
-    from sglang_dspine.config import default_target_layer_ids
-    from sglang_dspine.model import DSpineDrafter
-    from sglang_dspine.tiny import drafter_config_for
+    from sglang_dspine.drafter.checkpoint import save_drafter
+    from sglang_dspine.drafter.config import default_target_layer_ids
+    from sglang_dspine.drafter.model import DSpineDrafter
+    from sglang_dspine.drafter.tiny import drafter_config_for
 
     target = Qwen3Config(**{k: v for k, v in geometry.items()})
     holder = type("Target", (), {"config": target})

@@ -73,7 +73,7 @@ def serving_e2e_summary():
         "warm_up_seconds_first_run": first["warm_up_seconds"],
         "warm_up_note": "a 64-request burst mixing greedy and T=1 requests, on every server at once; stock DFLASH "
                         "stalls on it (FlashInfer's sampling module JIT-built by DFlash's verify at the first batch "
-                        "mixing top-k values), DSPINE no longer does (sglang_dspine/sglang_patches.py)",
+                        "mixing top-k values), DSPINE no longer does (sglang_dspine/serving/sglang_patches.py)",
         "dflash_served": bool(run["dflash_greedy_bf16"]["prompts"]),
         "bad_drafters_refused": sum(v["exited"] and v["message_found"] for v in refusals.values()),
         "bad_drafters_tried": len(refusals),

@@ -2,7 +2,7 @@
 """What one drafter training step costs: DFlash vs DSpine through the project's trainer, same target, data
 and backbone.
 
-For each kind, two runs of `sglang_dspine.trainer.train`:
+For each kind, two runs of `sglang_dspine.training.trainer.train`:
   * timed: `--warmup` steps, then `--steps` steps whose wall time the trainer's metrics log records
     (interval_seconds; the log's float() reads synchronise a GPU), so steps/s and response tokens/s, and on a
     GPU its peak memory;
@@ -66,7 +66,7 @@ def random_target(lab_size: bool, vocab: int):
 
 
 def train_config(args, kind: str, data: str, out: str, steps: int, log_every: int):
-    from sglang_dspine.train_config import TrainConfig
+    from sglang_dspine.training.train_config import TrainConfig
 
     dspine = dict(transfer_rank=args.transfer_rank, message_size=args.message_size, top_k=args.top_k,
                   alignment_warmup_steps=1) if kind == "dspine" else {}
@@ -78,7 +78,7 @@ def train_config(args, kind: str, data: str, out: str, steps: int, log_every: in
 
 
 def measure(args, kind: str, target, data: str, work: str) -> dict:
-    from sglang_dspine.trainer import train
+    from sglang_dspine.training.trainer import train
 
     res: dict = {}
     # timed: the trainer's own interval clock over the last `steps` steps

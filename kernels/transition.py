@@ -1,4 +1,4 @@
-"""Transition scoring + walk on the GPU (`sglang_dspine.decoding.decode_block` is the math).
+"""Transition scoring + walk on the GPU (`sglang_dspine.drafter.decoding.decode_block` is the math).
 
 For request n, block position i (1..B-1, index p = i-1 here), predecessor candidate k and candidate j:
 
@@ -40,8 +40,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sglang_dspine.decoding import predecessor_tokens, walk  # the references the kernels reproduce
-from sglang_dspine.injection import NORMALIZE_EPS
+from sglang_dspine.drafter.decoding import predecessor_tokens, walk  # the references the kernels reproduce
+from sglang_dspine.drafter.injection import NORMALIZE_EPS
 
 from .injection import InjectionWeights
 

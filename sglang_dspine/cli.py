@@ -58,8 +58,8 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 def check_model_dir(flag: str, path: str) -> None:
     """Refuse a target that is not a model directory before transformers reads it (for a file or a missing
     path transformers talks about hub repo ids; for a truncated weight file it names no file)."""
-    from .checkpoint import INDEX_FILE, MODEL_FILE, model_files, safetensors_shapes
-    from .config import DrafterConfigError, read_json
+    from .drafter.checkpoint import INDEX_FILE, MODEL_FILE, model_files, safetensors_shapes
+    from .drafter.config import DrafterConfigError, read_json
 
     if not os.path.isdir(path):
         if os.path.exists(path):
@@ -184,8 +184,8 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 def _data_run(args: argparse.Namespace) -> int:
     import torch
 
-    from .chat import ChatFormat, resolve_template
-    from .data import HFGenerator, SGLangGenerator, eos_ids_of, regenerate, tokenize_conversations
+    from .training.chat import ChatFormat, resolve_template
+    from .training.data import HFGenerator, SGLangGenerator, eos_ids_of, regenerate, tokenize_conversations
 
     check_model_dir("--target", args.target)
     tokenizer = load_tokenizer(args.tokenizer, args.target)
@@ -241,8 +241,8 @@ _BOOL_SWITCHES = {"backbone_loss", "refinement_loss", "alignment_loss", "replace
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    from .config import DSpineSettings
-    from .train_config import TrainConfig
+    from .drafter.config import DSpineSettings
+    from .training.train_config import TrainConfig
 
     d = TrainConfig()
     p.add_argument("--target", type=_path, required=True, help="target model directory (transformers), or a hub repo id")
@@ -305,8 +305,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 
 def train_config_from_args(args: argparse.Namespace):
-    from .config import DSpineSettings
-    from .train_config import TrainConfig
+    from .drafter.config import DSpineSettings
+    from .training.train_config import TrainConfig
 
     kw = {}
     for f in fields(TrainConfig):
@@ -326,9 +326,9 @@ def train_config_from_args(args: argparse.Namespace):
 
 
 def _train_run(args: argparse.Namespace) -> int:
-    from .checkpoint import check_drafter_dir
-    from .distributed import train_device
-    from .trainer import train
+    from .drafter.checkpoint import check_drafter_dir
+    from .training.distributed import train_device
+    from .training.trainer import train
 
     tc = train_config_from_args(args)
     if not os.path.isfile(tc.data):
@@ -364,9 +364,9 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 
 
 def _export_run(args: argparse.Namespace) -> int:
-    from .checkpoint import load_drafter, save_drafter
-    from .config import DrafterConfigError
-    from .trainer import resolve_checkpoint
+    from .drafter.checkpoint import load_drafter, save_drafter
+    from .drafter.config import DrafterConfigError
+    from .training.trainer import resolve_checkpoint
 
     try:
         src = resolve_checkpoint(args.checkpoint)
@@ -422,12 +422,12 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 def _eval_run(args: argparse.Namespace) -> int:
     import torch
 
-    from .checkpoint import load_drafter
-    from .data import HFGenerator, eos_ids_of, iter_records, prompt_ids
-    from .generate import SpecResult, speculative_generate
-    from .trainer import resolve_checkpoint
+    from .drafter.checkpoint import load_drafter
+    from .training.data import HFGenerator, eos_ids_of, iter_records, prompt_ids
+    from .training.generate import SpecResult, speculative_generate
+    from .training.trainer import resolve_checkpoint
 
-    from .checkpoint import check_drafter_dir
+    from .drafter.checkpoint import check_drafter_dir
 
     try:
         src = resolve_checkpoint(args.drafter)
@@ -506,8 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .config import DrafterConfigError
-    from .data import DataError
+    from .drafter.config import DrafterConfigError
+    from .training.data import DataError
 
     try:
         rc = args._run(args)

@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import sglang_dspine.kernels as K  # noqa: E402
-from sglang_dspine.decoding import decode_block  # noqa: E402
-from sglang_dspine.injection import AdjacentInjection  # noqa: E402
+from sglang_dspine.drafter.decoding import decode_block  # noqa: E402
+from sglang_dspine.drafter.injection import AdjacentInjection  # noqa: E402
 from sglang_dspine.kernels import injection as kinj, top_k as ktopk, transition as ktr  # noqa: E402
 
 

@@ -53,7 +53,7 @@ def train(lab: str, name: str, work: str) -> str:
 
 def evaluate(target, drafter, prompts, eos, max_new: int, decoding: str = "walk") -> float:
     """τ of one suite as `sglang-dspine eval` computes it (SpecResult.pooled: tokens ÷ verify rounds)."""
-    from sglang_dspine.generate import DrafterProposer, SpecResult, speculative_generate
+    from sglang_dspine.training.generate import DrafterProposer, SpecResult, speculative_generate
 
     results = []
     for ids in prompts:
@@ -66,10 +66,10 @@ def evaluate(target, drafter, prompts, eos, max_new: int, decoding: str = "walk"
 def main() -> int:
     from transformers import AutoTokenizer
 
-    from sglang_dspine.checkpoint import load_drafter
+    from sglang_dspine.drafter.checkpoint import load_drafter
     from sglang_dspine.cli import _device, load_target
-    from sglang_dspine.data import eos_ids_of, prompt_ids
-    from sglang_dspine.jsonl import read_jsonl
+    from sglang_dspine.training.data import eos_ids_of, prompt_ids
+    from sglang_dspine.training.jsonl import read_jsonl
     from sglang_dspine.provenance import provenance
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -275,7 +275,7 @@ class Lab:
                 args += ["--max-seconds", str(p["data_seconds"])]
             t0 = time.time()
             self.runner.run("data", "cli", args)
-            from sglang_dspine.jsonl import iter_jsonl
+            from sglang_dspine.training.jsonl import iter_jsonl
 
             n, toks, resp = 0, 0, 0
             for _, r in iter_jsonl(out):
@@ -292,7 +292,7 @@ class Lab:
     def _layer_ids(self) -> str:
         if self.p["target_layer_ids"]:
             return str(self.p["target_layer_ids"])
-        from sglang_dspine.config import default_target_layer_ids
+        from sglang_dspine.drafter.config import default_target_layer_ids
 
         n = json.load(open(self.path("target", "config.json")))["num_hidden_layers"]
         return ",".join(str(i) for i in default_target_layer_ids(n, int(self.p["draft_layers"])))
@@ -322,7 +322,7 @@ class Lab:
         self.runner.run_many([(f"train_{k}", "cli", self.train_args(k)) for k in todo])
         self.summary["train"] = {}
         for k in KINDS:
-            from sglang_dspine.jsonl import read_jsonl
+            from sglang_dspine.training.jsonl import read_jsonl
 
             last = read_jsonl(self.path("runs", k, "metrics.jsonl"))[-1]
             keep = {x: last[x] for x in ("step", "loss", "ce", "accuracy", "accuracy_per_position", "candidate_coverage",

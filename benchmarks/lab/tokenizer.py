@@ -47,7 +47,7 @@ def record_text(rec: dict[str, Any]) -> str:
 
 def iter_corpus(corpus: str, split: str = "train", domains=DOMAINS) -> Iterator[tuple[str, str]]:
     """(domain, text) of every document of a split, domain by domain, in file order."""
-    from sglang_dspine.jsonl import iter_jsonl
+    from sglang_dspine.training.jsonl import iter_jsonl
 
     for d in domains:
         path = os.path.join(corpus, f"{d}.{split}.jsonl")

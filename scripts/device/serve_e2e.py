@@ -47,9 +47,9 @@ def make_tiny_models(root: str) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    from sglang_dspine.checkpoint import init_dspine_transfer, save_drafter
-    from sglang_dspine.model import DSpineDrafter
-    from sglang_dspine.tiny import drafter_config_for
+    from sglang_dspine.drafter.checkpoint import init_dspine_transfer, save_drafter
+    from sglang_dspine.drafter.model import DSpineDrafter
+    from sglang_dspine.drafter.tiny import drafter_config_for
 
     site = os.path.dirname(os.path.dirname(torch.__file__))
     files = sorted(glob.glob(os.path.join(site, "torch", "nn", "**", "*.py"), recursive=True))[:300]
@@ -276,14 +276,14 @@ def prompts_for(tokenizer, n, suites_dir=None, seed=0):
     """n prompts as token ids: the lab's held-out suites round-robin (chat template applied, as in training)
     when given, else code-like openings. Returns [(suite, ids)]."""
     if suites_dir and os.path.isdir(suites_dir):
-        from sglang_dspine.jsonl import read_jsonl
+        from sglang_dspine.training.jsonl import read_jsonl
 
         per = {}
         for f in sorted(os.listdir(suites_dir)):
             if f.endswith(".heldout.jsonl"):
                 per[f.split(".")[0]] = [r["prompt"] for r in read_jsonl(os.path.join(suites_dir, f))]
         order = [(suite, texts[i]) for i in range(max(map(len, per.values()))) for suite, texts in per.items() if i < len(texts)]
-        from sglang_dspine.data import prompt_ids
+        from sglang_dspine.training.data import prompt_ids
 
         out = []
         for suite, text in order[:n]:
@@ -393,7 +393,7 @@ def start_warm_up(servers, prompts, clients=48, timeout=400):
     """One 48-wide burst per server, greedy and T=1 requests mixed, all servers at once, before anything is
     measured; returns {name: Future of its seconds}, so each stage waits only for the servers it uses. The
     first batch mixing top-k values (greedy beside T=1) stalled DSPINE servers for 112 s and 139 s in earlier
-    runs (FlashInfer's sampling module JIT-built by DFlash's verify, see sglang_dspine/sglang_patches.py);
+    runs (FlashInfer's sampling module JIT-built by DFlash's verify, see sglang_dspine/serving/sglang_patches.py);
     timing the burst per server shows who still pays for it: stock DFLASH does, DSPINE should not."""
     texts = SHORT_OPENINGS
 
@@ -525,7 +525,7 @@ def main():
             refused[n] = {"exited": s.proc.poll() is not None and s.proc.returncode != 0,
                           "message_found": bad[n][2] in text,
                           "message": next((l.strip()[:300] for l in text.splitlines()
-                                           if l.startswith(("ValueError: DSPINE", "sglang_dspine.config.DrafterConfigError"))), None)}
+                                           if l.startswith(("ValueError: DSPINE", "sglang_dspine.drafter.config.DrafterConfigError"))), None)}
         results["refusals"] = refused
         if not (up["plain"] and up["dspine"]):
             raise SystemExit("plain or DSPINE server did not start")

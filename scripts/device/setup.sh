@@ -22,6 +22,6 @@ export PYTHONPATH="$DSPINE_SITE:$PYTHONPATH"
 from importlib.metadata import entry_points
 import sglang_dspine.kernels
 eps = [e.value for e in entry_points(group="sglang.srt.plugins")]
-assert "sglang_dspine.plugin:register" in eps, eps
+assert "sglang_dspine.serving.plugin:register" in eps, eps
 print("sglang-dspine plugin entry point:", eps)
 PY

@@ -99,8 +99,8 @@ def check_drafter_folder(draft_path) -> None:
     """What must hold before SGLang reads the drafter's files: a local folder holding a DSpine drafter whose
     config.json parses and validates and whose weight files are complete, and not the reference release's own
     config (wrapped, or without `dspine_config`), which SGLang would build the wrong model from."""
-    from .checkpoint import check_drafter_dir, is_unconverted_release
-    from .config import DrafterConfigError
+    from ..drafter.checkpoint import check_drafter_dir, is_unconverted_release
+    from ..drafter.config import DrafterConfigError
 
     if not draft_path or not os.path.isdir(draft_path):
         raise StartupRefusal(f"{ALGORITHM}: --speculative-draft-model-path must be a local directory, found {draft_path!r}")
@@ -129,7 +129,7 @@ def check_drafter_folder(draft_path) -> None:
 def check_not_a_dspine_drafter(draft_path) -> None:
     """A DFLASH server given a DSpine drafter would decode it with DFlash's argmax, ignoring the injection
     and the transition walk it was trained for: refused. Anything else is left to SGLang's own checks."""
-    from .config import DSPINE_ARCH, DrafterConfigError, read_json
+    from ..drafter.config import DSPINE_ARCH, DrafterConfigError, read_json
 
     if not draft_path or not os.path.isdir(draft_path):
         return
@@ -148,7 +148,7 @@ def check_not_a_dspine_drafter(draft_path) -> None:
 
 def check_server_args(server_args) -> None:
     """DSpine's own start-up checks, after DFlash's: the drafter must fit this target and these arguments."""
-    from .config import DrafterConfig, DrafterConfigError
+    from ..drafter.config import DrafterConfig, DrafterConfigError
 
     draft_path = server_args.speculative_draft_model_path  # check_drafter_folder has passed
     try:
@@ -180,8 +180,8 @@ def _check_codes_present(draft_path: str) -> None:
     """Cheap start-up check (file headers only) that the transfer codes exist; values are checked at load."""
     from safetensors import safe_open
 
-    from .checkpoint import CODES_KEY, RELEASE_CODES, TRANSFER_FILE, tensor_shapes
-    from .config import DrafterConfigError
+    from ..drafter.checkpoint import CODES_KEY, RELEASE_CODES, TRANSFER_FILE, tensor_shapes
+    from ..drafter.config import DrafterConfigError
 
     if CODES_KEY in tensor_shapes(draft_path):
         return
@@ -210,7 +210,7 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from .env import ENV
+    from ..env import ENV
 
     if ENV.stacks_on_sigusr1:
         # Diagnosis of a stuck server: `kill -USR1 <scheduler pid>` prints every thread's stack to its log.

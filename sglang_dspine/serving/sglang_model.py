@@ -21,12 +21,12 @@ import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.models.dflash import DFlashDraftModel
 
-from .checkpoint import CODES_KEY, READY_KEY, RELEASE_CODES, check_dspine_transfer, load_state_strict, release_codes
-from .config import DrafterConfig, DrafterConfigError
+from ..drafter.checkpoint import CODES_KEY, READY_KEY, RELEASE_CODES, check_dspine_transfer, load_state_strict, release_codes
+from ..drafter.config import DrafterConfig, DrafterConfigError
 from . import draft_step
-from .injection import AdjacentInjection
-from .model import DSpineDrafter
-from .transfer import check_codes
+from ..drafter.injection import AdjacentInjection
+from ..drafter.model import DSpineDrafter
+from ..drafter.transfer import check_codes
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import init_dspine_transfer, load_drafter
-from .config import DrafterConfig, DrafterConfigError, DSpineSettings, default_target_layer_ids
-from .model import DSpineDrafter
+from ..drafter.checkpoint import init_dspine_transfer, load_drafter
+from ..drafter.config import DrafterConfig, DrafterConfigError, DSpineSettings, default_target_layer_ids
+from ..drafter.model import DSpineDrafter
 from .teacher import TargetTeacher
 from .train_config import TrainConfig, flag
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .decoding import BlockDraft
-from .model import DSpineDrafter
+from ..drafter.decoding import BlockDraft
+from ..drafter.model import DSpineDrafter
 
 
 @dataclass

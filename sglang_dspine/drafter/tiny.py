@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .config import DrafterConfig, DSpineSettings
-from .drafter_setup import new_drafter_config
+from ..training.drafter_setup import new_drafter_config
 
 
 def make_target(vocab: int = 64, hidden: int = 64, layers: int = 4, heads: int = 4, kv_heads: int = 2,

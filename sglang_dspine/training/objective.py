@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .blocks import Blocks
-from .model import DSpineDrafter
+from ..drafter.model import DSpineDrafter
 from .teacher import TargetTeacher
 
 

@@ -25,13 +25,13 @@ from torch import nn
 
 from .batching import Schedule, TokenData
 from .blocks import make_blocks, sample_anchors
-from .checkpoint import load_drafter, save_drafter
-from .config import DrafterConfigError
+from ..drafter.checkpoint import load_drafter, save_drafter
+from ..drafter.config import DrafterConfigError
 from .distributed import all_reduce, barrier, local_rank, setup_distributed, train_device
 from .drafter_setup import build_drafter, trainable_parameters
 from .jsonl import DataError
 from .metrics import MetricsSink
-from .model import DSpineDrafter
+from ..drafter.model import DSpineDrafter
 from .objective import TERM_NAMES, DrafterObjective, ObjectiveSwitches, assemble_loss
 from .schedules import alignment_beta, default_gamma, lr_factor, replacement_probability
 from .teacher import TargetTeacher
