@@ -218,14 +218,7 @@ def load_drafter(
         return warm_start_from_dflash(cfg, tensors, target_head, dspine_settings, path).to(device=device, dtype=dtype)
 
     if cfg.is_dspine:
-        codes = release_codes(path) if CODES_KEY not in tensors else None
-        if codes is not None:  # their presence means they were computed
-            tensors[CODES_KEY] = codes
-            tensors.setdefault(READY_KEY, torch.tensor(True))
-        if CODES_KEY not in tensors:
-            check_codes(None, cfg.vocab_size, cfg.dspine.transfer_rank)
-        if READY_KEY not in tensors:
-            raise DrafterConfigError(f"checkpoint {path}: missing tensor `{READY_KEY}`")
+        resolve_transfer_codes(tensors, path, cfg)
     model = DSpineDrafter(cfg)
     load_state_strict(model, tensors, path)
     if cfg.is_dspine:
@@ -264,16 +257,37 @@ def init_dspine_transfer(model: DSpineDrafter, target_head: torch.Tensor) -> Non
         model.injection.init_readouts(space.directions)
 
 
-def release_codes(path: str) -> torch.Tensor | None:
-    """The transfer codes of a drafter folder in the reference release's layout (their own TRANSFER_FILE);
-    None without that file."""
-    transfer_path = os.path.join(path, TRANSFER_FILE)
-    if not os.path.isfile(transfer_path):
-        return None
-    side = load_safetensors(transfer_path)
-    if RELEASE_CODES not in side:
-        raise DrafterConfigError(f"checkpoint {transfer_path}: expected tensor `{RELEASE_CODES}`, found {sorted(side)}")
-    return side[RELEASE_CODES]
+# A DSpine drafter's transfer codes live in one of two places: `transfer_codes` in its model files (SpecForge
+# layout, beside `transfer_ready`), or `codes` in the folder's TRANSFER_FILE (the reference release's layout,
+# without `transfer_ready`: codes there were computed). These two functions are the only ones that know it.
+def has_transfer_codes(path: str) -> bool:
+    """Whether the drafter folder `path` holds transfer codes in either place, from file headers only."""
+    if CODES_KEY in tensor_shapes(path):
+        return True
+    side = os.path.join(path, TRANSFER_FILE)
+    return os.path.isfile(side) and RELEASE_CODES in safetensors_shapes(side)
+
+
+def resolve_transfer_codes(tensors: dict[str, torch.Tensor], path: str, cfg: DrafterConfig) -> None:
+    """Complete `tensors` (a DSpine drafter's, by state-dict name) in place with the transfer codes of the
+    drafter folder `path`, and refuse a drafter without them. `tensors` may already hold TRANSFER_FILE's
+    `codes` (a loader that reads every file of the folder, as SGLang's does)."""
+    if CODES_KEY not in tensors:
+        codes = tensors.pop(RELEASE_CODES, None)
+        if codes is None:
+            side = os.path.join(path, TRANSFER_FILE)
+            if os.path.isfile(side):
+                found = load_safetensors(side)
+                if RELEASE_CODES not in found:
+                    raise DrafterConfigError(f"checkpoint {side}: expected tensor `{RELEASE_CODES}`, found {sorted(found)}")
+                codes = found[RELEASE_CODES]
+        if codes is not None:
+            tensors[CODES_KEY] = codes
+            tensors.setdefault(READY_KEY, torch.tensor(True))
+    if CODES_KEY not in tensors:
+        check_codes(None, cfg.vocab_size, cfg.dspine.transfer_rank)
+    if READY_KEY not in tensors:
+        raise DrafterConfigError(f"checkpoint {path}: missing tensor `{READY_KEY}`")
 
 
 def save_drafter(model: DSpineDrafter, path: str, layout: str = "specforge") -> None:

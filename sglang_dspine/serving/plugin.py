@@ -178,21 +178,13 @@ def _target_text_config(server_args):
 
 def _check_codes_present(draft_path: str) -> None:
     """Cheap start-up check (file headers only) that the transfer codes exist; values are checked at load."""
-    from safetensors import safe_open
-
-    from ..drafter.checkpoint import CODES_KEY, RELEASE_CODES, TRANSFER_FILE, tensor_shapes
+    from ..drafter.checkpoint import CODES_KEY, RELEASE_CODES, TRANSFER_FILE, has_transfer_codes
     from ..drafter.config import DrafterConfigError
 
-    if CODES_KEY in tensor_shapes(draft_path):
-        return
-    side = os.path.join(draft_path, TRANSFER_FILE)
-    if os.path.isfile(side):
-        with safe_open(side, framework="pt") as st:
-            if RELEASE_CODES in st.keys():
-                return
-    raise DrafterConfigError(
-        f"no transfer codes: expected tensor `{CODES_KEY}` in the model files or `{RELEASE_CODES}` in {TRANSFER_FILE}"
-    )
+    if not has_transfer_codes(draft_path):
+        raise DrafterConfigError(
+            f"no transfer codes: expected tensor `{CODES_KEY}` in the model files or `{RELEASE_CODES}` in {TRANSFER_FILE}"
+        )
 
 
 def _worker_factory(server_args):
