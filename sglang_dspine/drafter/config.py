@@ -333,3 +333,68 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
         )
     span = end - start
     return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+# ------------------------------------------------------------------------- a fresh drafter for a target
+def new_drafter_config(target_config, kind: str = "dspine", num_layers: int = 5, block_size: int = 16,
+                       target_layer_ids: list[int] | None = None, mask_token_id: int | None = None,
+                       settings: DSpineSettings | None = None) -> DrafterConfig:
+    """The config of a fresh drafter for a transformers (Qwen3-style) target config; None: fitted defaults
+    (target layer ids fit_target_layer_ids, mask token vocab_size - 1, DSpine settings scaled to the width)."""
+    t = target_config
+    n_target = int(t.num_hidden_layers)
+    rope = getattr(t, "rope_parameters", None) or {}
+    theta = getattr(t, "rope_theta", None) or rope.get("rope_theta")
+    heads = int(t.num_attention_heads)
+    d = {
+        "architectures": [DSPINE_ARCH if kind == "dspine" else DFLASH_ARCH],
+        "model_type": "qwen3",
+        "hidden_size": int(t.hidden_size),
+        "intermediate_size": int(t.intermediate_size),
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(getattr(t, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(t, "head_dim", None) or t.hidden_size // heads),
+        "vocab_size": int(t.vocab_size),
+        "rms_norm_eps": float(t.rms_norm_eps),
+        "rope_theta": float(theta if theta is not None else 10000.0),
+        "max_position_embeddings": int(getattr(t, "max_position_embeddings", 40960)),
+        "tie_word_embeddings": False,
+        "attention_bias": bool(getattr(t, "attention_bias", False)),
+        "hidden_act": "silu",
+        "initializer_range": float(getattr(t, "initializer_range", 0.02)),
+        "block_size": block_size,
+        "is_causal": kind == "dspine",
+        "num_target_layers": n_target,
+        "dflash_config": {
+            "mask_token_id": int(t.vocab_size) - 1 if mask_token_id is None else int(mask_token_id),
+            "target_layer_ids": list(target_layer_ids or fit_target_layer_ids(n_target, num_layers)),
+        },
+    }
+    if kind == "dspine":
+        d["dspine_config"] = (settings or fresh_settings(int(t.hidden_size), int(t.vocab_size), {})).to_dict()
+    return DrafterConfig.from_dict(d)
+
+
+def fit_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
+    """`count` target layers to read features from: DFlash's spread (layers 1 .. n-3) where it gives distinct
+    ids; otherwise as many distinct ids as fit, spread over 1 .. n-2 (0 .. n-1 below 3 layers)."""
+    n = num_target_layers
+    if count == 1:
+        return default_target_layer_ids(n, 1)
+    if n - 3 > 1:
+        ids = default_target_layer_ids(n, count)
+        if len(set(ids)) == len(ids):
+            return ids
+    lo, hi = (1, n - 2) if n >= 3 else (0, n - 1)
+    k = min(count, hi - lo + 1)
+    if k == 1:
+        return [(lo + hi) // 2]
+    return [int(lo + i * (hi - lo) / (k - 1) + 0.5) for i in range(k)]  # floor(x + 0.5): distinct, increasing
+
+
+def fresh_settings(hidden_size: int, vocab_size: int, overrides: dict[str, Any]) -> DSpineSettings:
+    """DSpine settings for a fresh drafter: the reference's, with transfer rank and message size scaled to
+    the width (DSpineSettings.scaled_for) unless given; a message size follows a given rank."""
+    rank = overrides.get("transfer_rank", DSpineSettings.scaled_for(hidden_size, vocab_size).transfer_rank)
+    return DSpineSettings(**{"transfer_rank": rank, "message_size": max(1, min(512, rank // 2)), **overrides})
