@@ -13,8 +13,8 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    # `kernels/` is shipped as the subpackage `sglang_dspine.kernels`: a top-level `kernels` module would
-    # shadow the unrelated `kernels` package that transformers and sglang import.
+    # `kernels/` is shipped as the subpackage `sglang_dspine.kernels` (sglang_dspine/source_files.py says why a
+    # top-level `kernels` must never be importable).
     packages=["sglang_dspine", "sglang_dspine.drafter", "sglang_dspine.serving", "sglang_dspine.training",
               "sglang_dspine.kernels"],
     package_dir={"sglang_dspine": "sglang_dspine", "sglang_dspine.kernels": "kernels"},

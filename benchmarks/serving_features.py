@@ -39,10 +39,13 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import BASE_ARGS, Server, archive_logs, graph_use, spec_args  # noqa: E402
+from sglang_dspine.provenance import provenance
+from sglang_dspine.source_files import OUTSIDE_REPO, load_file
 
-from sglang_dspine.provenance import provenance  # noqa: E402
+_servers = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers.py"))
+BASE_ARGS, Server, archive_logs, graph_use, spec_args = (
+    _servers.BASE_ARGS, _servers.Server, _servers.archive_logs, _servers.graph_use, _servers.spec_args
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = ("plain", "dflash", "dspine")
@@ -1145,7 +1148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prebuild = None
     if "dflash" in names and not args.no_prebuild:
-        prebuild = subprocess.Popen([sys.executable, "-c", PREBUILD], cwd="/tmp", start_new_session=True,
+        prebuild = subprocess.Popen([sys.executable, "-c", PREBUILD], cwd=OUTSIDE_REPO, start_new_session=True,
                                     stdout=open(os.path.join(args.out, "flashinfer_prebuild.log"), "w"),
                                     stderr=subprocess.STDOUT)
     drafters = {"dflash": ("DFLASH", os.path.join(models, "dflash")), "dspine": ("DSPINE", os.path.join(models, "dspine"))}

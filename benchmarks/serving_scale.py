@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import math
 import os
 import random
 import re
@@ -36,10 +35,13 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import Server, archive_logs, graph_use, kernel_times, spec_args  # noqa: E402
+from sglang_dspine.provenance import provenance
+from sglang_dspine.source_files import load_file
 
-from sglang_dspine.provenance import provenance  # noqa: E402
+_servers = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers.py"))
+Server, archive_logs, graph_use, kernel_times, spec_args = (
+    _servers.Server, _servers.archive_logs, _servers.graph_use, _servers.kernel_times, _servers.spec_args
+)
 
 # Qwen3 configs as published (config.json fields); the drafter shape is SpecForge's qwen3-8b DSpine one.
 GEOMETRIES = {

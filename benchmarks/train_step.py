@@ -53,13 +53,11 @@ def random_target(lab_size: bool, vocab: int):
     """A randomly initialised Qwen3 built as the lab's target is (benchmarks/lab/target.py): its DEFAULT size
     (a step costs the same whatever the weights) or its TINY one with 6 layers (room for two spread target
     layer ids)."""
-    import importlib.util
-
     from transformers import Qwen3ForCausalLM
 
-    spec = importlib.util.spec_from_file_location("dspine_lab_target", os.path.join(HERE, "lab", "target.py"))
-    lab_target = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lab_target)  # type: ignore[union-attr]
+    from sglang_dspine.source_files import load_file
+
+    lab_target = load_file(os.path.join(HERE, "lab", "target.py"), "dspine_lab_target")
     dims = lab_target.DEFAULT if lab_size else {**lab_target.TINY, "layers": 6}
     torch.manual_seed(0)
     return Qwen3ForCausalLM(lab_target.make_config(dims, vocab)).eval()

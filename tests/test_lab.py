@@ -1,25 +1,19 @@
 """The lab pipeline end to end at toy size on CPU (benchmarks/lab), and the paper-suite loaders."""
-import importlib.util
 import json
 import os
-import sys
 import time
 
 import pytest
 import torch
 
+from sglang_dspine.source_files import load_file
+
 LAB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "lab")
 
 
 def lab_module(name):
-    """A benchmarks/lab file as a module (the repo root stays off sys.path: its kernels/ would shadow `kernels`)."""
-    key = f"dspine_lab_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, os.path.join(LAB, f"{name}.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[key] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[key]
+    """A benchmarks/lab file as a module."""
+    return load_file(os.path.join(LAB, f"{name}.py"), f"dspine_lab_{name}")
 
 
 @pytest.fixture(scope="module")

@@ -142,12 +142,11 @@ def test_only_supported_sglang_releases_register(monkeypatch, release, refused):
 def test_gpu_scripts_server_flags_parse(dirs):
     """The server flags the GPU benchmarks pass are flags of this SGLang (0.5.23 dropped `--cuda-graph-max-bs`,
     which then is an ambiguous prefix of its -decode and -prefill flags)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-    try:
-        from serving_features import FLAGS
-        from servers import BASE_ARGS
-    finally:
-        sys.path.pop(0)
+    from sglang_dspine.source_files import load_file
+
+    benchmarks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    FLAGS = load_file(os.path.join(benchmarks, "serving_features.py")).FLAGS
+    BASE_ARGS = load_file(os.path.join(benchmarks, "servers.py")).BASE_ARGS
     root, _ = dirs
     args = _resolved(_args(root, root / "dspine", "DSPINE", *BASE_ARGS[2:], *FLAGS))  # BASE_ARGS[:2]: --host
     assert args.sampling_backend == "pytorch"

@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from sglang_dspine.source_files import OUTSIDE_REPO
+
 TRAIN_FLAGS = {"no_alignment": ["--no-alignment-loss"], "no_refinement": ["--no-refinement-loss"]}
 VARIANTS = ("walk_off", "injection_off", *TRAIN_FLAGS)
 
@@ -43,8 +45,8 @@ def train(lab: str, name: str, work: str) -> str:
         argv = [sys.executable, "-m", "sglang_dspine.cli"] + cmd[1:] + TRAIN_FLAGS[name]
         print("$", " ".join(argv[2:]), f"> {out}.log", flush=True)
         os.makedirs(work, exist_ok=True)
-        with open(f"{out}.log", "w") as log:  # not the repo root: its kernels/ shadows `kernels`
-            rc = subprocess.run(argv, cwd="/tmp", stdout=log, stderr=subprocess.STDOUT).returncode
+        with open(f"{out}.log", "w") as log:
+            rc = subprocess.run(argv, cwd=OUTSIDE_REPO, stdout=log, stderr=subprocess.STDOUT).returncode
         if rc:
             raise SystemExit(f"ablation {name}: training failed ({rc}); tail of {out}.log:\n"
                              + open(f"{out}.log").read()[-3000:])

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -46,6 +45,8 @@ import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from sglang_dspine.source_files import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -85,16 +86,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def _lab_module(name: str):
-    """A sibling file (corpus.py, ...) as a module, without putting the repo root on sys.path (its top-level
-    kernels/ would shadow the `kernels` package transformers imports)."""
-    key = f"dspine_lab_{name}"
-    if key in sys.modules:
-        return sys.modules[key]
-    spec = importlib.util.spec_from_file_location(key, os.path.join(HERE, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[key] = mod
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+    """A sibling file (corpus.py, ...) as the module `dspine_lab_<name>` (sglang_dspine.source_files)."""
+    return load_file(os.path.join(HERE, f"{name}.py"), f"dspine_lab_{name}")
 
 
 # -------------------------------------------------------------------------------------------- running
@@ -142,7 +135,7 @@ class Runner:
             else:
                 cmd = [sys.executable, os.path.join(HERE, f"{kind}.py")] + args
             with open(log_path, "w", encoding="utf-8") as f:
-                # cwd: the logs folder, never the repo root (its kernels/ would shadow the `kernels` package)
+                # cwd: the logs folder, never the repo root (sglang_dspine.source_files says why)
                 proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=self.logs)
                 try:
                     rc = proc.wait(timeout=None if self.deadline is None else max(1.0, self.deadline - time.time()))

@@ -9,16 +9,15 @@ import argparse
 import glob
 import json
 import os
-import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from sglang_dspine.provenance import provenance  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 KINDS = ("dflash", "dspine")
 SAME = ("target_args", "vocab", "block_size", "draft_layers", "transfer_rank", "message_size", "top_k",

@@ -15,7 +15,6 @@ tokenizer files, and `lab_target.json` (the summary).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -27,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from sglang_dspine.source_files import load_file
+
 # Sizes. The default trains in ≤ 8 minutes on one H200 and stays small enough (≈ 31 MB in bf16) to be kept.
 DEFAULT = dict(hidden=384, layers=6, heads=6, kv_heads=2, head_dim=64, intermediate=1024, seq_len=1024,
                batch_size=64, lr=2e-3, seconds=420.0, eval_tokens=262144)
@@ -35,14 +36,8 @@ TINY = dict(hidden=64, layers=4, heads=4, kv_heads=2, head_dim=16, intermediate=
 
 
 def _tok_module():
-    """tokenizer.py beside this file, loaded once (the same module run.py registers when it runs in process)."""
-    key = "dspine_lab_tokenizer"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[key] = mod
-        spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return sys.modules[key]
+    """tokenizer.py beside this file (the same module run.py registers when it runs in process)."""
+    return load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer.py"), "dspine_lab_tokenizer")
 
 
 # ------------------------------------------------------------------------------------------- tokens

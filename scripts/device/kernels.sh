@@ -12,8 +12,8 @@ REPO="$PWD"
 OUT="${OUT:-$REPO/benchmarks/results/kernels_device}"
 mkdir -p "$OUT" "$REPO/benchmarks/results"
 export PYTHONUNBUFFERED=1
-# The package as installed (kernels/ -> sglang_dspine/kernels), outside the repo root: the root's top-level
-# kernels/ must not shadow the `kernels` package that transformers looks for. Python runs from /tmp.
+# The package as installed (kernels/ -> sglang_dspine/kernels); Python runs from /tmp, never the repo root
+# (sglang_dspine/source_files.py says why).
 SITE=/tmp/dspine-kernels-site
 rm -rf "$SITE" && mkdir -p "$SITE"
 cp -r "$REPO/sglang_dspine" "$SITE/" && cp -r "$REPO/kernels" "$SITE/sglang_dspine/kernels"
