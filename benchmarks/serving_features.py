@@ -41,6 +41,7 @@ import time
 
 from sglang_dspine.provenance import provenance
 from sglang_dspine.source_files import OUTSIDE_REPO, load_file
+from sglang_dspine.training.jsonl import read_jsonl
 
 _servers = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers.py"))
 BASE_ARGS, Server, archive_logs, graph_use, spec_args = (
@@ -151,7 +152,7 @@ def read_suites(folder: str) -> dict[str, list[str]]:
     out = {}
     for f in sorted(os.listdir(folder)):
         if f.endswith(".heldout.jsonl"):
-            out[f.split(".")[0]] = [json.loads(line)["prompt"] for line in open(os.path.join(folder, f)) if line.strip()]
+            out[f.split(".")[0]] = [r["prompt"] for r in read_jsonl(os.path.join(folder, f))]
     if not out:
         raise SystemExit(f"{folder}: no *.heldout.jsonl prompt files")
     return out

@@ -29,6 +29,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from sglang_dspine.training.jsonl import DataError, read_jsonl
+
 
 class SuiteError(RuntimeError):
     """A suite that cannot be loaded from anything given or installed."""
@@ -170,16 +172,10 @@ def read_records(path: str) -> list[dict[str, Any]]:
             if not isinstance(data, list):
                 raise SuiteError(f"{path}: expected a JSON list of records")
             return [r for r in data if isinstance(r, dict)]
-    out = []
-    for i, line in enumerate(text.splitlines()):
-        if line.strip():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SuiteError(f"{path}:{i + 1}: not valid JSON ({e.msg})") from None
-            if isinstance(rec, dict):
-                out.append(rec)
-    return out
+    try:
+        return read_jsonl(path)
+    except DataError as e:
+        raise SuiteError(str(e)) from None
 
 
 GENERIC_FILES = ("test.jsonl", "question.jsonl", "data.jsonl", "train.jsonl", "test.json", "test.parquet")
