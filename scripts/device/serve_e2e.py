@@ -28,13 +28,18 @@ import urllib.request
 
 import torch
 
-from sglang_dspine.provenance import provenance  # noqa: E402
+from sglang_dspine.provenance import provenance
+from sglang_dspine.source_files import load_file
 
-SERVER = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--attention-backend", "triton",
-          "--sampling-backend", "pytorch", "--grammar-backend", "none", "--cuda-graph-max-bs-decode", "48",
-          "--mem-fraction-static", "0.12", "--log-level", "info", "--decode-log-interval", "10",
-          # Prefill graphs only change prefill speed; their capture cost 81 s of a fresh machine's first start.
-          "--disable-prefill-cuda-graph"]
+bench_servers = load_file(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                       "benchmarks", "servers.py"))
+
+# The benchmark servers' flags (benchmarks/servers.py) and this script's own: no grammar backend, decode graphs up
+# to the 48 load clients, a small KV pool so five servers fit on one GPU; no prefill graphs (they only change
+# prefill speed, and capturing them slows every start).
+SERVER_ARGS = [*bench_servers.BASE_ARGS, "--grammar-backend", "none", "--cuda-graph-max-bs-decode", "48",
+               "--mem-fraction-static", "0.12", "--disable-prefill-cuda-graph"]
+spec_args, archive_logs = bench_servers.spec_args, bench_servers.archive_logs
 
 
 # ----------------------------------------------------------------------------------------- models
@@ -104,11 +109,6 @@ def model_layout(models: str) -> str:
     return os.path.abspath(models)
 
 
-def spec_args(target: str, algo: str, drafter: str, *extra: str) -> list[str]:
-    """Server arguments for `target` speculating with `algo` on `drafter`."""
-    return ["--model-path", target, "--speculative-algorithm", algo, "--speculative-draft-model-path", drafter, *extra]
-
-
 def drafter_variant(src: str, dst: str, edit_cfg=None, edit_tensors=None) -> str:
     """A copy of drafter folder `src` at `dst` (replaced), its config.json and/or model.safetensors edited in place
     by the given functions."""
@@ -127,16 +127,6 @@ def drafter_variant(src: str, dst: str, edit_cfg=None, edit_tensors=None) -> str
         edit_tensors(t)
         save_file(t, p)
     return dst
-
-
-def archive_logs(out: str, tar_name: str) -> None:
-    """The servers' logs (server_*.log) into out/tar_name, then removed; other logs in `out` (the console log
-    serve.sh tees there) stay."""
-    logs = sorted(f for f in os.listdir(out) if f.startswith("server_") and f.endswith(".log"))
-    if logs:
-        subprocess.run(["tar", "czf", os.path.join(out, tar_name), "-C", out] + logs)
-        for f in logs:
-            os.remove(os.path.join(out, f))
 
 
 def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:
@@ -159,42 +149,17 @@ def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:
 _servers = []
 
 
-class Server:
+class Server(bench_servers.Server):
+    """A benchmark server with SERVER_ARGS whose scheduler prints its Python stacks on SIGUSR1 (dump_stacks)."""
+
     def __init__(self, name, port, args, out, env=None):
         """env: variables set for this server only (e.g. CUDA_VISIBLE_DEVICES), over the machine's."""
-        self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
-        self.log = os.path.join(out, f"server_{name}.log")
-        open(self.log, "w").close()  # the server appends (O_APPEND), so the watchdog's notes are not overwritten
-        env = {**os.environ, "SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1", **(env or {})}  # keeps the machine's NCCL settings
-        self.proc = subprocess.Popen(SERVER + ["--port", str(port)] + args, stdout=open(self.log, "a"), env=env,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     cwd="/tmp")  # not the repo root: its kernels/ would shadow `kernels`
-        self.started = time.time()
-        self.up_after = None
+        super().__init__(name, port, args, out, env={"SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1", **(env or {})},
+                         base_args=SERVER_ARGS)
         _servers.append(self)
 
     def wait(self, timeout=420) -> bool:
-        while time.time() - self.started < timeout:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=2)
-                self.up_after = time.time() - self.started
-                return True
-            except Exception:
-                time.sleep(1)
-        return False
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-
-    def tail(self, n=30):
-        return "".join(open(self.log, errors="ignore").readlines()[-n:])
+        return super().wait(timeout)
 
 
 _dumped = set()
@@ -258,10 +223,6 @@ def generate(server, input_ids, max_new, temperature=0.0, seed=None, logprobs=0,
     if logprobs:
         body.update(return_logprob=True, top_logprobs_num=logprobs, logprob_start_len=len(input_ids) - 1)
     return post(server.url + "/generate", body, timeout=timeout)
-
-
-def server_info(server):
-    return json.loads(urllib.request.urlopen(server.url + "/server_info", timeout=10).read())
 
 
 # ------------------------------------------------------------------------------------------ tests
@@ -512,7 +473,7 @@ def main():
         servers["dspine_det"] = Server("dspine_det", 30005, spec("DSPINE", os.path.join(models, "dspine"), *det), args.out)
     refusals = {n: Server("bad_" + n, 30010 + i, spec("DSPINE", d, *extra), args.out)
                 for i, (n, (d, extra, _)) in enumerate(bad.items())}
-    results = {"models": label, "provenance": provenance(sys.argv), "server_args": SERVER[3:]}
+    results = {"models": label, "provenance": provenance(sys.argv), "server_args": SERVER_ARGS}
     try:
         up = wait_all(servers, results)
         refused = {}
@@ -592,7 +553,7 @@ def collect_server_info(servers, up, results, names=("dspine", "dflash", "dspine
     """(d) CUDA graphs in the decode log lines, (e) accept length in /server_info and the logs."""
     for n in names:
         if n in servers and up.get(n):
-            info = server_info(servers[n])
+            info = servers[n].info()
             log = open(servers[n].log, errors="ignore").read().splitlines()
             decode = [l for l in log if "Decode batch" in l]
             results[n + "_server"] = {
