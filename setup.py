@@ -29,7 +29,8 @@ setup(
         "tqdm",
     ],
     extras_require={
-        "test": ["pytest", "matplotlib", "tensorboard"],  # the lab tests draw its plots; the trainer's logs are read
+        # the lab tests draw its plots; the trainer's logs are read; tests/test_lint.py runs ruff
+        "test": ["pytest", "matplotlib", "tensorboard", "ruff"],
         "lab": ["matplotlib", "tokenizers"],
         "train": ["tensorboard"],  # TensorBoard logs beside metrics.jsonl (wandb: install it yourself)
     },

@@ -64,12 +64,12 @@ import triton  # noqa: E402
 
 from sglang_dspine.drafter.config import DrafterConfig, DSpineSettings, new_drafter_config  # noqa: E402
 from sglang_dspine.drafter.decoding import predecessor_tokens, transition_scores, walk  # noqa: E402
-from sglang_dspine.serving.draft_step import DraftStep  # noqa: E402
+from sglang_dspine.drafter.model import DSpineDrafter  # noqa: E402
 from sglang_dspine.kernels import injection as kinj  # noqa: E402
 from sglang_dspine.kernels import top_k as ktopk  # noqa: E402
 from sglang_dspine.kernels import transition as ktr  # noqa: E402
-from sglang_dspine.drafter.model import DSpineDrafter  # noqa: E402
 from sglang_dspine.provenance import git_commit  # noqa: E402
+from sglang_dspine.serving.draft_step import DraftStep  # noqa: E402
 
 torch.set_grad_enabled(False)
 

@@ -96,7 +96,7 @@ def write_drafters(root: str, geometry: dict, shape: dict, device: str) -> dict[
         with torch.device(device):
             model = DSpineDrafter(cfg).to(torch.bfloat16)
         with torch.no_grad():
-            for name, p in model.named_parameters():
+            for p in model.parameters():
                 if p.dim() == 2:
                     p.normal_(0.0, 0.02, generator=gen)
             if kind == "dspine":
@@ -226,7 +226,8 @@ def summarize(res: dict) -> dict:
         "profile_dspine_minus_dflash": {k: v["diff"][:15] for k, v in res.get("profile", {}).items() if "diff" in v},
         "gpu_step_ratio_by_clients": {k[1:]: round(v["dspine"]["gpu_us_per_step"] / v["dflash"]["gpu_us_per_step"], 4)
                                       for k, v in res.get("profile", {}).items()
-                                      if v.get("dspine", {}).get("gpu_us_per_step") and v.get("dflash", {}).get("gpu_us_per_step")},
+                                      if v.get("dspine", {}).get("gpu_us_per_step") and v.get("dflash",
+                                                                                              {}).get("gpu_us_per_step")},
         "commit": res.get("provenance", {}).get("commit"),
         "gpu": res.get("provenance", {}).get("gpu"),
         "date": res.get("provenance", {}).get("date"),
@@ -244,7 +245,8 @@ def print_table(res: dict) -> None:
                 vals = [r["step_ms"] for rnd in res.get("rounds", []) for r in rnd.get(n, [])
                         if r["clients"] == c and r["temperature"] == temp and r.get("step_ms")]
                 row.append(f"{n}={sum(vals) / len(vals):.2f}" if vals else f"{n}=-")
-            print(f"T={temp:g} c={c:3d}  " + "  ".join(row) + f"  ratio={s['step_ratio_by_clients'].get(f'T{temp:g}', {}).get(str(c))}")
+            ratio = s["step_ratio_by_clients"].get(f"T{temp:g}", {}).get(str(c))
+            print(f"T={temp:g} c={c:3d}  " + "  ".join(row) + f"  ratio={ratio}")
     for key, prof in res.get("profile", {}).items():
         if "diff" in prof:
             print(f"\nprofile {key}: DSPINE - DFLASH µs/step, top kernels")
@@ -285,7 +287,8 @@ def main() -> None:
                     help="an uncounted short round at every client count and temperature first (default: on)")
     ap.add_argument("--torch-once", action="store_true",
                     help="DSPINE on its PyTorch math (the reference) in the first round at T=0 only")
-    ap.add_argument("--alone", action="store_true", help="phase 3: each server alone, default --cuda-graph-max-bs-decode")
+    ap.add_argument("--alone", action="store_true",
+                    help="phase 3: each server alone, default --cuda-graph-max-bs-decode")
     ap.add_argument("--alone-mem-fraction", type=float, default=0.85)
     ap.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--smoke", action="store_true", help="CPU: make tiny models and check the summary")

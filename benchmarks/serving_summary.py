@@ -129,9 +129,11 @@ def gpu_budget_pair():
         "throughput_ratio_by_concurrency_per_repeat": per_repeat,
         "throughput_ratio_mean": round(_mean(list(ratio.values())), 3),
         "throughput_ratio_min": min(ratio.values()),
-        "speculation_vs_plain_by_concurrency": {k: ratios(table, k, "plain", "tokens_per_s") for k in ("dflash", "dspine")},
+        "speculation_vs_plain_by_concurrency": {k: ratios(table, k, "plain", "tokens_per_s") for k in ("dflash",
+                                                                                                       "dspine")},
         "ablation_tau_ratio_to_dflash": abl["ratio_to_dflash"],
-        "train_step_ms_h200": {f"chunk_{c}": {k: v["ms_per_step"] for k, v in load(f"train_step_gpu_chunk{c}.json")["per_kind"].items()}
+        "train_step_ms_h200": {f"chunk_{c}": {k: v["ms_per_step"] for k,
+                                              v in load(f"train_step_gpu_chunk{c}.json")["per_kind"].items()}
                                for c in (128, 0)},
         "train_step_note": "benchmarks/train_step.py on the H200 (lab-sized random target, budget shapes): the loss in "
                            "one chunk instead of chunks of 128 blocks makes a DSpine step 4.9x faster; the budget "

@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         args.seq_len, args.batch_size, args.num_anchors = min(args.seq_len, 96), min(args.batch_size, 2), 16
         args.layers, args.warmup, args.steps = min(args.layers, 2), min(args.warmup, 1), min(args.steps, 2)
 
-    from sglang_dspine.training.distributed import setup_distributed
     from sglang_dspine.provenance import provenance
+    from sglang_dspine.training.distributed import setup_distributed
 
     t_start = time.time()
     import torch.distributed as dist

@@ -182,7 +182,8 @@ def main() -> int:
     if {"dflash", "dspine"} <= set(per_kind):
         a, b = per_kind["dflash"], per_kind["dspine"]
         res["dspine_over_dflash"] = {"ms_per_step": round(b["ms_per_step"] / a["ms_per_step"], 3),
-                                     "aten_calls_per_step": round(b["aten_calls_per_step"] / a["aten_calls_per_step"], 3)}
+                                     "aten_calls_per_step": round(b["aten_calls_per_step"] / a["aten_calls_per_step"],
+                                                                  3)}
         if "kernel_launches_per_step" in a:
             res["dspine_over_dflash"]["kernel_launches_per_step"] = round(
                 b["kernel_launches_per_step"] / max(a["kernel_launches_per_step"], 1), 3)

@@ -66,7 +66,7 @@ class InjectionWeights:
 
     @classmethod
     @torch.no_grad()
-    def from_module(cls, inj: AdjacentInjection, dtype: torch.dtype | None = None) -> "InjectionWeights":
+    def from_module(cls, inj: AdjacentInjection, dtype: torch.dtype | None = None) -> InjectionWeights:
         dtype = dtype or inj.bias.dtype
         cvt = lambda t: t.detach().to(dtype).contiguous()  # noqa: E731
         maps = torch.cat([inj.receiver_gate.weight, inj.predecessor_gate.weight, inj.message.weight], 0)

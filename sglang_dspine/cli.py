@@ -12,9 +12,11 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
+
 
 @dataclass
 class Command:
@@ -149,7 +151,8 @@ def _add_prompt_args(p: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------------------------------------- data
 def _data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", type=_path, required=True, help="target model directory (transformers / SGLang), or a hub repo id")
+    p.add_argument("--target", type=_path, required=True,
+                   help="target model directory (transformers / SGLang), or a hub repo id")
     p.add_argument("--prompts", type=_path, required=True,
                    help="JSONL with `prompt`, `messages`/`conversations` or `prompt_ids` per line, or a datasets "
                         "dataset")
@@ -192,7 +195,8 @@ def _data_run(args: argparse.Namespace) -> int:
     if not args.regenerate:
         if tokenizer is None:
             raise CLIError(f"--target {args.target}: no tokenizer there (give --tokenizer)")
-        chat = ChatFormat(resolve_template(tokenizer, args.chat_template), _thinking(args.thinking), args.last_turn_only)
+        chat = ChatFormat(resolve_template(tokenizer, args.chat_template), _thinking(args.thinking),
+                          args.last_turn_only)
         stats = tokenize_conversations(args.prompts, args.output, tokenizer, chat, split=args.split, limit=args.limit,
                                        progress=not args.no_progress)
         print(json.dumps({"output": args.output, "regenerated": False, **stats}))
@@ -245,14 +249,16 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     from .training.train_config import TrainConfig
 
     d = TrainConfig()
-    p.add_argument("--target", type=_path, required=True, help="target model directory (transformers), or a hub repo id")
+    p.add_argument("--target", type=_path, required=True,
+                   help="target model directory (transformers), or a hub repo id")
     p.add_argument("--data", type=_path, required=True,
                    help="JSONL of token records (`sglang-dspine data`) or conversations (`id` + `conversations`, "
                         "SpecForge's format: role/content or from/value), or both")
     p.add_argument("--output-dir", type=_path, required=True,
                    help="checkpoints, metrics.jsonl, tensorboard/ and final/ go here")
     p.add_argument("--kind", choices=["dspine", "dflash"], default="dspine")
-    p.add_argument("--init", type=_path, help="start from a drafter checkpoint (a DFlash one becomes a DSpine warm start)")
+    p.add_argument("--init", type=_path,
+                   help="start from a drafter checkpoint (a DFlash one becomes a DSpine warm start)")
     g = p.add_argument_group("conversations (records with `conversations` or `messages`)")
     g.add_argument("--tokenizer", type=_path, help="tokenizer path (default: the target's)")
     _add_chat_args(g)
@@ -395,14 +401,16 @@ def _export_run(args: argparse.Namespace) -> int:
     if codes is not None:  # the codes stay float32: they are fixed data, not weights
         model.transfer_codes = codes
     save_drafter(model, args.output, layout=args.layout)  # records the weights' dtype in config.json
-    print(json.dumps({"source": src, "output": args.output, "layout": args.layout, "dtype": str(dt).removeprefix("torch."),
+    print(json.dumps({"source": src, "output": args.output, "layout": args.layout,
+                      "dtype": str(dt).removeprefix("torch."),
                       "kind": model.cfg.kind}))
     return 0
 
 
 # ---------------------------------------------------------------------------------------------- eval
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", type=_path, required=True, help="target model directory (transformers), or a hub repo id")
+    p.add_argument("--target", type=_path, required=True,
+                   help="target model directory (transformers), or a hub repo id")
     p.add_argument("--drafter", type=_path, required=True, help="drafter checkpoint (or a training --output-dir)")
     p.add_argument("--prompts", type=_path, required=True,
                    help="JSONL with `prompt`/`messages`/`prompt_ids` (or regenerated data: input_ids + prompt_len)")
@@ -422,12 +430,10 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 def _eval_run(args: argparse.Namespace) -> int:
     import torch
 
-    from .drafter.checkpoint import load_drafter
+    from .drafter.checkpoint import check_drafter_dir, load_drafter
     from .training.data import HFGenerator, eos_ids_of, iter_records, prompt_ids
     from .training.generate import SpecResult, speculative_generate
     from .training.trainer import resolve_checkpoint
-
-    from .drafter.checkpoint import check_drafter_dir
 
     try:
         src = resolve_checkpoint(args.drafter)

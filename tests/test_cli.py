@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from sglang_dspine.drafter.checkpoint import init_dspine_transfer, load_drafter, save_drafter
 from sglang_dspine.cli import main
+from sglang_dspine.drafter.checkpoint import init_dspine_transfer, load_drafter, save_drafter
 from sglang_dspine.drafter.config import DrafterConfigError
 from sglang_dspine.drafter.model import DSpineDrafter
 from sglang_dspine.drafter.tiny import drafter_config_for, make_target

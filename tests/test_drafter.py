@@ -10,8 +10,6 @@ from sglang_dspine.drafter.decoding import decode_block, walk
 from sglang_dspine.drafter.model import DSpineDrafter
 from sglang_dspine.drafter.tiny import drafter_config_for
 
-
-
 pytestmark = pytest.mark.usefixtures("no_grad")  # conftest.py
 
 

@@ -5,11 +5,9 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from sglang_dspine.training.generate import speculative_generate, verify
 from sglang_dspine.drafter.model import DSpineDrafter
 from sglang_dspine.drafter.tiny import drafter_config_for, make_target
-
-
+from sglang_dspine.training.generate import speculative_generate, verify
 
 pytestmark = pytest.mark.usefixtures("no_grad")  # conftest.py
 

@@ -164,8 +164,8 @@ def test_math_problems_are_consistent():
 def test_batched_hf_generation_and_max_seconds(tmp_path):
     """`sglang-dspine data --hf-batch-size N` (left-padded batches) gives the one-at-a-time greedy output, and
     `--max-seconds` stops between batches with the rest left to a rerun."""
-    from sglang_dspine.training.data import HFGenerator, regenerate
     from sglang_dspine.drafter.tiny import make_target
+    from sglang_dspine.training.data import HFGenerator, regenerate
 
     t = make_target(seed=0)
     g = torch.Generator().manual_seed(3)

@@ -104,6 +104,7 @@ def test_log_probs_are_computed_once():
     """Where DFlash's verify step returns log-probs, DSPINE's worker runs DFlash's step as it is (it neither hides
     the request from it nor computes them again); elsewhere the worker that supplies them is the one used."""
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
     from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineWorker
 
     assert DSpineWorker.forward_batch_generation is DFlashWorkerV2.forward_batch_generation

@@ -58,6 +58,7 @@ ON_0_5_23 = sglang_version() >= (0, 5, 23)
 def _args(root, draft, *extra):
     """The server arguments of a launch with this command line, settled and checked as the server does it."""
     from sglang.srt.server_args import prepare_server_args
+
     import sglang_dspine.serving.plugin as p
 
     p.register()
@@ -95,8 +96,9 @@ def test_server_args_match_dflash(dirs, extra):
 def test_dspine_answers_like_dflash():
     """Every question SGLang asks a speculative algorithm (is_*, supports_*, has_*, need_*, carries_*, and the
     target-verify width) gets DFLASH's answer from DSPINE (it says it is DFLASH, so SGLang takes DFlash's paths)."""
-    import sglang_dspine.serving.plugin as p
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S
+
+    import sglang_dspine.serving.plugin as p
 
     p.register()
     dsp, dfl = S.from_string("DSPINE"), S.DFLASH
@@ -174,6 +176,7 @@ def test_worker_factory_patches_verify_renorm_only_for_pytorch_sampling(dirs, fl
     from sglang.srt.runtime_context import publish
     from sglang.srt.speculative import dflash_utils
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
     from sglang_dspine.serving.plugin import dflash_returns_logprobs
     from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineWorker
 
@@ -320,11 +323,11 @@ def test_unconverted_reference_release_is_refused_then_served_after_export(dirs)
 @pytest.fixture(scope="module")
 def sglang_cpu(dirs):
     """What building SGLang modules on CPU needs: a published config, a one-rank gloo group, CPU RoPE."""
+    import socket
+
+    import sglang.srt.layers.rotary_embedding.base as rope_base
     from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
     from sglang.srt.runtime_context import publish
-    import sglang.srt.layers.rotary_embedding.base as rope_base
-
-    import socket
 
     root, _ = dirs
     publish(_args(root, root / "dspine"), role="test")
@@ -343,6 +346,7 @@ def sglang_cpu(dirs):
 
 def _sglang_model(path):
     from sglang.srt.utils.hf_transformers_utils import get_config
+
     from sglang_dspine.serving.sglang_model import DSpineDraftModel
 
     return DSpineDraftModel(get_config(str(path), trust_remote_code=False))
@@ -397,11 +401,12 @@ def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, t
     way the DFlash worker writes it; torch-native attention on CPU) against the plain drafter: two requests
     with different contexts in one flat batch, then its draft step's decoding, as the worker calls it. On the
     kernel path the injection and the decoding run on the Triton kernels (interpreter on CPU)."""
+    from types import SimpleNamespace
+
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-    from types import SimpleNamespace
 
     plain = dspine  # conftest: seed 1, transfer space from the head, random injection
     save_drafter(plain, tmp_path)

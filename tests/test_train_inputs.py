@@ -7,14 +7,13 @@ import os
 import pytest
 import torch
 
-from sglang_dspine.training.chat import ChatFormat, resolve_template, tokenize_conversation
 from sglang_dspine.cli import main as cli_main
-from sglang_dspine.drafter.config import DrafterConfigError
+from sglang_dspine.drafter.config import DrafterConfigError, fit_target_layer_ids, fresh_settings
+from sglang_dspine.drafter.tiny import make_target
+from sglang_dspine.training.chat import ChatFormat, resolve_template, tokenize_conversation
 from sglang_dspine.training.data import iter_token_data, prompt_ids
-from sglang_dspine.drafter.config import fit_target_layer_ids, fresh_settings
 from sglang_dspine.training.drafter_setup import default_mask_token, default_num_draft_layers
 from sglang_dspine.training.jsonl import DataError, read_jsonl
-from sglang_dspine.drafter.tiny import make_target
 from sglang_dspine.training.train_config import TrainConfig
 from sglang_dspine.training.trainer import load_trainer_state, train
 

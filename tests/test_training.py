@@ -10,17 +10,23 @@ import pytest
 import torch
 from conftest import randomize_injection as randomize
 
-from sglang_dspine.drafter.checkpoint import init_dspine_transfer, load_drafter
 from sglang_dspine.cli import main as cli_main
+from sglang_dspine.drafter.checkpoint import init_dspine_transfer, load_drafter
 from sglang_dspine.drafter.config import DSpineSettings
-from sglang_dspine.training.data import HFGenerator, read_done_ids, regenerate
-from sglang_dspine.training.generate import speculative_generate
 from sglang_dspine.drafter.model import DSpineDrafter
 from sglang_dspine.drafter.tiny import drafter_config_for, make_target
 from sglang_dspine.training.blocks import make_blocks, sample_anchors, valid_anchors
+from sglang_dspine.training.data import HFGenerator, read_done_ids, regenerate
 from sglang_dspine.training.distributed import train_device
+from sglang_dspine.training.generate import speculative_generate
 from sglang_dspine.training.objective import DrafterObjective, ObjectiveSwitches, assemble_loss
-from sglang_dspine.training.schedules import alignment_beta, default_gamma, lr_factor, position_weights, replacement_probability
+from sglang_dspine.training.schedules import (
+    alignment_beta,
+    default_gamma,
+    lr_factor,
+    position_weights,
+    replacement_probability,
+)
 from sglang_dspine.training.teacher import TargetTeacher
 from sglang_dspine.training.train_config import TrainConfig
 from sglang_dspine.training.trainer import train

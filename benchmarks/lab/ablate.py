@@ -68,11 +68,11 @@ def evaluate(target, drafter, prompts, eos, max_new: int, decoding: str = "walk"
 def main() -> int:
     from transformers import AutoTokenizer
 
-    from sglang_dspine.drafter.checkpoint import load_drafter
     from sglang_dspine.cli import _device, load_target
+    from sglang_dspine.drafter.checkpoint import load_drafter
+    from sglang_dspine.provenance import provenance
     from sglang_dspine.training.data import eos_ids_of, prompt_ids
     from sglang_dspine.training.jsonl import read_jsonl
-    from sglang_dspine.provenance import provenance
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lab", required=True, help="a lab directory built by benchmarks/lab/run.py")
@@ -80,7 +80,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=12, help="held-out prompts per suite")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--device", help="default: cuda if present, else cpu")
-    ap.add_argument("--dtype", help="target and drafters (default: bf16 on a GPU, fp32 on CPU, as `sglang-dspine eval`)")
+    ap.add_argument("--dtype",
+                    help="target and drafters (default: bf16 on a GPU, fp32 on CPU, as `sglang-dspine eval`)")
     ap.add_argument("--jobs", type=int, help="ablation trainings at once (default: 2 on a GPU, 1 on CPU)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"comma-separated subset of {','.join(VARIANTS)} (dflash and dspine are always evaluated)")
@@ -125,7 +126,8 @@ def main() -> int:
                        for s, ps in suites.items()}
         table[name]["mean"] = round(sum(table[name].values()) / len(suites), 4)
         print(f"{name:14s}", "  ".join(f"{s} {v:.3f}" for s, v in table[name].items()), flush=True)
-    res = {"what": f"offline tau (token-weighted per suite) at T=0, {target.dtype}, transformers target on {dev}; " + __doc__.split("\n\n")[1],
+    res = {"what": f"offline tau (token-weighted per suite) at T=0, {target.dtype}, transformers target on {dev}; "
+                   + __doc__.split("\n\n")[1],
            "lab": os.path.abspath(args.lab), "tau_t0": table,
            "ratio_to_dflash": {n: round(v["mean"] / table["dflash"]["mean"], 4) for n, v in table.items()},
            "seconds": round(time.time() - t0, 1), **provenance(sys.argv)}

@@ -203,7 +203,8 @@ class Lab:
 
     def done(self, stage: str, marker: str) -> bool:
         if stage in self.force and os.path.exists(marker):
-            for d in {"corpus": ["corpus", "tokens"], "tokenizer": ["tokenizer", "tokens"], "target": ["target", "tokens"],
+            for d in {"corpus": ["corpus", "tokens"], "tokenizer": ["tokenizer", "tokens"],
+                      "target": ["target", "tokens"],
                       "data": ["data"], "train": ["runs"], "export": ["drafters"], "eval": ["eval"]}.get(stage, []):
                 shutil.rmtree(self.path(d), ignore_errors=True)
         return os.path.exists(marker)
@@ -214,7 +215,8 @@ class Lab:
             self.log("corpus: exists, skipped")
         else:
             p = self.p
-            args = ["--out", self.path("corpus"), "--max-mb", str(p["corpus_mb"]), "--train-prompts", str(p["train_prompts"]),
+            args = ["--out", self.path("corpus"), "--max-mb", str(p["corpus_mb"]), "--train-prompts",
+                    str(p["train_prompts"]),
                     "--suite-size", str(p["suite_size"]), "--workers", str(p["corpus_workers"])]
             for s in self.args.source or []:
                 args += ["--source", s]
@@ -223,7 +225,8 @@ class Lab:
         self.summary["corpus"] = {k: m[k] for k in ("megabytes", "documents", "python_files_used", "doc_files_used",
                                                     "packages", "roots")}
         self.summary["corpus"].update({k: v for k, v in m.items() if k.startswith("prompts.")})
-        self.log("corpus: " + json.dumps({"MB": m["megabytes"], **{k: v for k, v in m.items() if k.startswith("prompts.")}}))
+        self.log("corpus: " + json.dumps({"MB": m["megabytes"],
+                                          **{k: v for k, v in m.items() if k.startswith("prompts.")}}))
 
     # ---- 2a tokenizer
     def tokenizer(self) -> None:
@@ -242,7 +245,8 @@ class Lab:
         if self.done("target", self.path("target", "lab_target.json")):
             self.log("target: exists, skipped")
         else:
-            args = ["--corpus", self.path("corpus"), "--tokenizer", self.path("tokenizer"), "--out", self.path("target"),
+            args = ["--corpus", self.path("corpus"), "--tokenizer", self.path("tokenizer"), "--out",
+                    self.path("target"),
                     "--token-cache", self.path("tokens"), "--seconds", str(self.p["target_seconds"])]
             args += list(self.p["target_args"])
             if self.p["threads"]:
@@ -260,7 +264,8 @@ class Lab:
             self.log("data: exists, skipped")
         else:
             p = self.p
-            args = ["data", "--target", self.path("target"), "--prompts", self.path("corpus", "prompts", "train_mix.jsonl"),
+            args = ["data", "--target", self.path("target"), "--prompts",
+                    self.path("corpus", "prompts", "train_mix.jsonl"),
                     "--output", out, "--backend", "hf", "--max-new-tokens", str(p["gen_tokens"]),
                     "--hf-batch-size", str(p["gen_batch"]), "--batch-size", str(p["gen_batch"]),
                     "--max-prompt-len", str(p["max_prompt_len"]), "--no-progress"]
@@ -276,7 +281,8 @@ class Lab:
                 toks += len(r["input_ids"])
                 resp += sum(r["loss_mask"])
             with open(self.path("data", "summary.json"), "w") as f:
-                json.dump({"sequences": n, "tokens": toks, "response_tokens": resp, "seconds": round(time.time() - t0, 1)}, f)
+                json.dump({"sequences": n, "tokens": toks, "response_tokens": resp,
+                           "seconds": round(time.time() - t0, 1)}, f)
         s = json.load(open(self.path("data", "summary.json")))
         self.summary["data"] = s
         self.log("data: " + json.dumps(s))
@@ -298,7 +304,8 @@ class Lab:
                 "--num-draft-layers", str(p["draft_layers"]), "--block-size", str(p["block_size"]),
                 "--target-layer-ids", self._layer_ids(), "--mask-token-id", str(mask),
                 "--max-steps", str(p["train_steps"]), "--batch-size", str(p["train_batch"]),
-                "--num-anchors", str(p["num_anchors"]), "--max-length", str(p["max_length"]), "--lr", str(p["train_lr"]),
+                "--num-anchors", str(p["num_anchors"]), "--max-length", str(p["max_length"]), "--lr",
+                str(p["train_lr"]),
                 "--objective-chunk-blocks", str(p["chunk_blocks"]),
                 "--log-every", str(max(1, int(p["train_steps"]) // 10)), "--no-progress"]
         if kind == "dspine":
@@ -318,7 +325,8 @@ class Lab:
             from sglang_dspine.training.jsonl import read_jsonl
 
             last = read_jsonl(self.path("runs", k, "metrics.jsonl"))[-1]
-            keep = {x: last[x] for x in ("step", "loss", "ce", "accuracy", "accuracy_per_position", "candidate_coverage",
+            keep = {x: last[x] for x in ("step", "loss", "ce", "accuracy", "accuracy_per_position",
+                                         "candidate_coverage",
                                           "backbone_accept_len", "tokens_per_s") if x in last}
             self.summary["train"][k] = keep
             self.log(f"train {k}: " + json.dumps({x: keep[x] for x in ("step", "loss", "accuracy",
@@ -372,16 +380,17 @@ class Lab:
         self.summary["eval"] = table
         for tk, rows in table.items():
             for suite, row in rows.items():
-                self.log(f"eval {tk} {suite:5s}: tau DFlash {row['dflash']['tau']:.3f}  DSpine {row['dspine']['tau']:.3f}"
+                self.log(f"eval {tk} {suite:5s}: tau DFlash {row['dflash']['tau']:.3f}"
+                         f"  DSpine {row['dspine']['tau']:.3f}"
                          f"  ratio {row['ratio']:.3f}")
 
     # ---- report
     def report(self, failed: str | None = None) -> str:
-        from sglang_dspine.provenance import git_commit
-
         import importlib.metadata as md
 
         import torch
+
+        from sglang_dspine.provenance import git_commit
 
         versions = {"python": sys.version.split()[0]}
         for name in ("torch", "transformers", "tokenizers", "sglang", "triton", "numpy"):
@@ -419,7 +428,8 @@ class Lab:
                    ("drafters/dspine", self.path("drafters", "dspine")),
                    ("suites", self.path("corpus", "prompts")), ("results.json", self.path("results.json")),
                    ("eval", self.path("eval")), ("corpus_manifest.json", self.path("corpus", "manifest.json"))]
-        members += [(f"runs/{k}/{f}", self.path("runs", k, f)) for k in KINDS for f in ("metrics.jsonl", "train_config.json")]
+        members += [(f"runs/{k}/{f}", self.path("runs", k, f)) for k in KINDS for f in ("metrics.jsonl",
+                                                                                        "train_config.json")]
         members += [("logs", self.path("logs")), ("logs_run.txt", self.path("logs_run.txt"))]
         tmp = os.path.join(dest, "lab_models.tar.gz")
         with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
@@ -480,7 +490,8 @@ class Lab:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--preset", choices=sorted(PRESETS), default="budget")
     p.add_argument("--tiny", dest="preset", action="store_const", const="tiny", help="same as --preset tiny")

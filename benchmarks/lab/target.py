@@ -113,7 +113,8 @@ def windows(stream, starts, seq_len: int):
     return stream[idx].long()
 
 
-def heldout_loss(model, streams: dict[str, Any], seq_len: int, eval_tokens: int, batch: int, device, bf16: bool) -> dict[str, float]:
+def heldout_loss(model, streams: dict[str, Any], seq_len: int, eval_tokens: int, batch: int, device,
+                 bf16: bool) -> dict[str, float]:
     """Mean next-token loss on evenly spaced windows of each held-out stream (deterministic)."""
     import torch
     import torch.nn.functional as F
@@ -163,7 +164,8 @@ def train(args) -> dict[str, Any]:
     train_stream = load("train")
     held = {n: load(n) for n in meta["streams"] if n.startswith("heldout.")}
     if train_stream.numel() < args.seq_len + 2:
-        raise SystemExit(f"target: the train stream has {train_stream.numel()} tokens; need more than --seq-len {args.seq_len}")
+        raise SystemExit(f"target: the train stream has {train_stream.numel()} tokens; "
+                         f"need more than --seq-len {args.seq_len}")
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     ids = _tok_module().special_ids(tokenizer)
     config = make_config(vars(args), len(tokenizer), ids)
@@ -171,7 +173,8 @@ def train(args) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
     step_fn = model
     if args.compile:

@@ -19,7 +19,8 @@ import os
 import random
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 EOT, IM_START, IM_END, MASK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"
 SPECIAL_TOKENS = [EOT, IM_START, IM_END, MASK]
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     fast.save_pretrained(args.out)
     sample = "".join(texts[:200])
     n_tok = len(tok.encode(sample).ids) if sample else 0
-    summary = {"vocab_size": len(fast), "special": special_ids(fast), "trained_on_mb": round(sum(map(len, texts)) / 1e6, 2),
+    summary = {"vocab_size": len(fast), "special": special_ids(fast),
+               "trained_on_mb": round(sum(map(len, texts)) / 1e6, 2),
                "bytes_per_token": round(len(sample.encode()) / max(n_tok, 1), 3), "seconds": round(time.time() - t0, 2)}
     with open(os.path.join(args.out, "lab_tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)

@@ -192,7 +192,8 @@ def dump_stacks(url):
                         os.kill(int(pid), 10)  # SIGUSR1 -> faulthandler (SGLANG_DSPINE_STACKS_ON_SIGUSR1)
                 except (OSError, ProcessLookupError):
                     pass
-            tree = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,args", "--forest"], capture_output=True, text=True)
+            tree = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,args", "--forest"], capture_output=True,
+                                  text=True)
             with open(s.log, "a") as f:
                 f.write("\n--- serve_e2e: process tree while a request was stuck ---\n" + tree.stdout[-20000:])
             print(f"request to {s.name} stuck for {STUCK_AFTER_S} s: scheduler stacks and process tree in its log",
@@ -243,7 +244,8 @@ def prompts_for(tokenizer, n, suites_dir=None, seed=0):
         for f in sorted(os.listdir(suites_dir)):
             if f.endswith(".heldout.jsonl"):
                 per[f.split(".")[0]] = [r["prompt"] for r in read_jsonl(os.path.join(suites_dir, f))]
-        order = [(suite, texts[i]) for i in range(max(map(len, per.values()))) for suite, texts in per.items() if i < len(texts)]
+        order = [(suite, texts[i]) for i in range(max(map(len, per.values()))) for suite,
+                 texts in per.items() if i < len(texts)]
         from sglang_dspine.training.data import prompt_ids
 
         out = []
@@ -270,10 +272,10 @@ def throughput(servers, prompts, concurrencies, max_new, temperature=0.0, ignore
         for c in concurrencies:
             reqs = [prompts[i % len(prompts)] for i in range(max(4 * c, 12))]
             with cf.ThreadPoolExecutor(c) as ex:
-                list(ex.map(lambda p: generate(srv, p[1], 8), reqs[:c]))  # warm-up
+                list(ex.map(lambda p, srv=srv: generate(srv, p[1], 8), reqs[:c]))  # warm-up
                 t = time.time()
-                outs = list(ex.map(lambda p: generate(srv, p[1], max_new, temperature=temperature,
-                                                      ignore_eos=ignore_eos), reqs))
+                outs = list(ex.map(lambda p, srv=srv: generate(srv, p[1], max_new, temperature=temperature,
+                                                               ignore_eos=ignore_eos), reqs))
                 dt = time.time() - t
             tokens = sum(len(o["output_ids"]) for o in outs)
             acc, steps = collections.defaultdict(list), collections.defaultdict(lambda: [0, 0])
@@ -289,7 +291,8 @@ def throughput(servers, prompts, concurrencies, max_new, temperature=0.0, ignore
                             "accept_length_by_suite": {k: sum(v) / len(v) for k, v in acc.items()},
                             "tau_by_suite": {k: t / n for k, (t, n) in steps.items() if n},
                             "verify_steps": sum(n for _, n in steps.values())}
-        print("throughput", f"T={temperature}", name, {c: round(v["tokens_per_s"]) for c, v in res[name].items()}, flush=True)
+        print("throughput", f"T={temperature}", name, {c: round(v["tokens_per_s"]) for c, v in res[name].items()},
+              flush=True)
     return res
 
 
@@ -337,9 +340,11 @@ def t1_test(base, spec, prompts, samples, pool):
     position's marginal and on the joint; Bonferroni over every test that had at least two cells."""
     tests = []
     for i, p in enumerate(prompts):
-        draw = lambda srv, s: tuple(generate(srv, p, 3, temperature=1.0, seed=s)["output_ids"])
-        a = list(pool.map(lambda s: draw(base, s), range(samples)))
-        b = list(pool.map(lambda s: draw(spec, 10**6 + s), range(samples)))
+        def draw(srv, s, p=p):
+            return tuple(generate(srv, p, 3, temperature=1.0, seed=s)["output_ids"])
+
+        a = list(pool.map(lambda s, draw=draw: draw(base, s), range(samples)))
+        b = list(pool.map(lambda s, draw=draw: draw(spec, 10**6 + s), range(samples)))
         for pos in (0, 1, 2, "joint"):
             key = (lambda x: x) if pos == "joint" else (lambda x, pos=pos: x[pos])
             r = _two_sample(collections.Counter(map(key, a)), collections.Counter(map(key, b)))
@@ -470,7 +475,8 @@ def main():
     if not args.no_deterministic:
         det = ["--enable-deterministic-inference"]
         servers["plain_det"] = Server("plain_det", 30004, ["--model-path", target, *det], args.out)
-        servers["dspine_det"] = Server("dspine_det", 30005, spec("DSPINE", os.path.join(models, "dspine"), *det), args.out)
+        servers["dspine_det"] = Server("dspine_det", 30005, spec("DSPINE", os.path.join(models, "dspine"), *det),
+                                       args.out)
     refusals = {n: Server("bad_" + n, 30010 + i, spec("DSPINE", d, *extra), args.out)
                 for i, (n, (d, extra, _)) in enumerate(bad.items())}
     results = {"models": label, "provenance": provenance(sys.argv), "server_args": SERVER_ARGS}
@@ -486,7 +492,8 @@ def main():
             refused[n] = {"exited": s.proc.poll() is not None and s.proc.returncode != 0,
                           "message_found": bad[n][2] in text,
                           "message": next((l.strip()[:300] for l in text.splitlines()
-                                           if l.startswith(("ValueError: DSPINE", "sglang_dspine.drafter.config.DrafterConfigError"))), None)}
+                                           if l.startswith(("ValueError: DSPINE",
+                                                            "sglang_dspine.drafter.config.DrafterConfigError"))), None)}
         results["refusals"] = refused
         if not (up["plain"] and up["dspine"]):
             raise SystemExit("plain or DSPINE server did not start")
@@ -510,7 +517,8 @@ def main():
             # (c) runs now, beside the correctness tests below (they only get stronger with the DSPINE server
             # under load); the throughput sweep waits until it is over.
             load.start()
-            results["t1"] = t1_test(servers["plain"], servers["dspine"], prompts[: args.t1_prompts], args.t1_samples, pool)
+            results["t1"] = t1_test(servers["plain"], servers["dspine"], prompts[: args.t1_prompts], args.t1_samples,
+                                    pool)
             print("t1 p:", results["t1"]["bonferroni_min_pvalue"], flush=True)
             checkpoint()
             if up.get("plain_det") and up.get("dspine_det") and warm(warming, "plain_det", "dspine_det"):
@@ -562,7 +570,8 @@ def collect_server_info(servers, up, results, names=("dspine", "dflash", "dspine
                 "cuda_graph_true_lines": sum("cuda graph: True" in l for l in decode),
                 "cuda_graph_false_lines": sum("cuda graph: False" in l for l in decode),
                 "last_decode_line": decode[-1][-300:] if decode else None,
-                "graph_decoding_log": [l[-200:] for l in log if "DSPINE candidate decoding" in l or "kept eager" in l][:3],
+                "graph_decoding_log": [l[-200:] for l in log
+                                       if "DSPINE candidate decoding" in l or "kept eager" in l][:3],
             }
 
 
@@ -578,7 +587,8 @@ def summarize(r):
     srv = r.get("dspine_server", {})
     return {
         "models": r.get("models"),
-        "exact_setting": "--enable-deterministic-inference (bf16, triton)" if "greedy_deterministic" in r else "plain bf16",
+        "exact_setting": ("--enable-deterministic-inference (bf16, triton)" if "greedy_deterministic" in r
+                          else "plain bf16"),
         "exact_greedy_match": exact.get("match_rate"),
         "bf16_greedy_match": r.get("greedy_bf16", {}).get("match_rate"),
         "divergence_max_top2_gap": max_gap(exact),

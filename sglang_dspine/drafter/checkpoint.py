@@ -109,7 +109,8 @@ def load_state_strict(
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing:
-        raise DrafterConfigError(f"checkpoint {source}: missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        raise DrafterConfigError(f"checkpoint {source}: missing tensors "
+                                 f"{missing[:8]}{' ...' if len(missing) > 8 else ''}")
     if unexpected:
         raise DrafterConfigError(
             f"checkpoint {source}: unexpected tensors {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''} "
@@ -118,7 +119,8 @@ def load_state_strict(
     for name, ref in expected.items():
         if tuple(tensors[name].shape) != tuple(ref.shape):
             raise DrafterConfigError(
-                f"checkpoint {source}: tensor `{name}` expected shape {tuple(ref.shape)}, found {tuple(tensors[name].shape)}"
+                f"checkpoint {source}: tensor `{name}` expected shape {tuple(ref.shape)}, "
+                f"found {tuple(tensors[name].shape)}"
             )
     model.load_state_dict({k: tensors[k].to(ref.dtype) for k, ref in expected.items()}, strict=names is None)
 
@@ -239,7 +241,8 @@ def warm_start_from_dflash(
     the one behavioural change (docs/algorithm.md) and what the DSpine fine-tune adapts to.
     """
     if target_head is None:
-        raise DrafterConfigError("warm start from a DFlash checkpoint needs the target's LM head for the transfer codes")
+        raise DrafterConfigError("warm start from a DFlash checkpoint needs the target's LM head "
+                                 "for the transfer codes")
     dcfg = cfg.as_dspine(settings)
     model = DSpineDrafter(dcfg)
     backbone = {k for k in model.state_dict() if not k.startswith("injection.") and k not in (CODES_KEY, READY_KEY)}
@@ -279,7 +282,8 @@ def resolve_transfer_codes(tensors: dict[str, torch.Tensor], path: str, cfg: Dra
             if os.path.isfile(side):
                 found = load_safetensors(side)
                 if RELEASE_CODES not in found:
-                    raise DrafterConfigError(f"checkpoint {side}: expected tensor `{RELEASE_CODES}`, found {sorted(found)}")
+                    raise DrafterConfigError(f"checkpoint {side}: expected tensor `{RELEASE_CODES}`, "
+                                             f"found {sorted(found)}")
                 codes = found[RELEASE_CODES]
         if codes is not None:
             tensors[CODES_KEY] = codes

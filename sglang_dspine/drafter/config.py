@@ -55,7 +55,7 @@ class DSpineSettings:
     candidate_mass_threshold: float = 1e-4
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "DSpineSettings":
+    def from_dict(cls, d: dict[str, Any]) -> DSpineSettings:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -84,13 +84,14 @@ class DSpineSettings:
         ]
         for name, ok, want in checks:
             if not ok:
-                raise DrafterConfigError(f"config.json dspine_config.{name}: expected {want}, found {getattr(self, name)!r}")
+                raise DrafterConfigError(f"config.json dspine_config.{name}: expected {want}, "
+                                         f"found {getattr(self, name)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def scaled_for(cls, hidden_size: int, vocab_size: int, **overrides: Any) -> "DSpineSettings":
+    def scaled_for(cls, hidden_size: int, vocab_size: int, **overrides: Any) -> DSpineSettings:
         """Defaults scaled to a backbone: the reference's r = H/4 (1024 at H = 4096) and m = r/2, capped there."""
         rank = min(1024, max(1, hidden_size // 4), vocab_size - 1)
         return cls(**{"transfer_rank": rank, "message_size": max(1, min(512, rank // 2)), **overrides})
@@ -125,7 +126,7 @@ class DrafterConfig:
 
     # ---------------------------------------------------------------- parsing
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "DrafterConfig":
+    def from_dict(cls, d: dict[str, Any]) -> DrafterConfig:
         d = copy.deepcopy(d)
         archs = d.get("architectures") or []
         if archs == [DSPINE_ARCH] or (DSPINE_ARCH in archs):
@@ -188,7 +189,7 @@ class DrafterConfig:
         return cfg
 
     @classmethod
-    def from_file(cls, path: str) -> "DrafterConfig":
+    def from_file(cls, path: str) -> DrafterConfig:
         """The config of a drafter folder (or its config.json); an error names the folder."""
         folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
         raw = read_json(os.path.join(path, "config.json") if os.path.isdir(path) else path)
@@ -232,9 +233,11 @@ class DrafterConfig:
                     f"(min(hidden_size, vocab_size - 1)), found {s.transfer_rank}"
                 )
             if not self.is_causal:
-                raise DrafterConfigError("config.json is_causal: DSpine drafters are causal inside the block, found false")
+                raise DrafterConfigError("config.json is_causal: DSpine drafters are causal inside the block, "
+                                         "found false")
 
-    def check_target(self, target_hidden_size: int, target_vocab_size: int, target_num_layers: int | None = None) -> None:
+    def check_target(self, target_hidden_size: int, target_vocab_size: int,
+                     target_num_layers: int | None = None) -> None:
         """Refuse a drafter that does not fit the target it is paired with."""
         if self.hidden_size != target_hidden_size:
             raise DrafterConfigError(
@@ -283,12 +286,13 @@ class DrafterConfig:
             d.pop("dspine_config", None)
         return d
 
-    def as_dspine(self, settings: DSpineSettings | None = None) -> "DrafterConfig":
+    def as_dspine(self, settings: DSpineSettings | None = None) -> DrafterConfig:
         """The DSpine config of the same backbone (a DFlash drafter as a DSpine warm start)."""
         d = self.to_dict()
         d["architectures"] = [DSPINE_ARCH]
         d["is_causal"] = True
-        d["dspine_config"] = (settings or self.dspine or DSpineSettings.scaled_for(self.hidden_size, self.vocab_size)).to_dict()
+        d["dspine_config"] = (settings or self.dspine or DSpineSettings.scaled_for(self.hidden_size,
+                                                                                   self.vocab_size)).to_dict()
         return DrafterConfig.from_dict(d)
 
 
@@ -298,7 +302,8 @@ def _refuse_unsupported(d: dict[str, Any], dflash: dict[str, Any]) -> None:
     if types is not None and any(t != "full_attention" for t in types):
         raise DrafterConfigError(f"config.json layer_types: only full_attention layers are supported, found {types}")
     if d.get("use_sliding_window"):
-        raise DrafterConfigError("config.json use_sliding_window: sliding-window drafters are not supported, found true")
+        raise DrafterConfigError("config.json use_sliding_window: sliding-window drafters are not supported, "
+                                 "found true")
     for key, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None)):
         value = dflash.get(key, d.get(key, neutral))
         if (value != 1.0) if neutral == 1.0 else (value not in (None, 0, 0.0)):  # a softcap of 0 means none

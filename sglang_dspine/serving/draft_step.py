@@ -21,8 +21,8 @@ import logging
 import torch
 
 from ..drafter.decoding import decode_block
-from ..env import ENV
 from ..drafter.sharding import FULL, VocabShard
+from ..env import ENV
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ _TAKEN_FROM_SPECULATIVE_ALGORITHM = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sglang_version() -> tuple[int, int, int]:
     """The imported SGLang's release, e.g. (0, 5, 23) for 0.5.23 or 0.5.23.post1 (its own version module: the
     package that runs, even where several are installed)."""
@@ -103,7 +103,8 @@ def check_drafter_folder(draft_path) -> None:
     from ..drafter.config import DrafterConfigError
 
     if not draft_path or not os.path.isdir(draft_path):
-        raise StartupRefusal(f"{ALGORITHM}: --speculative-draft-model-path must be a local directory, found {draft_path!r}")
+        raise StartupRefusal(f"{ALGORITHM}: --speculative-draft-model-path must be a local directory, "
+                             f"found {draft_path!r}")
     try:
         unconverted = is_unconverted_release(draft_path)
     except DrafterConfigError as e:  # no config.json, or not JSON: the message names the file
@@ -159,7 +160,8 @@ def check_server_args(server_args) -> None:
         block = int(server_args.speculative_num_draft_tokens)
         if block != cfg.block_size:
             raise DrafterConfigError(
-                f"drafter block_size {cfg.block_size} but --speculative-num-draft-tokens/--speculative-dflash-block-size "
+                f"drafter block_size {cfg.block_size} but "
+                "--speculative-num-draft-tokens/--speculative-dflash-block-size "
                 f"is {block}; they must be equal"
             )
         if server_args.speculative_draft_load_format != "dummy":
@@ -183,7 +185,8 @@ def _check_codes_present(draft_path: str) -> None:
 
     if not has_transfer_codes(draft_path):
         raise DrafterConfigError(
-            f"no transfer codes: expected tensor `{CODES_KEY}` in the model files or `{RELEASE_CODES}` in {TRANSFER_FILE}"
+            f"no transfer codes: expected tensor `{CODES_KEY}` in the model files "
+            f"or `{RELEASE_CODES}` in {TRANSFER_FILE}"
         )
 
 
@@ -218,7 +221,8 @@ def register() -> None:
         try:
             SpeculativeAlgorithm.from_string(ALGORITHM)
         except ValueError:
-            SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, spec_class=_dspine_algo_class())(_worker_factory)
+            SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True,
+                                          spec_class=_dspine_algo_class())(_worker_factory)
         from .sglang_model import DSpineDraftModel
 
         ModelRegistry.models[ARCHITECTURE] = DSpineDraftModel

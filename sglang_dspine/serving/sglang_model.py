@@ -15,19 +15,24 @@ attention causal. This class adds what DSpine needs on top:
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.models.dflash import DFlashDraftModel
 
 from ..drafter.checkpoint import (
-    CODES_KEY, READY_KEY, RELEASE_CODES, check_dspine_transfer, load_state_strict, resolve_transfer_codes,
+    CODES_KEY,
+    READY_KEY,
+    RELEASE_CODES,
+    check_dspine_transfer,
+    load_state_strict,
+    resolve_transfer_codes,
 )
 from ..drafter.config import DrafterConfig, DrafterConfigError
-from . import draft_step
 from ..drafter.injection import AdjacentInjection
 from ..drafter.model import DSpineDrafter
+from . import draft_step
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +48,7 @@ class DSpineDraftModel(DFlashDraftModel):
         self.register_buffer("transfer_codes", torch.zeros(int(config.vocab_size), s.transfer_rank))
         self.register_buffer("transfer_ready", torch.tensor(False))
         self.top_k = s.top_k
-        self.draft_step: Optional[draft_step.DraftStep] = None  # set up once the weights are in
+        self.draft_step: draft_step.DraftStep | None = None  # set up once the weights are in
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from .chat import BUILTIN_TEMPLATES, ChatFormat, record_messages, resolve_template, tokenize_conversation, turn_markers
 from .jsonl import DataError, iter_jsonl
+
 
 # ----------------------------------------------------------------------------------------------- prompts
 def iter_records(source: str, split: str = "train") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -56,7 +58,8 @@ def iter_records(source: str, split: str = "train") -> Iterator[tuple[str, dict[
         try:
             ds = datasets.load_dataset(source, split=split)
         except Exception as e:  # offline hubs, unknown names: say what was tried
-            raise DataError(f"prompts {source!r}: not a file or directory, and datasets.load_dataset failed: {e}") from e
+            raise DataError(f"prompts {source!r}: not a file or directory, "
+                            f"and datasets.load_dataset failed: {e}") from e
     for i, rec in enumerate(ds):
         yield str(rec.get("id", i) if rec.get("id") is not None else i), dict(rec)
 

@@ -1,5 +1,6 @@
 """The drafter a training run starts from: its config for a target (`drafter.config.new_drafter_config`, the one
-drafter-config factory), its initial weights, or a checkpoint to start from (a DFlash checkpoint becomes a DSpine warm start).
+drafter-config factory), its initial weights, or a checkpoint to start from (a DFlash checkpoint becomes a DSpine
+warm start).
 
 Defaults fit the target they are given:
 - drafter layers: 5 (the reference's for Qwen3-8B), at most half the target's layers;
@@ -21,7 +22,12 @@ from torch import nn
 
 from ..drafter.checkpoint import init_dspine_transfer, load_drafter
 from ..drafter.config import (
-    DrafterConfigError, DSpineSettings, DrafterConfig, fit_target_layer_ids, fresh_settings, new_drafter_config,
+    DrafterConfig,
+    DrafterConfigError,
+    DSpineSettings,
+    fit_target_layer_ids,
+    fresh_settings,
+    new_drafter_config,
 )
 from ..drafter.model import DSpineDrafter
 from .teacher import TargetTeacher
@@ -47,7 +53,8 @@ def default_mask_token(tokenizer, vocab_size: int) -> tuple[int, str]:
         return int(vocab[MASK_TOKEN]), f"{MASK_TOKEN} in the tokenizer's vocabulary"
     n = len(tokenizer)
     if n < vocab_size:
-        return n, f"the id {MASK_TOKEN} takes when added to the tokenizer ({n} tokens; the embedding has {vocab_size} rows)"
+        return n, (f"the id {MASK_TOKEN} takes when added to the tokenizer "
+                   f"({n} tokens; the embedding has {vocab_size} rows)")
     raise DrafterConfigError(f"{flag('mask_token_id')}: needed: the tokenizer has no mask token and its {n} tokens "
                              f"fill the target's {vocab_size} embedding rows")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 class DataError(ValueError):

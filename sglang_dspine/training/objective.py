@@ -30,10 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .blocks import Blocks
 from ..drafter.model import DSpineDrafter
+from .blocks import Blocks
 from .teacher import TargetTeacher
-
 
 TERM_NAMES = ("ce", "l1", "refinement", "alignment")
 
