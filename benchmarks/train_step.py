@@ -158,8 +158,8 @@ def main() -> int:
         args.warmup, args.steps, args.profile_warmup = min(args.warmup, 2), min(args.steps, 3), 1
     if args.threads:
         torch.set_num_threads(args.threads)
-    from sglang_dspine.cli import load_target
     from sglang_dspine.provenance import provenance
+    from sglang_dspine.training.target_loading import load_target
 
     t0 = time.time()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

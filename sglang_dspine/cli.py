@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any
+
+from .training.target_loading import CLIError, check_model_dir, default_device, dtype_of, load_target, load_tokenizer
 
 
 @dataclass
@@ -36,10 +37,6 @@ def register_command(name: str, help: str, add_arguments: Callable[[argparse.Arg
     COMMANDS[name] = Command(name, help, add_arguments, run)
 
 
-class CLIError(Exception):
-    """A user error: printed as one line, exit code 2."""
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse with its usage errors on one line (argparse prints the whole usage block first)."""
 
@@ -51,74 +48,6 @@ def _path(v: str) -> str:
     if not v:  # "" would mean the working directory to os.path.join
         raise argparse.ArgumentTypeError("expected a path, found an empty string")
     return v
-
-
-# `namespace/name`: what transformers fetches from the Hugging Face hub when no such local path exists
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
-def check_model_dir(flag: str, path: str) -> None:
-    """Refuse a target that is not a model directory before transformers reads it (for a file or a missing
-    path transformers talks about hub repo ids; for a truncated weight file it names no file)."""
-    from .drafter.checkpoint import INDEX_FILE, MODEL_FILE, model_files, safetensors_shapes
-    from .drafter.config import DrafterConfigError, read_json
-
-    if not os.path.isdir(path):
-        if os.path.exists(path):
-            raise CLIError(f"{flag} {path}: a file; expected a model directory (config.json and weights)")
-        if _HUB_ID.fullmatch(path):
-            return  # a hub repo id: transformers fetches it (load_target reports a failure)
-        raise CLIError(f"{flag} {path}: no such directory")
-    try:
-        read_json(os.path.join(path, "config.json"))
-        if any(os.path.isfile(os.path.join(path, f)) for f in (MODEL_FILE, INDEX_FILE)):
-            for f in model_files(path):
-                safetensors_shapes(f)
-    except DrafterConfigError as e:
-        raise CLIError(f"{flag} {e}") from None
-
-
-# ------------------------------------------------------------------------------------------- helpers
-def _dtype(name: str):
-    import torch
-
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "fp32": torch.float32, "float32": torch.float32}
-    if name not in table:
-        raise CLIError(f"--dtype: expected one of {sorted(table)}, found {name!r}")
-    return table[name]
-
-
-def _device(name: str | None) -> str:
-    import torch
-
-    return name or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def load_target(path: str, dtype: str | None = None, device: str | None = None):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    dev = _device(device)
-    dt = _dtype(dtype) if dtype else (torch.bfloat16 if dev.startswith("cuda") else torch.float32)
-    check_model_dir("--target", path)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt)
-    except (OSError, ValueError) as e:
-        raise CLIError(f"--target {path}: cannot load a transformers causal LM ({e})") from e
-    return model.to(dev).eval()
-
-
-def load_tokenizer(path: str | None, fallback: str | None):
-    from transformers import AutoTokenizer
-
-    for p in [x for x in (path, fallback) if x]:
-        try:
-            return AutoTokenizer.from_pretrained(p)
-        except (OSError, ValueError, TypeError) as e:
-            if p == path:
-                raise CLIError(f"--tokenizer {p}: cannot load a tokenizer ({e})") from e
-    return None
 
 
 def _thinking(v: str) -> bool | None:
@@ -395,7 +324,7 @@ def _export_run(args: argparse.Namespace) -> int:
             model.cfg.check_target(t.hidden_size, t.vocab_size, t.num_hidden_layers)
         except DrafterConfigError as e:
             raise CLIError(str(e)) from e
-    dt = _dtype(args.dtype)
+    dt = dtype_of(args.dtype)
     codes = model.transfer_codes.clone() if model.cfg.is_dspine else None
     model = model.to(dt)
     if codes is not None:  # the codes stay float32: they are fixed data, not weights
@@ -440,7 +369,7 @@ def _eval_run(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         raise CLIError(f"--drafter {e}") from None
     check_drafter_dir(src)  # before the target is loaded
-    dev = _device(args.device)
+    dev = default_device(args.device)
     target = load_target(args.target, args.dtype, dev)
     head = target.get_output_embeddings().weight
     drafter = load_drafter(src, as_dspine=args.as_dspine, target_head=head.detach().float().cpu(),

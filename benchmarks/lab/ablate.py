@@ -68,11 +68,11 @@ def evaluate(target, drafter, prompts, eos, max_new: int, decoding: str = "walk"
 def main() -> int:
     from transformers import AutoTokenizer
 
-    from sglang_dspine.cli import _device, load_target
     from sglang_dspine.drafter.checkpoint import load_drafter
     from sglang_dspine.provenance import provenance
     from sglang_dspine.training.data import eos_ids_of, prompt_ids
     from sglang_dspine.training.jsonl import read_jsonl
+    from sglang_dspine.training.target_loading import default_device, load_target
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lab", required=True, help="a lab directory built by benchmarks/lab/run.py")
@@ -90,7 +90,7 @@ def main() -> int:
     if chosen - set(VARIANTS):
         ap.error(f"--variants: unknown {sorted(chosen - set(VARIANTS))}; choose from {','.join(VARIANTS)}")
     t0 = time.time()
-    dev = _device(args.device)
+    dev = default_device(args.device)
     jobs = args.jobs or (2 if dev.startswith("cuda") else 1)
     work = os.path.join(args.lab, "ablations")
     with ThreadPoolExecutor(jobs) as ex:
