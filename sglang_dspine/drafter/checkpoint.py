@@ -132,7 +132,7 @@ def check_dspine_transfer(model: DSpineDrafter, source: str) -> None:
         raise DrafterConfigError(f"checkpoint {source}: `transfer_ready` is false; the transfer codes were never set")
 
 
-def _raw_config(path: str) -> tuple[dict, bool, bool]:
+def raw_config(path: str) -> tuple[dict, bool, bool]:
     """config.json as stored (unwrapped where the release wraps it in {"config": ...}), whether it was wrapped,
     and whether the release's own rules apply: no `dspine_config`, codes in transfer.safetensors."""
     if not path or not os.path.isdir(path):
@@ -149,7 +149,7 @@ def _raw_config(path: str) -> tuple[dict, bool, bool]:
 def is_unconverted_release(path: str) -> bool:
     """A reference-release folder whose config.json is the release's own (wrapped, or without `dspine_config`):
     `load_drafter` reads it by the release's rules, but SGLang builds a model from config.json as written."""
-    _, wrapped, release_rules = _raw_config(path)
+    _, wrapped, release_rules = raw_config(path)
     return wrapped or release_rules
 
 
@@ -157,7 +157,7 @@ def _read_config(path: str) -> DrafterConfig:
     """The drafter config; a reference-release directory (codes in transfer.safetensors, a config without
     `dspine_config`) is read by the release's own rules (its converter's): DSpine architecture, block size
     16, full attention, top_k 16, rank and message size taken from the tensors."""
-    raw, _, release_rules = _raw_config(path)
+    raw, _, release_rules = raw_config(path)
     if release_rules:
         shapes = tensor_shapes(path)
         for name in ("injection.readouts.0.weight", "injection.message.weight"):

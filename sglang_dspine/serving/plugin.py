@@ -130,15 +130,13 @@ def check_drafter_folder(draft_path) -> None:
 def check_not_a_dspine_drafter(draft_path) -> None:
     """A DFLASH server given a DSpine drafter would decode it with DFlash's argmax, ignoring the injection
     and the transition walk it was trained for: refused. Anything else is left to SGLang's own checks."""
-    from ..drafter.config import DSPINE_ARCH, DrafterConfigError, read_json
+    from ..drafter.checkpoint import raw_config
+    from ..drafter.config import DSPINE_ARCH, DrafterConfigError
 
-    if not draft_path or not os.path.isdir(draft_path):
-        return
     try:
-        raw = read_json(os.path.join(draft_path, "config.json"))
-    except DrafterConfigError:
+        raw, _, _ = raw_config(draft_path)
+    except DrafterConfigError:  # not a folder, or no usable config.json: SGLang's own checks say so
         return
-    raw = raw["config"] if set(raw) == {"config"} and isinstance(raw["config"], dict) else raw  # release wrapper
     archs = raw.get("architectures") or []
     if DSPINE_ARCH in archs or "dspine_config" in raw:
         raise StartupRefusal(
