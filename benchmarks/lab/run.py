@@ -21,11 +21,11 @@ Presets: `tiny` (CPU, tests: < 3 minutes on 2 cores), `budget` (one H200; run de
 steps). Any preset value can be overridden with `--set key=value` (e.g. `--set target_seconds=120 --set
 train_steps=300`). `--set deadline_s=S` kills a step still running S seconds after the start; the report
 (marked `failed`) and the pack are written anyway.
-The budget preset measured 609 s on an H200 with 400 training steps and the loss in chunks of 128 blocks
-(corpus 7, tokenizer 10, target 213, data 69, two drafters side by side 146, export 16, eval 139 s;
-`lab_budget.json`). Those drafters were undertrained. With the loss in one chunk (`chunk_blocks=0`; same loss,
-more memory) a DSpine step takes 68 ms instead of 329 ms on the H200 (`train_step_gpu_chunk*.json`), so the
-preset now trains 2000 steps in about the time 400 took. The new preset has not yet run end to end.
+Timings on an H200 (benchmarks/results): `lab_budget.json`, 400 training steps with the loss in chunks of 128
+blocks, 609 s in all (corpus 7, tokenizer 10, target 213, data 69, two drafters side by side 146, export 16,
+eval 139 s); `train_step_gpu_chunk*.json`, a DSpine step in 329 ms with chunks of 128 blocks and 68 ms in one
+chunk. The budget preset trains 2000 steps in one chunk (`chunk_blocks=0`; same loss, more memory), about the
+time 400 steps take in chunks; it has no end-to-end timing of its own.
 
     python benchmarks/lab/run.py --preset tiny --out /tmp/lab_tiny
     python benchmarks/lab/run.py --preset budget --out lab_out --pack $OUT --results $OUT

@@ -1,4 +1,4 @@
-"""End-to-end DSPINE serving evidence on the GPU machine (issue 4, items a-g).
+"""End-to-end DSPINE serving evidence on the GPU machine (items a-g below).
 
 Starts, side by side on one GPU, SGLang servers without speculation, with DSPINE and with DFLASH (plus the
 same plain/DSPINE pair with --enable-deterministic-inference), tries to start servers on broken drafters,
@@ -358,9 +358,9 @@ def t1_test(base, spec, prompts, samples, pool):
 def start_warm_up(servers, prompts, clients=48, timeout=400):
     """One 48-wide burst per server, greedy and T=1 requests mixed, all servers at once, before anything is
     measured; returns {name: Future of its seconds}, so each stage waits only for the servers it uses. The
-    first batch mixing top-k values (greedy beside T=1) stalled DSPINE servers for 112 s and 139 s in earlier
-    runs (FlashInfer's sampling module JIT-built by DFlash's verify, see sglang_dspine/serving/sglang_patches.py);
-    timing the burst per server shows who still pays for it: stock DFLASH does, DSPINE should not."""
+    first batch mixing top-k values (greedy beside T=1) makes DFlash's verify JIT-build FlashInfer's sampling
+    module, which stalls a server for minutes (sglang_dspine/serving/sglang_patches.py); timing the burst per
+    server shows who pays for it: stock DFLASH does, DSPINE should not."""
     texts = SHORT_OPENINGS
 
     def burst(srv):

@@ -1,4 +1,4 @@
-"""DSPINE with tensor parallelism on two GPUs (issue 7), against the same build at tp-size 1.
+"""DSPINE with tensor parallelism on two GPUs, against the same build at tp-size 1.
 
 Servers, side by side (tp 1 on GPU 0, tp 2 on GPUs 0 and 1): DSPINE at tp 1 and tp 2, and the target
 without speculation at tp 1 and tp 2; with `--deterministic`, the DSPINE pair again with
@@ -103,7 +103,7 @@ def main():
                                                                       args.max_new, pool)
                 print("greedy plain tp2 vs tp1:", results["plain_tp2_vs_tp1"]["identical"],
                       "| DSPINE tp2 vs plain tp2:", results["dspine_tp2_vs_plain_tp2"]["identical"], flush=True)
-            if up.get("dspine_tp1_det") and up.get("plain_tp1_det"):  # issue 4's exact setting, on one GPU
+            if up.get("dspine_tp1_det") and up.get("plain_tp1_det"):  # serve_e2e.py's exact setting, on one GPU
                 results["dspine_vs_plain_tp1_det"] = greedy_agreement(s["plain_tp1_det"], s["dspine_tp1_det"], prompts,
                                                                       args.max_new, pool)
                 print("greedy DSPINE vs plain, tp1, deterministic:", results["dspine_vs_plain_tp1_det"]["identical"],
