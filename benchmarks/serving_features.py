@@ -725,15 +725,21 @@ def f_shared_prefix(api, ctx) -> dict:
             "usage_cached_tokens": usage_cached}
 
 
-def f_abort_midstream(api, ctx) -> dict:
-    """A 2000-token stream closed after 3 chunks, then a new request answered and /health 200."""
-    stream = api.call(completion_req(ctx["greedy_prompts"][3], ABORT_MAX_TOKENS, stream=True, ignore_eos=True))
+def close_after(stream, n: int) -> int:
+    """Read at most `n` chunks of a streamed answer, then close the stream (an abort); how many came."""
     chunks = 0
     for _ in stream:
         chunks += 1
-        if chunks >= 3:
+        if chunks >= n:
             break
     stream.close()
+    return chunks
+
+
+def f_abort_midstream(api, ctx) -> dict:
+    """A 2000-token stream closed after 3 chunks, then a new request answered and /health 200."""
+    stream = api.call(completion_req(ctx["greedy_prompts"][3], ABORT_MAX_TOKENS, stream=True, ignore_eos=True))
+    chunks = close_after(stream, 3)
     if chunks < 3:
         raise Malformed(f"the stream ended after {chunks} chunks ({ABORT_MAX_TOKENS} tokens were asked)")
     c = _completion(api, ctx, ctx["greedy_prompts"][0], 16)[0]
@@ -858,12 +864,7 @@ def _load_stream(api, ctx, rng):
 def _load_abort(api, ctx, rng):
     stream = api.call(completion_req(rng.choice(ctx["greedy_prompts"]), 512, temperature=rng.choice((0.0, 1.0)),
                                      stream=True, ignore_eos=True))
-    chunks = 0
-    for _ in stream:
-        chunks += 1
-        if chunks >= 2:
-            break
-    stream.close()
+    chunks = close_after(stream, 2)
     if chunks < 2:
         raise Malformed(f"stream ended after {chunks} chunks of 512 tokens asked")
     return "ok"
