@@ -13,7 +13,7 @@ alternating rounds so that clock drift hits them alike.
    block keys/values written behind 1024 cached context keys/values, causal inside the block):
      dflash        layers → final norm → positions 1..B-1 as rows → [bs·(B-1), H]×[H, V] GEMM → argmax
                    (SGLang's DFlash draft sampler);
-     dspine        the server's own `DraftStep` (sglang_dspine.draft_step) on the Triton kernels: `begin`, the
+     dspine        the server's own `DraftStep` (sglang_dspine.serving.draft_step) on the Triton kernels: `begin`, the
                    layers with `inject` after each (its (hidden, residual) pair added by the next norm, as
                    SGLang's fused add-RMSNorm does), final norm, then `decode` on positions 1..B-1 as
                    contiguous rows (worker.DSpineDraftSampler);
@@ -62,15 +62,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from sglang_dspine.config import DrafterConfig, DSpineSettings  # noqa: E402
-from sglang_dspine.decoding import predecessor_tokens, transition_scores, walk  # noqa: E402
-from sglang_dspine.draft_step import DraftStep  # noqa: E402
-from sglang_dspine.drafter_setup import new_drafter_config  # noqa: E402
+from sglang_dspine.drafter.config import DrafterConfig, DSpineSettings, new_drafter_config  # noqa: E402
+from sglang_dspine.drafter.decoding import predecessor_tokens, transition_scores, walk  # noqa: E402
+from sglang_dspine.drafter.model import DSpineDrafter  # noqa: E402
 from sglang_dspine.kernels import injection as kinj  # noqa: E402
 from sglang_dspine.kernels import top_k as ktopk  # noqa: E402
 from sglang_dspine.kernels import transition as ktr  # noqa: E402
-from sglang_dspine.model import DSpineDrafter  # noqa: E402
 from sglang_dspine.provenance import git_commit  # noqa: E402
+from sglang_dspine.serving.draft_step import DraftStep  # noqa: E402
 
 torch.set_grad_enabled(False)
 

@@ -1,9 +1,8 @@
 """SGLang servers for the serving benchmarks: start, wait, query, profile, stop.
 
 Every serving script launches `python -m sglang.launch_server` through `Server`, so the flags the bundle needs
-on the GPU machine, the working directory and the log handling live here once. Servers run from /tmp: python
-started in the repository root puts the root first on sys.path, and its top-level `kernels/` folder would
-shadow the `kernels` package that transformers and SGLang import.
+on the GPU machine, the working directory and the log handling live here once. Servers run outside the
+repository root (sglang_dspine.source_files says why).
 """
 from __future__ import annotations
 
@@ -17,6 +16,8 @@ import sys
 import time
 import urllib.request
 from collections import defaultdict
+
+from sglang_dspine.source_files import OUTSIDE_REPO
 
 # Flags every benchmark server gets: the attention and sampling backends the bundle carries (fa3 and
 # FlashInfer's JIT are not in it), and decode log lines often enough to read the batch and the graph use.
@@ -41,7 +42,7 @@ class Server:
                "--port", str(port), *args]
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True, cwd="/tmp")
+                                     start_new_session=True, cwd=OUTSIDE_REPO)
         self.started = time.time()
         self.up_after: float | None = None
 

@@ -39,10 +39,14 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import BASE_ARGS, Server, archive_logs, graph_use, spec_args  # noqa: E402
+from sglang_dspine.provenance import provenance
+from sglang_dspine.source_files import OUTSIDE_REPO, load_file
+from sglang_dspine.training.jsonl import read_jsonl
 
-from sglang_dspine.provenance import provenance  # noqa: E402
+_servers = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers.py"))
+BASE_ARGS, Server, archive_logs, graph_use, spec_args = (
+    _servers.BASE_ARGS, _servers.Server, _servers.archive_logs, _servers.graph_use, _servers.spec_args
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = ("plain", "dflash", "dspine")
@@ -148,7 +152,7 @@ def read_suites(folder: str) -> dict[str, list[str]]:
     out = {}
     for f in sorted(os.listdir(folder)):
         if f.endswith(".heldout.jsonl"):
-            out[f.split(".")[0]] = [json.loads(line)["prompt"] for line in open(os.path.join(folder, f)) if line.strip()]
+            out[f.split(".")[0]] = [r["prompt"] for r in read_jsonl(os.path.join(folder, f))]
     if not out:
         raise SystemExit(f"{folder}: no *.heldout.jsonl prompt files")
     return out
@@ -335,7 +339,8 @@ def check_generate(r: dict, max_new: int, exact: bool = False) -> dict:
         raise Malformed(f"finish_reason {mi.get('finish_reason')!r}")
     _count_check(len(r["output_ids"]), max_new, finish, exact, "/generate")
     if mi.get("completion_tokens") != len(r["output_ids"]):
-        raise Malformed(f"meta_info.completion_tokens {mi.get('completion_tokens')} for {len(r['output_ids'])} output ids")
+        raise Malformed(f"meta_info.completion_tokens {mi.get('completion_tokens')} "
+                        f"for {len(r['output_ids'])} output ids")
     return r
 
 
@@ -744,15 +749,21 @@ def f_shared_prefix(api, ctx) -> dict:
             "usage_cached_tokens": usage_cached}
 
 
-def f_abort_midstream(api, ctx) -> dict:
-    """A 2000-token stream closed after 3 chunks, then a new request answered and /health 200."""
-    stream = api.call(completion_req(ctx["greedy_prompts"][3], ABORT_MAX_TOKENS, stream=True, ignore_eos=True))
+def close_after(stream, n: int) -> int:
+    """Read at most `n` chunks of a streamed answer, then close the stream (an abort); how many came."""
     chunks = 0
     for _ in stream:
         chunks += 1
-        if chunks >= 3:
+        if chunks >= n:
             break
     stream.close()
+    return chunks
+
+
+def f_abort_midstream(api, ctx) -> dict:
+    """A 2000-token stream closed after 3 chunks, then a new request answered and /health 200."""
+    stream = api.call(completion_req(ctx["greedy_prompts"][3], ABORT_MAX_TOKENS, stream=True, ignore_eos=True))
+    chunks = close_after(stream, 3)
     if chunks < 3:
         raise Malformed(f"the stream ended after {chunks} chunks ({ABORT_MAX_TOKENS} tokens were asked)")
     c = _completion(api, ctx, ctx["greedy_prompts"][0], 16)[0]
@@ -877,12 +888,7 @@ def _load_stream(api, ctx, rng):
 def _load_abort(api, ctx, rng):
     stream = api.call(completion_req(rng.choice(ctx["greedy_prompts"]), 512, temperature=rng.choice((0.0, 1.0)),
                                      stream=True, ignore_eos=True))
-    chunks = 0
-    for _ in stream:
-        chunks += 1
-        if chunks >= 2:
-            break
-    stream.close()
+    chunks = close_after(stream, 2)
     if chunks < 2:
         raise Malformed(f"stream ended after {chunks} chunks of 512 tokens asked")
     return "ok"
@@ -1053,7 +1059,8 @@ def summarize(res: dict) -> dict:
             a, b = texts(plain, "sampling_params"), texts(f, "sampling_params")
             if a and b:
                 greedy_keys = [k for k in SAMPLING_VARIANTS if SAMPLING_VARIANTS[k]["temperature"] == 0.0]
-                agree["greedy_with_penalties"] = text_agreement([a[k] for k in greedy_keys], [b[k] for k in greedy_keys])
+                agree["greedy_with_penalties"] = text_agreement([a[k] for k in greedy_keys],
+                                                                [b[k] for k in greedy_keys])
             g = agree.get("greedy_completions")
             row["greedy_match_vs_plain"] = f"{g['identical']}/{g['total']}" if g else None
             row["greedy_differences_vs_plain"] = g["differences"] if g else None
@@ -1177,10 +1184,11 @@ def main(argv: list[str] | None = None) -> int:
 
     prebuild = None
     if "dflash" in names and not args.no_prebuild:
-        prebuild = subprocess.Popen([sys.executable, "-c", PREBUILD], cwd="/tmp", start_new_session=True,
+        prebuild = subprocess.Popen([sys.executable, "-c", PREBUILD], cwd=OUTSIDE_REPO, start_new_session=True,
                                     stdout=open(os.path.join(args.out, "flashinfer_prebuild.log"), "w"),
                                     stderr=subprocess.STDOUT)
-    drafters = {"dflash": ("DFLASH", os.path.join(models, "dflash")), "dspine": ("DSPINE", os.path.join(models, "dspine"))}
+    drafters = {"dflash": ("DFLASH", os.path.join(models, "dflash")),
+                "dspine": ("DSPINE", os.path.join(models, "dspine"))}
 
     def server_args(name: str) -> list[str]:
         if name == "plain":
@@ -1256,7 +1264,8 @@ def main(argv: list[str] | None = None) -> int:
                         res["load"][n] = {"error": error_text(e), "requests": None, "errors": None, "by_kind": {}}
                     stamp(f"{n} load: {res['load'][n].get('requests')} requests, {res['load'][n].get('errors')} errors")
         for n in up:
-            res["features"].setdefault(n, {})[AFTER_LOAD] = run_feature(serves_after_load, Api(servers[n].url, REQUEST_TIMEOUT), ctx)
+            res["features"].setdefault(n, {})[AFTER_LOAD] = run_feature(serves_after_load,
+                                                                        Api(servers[n].url, REQUEST_TIMEOUT), ctx)
             try:
                 info = servers[n].info()
                 res["servers"][n]["accept_length"] = next((s.get("avg_spec_accept_length")
@@ -1343,7 +1352,8 @@ def request_catalogue(ctx: dict) -> list[dict]:
     reqs = [completion_req(p, GREEDY_MAX), completion_req(p, 24, n=2, temperature=1.0),
             completion_req(p, 64, stop=["abc"]), completion_req(p, 3, temperature=1.0, ignore_eos=True),
             completion_req(p, GREEDY_MAX, stream=True), completion_req(p, LP_MAX, logprobs=TOP_K),
-            completion_req(ctx["over_context_ids"], 16), completion_req(p, ABORT_MAX_TOKENS, stream=True, ignore_eos=True),
+            completion_req(ctx["over_context_ids"], 16),
+            completion_req(p, ABORT_MAX_TOKENS, stream=True, ignore_eos=True),
             chat_req(m, GREEDY_MAX), chat_req(m, LP_MAX, temperature=1.0, logprobs=True, top_logprobs=TOP_K),
             chat_req(ctx["json_messages"], 128, response_format=RESPONSE_FORMAT),
             generate_req(p, 64, regex=REGEX), generate_req(p, LP_MAX, temperature=1.0, logprobs=True),
@@ -1440,7 +1450,8 @@ def smoke(models: str) -> int:
         for chat in (False, True):
             c = check_openai(openai_answers(ret, chat), 4, exact=True, chat=chat)[0]
             e2 = (entries_chat if chat else entries_completion)(c, vt, TOP_K, greedy)
-            assert compare_entries(e, e2)["positions"] == len(ids) and compare_entries(e, e2)["token_max_abs_diff"] < 1e-6
+            assert compare_entries(e, e2)["positions"] == len(ids) and compare_entries(e,
+                                                                                       e2)["token_max_abs_diff"] < 1e-6
     shifted = _ret_item(ids, vt, TOP_K, 0, True)
     shifted["meta_info"]["output_token_logprobs"] = shifted["meta_info"]["output_token_logprobs"][1:] + [(-0.1, 2, "")]
     try:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import math
 import os
 import random
 import re
@@ -39,10 +38,14 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import BASE_ARGS, Server, archive_logs, graph_use, kernel_times, spec_args  # noqa: E402
+from sglang_dspine.provenance import provenance
+from sglang_dspine.source_files import load_file
 
-from sglang_dspine.provenance import provenance  # noqa: E402
+_servers = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers.py"))
+BASE_ARGS, Server, archive_logs, graph_use, kernel_times, spec_args = (
+    _servers.BASE_ARGS, _servers.Server, _servers.archive_logs, _servers.graph_use, _servers.kernel_times,
+    _servers.spec_args,
+)
 
 # Qwen3 configs as published (config.json fields); the drafter shape is SpecForge's qwen3-8b DSpine one.
 GEOMETRIES = {
@@ -79,10 +82,10 @@ def write_drafters(root: str, geometry: dict, shape: dict, device: str) -> dict[
     """A DSpine drafter and a DFlash drafter with the same random backbone, saved by this package."""
     from transformers import Qwen3Config
 
-    from sglang_dspine.checkpoint import save_drafter
-    from sglang_dspine.config import default_target_layer_ids
-    from sglang_dspine.model import DSpineDrafter
-    from sglang_dspine.tiny import drafter_config_for
+    from sglang_dspine.drafter.checkpoint import save_drafter
+    from sglang_dspine.drafter.config import default_target_layer_ids
+    from sglang_dspine.drafter.model import DSpineDrafter
+    from sglang_dspine.drafter.tiny import drafter_config_for
 
     target = Qwen3Config(**{k: v for k, v in geometry.items()})
     holder = type("Target", (), {"config": target})
@@ -97,7 +100,7 @@ def write_drafters(root: str, geometry: dict, shape: dict, device: str) -> dict[
         with torch.device(device):
             model = DSpineDrafter(cfg).to(torch.bfloat16)
         with torch.no_grad():
-            for name, p in model.named_parameters():
+            for p in model.parameters():
                 if p.dim() == 2:
                     p.normal_(0.0, 0.02, generator=gen)
             if kind == "dspine":
@@ -230,7 +233,8 @@ def summarize(res: dict) -> dict:
         "profile_dspine_minus_dflash": {k: v["diff"][:15] for k, v in res.get("profile", {}).items() if "diff" in v},
         "gpu_step_ratio_by_clients": {k[1:]: round(v["dspine"]["gpu_us_per_step"] / v["dflash"]["gpu_us_per_step"], 4)
                                       for k, v in res.get("profile", {}).items()
-                                      if v.get("dspine", {}).get("gpu_us_per_step") and v.get("dflash", {}).get("gpu_us_per_step")},
+                                      if v.get("dspine", {}).get("gpu_us_per_step") and v.get("dflash",
+                                                                                              {}).get("gpu_us_per_step")},
         "commit": res.get("provenance", {}).get("commit"),
         "gpu": res.get("provenance", {}).get("gpu"),
         "date": res.get("provenance", {}).get("date"),
@@ -248,7 +252,8 @@ def print_table(res: dict) -> None:
                 vals = [r["step_ms"] for rnd in res.get("rounds", []) for r in rnd.get(n, [])
                         if r["clients"] == c and r["temperature"] == temp and r.get("step_ms")]
                 row.append(f"{n}={sum(vals) / len(vals):.2f}" if vals else f"{n}=-")
-            print(f"T={temp:g} c={c:3d}  " + "  ".join(row) + f"  ratio={s['step_ratio_by_clients'].get(f'T{temp:g}', {}).get(str(c))}")
+            ratio = s["step_ratio_by_clients"].get(f"T{temp:g}", {}).get(str(c))
+            print(f"T={temp:g} c={c:3d}  " + "  ".join(row) + f"  ratio={ratio}")
     for key, prof in res.get("profile", {}).items():
         if "diff" in prof:
             print(f"\nprofile {key}: DSPINE - DFLASH µs/step, top kernels")
@@ -289,7 +294,8 @@ def main() -> None:
                     help="an uncounted short round at every client count and temperature first (default: on)")
     ap.add_argument("--torch-once", action="store_true",
                     help="DSPINE on its PyTorch math (the reference) in the first round at T=0 only")
-    ap.add_argument("--alone", action="store_true", help="phase 3: each server alone, default --cuda-graph-max-bs-decode")
+    ap.add_argument("--alone", action="store_true",
+                    help="phase 3: each server alone, default --cuda-graph-max-bs-decode")
     ap.add_argument("--alone-only", action="store_true", help="phase 3 alone (no side-by-side rounds, no profile)")
     ap.add_argument("--alone-mem-fraction", type=float, default=0.85)
     ap.add_argument("--backends", default="",
@@ -414,7 +420,8 @@ def main() -> None:
                 base += ["--attention-backend", attention]
             if sampling != "default":
                 base += ["--sampling-backend", sampling]
-            a, env = server_args_for("dspine", target, drafters, ["--mem-fraction-static", str(args.alone_mem_fraction)])
+            a, env = server_args_for("dspine", target, drafters,
+                                     ["--mem-fraction-static", str(args.alone_mem_fraction)])
             s = Server("dspine_" + key.replace("/", "_"), 31020, a, args.out, env=env, base_args=base)
             servers["backend"] = s
             rec: dict = {"started": s.wait()}

@@ -73,7 +73,7 @@ def serving_e2e_summary():
         "warm_up_seconds_first_run": first["warm_up_seconds"],
         "warm_up_note": "a 64-request burst mixing greedy and T=1 requests, on every server at once; stock DFLASH "
                         "stalls on it (FlashInfer's sampling module JIT-built by DFlash's verify at the first batch "
-                        "mixing top-k values), DSPINE no longer does (sglang_dspine/sglang_patches.py)",
+                        "mixing top-k values), DSPINE no longer does (sglang_dspine/serving/sglang_patches.py)",
         "dflash_served": bool(run["dflash_greedy_bf16"]["prompts"]),
         "bad_drafters_refused": sum(v["exited"] and v["message_found"] for v in refusals.values()),
         "bad_drafters_tried": len(refusals),
@@ -129,9 +129,11 @@ def gpu_budget_pair():
         "throughput_ratio_by_concurrency_per_repeat": per_repeat,
         "throughput_ratio_mean": round(_mean(list(ratio.values())), 3),
         "throughput_ratio_min": min(ratio.values()),
-        "speculation_vs_plain_by_concurrency": {k: ratios(table, k, "plain", "tokens_per_s") for k in ("dflash", "dspine")},
+        "speculation_vs_plain_by_concurrency": {k: ratios(table, k, "plain", "tokens_per_s") for k in ("dflash",
+                                                                                                       "dspine")},
         "ablation_tau_ratio_to_dflash": abl["ratio_to_dflash"],
-        "train_step_ms_h200": {f"chunk_{c}": {k: v["ms_per_step"] for k, v in load(f"train_step_gpu_chunk{c}.json")["per_kind"].items()}
+        "train_step_ms_h200": {f"chunk_{c}": {k: v["ms_per_step"] for k,
+                                              v in load(f"train_step_gpu_chunk{c}.json")["per_kind"].items()}
                                for c in (128, 0)},
         "train_step_note": "benchmarks/train_step.py on the H200 (lab-sized random target, budget shapes): the loss in "
                            "one chunk instead of chunks of 128 blocks makes a DSpine step 4.9x faster; the budget "

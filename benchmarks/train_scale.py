@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Drafter training at a real target's geometry: step time, tokens/s and peak memory of 5-layer DFlash and
-DSpine drafters trained by the project's trainer (`sglang_dspine.trainer.train`, the target forward included).
+DSpine drafters trained by the project's trainer (`sglang_dspine.training.trainer.train`, the target forward included).
 
 The target is a Qwen3 of Qwen3-8B's geometry (hidden 4096, 36 layers, vocabulary 151936, 32 query / 8 KV
 heads of 128, intermediate 12288) with random weights made directly on the GPU in bf16 (no hub; a step costs
@@ -71,9 +71,9 @@ def run_kind(args, kind: str, target, data: str, out_dir: str, device: torch.dev
              single_process: bool, world: int, rank: int) -> dict:
     """Train one kind through the trainer; its timing, memory and per-step losses (read from the metrics log,
     which rank 0 writes: the other ranks return nothing)."""
-    from sglang_dspine.jsonl import read_jsonl
-    from sglang_dspine.train_config import TrainConfig
-    from sglang_dspine.trainer import train
+    from sglang_dspine.training.jsonl import read_jsonl
+    from sglang_dspine.training.train_config import TrainConfig
+    from sglang_dspine.training.trainer import train
 
     tc = TrainConfig(data=data, output_dir=out_dir, kind=kind, num_draft_layers=args.layers,
                      block_size=args.block_size, num_anchors=args.num_anchors, batch_size=args.batch_size,
@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         args.seq_len, args.batch_size, args.num_anchors = min(args.seq_len, 96), min(args.batch_size, 2), 16
         args.layers, args.warmup, args.steps = min(args.layers, 2), min(args.warmup, 1), min(args.steps, 2)
 
-    from sglang_dspine.distributed import setup_distributed
     from sglang_dspine.provenance import provenance
+    from sglang_dspine.training.distributed import setup_distributed
 
     t_start = time.time()
     import torch.distributed as dist

@@ -2,7 +2,7 @@
 """What one drafter training step costs: DFlash vs DSpine through the project's trainer, same target, data
 and backbone.
 
-For each kind, two runs of `sglang_dspine.trainer.train`:
+For each kind, two runs of `sglang_dspine.training.trainer.train`:
   * timed: `--warmup` steps, then `--steps` steps whose wall time the trainer's metrics log records
     (interval_seconds; the log's float() reads synchronise a GPU), so steps/s and response tokens/s, and on a
     GPU its peak memory;
@@ -53,20 +53,18 @@ def random_target(lab_size: bool, vocab: int):
     """A randomly initialised Qwen3 built as the lab's target is (benchmarks/lab/target.py): its DEFAULT size
     (a step costs the same whatever the weights) or its TINY one with 6 layers (room for two spread target
     layer ids)."""
-    import importlib.util
-
     from transformers import Qwen3ForCausalLM
 
-    spec = importlib.util.spec_from_file_location("dspine_lab_target", os.path.join(HERE, "lab", "target.py"))
-    lab_target = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lab_target)  # type: ignore[union-attr]
+    from sglang_dspine.source_files import load_file
+
+    lab_target = load_file(os.path.join(HERE, "lab", "target.py"), "dspine_lab_target")
     dims = lab_target.DEFAULT if lab_size else {**lab_target.TINY, "layers": 6}
     torch.manual_seed(0)
     return Qwen3ForCausalLM(lab_target.make_config(dims, vocab)).eval()
 
 
 def train_config(args, kind: str, data: str, out: str, steps: int, log_every: int):
-    from sglang_dspine.train_config import TrainConfig
+    from sglang_dspine.training.train_config import TrainConfig
 
     dspine = dict(transfer_rank=args.transfer_rank, message_size=args.message_size, top_k=args.top_k,
                   alignment_warmup_steps=1) if kind == "dspine" else {}
@@ -78,7 +76,7 @@ def train_config(args, kind: str, data: str, out: str, steps: int, log_every: in
 
 
 def measure(args, kind: str, target, data: str, work: str) -> dict:
-    from sglang_dspine.trainer import train
+    from sglang_dspine.training.trainer import train
 
     res: dict = {}
     # timed: the trainer's own interval clock over the last `steps` steps
@@ -160,8 +158,8 @@ def main() -> int:
         args.warmup, args.steps, args.profile_warmup = min(args.warmup, 2), min(args.steps, 3), 1
     if args.threads:
         torch.set_num_threads(args.threads)
-    from sglang_dspine.cli import load_target
     from sglang_dspine.provenance import provenance
+    from sglang_dspine.training.target_loading import load_target
 
     t0 = time.time()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -184,7 +182,8 @@ def main() -> int:
     if {"dflash", "dspine"} <= set(per_kind):
         a, b = per_kind["dflash"], per_kind["dspine"]
         res["dspine_over_dflash"] = {"ms_per_step": round(b["ms_per_step"] / a["ms_per_step"], 3),
-                                     "aten_calls_per_step": round(b["aten_calls_per_step"] / a["aten_calls_per_step"], 3)}
+                                     "aten_calls_per_step": round(b["aten_calls_per_step"] / a["aten_calls_per_step"],
+                                                                  3)}
         if "kernel_launches_per_step" in a:
             res["dspine_over_dflash"]["kernel_launches_per_step"] = round(
                 b["kernel_launches_per_step"] / max(a["kernel_launches_per_step"], 1), 3)

@@ -42,7 +42,7 @@ POSITIONS = 15  # supervised positions of a block of 16
 
 def old_vocab(hidden, t_hidden, head, labels, weights, k, cw):
     """The former `_terms` vocabulary code, one chunk: (loss, argmax, cand, t_cand, mass)."""
-    from sglang_dspine.objective import _head_logits
+    from sglang_dspine.training.objective import _head_logits
 
     logits = _head_logits(hidden, head).float()
     logp = logits.log_softmax(-1)
@@ -66,7 +66,7 @@ def old_vocab(hidden, t_hidden, head, labels, weights, k, cw):
 
 def new_vocab(hidden, t_logits, t_rows, head, labels, weights, k, cw, kernel):
     """One chunk through the objective's `vocab_terms`: (loss, argmax, cand, t_cand, mass)."""
-    from sglang_dspine.objective import vocab_terms
+    from sglang_dspine.training.objective import vocab_terms
 
     v = vocab_terms(hidden, head, labels, k, cw < 1, kernel=kernel, t_logits=t_logits, t_rows=t_rows)
     loss = cw * (v.ce * weights).sum()
@@ -90,7 +90,7 @@ def old_microbatch(x, inp, k, cw, chunk, teacher):
 
 def new_microbatch(x, inp, k, cw, chunk, teacher, kernel):
     """The objective's forward now: the teacher's logits of the distinct positions once, then per chunk."""
-    from sglang_dspine.objective import teacher_logits
+    from sglang_dspine.training.objective import teacher_logits
 
     head, last, t_pos, labels, weights = inp
     t_logits, t_rows = teacher_logits(last, t_pos, head) if teacher else (None, None)
@@ -227,10 +227,10 @@ def main(argv=None) -> int:
         cw = CE_WEIGHT[kind]
         teacher = kind == "dspine"
 
-        def old_fn(x, i):
+        def old_fn(x, i, cw=cw, teacher=teacher):
             return old_microbatch(x, i, args.top_k, cw, args.chunk_blocks, teacher)
 
-        def new_fn(x, i):
+        def new_fn(x, i, cw=cw, teacher=teacher):
             return new_microbatch(x, i, args.top_k, cw, args.chunk_blocks, teacher, path == "kernel")
 
         r_old, out_old, g_old = run_variant(old_fn, inp, h, device, args.iters, args.warmup, autocast)

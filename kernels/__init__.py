@@ -1,4 +1,5 @@
-"""Triton kernels of the DSpine draft step and of the training objective, installed as `sglang_dspine.kernels` (never import `kernels`).
+"""Triton kernels of the DSpine draft step and of the training objective, installed as `sglang_dspine.kernels`
+(never import `kernels`).
 
 Each kernel has a plain PyTorch reference with the same signature next to it (`*_torch`).
   injection.py        fused adjacent injection on flat [bs·B, H] states (gate_message, injection_delta)

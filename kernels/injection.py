@@ -1,4 +1,4 @@
-"""Fused adjacent injection for the serving layout (`sglang_dspine.injection.AdjacentInjection.forward` is the
+"""Fused adjacent injection for the serving layout (`sglang_dspine.drafter.injection.AdjacentInjection.forward` is the
 math; this computes the same thing).
 
 States are flat `[bs*B, H]`: whole blocks of B rows, B a compile-time constant. For one layer l:
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sglang_dspine.injection import NORMALIZE_EPS, AdjacentInjection
+from sglang_dspine.drafter.injection import NORMALIZE_EPS, AdjacentInjection
 
 
 # --------------------------------------------------------------------------------------------- weights
@@ -66,7 +66,7 @@ class InjectionWeights:
 
     @classmethod
     @torch.no_grad()
-    def from_module(cls, inj: AdjacentInjection, dtype: torch.dtype | None = None) -> "InjectionWeights":
+    def from_module(cls, inj: AdjacentInjection, dtype: torch.dtype | None = None) -> InjectionWeights:
         dtype = dtype or inj.bias.dtype
         cvt = lambda t: t.detach().to(dtype).contiguous()  # noqa: E731
         maps = torch.cat([inj.receiver_gate.weight, inj.predecessor_gate.weight, inj.message.weight], 0)

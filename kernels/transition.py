@@ -1,4 +1,4 @@
-"""Transition scoring + walk on the GPU (`sglang_dspine.decoding.decode_block` is the math).
+"""Transition scoring + walk on the GPU (`sglang_dspine.drafter.decoding.decode_block` is the math).
 
 For request n, block position i (1..B-1, index p = i-1 here), predecessor candidate k and candidate j:
 
@@ -40,8 +40,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sglang_dspine.decoding import predecessor_tokens, walk  # the references the kernels reproduce
-from sglang_dspine.injection import NORMALIZE_EPS
+from sglang_dspine.drafter.decoding import predecessor_tokens, walk  # the references the kernels reproduce
+from sglang_dspine.drafter.injection import NORMALIZE_EPS
 
 from .injection import InjectionWeights
 
@@ -56,7 +56,7 @@ class TransitionTables:
 
     @classmethod
     @torch.no_grad()
-    def build(cls, w: InjectionWeights, codes: torch.Tensor, chunk: int = 16384) -> "TransitionTables":
+    def build(cls, w: InjectionWeights, codes: torch.Tensor, chunk: int = 16384) -> TransitionTables:
         """The drafter's tables (pred_proj, rfac) and the memory of the head's (head_proj, filled later)."""
         dtype = w.maps.dtype
         u = w.writes[-1].double() if w.writes[-1].device.type == "cpu" else w.writes[-1].float()
@@ -74,7 +74,8 @@ class TransitionTables:
     def fill_head(self, w: InjectionWeights, head: torch.Tensor, norm_weight: torch.Tensor, chunk: int = 16384) -> None:
         """head_proj from the target head (once, outside any graph capture)."""
         if head.shape[0] != self.head_proj.shape[0]:
-            raise ValueError(f"target head has {head.shape[0]} rows, the drafter's vocabulary {self.head_proj.shape[0]}")
+            raise ValueError(f"target head has {head.shape[0]} rows, "
+                             f"the drafter's vocabulary {self.head_proj.shape[0]}")
         uf, nw = w.writes[-1].float(), norm_weight.float()
         for s in range(0, head.shape[0], chunk):
             e = min(head.shape[0], s + chunk)
@@ -226,7 +227,8 @@ def transition_scores_walk(pre, recv, uh, cand, anchors, pred_proj, head_proj, h
     m = bias.shape[0]
     for name, t, shape in (("recv", recv, (bs, npos, m)), ("uh", uh, (bs, npos, m)), ("cand", cand, (bs, npos, k))):
         if tuple(t.shape) != shape or t.stride(-1) != 1:
-            raise ValueError(f"{name}: expected {shape} with a contiguous last axis, found {tuple(t.shape)} {t.stride()}")
+            raise ValueError(f"{name}: expected {shape} with a contiguous last axis, "
+                             f"found {tuple(t.shape)} {t.stride()}")
     if pre.stride(-1) != 1:
         raise ValueError("pre: last axis must be contiguous")
     cand = cand.contiguous()

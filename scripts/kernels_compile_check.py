@@ -18,8 +18,13 @@ from triton.compiler import ASTSource
 
 from sglang_dspine.kernels.injection import _gate_message_kernel
 from sglang_dspine.kernels.top_k import _group_max_kernel, _select_kernel
-from sglang_dspine.kernels.transition import (_SCORE_CONFIGS, _finish_walk_kernel, _position_kernel, _score_kernel,
-                                              _walk_kernel)
+from sglang_dspine.kernels.transition import (
+    _SCORE_CONFIGS,
+    _finish_walk_kernel,
+    _position_kernel,
+    _score_kernel,
+    _walk_kernel,
+)
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -36,7 +41,8 @@ def compile_one(fn, sig: dict, consts: dict, num_warps: int, num_stages: int = 3
     out = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
                          capture_output=True, text=True)
     os.unlink(f.name)
-    info = " ".join(re.findall(r"(Used \d+ registers|\d+ bytes spill stores|\d+ bytes spill loads|\d+ bytes stack frame)",
+    info = " ".join(re.findall(r"(Used \d+ registers|\d+ bytes spill stores|\d+ bytes spill loads"
+                               r"|\d+ bytes stack frame)",
                                out.stdout + out.stderr))
     smem = ck.metadata.shared
     return f"{info}, {smem} bytes shared" + ("  ** OVER the 232448-byte limit **" if smem > 232448 else "")
@@ -77,14 +83,16 @@ def main() -> None:
         for dtn in ("bf16", "fp32"):
             sig = {k: v for k, v in s_sig.items() if k not in ("rf_ptr", "s_ptr", "ch_ptr", "tok_ptr", "norm_eps")}
             if dtn == "fp32":
-                sig.update({k: "*fp32" for k in ["pre_ptr", "uh_ptr", "pp_ptr", "hp_ptr", "head_ptr", "w_ptr", "b_ptr"]})
+                sig.update({k: "*fp32" for k in ["pre_ptr", "uh_ptr", "pp_ptr", "hp_ptr", "head_ptr", "w_ptr",
+                                                 "b_ptr"]})
             sig.update(msg_ptr="*" + dtn, num_ptr="*fp32", base_ptr="*fp32", rho_ptr="*fp32")
             c = dict(P=15, K=16, KP=16, H=4096, M=512, MB=512, MCH=512, BLOCK_H=512, BY_TOKEN=by_token,
                      DOT_DT=tl.float32 if dtn == "fp32" else tl.bfloat16, DOT_PREC="ieee" if dtn == "fp32" else "tf32")
             print(f"split position by_token={by_token!s:5} {dtn}: ", compile_one(_position_kernel, sig, c, 8))
     f_sig = dict(x_ptr=bf, num_ptr="*fp32", base_ptr="*fp32", rho_ptr="*fp32", cand_ptr="*i64", s_ptr="*fp32",
                  ch_ptr="*i64", tok_ptr="*i64", norm_eps="fp32")
-    print("split finish+walk: ", compile_one(_finish_walk_kernel, f_sig, dict(P=15, K=16, KP=16, H=4096, M=512, MB=512), 8))
+    print("split finish+walk: ",
+          compile_one(_finish_walk_kernel, f_sig, dict(P=15, K=16, KP=16, H=4096, M=512, MB=512), 8))
     w_sig = dict(s_ptr="*fp32", cand_ptr="*i64", ch_ptr="*i64", tok_ptr="*i64")
     print("walk: ", compile_one(_walk_kernel, w_sig, dict(P=15, K=16, KP=16), 1))
     g_sig = dict(x_ptr=bf, g_ptr="*fp32", V="i32", G="i32", stride_x="i32", stride_g="i32")

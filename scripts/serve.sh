@@ -43,7 +43,7 @@ if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_avail
   exit 2
 fi
 target="$(realpath "$target")"; drafter="$(realpath "$drafter")"; py="$(cd "$VENV/bin" && pwd)/python"  # not realpath: that would leave the venv
-# Run outside the repo root: its top-level kernels/ folder must not shadow the `kernels` package.
+# Run outside the repo root (sglang_dspine/source_files.py says why).
 cd /tmp
 exec "$py" -m sglang.launch_server --model-path "$target" \
   --speculative-algorithm DSPINE --speculative-draft-model-path "$drafter" \

@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
+
+from .training.target_loading import CLIError, check_model_dir, default_device, dtype_of, load_target, load_tokenizer
+
 
 @dataclass
 class Command:
@@ -34,10 +37,6 @@ def register_command(name: str, help: str, add_arguments: Callable[[argparse.Arg
     COMMANDS[name] = Command(name, help, add_arguments, run)
 
 
-class CLIError(Exception):
-    """A user error: printed as one line, exit code 2."""
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse with its usage errors on one line (argparse prints the whole usage block first)."""
 
@@ -49,74 +48,6 @@ def _path(v: str) -> str:
     if not v:  # "" would mean the working directory to os.path.join
         raise argparse.ArgumentTypeError("expected a path, found an empty string")
     return v
-
-
-# `namespace/name`: what transformers fetches from the Hugging Face hub when no such local path exists
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
-def check_model_dir(flag: str, path: str) -> None:
-    """Refuse a target that is not a model directory before transformers reads it (for a file or a missing
-    path transformers talks about hub repo ids; for a truncated weight file it names no file)."""
-    from .checkpoint import INDEX_FILE, MODEL_FILE, model_files, safetensors_shapes
-    from .config import DrafterConfigError, read_json
-
-    if not os.path.isdir(path):
-        if os.path.exists(path):
-            raise CLIError(f"{flag} {path}: a file; expected a model directory (config.json and weights)")
-        if _HUB_ID.fullmatch(path):
-            return  # a hub repo id: transformers fetches it (load_target reports a failure)
-        raise CLIError(f"{flag} {path}: no such directory")
-    try:
-        read_json(os.path.join(path, "config.json"))
-        if any(os.path.isfile(os.path.join(path, f)) for f in (MODEL_FILE, INDEX_FILE)):
-            for f in model_files(path):
-                safetensors_shapes(f)
-    except DrafterConfigError as e:
-        raise CLIError(f"{flag} {e}") from None
-
-
-# ------------------------------------------------------------------------------------------- helpers
-def _dtype(name: str):
-    import torch
-
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "fp32": torch.float32, "float32": torch.float32}
-    if name not in table:
-        raise CLIError(f"--dtype: expected one of {sorted(table)}, found {name!r}")
-    return table[name]
-
-
-def _device(name: str | None) -> str:
-    import torch
-
-    return name or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def load_target(path: str, dtype: str | None = None, device: str | None = None):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    dev = _device(device)
-    dt = _dtype(dtype) if dtype else (torch.bfloat16 if dev.startswith("cuda") else torch.float32)
-    check_model_dir("--target", path)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt)
-    except (OSError, ValueError) as e:
-        raise CLIError(f"--target {path}: cannot load a transformers causal LM ({e})") from e
-    return model.to(dev).eval()
-
-
-def load_tokenizer(path: str | None, fallback: str | None):
-    from transformers import AutoTokenizer
-
-    for p in [x for x in (path, fallback) if x]:
-        try:
-            return AutoTokenizer.from_pretrained(p)
-        except (OSError, ValueError, TypeError) as e:
-            if p == path:
-                raise CLIError(f"--tokenizer {p}: cannot load a tokenizer ({e})") from e
-    return None
 
 
 def _thinking(v: str) -> bool | None:
@@ -149,7 +80,8 @@ def _add_prompt_args(p: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------------------------------------- data
 def _data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", type=_path, required=True, help="target model directory (transformers / SGLang), or a hub repo id")
+    p.add_argument("--target", type=_path, required=True,
+                   help="target model directory (transformers / SGLang), or a hub repo id")
     p.add_argument("--prompts", type=_path, required=True,
                    help="JSONL with `prompt`, `messages`/`conversations` or `prompt_ids` per line, or a datasets "
                         "dataset")
@@ -184,15 +116,16 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 def _data_run(args: argparse.Namespace) -> int:
     import torch
 
-    from .chat import ChatFormat, resolve_template
-    from .data import HFGenerator, SGLangGenerator, eos_ids_of, regenerate, tokenize_conversations
+    from .training.chat import ChatFormat, resolve_template
+    from .training.data import HFGenerator, SGLangGenerator, eos_ids_of, regenerate, tokenize_conversations
 
     check_model_dir("--target", args.target)
     tokenizer = load_tokenizer(args.tokenizer, args.target)
     if not args.regenerate:
         if tokenizer is None:
             raise CLIError(f"--target {args.target}: no tokenizer there (give --tokenizer)")
-        chat = ChatFormat(resolve_template(tokenizer, args.chat_template), _thinking(args.thinking), args.last_turn_only)
+        chat = ChatFormat(resolve_template(tokenizer, args.chat_template), _thinking(args.thinking),
+                          args.last_turn_only)
         stats = tokenize_conversations(args.prompts, args.output, tokenizer, chat, split=args.split, limit=args.limit,
                                        progress=not args.no_progress)
         print(json.dumps({"output": args.output, "regenerated": False, **stats}))
@@ -241,18 +174,20 @@ _BOOL_SWITCHES = {"backbone_loss", "refinement_loss", "alignment_loss", "replace
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    from .config import DSpineSettings
-    from .train_config import TrainConfig
+    from .drafter.config import DSpineSettings
+    from .training.train_config import TrainConfig
 
     d = TrainConfig()
-    p.add_argument("--target", type=_path, required=True, help="target model directory (transformers), or a hub repo id")
+    p.add_argument("--target", type=_path, required=True,
+                   help="target model directory (transformers), or a hub repo id")
     p.add_argument("--data", type=_path, required=True,
                    help="JSONL of token records (`sglang-dspine data`) or conversations (`id` + `conversations`, "
                         "SpecForge's format: role/content or from/value), or both")
     p.add_argument("--output-dir", type=_path, required=True,
                    help="checkpoints, metrics.jsonl, tensorboard/ and final/ go here")
     p.add_argument("--kind", choices=["dspine", "dflash"], default="dspine")
-    p.add_argument("--init", type=_path, help="start from a drafter checkpoint (a DFlash one becomes a DSpine warm start)")
+    p.add_argument("--init", type=_path,
+                   help="start from a drafter checkpoint (a DFlash one becomes a DSpine warm start)")
     g = p.add_argument_group("conversations (records with `conversations` or `messages`)")
     g.add_argument("--tokenizer", type=_path, help="tokenizer path (default: the target's)")
     _add_chat_args(g)
@@ -305,8 +240,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 
 def train_config_from_args(args: argparse.Namespace):
-    from .config import DSpineSettings
-    from .train_config import TrainConfig
+    from .drafter.config import DSpineSettings
+    from .training.train_config import TrainConfig
 
     kw = {}
     for f in fields(TrainConfig):
@@ -326,9 +261,9 @@ def train_config_from_args(args: argparse.Namespace):
 
 
 def _train_run(args: argparse.Namespace) -> int:
-    from .checkpoint import check_drafter_dir
-    from .distributed import train_device
-    from .trainer import train
+    from .drafter.checkpoint import check_drafter_dir
+    from .training.distributed import train_device
+    from .training.trainer import train
 
     tc = train_config_from_args(args)
     if not os.path.isfile(tc.data):
@@ -364,9 +299,9 @@ def _export_args(p: argparse.ArgumentParser) -> None:
 
 
 def _export_run(args: argparse.Namespace) -> int:
-    from .checkpoint import load_drafter, save_drafter
-    from .config import DrafterConfigError
-    from .trainer import resolve_checkpoint
+    from .drafter.checkpoint import load_drafter, save_drafter
+    from .drafter.config import DrafterConfigError
+    from .training.trainer import resolve_checkpoint
 
     try:
         src = resolve_checkpoint(args.checkpoint)
@@ -389,20 +324,22 @@ def _export_run(args: argparse.Namespace) -> int:
             model.cfg.check_target(t.hidden_size, t.vocab_size, t.num_hidden_layers)
         except DrafterConfigError as e:
             raise CLIError(str(e)) from e
-    dt = _dtype(args.dtype)
+    dt = dtype_of(args.dtype)
     codes = model.transfer_codes.clone() if model.cfg.is_dspine else None
     model = model.to(dt)
     if codes is not None:  # the codes stay float32: they are fixed data, not weights
         model.transfer_codes = codes
     save_drafter(model, args.output, layout=args.layout)  # records the weights' dtype in config.json
-    print(json.dumps({"source": src, "output": args.output, "layout": args.layout, "dtype": str(dt).removeprefix("torch."),
+    print(json.dumps({"source": src, "output": args.output, "layout": args.layout,
+                      "dtype": str(dt).removeprefix("torch."),
                       "kind": model.cfg.kind}))
     return 0
 
 
 # ---------------------------------------------------------------------------------------------- eval
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", type=_path, required=True, help="target model directory (transformers), or a hub repo id")
+    p.add_argument("--target", type=_path, required=True,
+                   help="target model directory (transformers), or a hub repo id")
     p.add_argument("--drafter", type=_path, required=True, help="drafter checkpoint (or a training --output-dir)")
     p.add_argument("--prompts", type=_path, required=True,
                    help="JSONL with `prompt`/`messages`/`prompt_ids` (or regenerated data: input_ids + prompt_len)")
@@ -422,19 +359,17 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 def _eval_run(args: argparse.Namespace) -> int:
     import torch
 
-    from .checkpoint import load_drafter
-    from .data import HFGenerator, eos_ids_of, iter_records, prompt_ids
-    from .generate import SpecResult, speculative_generate
-    from .trainer import resolve_checkpoint
-
-    from .checkpoint import check_drafter_dir
+    from .drafter.checkpoint import check_drafter_dir, load_drafter
+    from .training.data import HFGenerator, eos_ids_of, iter_records, prompt_ids
+    from .training.generate import SpecResult, speculative_generate
+    from .training.trainer import resolve_checkpoint
 
     try:
         src = resolve_checkpoint(args.drafter)
     except FileNotFoundError as e:
         raise CLIError(f"--drafter {e}") from None
     check_drafter_dir(src)  # before the target is loaded
-    dev = _device(args.device)
+    dev = default_device(args.device)
     target = load_target(args.target, args.dtype, dev)
     head = target.get_output_embeddings().weight
     drafter = load_drafter(src, as_dspine=args.as_dspine, target_head=head.detach().float().cpu(),
@@ -506,8 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .config import DrafterConfigError
-    from .data import DataError
+    from .drafter.config import DrafterConfigError
+    from .training.data import DataError
 
     try:
         rc = args._run(args)

@@ -9,9 +9,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from sglang_dspine.checkpoint import init_dspine_transfer
-from sglang_dspine.model import DSpineDrafter
-from sglang_dspine.tiny import drafter_config_for, make_target
+from sglang_dspine.drafter.checkpoint import init_dspine_transfer
+from sglang_dspine.drafter.model import DSpineDrafter
+from sglang_dspine.drafter.tiny import drafter_config_for, make_target
 
 
 def pytest_configure(config):

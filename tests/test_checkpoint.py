@@ -6,10 +6,10 @@ import torch
 from conftest import edit_drafter_dir
 from safetensors.torch import load_file
 
-from sglang_dspine.checkpoint import load_drafter, save_drafter
-from sglang_dspine.config import DrafterConfig, DrafterConfigError
-from sglang_dspine.model import DSpineDrafter
-from sglang_dspine.tiny import drafter_config_for
+from sglang_dspine.drafter.checkpoint import load_drafter, save_drafter
+from sglang_dspine.drafter.config import DrafterConfig, DrafterConfigError
+from sglang_dspine.drafter.model import DSpineDrafter
+from sglang_dspine.drafter.tiny import drafter_config_for
 
 
 def outputs(drafter, target, s=6, anchor=3):

@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
-from sglang_dspine.checkpoint import init_dspine_transfer, load_drafter, save_drafter
 from sglang_dspine.cli import main
-from sglang_dspine.config import DrafterConfigError
-from sglang_dspine.model import DSpineDrafter
-from sglang_dspine.tiny import drafter_config_for, make_target
-from sglang_dspine.trainer import resolve_checkpoint
+from sglang_dspine.drafter.checkpoint import init_dspine_transfer, load_drafter, save_drafter
+from sglang_dspine.drafter.config import DrafterConfigError
+from sglang_dspine.drafter.model import DSpineDrafter
+from sglang_dspine.drafter.tiny import drafter_config_for, make_target
+from sglang_dspine.training.trainer import resolve_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,10 @@ import math
 import pytest
 import torch
 
-from sglang_dspine.config import DrafterConfig
-from sglang_dspine.decoding import decode_block, walk
-from sglang_dspine.model import DSpineDrafter
-from sglang_dspine.tiny import drafter_config_for
-
-
+from sglang_dspine.drafter.config import DrafterConfig
+from sglang_dspine.drafter.decoding import decode_block, walk
+from sglang_dspine.drafter.model import DSpineDrafter
+from sglang_dspine.drafter.tiny import drafter_config_for
 
 pytestmark = pytest.mark.usefixtures("no_grad")  # conftest.py
 
@@ -137,7 +135,7 @@ def test_zero_injection_is_exactly_the_dflash_backbone(target):
     torch.manual_seed(2)
     cfg = drafter_config_for(target)
     fresh = DSpineDrafter(cfg).eval()  # writes, predecessor gate and bias are zero-initialised
-    from sglang_dspine.checkpoint import init_dspine_transfer
+    from sglang_dspine.drafter.checkpoint import init_dspine_transfer
     init_dspine_transfer(fresh, target.lm_head.weight)
     dflash_cfg = DrafterConfig.from_dict({**cfg.to_dict(), "architectures": ["DFlashDraftModel"], "is_causal": True})
     backbone = DSpineDrafter(dflash_cfg).eval()

@@ -5,11 +5,9 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from sglang_dspine.generate import speculative_generate, verify
-from sglang_dspine.model import DSpineDrafter
-from sglang_dspine.tiny import drafter_config_for, make_target
-
-
+from sglang_dspine.drafter.model import DSpineDrafter
+from sglang_dspine.drafter.tiny import drafter_config_for, make_target
+from sglang_dspine.training.generate import speculative_generate, verify
 
 pytestmark = pytest.mark.usefixtures("no_grad")  # conftest.py
 
@@ -128,7 +126,7 @@ def test_sampling_keeps_the_target_distribution():
 def test_argmax_decoding_is_the_backbones_first_candidate(target, dspine):
     """The ablation proposer ("argmax") drafts the backbone's top candidate at every position; the walk
     ("walk") may leave it. Both see the same context."""
-    from sglang_dspine.generate import DrafterProposer
+    from sglang_dspine.training.generate import DrafterProposer
 
     prompt = PROMPTS[0]
     out = target(input_ids=torch.tensor([prompt]), output_hidden_states=True)
@@ -149,7 +147,7 @@ def test_argmax_decoding_is_the_backbones_first_candidate(target, dspine):
 
 
 def test_pooled_tau_weighs_every_round_once():
-    from sglang_dspine.generate import SpecResult
+    from sglang_dspine.training.generate import SpecResult
 
     short, long = SpecResult([0] * 8, [4, 4], 4), SpecResult([0] * 30, [1] * 30, 4)
     pooled = SpecResult.pooled([short, long], 4)

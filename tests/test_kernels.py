@@ -15,11 +15,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import sglang_dspine.kernels as K  # noqa: E402
-from sglang_dspine.decoding import decode_block  # noqa: E402
-from sglang_dspine.injection import AdjacentInjection  # noqa: E402
-from sglang_dspine.kernels import injection as kinj, top_k as ktopk, transition as ktr  # noqa: E402
-
-
+from sglang_dspine.drafter.decoding import decode_block  # noqa: E402
+from sglang_dspine.drafter.injection import AdjacentInjection  # noqa: E402
+from sglang_dspine.kernels import injection as kinj  # noqa: E402
+from sglang_dspine.kernels import top_k as ktopk
+from sglang_dspine.kernels import transition as ktr
 
 pytestmark = pytest.mark.usefixtures("no_grad")  # conftest.py
 
@@ -37,7 +37,9 @@ if DEVICE == "cpu" and not _interpreted():
     # Imported before TRITON_INTERPRET was set (another module got there first): decorate again.
     for mod in (kinj, ktopk, ktr, K):
         importlib.reload(mod)
-    from sglang_dspine.kernels import injection as kinj, top_k as ktopk, transition as ktr  # noqa: E402,F811
+    from sglang_dspine.kernels import injection as kinj  # noqa: E402,F811
+    from sglang_dspine.kernels import top_k as ktopk
+    from sglang_dspine.kernels import transition as ktr
 
 
 def gen(seed):

@@ -1,25 +1,19 @@
 """The lab pipeline end to end at toy size on CPU (benchmarks/lab), and the paper-suite loaders."""
-import importlib.util
 import json
 import os
-import sys
 import time
 
 import pytest
 import torch
 
+from sglang_dspine.source_files import load_file
+
 LAB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "lab")
 
 
 def lab_module(name):
-    """A benchmarks/lab file as a module (the repo root stays off sys.path: its kernels/ would shadow `kernels`)."""
-    key = f"dspine_lab_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, os.path.join(LAB, f"{name}.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[key] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[key]
+    """A benchmarks/lab file as a module."""
+    return load_file(os.path.join(LAB, f"{name}.py"), f"dspine_lab_{name}")
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +62,7 @@ def test_tiny_pipeline_artifacts(tiny_lab):
     summary = json.load(open(out / "target" / "lab_target.json"))
     assert summary["steps"] > 0 and set(summary["heldout_loss"]) >= {"code", "prose", "math", "mean"}
     # drafters: exported, loadable, fit the target, same backbone size
-    from sglang_dspine.checkpoint import load_drafter
+    from sglang_dspine.drafter.checkpoint import load_drafter
 
     head = target.get_output_embeddings().weight.detach().float()
     drafters = {k: load_drafter(str(out / "drafters" / k), target_head=head) for k in ("dflash", "dspine")}
@@ -129,7 +123,7 @@ def test_suites_local_files(tmp_path, monkeypatch):
     lcb = suites.load_suite("livecodebench", str(tmp_path / "lcb.jsonl"), use_datasets=False)[0]["prompt"]
     assert "Add numbers." in lcb and "class S:" in lcb
     # written prompts feed `sglang-dspine data/eval` as they are
-    from sglang_dspine.data import iter_records
+    from sglang_dspine.training.data import iter_records
 
     path = suites.write_prompts(g, str(tmp_path / "out" / "gsm8k.jsonl"))
     assert [rid for rid, _ in iter_records(path)] == ["gsm8k:0", "gsm8k:1"]
@@ -170,8 +164,8 @@ def test_math_problems_are_consistent():
 def test_batched_hf_generation_and_max_seconds(tmp_path):
     """`sglang-dspine data --hf-batch-size N` (left-padded batches) gives the one-at-a-time greedy output, and
     `--max-seconds` stops between batches with the rest left to a rerun."""
-    from sglang_dspine.data import HFGenerator, regenerate
-    from sglang_dspine.tiny import make_target
+    from sglang_dspine.drafter.tiny import make_target
+    from sglang_dspine.training.data import HFGenerator, regenerate
 
     t = make_target(seed=0)
     g = torch.Generator().manual_seed(3)

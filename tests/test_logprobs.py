@@ -12,8 +12,8 @@ import torch
 
 pytest.importorskip("sglang")
 
-from sglang_dspine.plugin import dflash_returns_logprobs  # noqa: E402
-from sglang_dspine.worker import _LogprobsHidden, _TargetWorker, verify_logprobs  # noqa: E402
+from sglang_dspine.serving.plugin import dflash_returns_logprobs  # noqa: E402
+from sglang_dspine.serving.worker import _LogprobsHidden, _TargetWorker, verify_logprobs  # noqa: E402
 
 
 def _verify_step_logprobs(batch, result, block):
@@ -82,12 +82,12 @@ def test_dspine_server_admits_logprob_requests():
     code = (
         "from types import SimpleNamespace as R\n"
         "from sglang.srt.managers import scheduler\n"
-        "from sglang_dspine.plugin import dflash_returns_logprobs\n"
+        "from sglang_dspine.serving.plugin import dflash_returns_logprobs\n"
         "stock = scheduler.validate_dflash_request\n"
         "lp = R(return_logprob=True, return_hidden_states=False)\n"
         "hs = R(return_logprob=False, return_hidden_states=True)\n"
         "assert (stock(lp, True) is None) == dflash_returns_logprobs(), stock(lp, True)\n"
-        "from sglang_dspine import sglang_patches\n"
+        "from sglang_dspine.serving import sglang_patches\n"
         "assert sglang_patches.admit_logprob_requests() != dflash_returns_logprobs()\n"
         "assert (scheduler.validate_dflash_request is stock) == dflash_returns_logprobs()\n"
         "assert scheduler.validate_dflash_request(lp, True) is None\n"
@@ -104,7 +104,8 @@ def test_log_probs_are_computed_once():
     """Where DFlash's verify step returns log-probs, DSPINE's worker runs DFlash's step as it is (it neither hides
     the request from it nor computes them again); elsewhere the worker that supplies them is the one used."""
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
-    from sglang_dspine.worker import DSpineLogprobWorker, DSpineWorker
+
+    from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineWorker
 
     assert DSpineWorker.forward_batch_generation is DFlashWorkerV2.forward_batch_generation
     assert DSpineWorker.target_worker is DFlashWorkerV2.target_worker
@@ -136,7 +137,7 @@ def test_verify_log_probs_follow_the_mode_the_batch_came_in(mode, verify, monkey
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    from sglang_dspine.worker import DSpineLogprobWorker, DSpineWorker
+    from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineWorker
 
     upstream = dflash_returns_logprobs()
     worker_class = DSpineWorker if upstream else DSpineLogprobWorker  # what plugin._worker_factory returns

@@ -8,13 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sglang_dspine.checkpoint import init_dspine_transfer, save_drafter
-from sglang_dspine.model import DSpineDrafter
-from sglang_dspine.tiny import drafter_config_for, make_target
+from sglang_dspine.drafter.checkpoint import init_dspine_transfer, save_drafter
+from sglang_dspine.drafter.model import DSpineDrafter
+from sglang_dspine.drafter.tiny import drafter_config_for, make_target
 
 pytest.importorskip("sglang")
 
-from sglang_dspine.plugin import sglang_version  # noqa: E402
+from sglang_dspine.serving.plugin import sglang_version  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +39,9 @@ def test_entry_point_registers_in_a_fresh_interpreter():
         "assert a.is_dflash_family() and a.is_dflash() and a.supports_target_verify_for_draft();"
         "assert not a.need_topk() and not a.carries_draft_hidden_states() and not a.is_eagle();"
         "from sglang.srt.models.registry import ModelRegistry as R;"
-        "from sglang_dspine.sglang_model import DSpineDraftModel;"
+        "from sglang_dspine.serving.sglang_model import DSpineDraftModel;"
         "assert R.models['DSpineDraftModel'] is DSpineDraftModel;"
-        "import sglang_dspine.plugin as p; p.register(); p.register();"  # idempotent
+        "import sglang_dspine.serving.plugin as p; p.register(); p.register();"  # idempotent
         "print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -58,7 +58,8 @@ ON_0_5_23 = sglang_version() >= (0, 5, 23)
 def _args(root, draft, *extra):
     """The server arguments of a launch with this command line, settled and checked as the server does it."""
     from sglang.srt.server_args import prepare_server_args
-    import sglang_dspine.plugin as p
+
+    import sglang_dspine.serving.plugin as p
 
     p.register()
     args = prepare_server_args(["--model-path", str(root / "target"), "--speculative-algorithm", extra[0] if extra else "DSPINE",
@@ -95,8 +96,9 @@ def test_server_args_match_dflash(dirs, extra):
 def test_dspine_answers_like_dflash():
     """Every question SGLang asks a speculative algorithm (is_*, supports_*, has_*, need_*, carries_*, and the
     target-verify width) gets DFLASH's answer from DSPINE (it says it is DFLASH, so SGLang takes DFlash's paths)."""
-    import sglang_dspine.plugin as p
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S
+
+    import sglang_dspine.serving.plugin as p
 
     p.register()
     dsp, dfl = S.from_string("DSPINE"), S.DFLASH
@@ -124,7 +126,7 @@ def test_only_supported_sglang_releases_register(monkeypatch, release, refused):
     """The plugin reads the running SGLang's own version and refuses releases it was not tested on, naming them."""
     import sglang.version
 
-    import sglang_dspine.plugin as p
+    import sglang_dspine.serving.plugin as p
 
     monkeypatch.setattr(sglang.version, "__version__", release)
     p.sglang_version.cache_clear()
@@ -142,12 +144,11 @@ def test_only_supported_sglang_releases_register(monkeypatch, release, refused):
 def test_gpu_scripts_server_flags_parse(dirs):
     """The server flags the GPU benchmarks pass are flags of this SGLang (0.5.23 dropped `--cuda-graph-max-bs`,
     which then is an ambiguous prefix of its -decode and -prefill flags)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-    try:
-        from serving_features import FLAGS
-        from servers import BASE_ARGS
-    finally:
-        sys.path.pop(0)
+    from sglang_dspine.source_files import load_file
+
+    benchmarks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    FLAGS = load_file(os.path.join(benchmarks, "serving_features.py")).FLAGS
+    BASE_ARGS = load_file(os.path.join(benchmarks, "servers.py")).BASE_ARGS
     root, _ = dirs
     args = _resolved(_args(root, root / "dspine", "DSPINE", *BASE_ARGS[2:], *FLAGS))  # BASE_ARGS[:2]: --host
     assert args.sampling_backend == "pytorch"
@@ -175,8 +176,9 @@ def test_worker_factory_patches_verify_renorm_only_for_pytorch_sampling(dirs, fl
     from sglang.srt.runtime_context import publish
     from sglang.srt.speculative import dflash_utils
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang_dspine.plugin import dflash_returns_logprobs
-    from sglang_dspine.worker import DSpineLogprobWorker, DSpineWorker
+
+    from sglang_dspine.serving.plugin import dflash_returns_logprobs
+    from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineWorker
 
     dflash_utils = importlib.reload(dflash_utils)  # undo an earlier case's patch
     stock = dflash_utils.top_k_renorm_prob, dflash_utils.top_p_renorm_prob
@@ -238,7 +240,7 @@ def _no_weight_map(path):
 def test_bad_drafters_are_refused_at_start(dirs, case, msg):
     import re
 
-    from sglang_dspine.plugin import StartupRefusal
+    from sglang_dspine.serving.plugin import StartupRefusal
 
     root, _ = dirs
     extra = ["DSPINE"]
@@ -321,11 +323,11 @@ def test_unconverted_reference_release_is_refused_then_served_after_export(dirs)
 @pytest.fixture(scope="module")
 def sglang_cpu(dirs):
     """What building SGLang modules on CPU needs: a published config, a one-rank gloo group, CPU RoPE."""
+    import socket
+
+    import sglang.srt.layers.rotary_embedding.base as rope_base
     from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
     from sglang.srt.runtime_context import publish
-    import sglang.srt.layers.rotary_embedding.base as rope_base
-
-    import socket
 
     root, _ = dirs
     publish(_args(root, root / "dspine"), role="test")
@@ -344,7 +346,8 @@ def sglang_cpu(dirs):
 
 def _sglang_model(path):
     from sglang.srt.utils.hf_transformers_utils import get_config
-    from sglang_dspine.sglang_model import DSpineDraftModel
+
+    from sglang_dspine.serving.sglang_model import DSpineDraftModel
 
     return DSpineDraftModel(get_config(str(path), trust_remote_code=False))
 
@@ -373,7 +376,7 @@ def test_checkpoint_loads_into_the_sglang_model(sglang_cpu, dirs, layout, tmp_pa
     ("layers.0.mlp.up_proj.weight", "missing tensors \\['layers.0.mlp.up_proj.weight'\\]"),
 ])
 def test_sglang_loader_refuses_incomplete_checkpoints(sglang_cpu, dirs, drop, msg):
-    from sglang_dspine.config import DrafterConfigError
+    from sglang_dspine.drafter.config import DrafterConfigError
 
     root, _ = dirs
     model = _sglang_model(root / "dspine")
@@ -384,7 +387,7 @@ def test_sglang_loader_refuses_incomplete_checkpoints(sglang_cpu, dirs, drop, ms
 
 
 def test_stack_dump_on_sigusr1_when_asked():
-    code = ("import os, signal, sglang_dspine.plugin as p; p.register();"
+    code = ("import os, signal, sglang_dspine.serving.plugin as p; p.register();"
             "os.kill(os.getpid(), signal.SIGUSR1); print('alive')")
     env = {**os.environ, "SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
@@ -398,11 +401,12 @@ def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, t
     way the DFlash worker writes it; torch-native attention on CPU) against the plain drafter: two requests
     with different contexts in one flat batch, then its draft step's decoding, as the worker calls it. On the
     kernel path the injection and the decoding run on the Triton kernels (interpreter on CPU)."""
+    from types import SimpleNamespace
+
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-    from types import SimpleNamespace
 
     plain = dspine  # conftest: seed 1, transfer space from the head, random injection
     save_drafter(plain, tmp_path)
@@ -474,7 +478,7 @@ def test_dummy_weights_run_the_same_draft_step_as_loaded_ones(sglang_cpu, dirs, 
     loaded = _sglang_model(root / "dspine")
     loaded.load_weights(iter(load_file(root / "dspine" / "model.safetensors").items()))
     dummy = _sglang_model(root / "dspine")
-    with caplog.at_level(logging.INFO, logger="sglang_dspine.draft_step"):
+    with caplog.at_level(logging.INFO, logger="sglang_dspine.serving.draft_step"):
         initialize_dummy_weights(dummy)
         _post_load_weights(dummy)
     assert dummy.draft_step is not None and dummy.draft_step.kernels == loaded.draft_step.kernels == (kernels == "1")

@@ -135,7 +135,7 @@ def test_supported_sglang_releases_agree_everywhere():
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    from sglang_dspine.plugin import SUPPORTED_SGLANG
+    from sglang_dspine.serving.plugin import SUPPORTED_SGLANG
 
     setup_py = open(os.path.join(REPO, "setup.py")).read()
     releases = ast.literal_eval(re.search(r"^SGLANG_RELEASES = (\[.*\])$", setup_py, re.M).group(1))

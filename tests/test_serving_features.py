@@ -3,11 +3,11 @@ default pair's tokenizer, request bodies against SGLang's request models, server
 parser, grammars through xgrammar, answer checks and log-prob extraction on answers built by SGLang's own
 response code, the comparison with the server without speculation, and the summary."""
 import copy
-import importlib.util
 import os
-import sys
 
 import pytest
+
+from sglang_dspine.source_files import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models", "default")
@@ -15,16 +15,8 @@ TARGET = os.path.join(MODELS, "target")
 
 
 def _module():
-    """benchmarks/serving_features.py as a module (the repo root stays off sys.path: its kernels/ would shadow
-    `kernels`; the benchmarks folder goes on it for `servers`)."""
-    key = "dspine_serving_features"
-    if key not in sys.modules:
-        sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-        spec = importlib.util.spec_from_file_location(key, os.path.join(ROOT, "benchmarks", "serving_features.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[key] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[key]
+    """benchmarks/serving_features.py as a module."""
+    return load_file(os.path.join(ROOT, "benchmarks", "serving_features.py"))
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sglang_dspine.decoding import decode_block
-from sglang_dspine.injection import AdjacentInjection
-from sglang_dspine.sharding import TorchGroup, VocabShard
+from sglang_dspine.drafter.decoding import decode_block
+from sglang_dspine.drafter.injection import AdjacentInjection
+from sglang_dspine.drafter.sharding import TorchGroup, VocabShard
 
 V, H, R, M, K, N, P = 50, 16, 8, 6, 5, 3, 4
 

@@ -7,17 +7,15 @@ import os
 import pytest
 import torch
 
-from sglang_dspine.chat import ChatFormat, resolve_template, tokenize_conversation
 from sglang_dspine.cli import main as cli_main
-from sglang_dspine.config import DrafterConfigError
-from sglang_dspine.data import iter_token_data, prompt_ids
-from sglang_dspine.drafter_setup import (
-    default_mask_token, default_num_draft_layers, fit_target_layer_ids, fresh_settings,
-)
-from sglang_dspine.jsonl import DataError, read_jsonl
-from sglang_dspine.tiny import make_target
-from sglang_dspine.train_config import TrainConfig
-from sglang_dspine.trainer import load_trainer_state, train
+from sglang_dspine.drafter.config import DrafterConfigError, fit_target_layer_ids, fresh_settings
+from sglang_dspine.drafter.tiny import make_target
+from sglang_dspine.training.chat import ChatFormat, resolve_template, tokenize_conversation
+from sglang_dspine.training.data import iter_token_data, prompt_ids
+from sglang_dspine.training.drafter_setup import default_mask_token, default_num_draft_layers
+from sglang_dspine.training.jsonl import DataError, read_jsonl
+from sglang_dspine.training.train_config import TrainConfig
+from sglang_dspine.training.trainer import load_trainer_state, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TARGET = os.path.join(ROOT, "models", "default", "target")
@@ -244,7 +242,7 @@ def test_train_on_specforge_conversations(tiny_dir, tmp_path, capsys):
     recs = list(iter_token_data(str(tiny_dir / "chats.jsonl"), tok))
     raw = read_jsonl(str(tiny_dir / "chats.jsonl"))
     for rec, src in zip(recs, raw):
-        from sglang_dspine.chat import normalise_messages
+        from sglang_dspine.training.chat import normalise_messages
 
         assert (rec["input_ids"], rec["loss_mask"]) == expected_think_last(normalise_messages(src["conversations"], "t"))
     out = tmp_path / "tok.jsonl"

@@ -10,20 +10,26 @@ import pytest
 import torch
 from conftest import randomize_injection as randomize
 
-from sglang_dspine.checkpoint import init_dspine_transfer, load_drafter
 from sglang_dspine.cli import main as cli_main
-from sglang_dspine.config import DSpineSettings
-from sglang_dspine.data import HFGenerator, read_done_ids, regenerate
-from sglang_dspine.generate import speculative_generate
-from sglang_dspine.model import DSpineDrafter
-from sglang_dspine.tiny import drafter_config_for, make_target
-from sglang_dspine.blocks import make_blocks, sample_anchors, valid_anchors
-from sglang_dspine.distributed import train_device
-from sglang_dspine.objective import DrafterObjective, ObjectiveSwitches, assemble_loss
-from sglang_dspine.schedules import alignment_beta, default_gamma, lr_factor, position_weights, replacement_probability
-from sglang_dspine.teacher import TargetTeacher
-from sglang_dspine.train_config import TrainConfig
-from sglang_dspine.trainer import train
+from sglang_dspine.drafter.checkpoint import init_dspine_transfer, load_drafter
+from sglang_dspine.drafter.config import DSpineSettings
+from sglang_dspine.drafter.model import DSpineDrafter
+from sglang_dspine.drafter.tiny import drafter_config_for, make_target
+from sglang_dspine.training.blocks import make_blocks, sample_anchors, valid_anchors
+from sglang_dspine.training.data import HFGenerator, read_done_ids, regenerate
+from sglang_dspine.training.distributed import train_device
+from sglang_dspine.training.generate import speculative_generate
+from sglang_dspine.training.objective import DrafterObjective, ObjectiveSwitches, assemble_loss
+from sglang_dspine.training.schedules import (
+    alignment_beta,
+    default_gamma,
+    lr_factor,
+    position_weights,
+    replacement_probability,
+)
+from sglang_dspine.training.teacher import TargetTeacher
+from sglang_dspine.training.train_config import TrainConfig
+from sglang_dspine.training.trainer import train
 
 GAMMA = 2.5
 
@@ -543,9 +549,9 @@ def test_train_step_benchmark_smoke(tmp_path):
 
 DDP_SCRIPT = """
 import sys, torch
-from sglang_dspine.tiny import make_target
-from sglang_dspine.train_config import TrainConfig
-from sglang_dspine.trainer import train
+from sglang_dspine.drafter.tiny import make_target
+from sglang_dspine.training.train_config import TrainConfig
+from sglang_dspine.training.trainer import train
 torch.set_num_threads(1)
 data, out, bs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 train(TrainConfig(data=data, output_dir=out, num_draft_layers=2, block_size=4, num_anchors=100, target_layer_ids=[1, 2],

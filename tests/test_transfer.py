@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_dspine.config import DrafterConfigError
-from sglang_dspine.transfer import check_codes, compute_transfer_space
+from sglang_dspine.drafter.config import DrafterConfigError
+from sglang_dspine.drafter.transfer import check_codes, compute_transfer_space
 
 
 def head(v=200, h=32, seed=0):
@@ -75,9 +75,9 @@ def test_space_is_computed_on_the_heads_device_in_its_dtype():
 def test_cuda_head_gives_the_cpu_codes():
     """A head on the GPU: same codes, directions and eigenvalues as on the CPU, and a drafter on the GPU takes
     them through init_dspine_transfer without a copy of the head to the CPU."""
-    from sglang_dspine.checkpoint import init_dspine_transfer
-    from sglang_dspine.model import DSpineDrafter
-    from sglang_dspine.tiny import drafter_config_for, make_target
+    from sglang_dspine.drafter.checkpoint import init_dspine_transfer
+    from sglang_dspine.drafter.model import DSpineDrafter
+    from sglang_dspine.drafter.tiny import drafter_config_for, make_target
 
     w = head(v=5000, h=64, seed=4)
     cpu = compute_transfer_space(w, 16, chunk_rows=1024)

@@ -26,13 +26,13 @@ if not torch.cuda.is_available():
 
 from conftest import randomize_injection  # noqa: E402
 
-from sglang_dspine.blocks import make_blocks, sample_anchors  # noqa: E402
-from sglang_dspine.checkpoint import init_dspine_transfer  # noqa: E402
+from sglang_dspine.drafter.checkpoint import init_dspine_transfer  # noqa: E402
+from sglang_dspine.drafter.model import DSpineDrafter  # noqa: E402
+from sglang_dspine.drafter.tiny import drafter_config_for  # noqa: E402
 from sglang_dspine.kernels import vocab_objective as kvl  # noqa: E402
-from sglang_dspine.model import DSpineDrafter  # noqa: E402
-from sglang_dspine.objective import DrafterObjective, ObjectiveSwitches, assemble_loss, vocab_terms  # noqa: E402
-from sglang_dspine.teacher import TargetTeacher  # noqa: E402
-from sglang_dspine.tiny import drafter_config_for  # noqa: E402
+from sglang_dspine.training.blocks import make_blocks, sample_anchors  # noqa: E402
+from sglang_dspine.training.objective import DrafterObjective, ObjectiveSwitches, assemble_loss  # noqa: E402
+from sglang_dspine.training.teacher import TargetTeacher  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Triton's interpreter converts its one-element arrays with a NumPy deprecation warning, thousands of times

@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from sglang_dspine.source_files import OUTSIDE_REPO
+
 TRAIN_FLAGS = {"no_alignment": ["--no-alignment-loss"], "no_refinement": ["--no-refinement-loss"]}
 VARIANTS = ("walk_off", "injection_off", *TRAIN_FLAGS)
 
@@ -43,8 +45,8 @@ def train(lab: str, name: str, work: str) -> str:
         argv = [sys.executable, "-m", "sglang_dspine.cli"] + cmd[1:] + TRAIN_FLAGS[name]
         print("$", " ".join(argv[2:]), f"> {out}.log", flush=True)
         os.makedirs(work, exist_ok=True)
-        with open(f"{out}.log", "w") as log:  # not the repo root: its kernels/ shadows `kernels`
-            rc = subprocess.run(argv, cwd="/tmp", stdout=log, stderr=subprocess.STDOUT).returncode
+        with open(f"{out}.log", "w") as log:
+            rc = subprocess.run(argv, cwd=OUTSIDE_REPO, stdout=log, stderr=subprocess.STDOUT).returncode
         if rc:
             raise SystemExit(f"ablation {name}: training failed ({rc}); tail of {out}.log:\n"
                              + open(f"{out}.log").read()[-3000:])
@@ -53,7 +55,7 @@ def train(lab: str, name: str, work: str) -> str:
 
 def evaluate(target, drafter, prompts, eos, max_new: int, decoding: str = "walk") -> float:
     """τ of one suite as `sglang-dspine eval` computes it (SpecResult.pooled: tokens ÷ verify rounds)."""
-    from sglang_dspine.generate import DrafterProposer, SpecResult, speculative_generate
+    from sglang_dspine.training.generate import DrafterProposer, SpecResult, speculative_generate
 
     results = []
     for ids in prompts:
@@ -66,11 +68,11 @@ def evaluate(target, drafter, prompts, eos, max_new: int, decoding: str = "walk"
 def main() -> int:
     from transformers import AutoTokenizer
 
-    from sglang_dspine.checkpoint import load_drafter
-    from sglang_dspine.cli import _device, load_target
-    from sglang_dspine.data import eos_ids_of, prompt_ids
-    from sglang_dspine.jsonl import read_jsonl
+    from sglang_dspine.drafter.checkpoint import load_drafter
     from sglang_dspine.provenance import provenance
+    from sglang_dspine.training.data import eos_ids_of, prompt_ids
+    from sglang_dspine.training.jsonl import read_jsonl
+    from sglang_dspine.training.target_loading import default_device, load_target
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lab", required=True, help="a lab directory built by benchmarks/lab/run.py")
@@ -78,7 +80,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=12, help="held-out prompts per suite")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--device", help="default: cuda if present, else cpu")
-    ap.add_argument("--dtype", help="target and drafters (default: bf16 on a GPU, fp32 on CPU, as `sglang-dspine eval`)")
+    ap.add_argument("--dtype",
+                    help="target and drafters (default: bf16 on a GPU, fp32 on CPU, as `sglang-dspine eval`)")
     ap.add_argument("--jobs", type=int, help="ablation trainings at once (default: 2 on a GPU, 1 on CPU)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"comma-separated subset of {','.join(VARIANTS)} (dflash and dspine are always evaluated)")
@@ -87,7 +90,7 @@ def main() -> int:
     if chosen - set(VARIANTS):
         ap.error(f"--variants: unknown {sorted(chosen - set(VARIANTS))}; choose from {','.join(VARIANTS)}")
     t0 = time.time()
-    dev = _device(args.device)
+    dev = default_device(args.device)
     jobs = args.jobs or (2 if dev.startswith("cuda") else 1)
     work = os.path.join(args.lab, "ablations")
     with ThreadPoolExecutor(jobs) as ex:
@@ -123,7 +126,8 @@ def main() -> int:
                        for s, ps in suites.items()}
         table[name]["mean"] = round(sum(table[name].values()) / len(suites), 4)
         print(f"{name:14s}", "  ".join(f"{s} {v:.3f}" for s, v in table[name].items()), flush=True)
-    res = {"what": f"offline tau (token-weighted per suite) at T=0, {target.dtype}, transformers target on {dev}; " + __doc__.split("\n\n")[1],
+    res = {"what": f"offline tau (token-weighted per suite) at T=0, {target.dtype}, transformers target on {dev}; "
+                   + __doc__.split("\n\n")[1],
            "lab": os.path.abspath(args.lab), "tau_t0": table,
            "ratio_to_dflash": {n: round(v["mean"] / table["dflash"]["mean"], 4) for n, v in table.items()},
            "seconds": round(time.time() - t0, 1), **provenance(sys.argv)}

@@ -38,8 +38,9 @@ import re
 import site
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 DOMAINS = ("code", "prose", "math")
 DOC_SUFFIXES = (".md", ".rst", ".txt")
@@ -81,7 +82,8 @@ def package_of(rel: str) -> str:
     return top.lower().replace("-", "_")
 
 
-def scan(roots: list[str], max_file_bytes: int) -> tuple[list[tuple[str, str, str, int]], list[tuple[str, str, str, int]]]:
+def scan(roots: list[str], max_file_bytes: int) -> tuple[list[tuple[str, str, str, int]],
+                                                         list[tuple[str, str, str, int]]]:
     """(python files, doc files) as (root, rel path, package, size); each rel path once over all roots."""
     py, docs, seen = [], [], set()
     for root in roots:
@@ -142,7 +144,8 @@ def _cut_functions(lines: list[str], tree: ast.AST, max_prompt_chars: int
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         body = node.body
-        if len(body) < 2 or not (isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
+        if len(body) < 2 or not (isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None),
+                                                                              ast.Constant)
                                  and isinstance(body[0].value.value, str)):
             continue
         start = (node.decorator_list[0].lineno if node.decorator_list else node.lineno) - 1
@@ -201,7 +204,8 @@ def doc_text(path: str, name: str) -> str | None:
         return None
     if name == "METADATA":  # RFC-822 headers, a blank line, then the long description
         head, sep, body = text.partition("\n\n")
-        if not sep or not all(_METADATA_HEADER.match(ln) or ln.startswith((" ", "\t")) for ln in head.splitlines() if ln):
+        if not sep or not all(_METADATA_HEADER.match(ln) or ln.startswith((" ",
+                                                                           "\t")) for ln in head.splitlines() if ln):
             return None
         text = body
     text = text.replace("\r\n", "\n").strip()
@@ -294,7 +298,8 @@ def _story_problem(r: random.Random) -> tuple[str, list[str], int]:
 def _shop_problem(r: random.Random) -> tuple[str, list[str], int]:
     name = r.choice(NAMES)
     he, _ = _pronoun(name)
-    goods = r.sample(["notebooks", "pens", "sandwiches", "lamps", "shirts", "mugs", "plants", "batteries"], r.randint(2, 3))
+    goods = r.sample(["notebooks", "pens", "sandwiches", "lamps", "shirts", "mugs", "plants", "batteries"],
+                     r.randint(2, 3))
     text, steps, total = [f"{name} goes shopping."], [], 0
     for g in goods:
         k, p = r.randint(2, 9), r.randint(2, 25)
@@ -350,7 +355,8 @@ def math_problem(r: random.Random) -> tuple[str, str, int]:
     return problem, solution, answer
 
 
-def math_split(n_train: int, n_heldout: int, seed: int) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+def math_split(n_train: int, n_heldout: int, seed: int) -> tuple[list[tuple[str, str, int]],
+                                                                 list[tuple[str, str, int]]]:
     """Train problems from one stream; held-out ones from another, never equal to a training problem."""
     seen: set[str] = set()
 
@@ -496,7 +502,8 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
             prompts[d, "heldout"] = prompts[d, "train"][-k:]
             prompts[d, "train"] = prompts[d, "train"][:-k]
             fallback.append(d)
-            print(f"corpus: warning: no held-out {d} prompts at this budget; {k} training prompts stand in", file=sys.stderr)
+            print(f"corpus: warning: no held-out {d} prompts at this budget; {k} training prompts stand in",
+                  file=sys.stderr)
     # prompt files: a fixed-seed sample of each, suites from the held-out splits
     counts: dict[str, Any] = {}
     train_lists = []
@@ -523,7 +530,8 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
         "python_files_available": len(py), "doc_files_available": len(docs),
         "python_files_used": n_files, "doc_files_used": n_docs,
         "packages": {s: len(v) for s, v in pkgs_seen.items()},
-        "documents": {f"{d}.{s}": w[d, s].n for d, s in w}, "megabytes": {f"{d}.{s}": round(w[d, s].bytes / 1e6, 3) for d, s in w},
+        "documents": {f"{d}.{s}": w[d, s].n for d, s in w},
+        "megabytes": {f"{d}.{s}": round(w[d, s].bytes / 1e6, 3) for d, s in w},
         **counts, "heldout_fallback": fallback,
         "seconds": round(time.time() - t0, 2),
     }
@@ -568,7 +576,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     args = p.parse_args(argv)
     man = os.path.join(args.out, "manifest.json")

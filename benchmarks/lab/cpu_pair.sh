@@ -7,7 +7,7 @@ OUT="${1:-/tmp/lab_cpu}"
 PY="${2:-python3}"
 shift $(( $# < 2 ? $# : 2 ))
 here="$(cd "$(dirname "$0")" && pwd)"
-cd /tmp  # never the repo root: its kernels/ folder would shadow the `kernels` package
+cd /tmp  # never the repo root (sglang_dspine/source_files.py says why)
 "$PY" "$here/run.py" --preset tiny --out "$OUT" --results "$OUT/results" \
   --set 'target_args=["--hidden","256","--layers","4","--heads","4","--kv-heads","2","--head-dim","64","--intermediate","768","--seq-len","256","--batch-size","16"]' \
   --set target_seconds=600 --set vocab=4096 --set tokenizer_mb=8 --set corpus_mb=20 --set train_prompts=600 \

@@ -60,7 +60,8 @@ def plot_serving(path: str) -> str:
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
     prov = res["provenance"]
-    fig.suptitle(f"SGLang {prov['versions']['sglang']} on {prov['gpu']}, pair {'/'.join(res['models'].rstrip('/').split('/')[-2:])}, T=0 "
+    pair = "/".join(res["models"].rstrip("/").split("/")[-2:])
+    fig.suptitle(f"SGLang {prov['versions']['sglang']} on {prov['gpu']}, pair {pair}, T=0 "
                  f"({len(res['repeats'])} repeats; commit {prov['commit'][:8]})")
     fig.tight_layout()
     out = os.path.splitext(path)[0] + ".png"

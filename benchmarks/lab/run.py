@@ -21,11 +21,11 @@ Presets: `tiny` (CPU, tests: < 3 minutes on 2 cores), `budget` (one H200; run de
 steps). Any preset value can be overridden with `--set key=value` (e.g. `--set target_seconds=120 --set
 train_steps=300`). `--set deadline_s=S` kills a step still running S seconds after the start; the report
 (marked `failed`) and the pack are written anyway.
-The budget preset measured 609 s on an H200 with 400 training steps and the loss in chunks of 128 blocks
-(corpus 7, tokenizer 10, target 213, data 69, two drafters side by side 146, export 16, eval 139 s;
-`lab_budget.json`). Those drafters were undertrained. With the loss in one chunk (`chunk_blocks=0`; same loss,
-more memory) a DSpine step takes 68 ms instead of 329 ms on the H200 (`train_step_gpu_chunk*.json`), so the
-preset now trains 2000 steps in about the time 400 took. The new preset has not yet run end to end.
+Timings on an H200 (benchmarks/results): `lab_budget.json`, 400 training steps with the loss in chunks of 128
+blocks, 609 s in all (corpus 7, tokenizer 10, target 213, data 69, two drafters side by side 146, export 16,
+eval 139 s); `train_step_gpu_chunk*.json`, a DSpine step in 329 ms with chunks of 128 blocks and 68 ms in one
+chunk. The budget preset trains 2000 steps in one chunk (`chunk_blocks=0`; same loss, more memory), about the
+time 400 steps take in chunks; it has no end-to-end timing of its own.
 
     python benchmarks/lab/run.py --preset tiny --out /tmp/lab_tiny
     python benchmarks/lab/run.py --preset budget --out lab_out --pack $OUT --results $OUT
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -46,6 +45,8 @@ import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from sglang_dspine.source_files import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -85,16 +86,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def _lab_module(name: str):
-    """A sibling file (corpus.py, ...) as a module, without putting the repo root on sys.path (its top-level
-    kernels/ would shadow the `kernels` package transformers imports)."""
-    key = f"dspine_lab_{name}"
-    if key in sys.modules:
-        return sys.modules[key]
-    spec = importlib.util.spec_from_file_location(key, os.path.join(HERE, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[key] = mod
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+    """A sibling file (corpus.py, ...) as the module `dspine_lab_<name>` (sglang_dspine.source_files)."""
+    return load_file(os.path.join(HERE, f"{name}.py"), f"dspine_lab_{name}")
 
 
 # -------------------------------------------------------------------------------------------- running
@@ -142,7 +135,7 @@ class Runner:
             else:
                 cmd = [sys.executable, os.path.join(HERE, f"{kind}.py")] + args
             with open(log_path, "w", encoding="utf-8") as f:
-                # cwd: the logs folder, never the repo root (its kernels/ would shadow the `kernels` package)
+                # cwd: the logs folder, never the repo root (sglang_dspine.source_files says why)
                 proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=self.logs)
                 try:
                     rc = proc.wait(timeout=None if self.deadline is None else max(1.0, self.deadline - time.time()))
@@ -210,7 +203,8 @@ class Lab:
 
     def done(self, stage: str, marker: str) -> bool:
         if stage in self.force and os.path.exists(marker):
-            for d in {"corpus": ["corpus", "tokens"], "tokenizer": ["tokenizer", "tokens"], "target": ["target", "tokens"],
+            for d in {"corpus": ["corpus", "tokens"], "tokenizer": ["tokenizer", "tokens"],
+                      "target": ["target", "tokens"],
                       "data": ["data"], "train": ["runs"], "export": ["drafters"], "eval": ["eval"]}.get(stage, []):
                 shutil.rmtree(self.path(d), ignore_errors=True)
         return os.path.exists(marker)
@@ -221,7 +215,8 @@ class Lab:
             self.log("corpus: exists, skipped")
         else:
             p = self.p
-            args = ["--out", self.path("corpus"), "--max-mb", str(p["corpus_mb"]), "--train-prompts", str(p["train_prompts"]),
+            args = ["--out", self.path("corpus"), "--max-mb", str(p["corpus_mb"]), "--train-prompts",
+                    str(p["train_prompts"]),
                     "--suite-size", str(p["suite_size"]), "--workers", str(p["corpus_workers"])]
             for s in self.args.source or []:
                 args += ["--source", s]
@@ -230,7 +225,8 @@ class Lab:
         self.summary["corpus"] = {k: m[k] for k in ("megabytes", "documents", "python_files_used", "doc_files_used",
                                                     "packages", "roots")}
         self.summary["corpus"].update({k: v for k, v in m.items() if k.startswith("prompts.")})
-        self.log("corpus: " + json.dumps({"MB": m["megabytes"], **{k: v for k, v in m.items() if k.startswith("prompts.")}}))
+        self.log("corpus: " + json.dumps({"MB": m["megabytes"],
+                                          **{k: v for k, v in m.items() if k.startswith("prompts.")}}))
 
     # ---- 2a tokenizer
     def tokenizer(self) -> None:
@@ -249,7 +245,8 @@ class Lab:
         if self.done("target", self.path("target", "lab_target.json")):
             self.log("target: exists, skipped")
         else:
-            args = ["--corpus", self.path("corpus"), "--tokenizer", self.path("tokenizer"), "--out", self.path("target"),
+            args = ["--corpus", self.path("corpus"), "--tokenizer", self.path("tokenizer"), "--out",
+                    self.path("target"),
                     "--token-cache", self.path("tokens"), "--seconds", str(self.p["target_seconds"])]
             args += list(self.p["target_args"])
             if self.p["threads"]:
@@ -267,7 +264,8 @@ class Lab:
             self.log("data: exists, skipped")
         else:
             p = self.p
-            args = ["data", "--target", self.path("target"), "--prompts", self.path("corpus", "prompts", "train_mix.jsonl"),
+            args = ["data", "--target", self.path("target"), "--prompts",
+                    self.path("corpus", "prompts", "train_mix.jsonl"),
                     "--output", out, "--backend", "hf", "--max-new-tokens", str(p["gen_tokens"]),
                     "--hf-batch-size", str(p["gen_batch"]), "--batch-size", str(p["gen_batch"]),
                     "--max-prompt-len", str(p["max_prompt_len"]), "--no-progress"]
@@ -275,7 +273,7 @@ class Lab:
                 args += ["--max-seconds", str(p["data_seconds"])]
             t0 = time.time()
             self.runner.run("data", "cli", args)
-            from sglang_dspine.jsonl import iter_jsonl
+            from sglang_dspine.training.jsonl import iter_jsonl
 
             n, toks, resp = 0, 0, 0
             for _, r in iter_jsonl(out):
@@ -283,7 +281,8 @@ class Lab:
                 toks += len(r["input_ids"])
                 resp += sum(r["loss_mask"])
             with open(self.path("data", "summary.json"), "w") as f:
-                json.dump({"sequences": n, "tokens": toks, "response_tokens": resp, "seconds": round(time.time() - t0, 1)}, f)
+                json.dump({"sequences": n, "tokens": toks, "response_tokens": resp,
+                           "seconds": round(time.time() - t0, 1)}, f)
         s = json.load(open(self.path("data", "summary.json")))
         self.summary["data"] = s
         self.log("data: " + json.dumps(s))
@@ -292,7 +291,7 @@ class Lab:
     def _layer_ids(self) -> str:
         if self.p["target_layer_ids"]:
             return str(self.p["target_layer_ids"])
-        from sglang_dspine.config import default_target_layer_ids
+        from sglang_dspine.drafter.config import default_target_layer_ids
 
         n = json.load(open(self.path("target", "config.json")))["num_hidden_layers"]
         return ",".join(str(i) for i in default_target_layer_ids(n, int(self.p["draft_layers"])))
@@ -305,7 +304,8 @@ class Lab:
                 "--num-draft-layers", str(p["draft_layers"]), "--block-size", str(p["block_size"]),
                 "--target-layer-ids", self._layer_ids(), "--mask-token-id", str(mask),
                 "--max-steps", str(p["train_steps"]), "--batch-size", str(p["train_batch"]),
-                "--num-anchors", str(p["num_anchors"]), "--max-length", str(p["max_length"]), "--lr", str(p["train_lr"]),
+                "--num-anchors", str(p["num_anchors"]), "--max-length", str(p["max_length"]), "--lr",
+                str(p["train_lr"]),
                 "--objective-chunk-blocks", str(p["chunk_blocks"]),
                 "--log-every", str(max(1, int(p["train_steps"]) // 10)), "--no-progress"]
         if kind == "dspine":
@@ -322,10 +322,11 @@ class Lab:
         self.runner.run_many([(f"train_{k}", "cli", self.train_args(k)) for k in todo])
         self.summary["train"] = {}
         for k in KINDS:
-            from sglang_dspine.jsonl import read_jsonl
+            from sglang_dspine.training.jsonl import read_jsonl
 
             last = read_jsonl(self.path("runs", k, "metrics.jsonl"))[-1]
-            keep = {x: last[x] for x in ("step", "loss", "ce", "accuracy", "accuracy_per_position", "candidate_coverage",
+            keep = {x: last[x] for x in ("step", "loss", "ce", "accuracy", "accuracy_per_position",
+                                         "candidate_coverage",
                                           "backbone_accept_len", "tokens_per_s") if x in last}
             self.summary["train"][k] = keep
             self.log(f"train {k}: " + json.dumps({x: keep[x] for x in ("step", "loss", "accuracy",
@@ -379,16 +380,17 @@ class Lab:
         self.summary["eval"] = table
         for tk, rows in table.items():
             for suite, row in rows.items():
-                self.log(f"eval {tk} {suite:5s}: tau DFlash {row['dflash']['tau']:.3f}  DSpine {row['dspine']['tau']:.3f}"
+                self.log(f"eval {tk} {suite:5s}: tau DFlash {row['dflash']['tau']:.3f}"
+                         f"  DSpine {row['dspine']['tau']:.3f}"
                          f"  ratio {row['ratio']:.3f}")
 
     # ---- report
     def report(self, failed: str | None = None) -> str:
-        from sglang_dspine.provenance import git_commit
-
         import importlib.metadata as md
 
         import torch
+
+        from sglang_dspine.provenance import git_commit
 
         versions = {"python": sys.version.split()[0]}
         for name in ("torch", "transformers", "tokenizers", "sglang", "triton", "numpy"):
@@ -426,7 +428,8 @@ class Lab:
                    ("drafters/dspine", self.path("drafters", "dspine")),
                    ("suites", self.path("corpus", "prompts")), ("results.json", self.path("results.json")),
                    ("eval", self.path("eval")), ("corpus_manifest.json", self.path("corpus", "manifest.json"))]
-        members += [(f"runs/{k}/{f}", self.path("runs", k, f)) for k in KINDS for f in ("metrics.jsonl", "train_config.json")]
+        members += [(f"runs/{k}/{f}", self.path("runs", k, f)) for k in KINDS for f in ("metrics.jsonl",
+                                                                                        "train_config.json")]
         members += [("logs", self.path("logs")), ("logs_run.txt", self.path("logs_run.txt"))]
         tmp = os.path.join(dest, "lab_models.tar.gz")
         with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
@@ -487,7 +490,8 @@ class Lab:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--preset", choices=sorted(PRESETS), default="budget")
     p.add_argument("--tiny", dest="preset", action="store_const", const="tiny", help="same as --preset tiny")

@@ -1,7 +1,8 @@
 """Offline tau against training steps for one CPU pair: the pair's own run and `cpu_steps.sh`'s retrains of its
 drafters (same target, data, suites and settings but the step count). Writes a JSON and a plot.
 
-    python benchmarks/lab/steps_summary.py /tmp/labcpu /tmp/lab_cpu_steps   # -> benchmarks/results/lab_cpu_steps.{json,png}
+    # writes benchmarks/results/lab_cpu_steps.{json,png}
+    python benchmarks/lab/steps_summary.py /tmp/labcpu /tmp/lab_cpu_steps
 """
 from __future__ import annotations
 
@@ -9,16 +10,15 @@ import argparse
 import glob
 import json
 import os
-import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 from sglang_dspine.provenance import provenance  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 KINDS = ("dflash", "dspine")
 SAME = ("target_args", "vocab", "block_size", "draft_layers", "transfer_rank", "message_size", "top_k",
@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'steps':>6} " + " ".join(f"{h:>10}" for t in temps for h in (f"dflash_{t}", f"dspine_{t}", f"ratio_{t}")))
     for x in points:
         print(f"{x['train_steps']:>6} " + " ".join(f"{v:>10}" for t in temps for v in
-                                               (x["tau_mean"][t]["dflash"], x["tau_mean"][t]["dspine"], x["tau_ratio"][t])))
+                                               (x["tau_mean"][t]["dflash"], x["tau_mean"][t]["dspine"],
+                                                x["tau_ratio"][t])))
     print(f"wrote {args.out} and {png}")
     return 0
 

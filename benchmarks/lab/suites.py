@@ -26,8 +26,11 @@ import gzip
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+
+from sglang_dspine.training.jsonl import DataError, read_jsonl
 
 
 class SuiteError(RuntimeError):
@@ -114,10 +117,13 @@ class Suite:
 SUITES: dict[str, Suite] = {s.name: s for s in [
     Suite("gsm8k", ("openai/gsm8k", "main", "test"), ("gsm8k.jsonl", "gsm8k/test.jsonl", "gsm8k_test.jsonl"),
           _gsm8k, "math"),
-    Suite("math500", ("HuggingFaceH4/MATH-500", None, "test"), ("math500.jsonl", "MATH-500/test.jsonl", "math_500.jsonl"), _math500, "math"),
-    Suite("humaneval", ("openai/openai_humaneval", None, "test"), ("humaneval.jsonl", "HumanEval.jsonl", "HumanEval.jsonl.gz",
+    Suite("math500", ("HuggingFaceH4/MATH-500", None, "test"),
+          ("math500.jsonl", "MATH-500/test.jsonl", "math_500.jsonl"), _math500, "math"),
+    Suite("humaneval", ("openai/openai_humaneval", None, "test"),
+          ("humaneval.jsonl", "HumanEval.jsonl", "HumanEval.jsonl.gz",
                                                                  "humaneval/test.jsonl"), _humaneval, "code"),
-    Suite("mbpp", ("google-research-datasets/mbpp", "full", "test"), ("mbpp.jsonl", "mbpp/test.jsonl", "mbpp_test.jsonl",
+    Suite("mbpp", ("google-research-datasets/mbpp", "full", "test"),
+          ("mbpp.jsonl", "mbpp/test.jsonl", "mbpp_test.jsonl",
                                                                     "sanitized-mbpp.json"), _mbpp, "code"),
     Suite("livecodebench", ("livecodebench/code_generation_lite", None, "test"),
           ("livecodebench.jsonl", "livecodebench/test.jsonl", "code_generation_lite.jsonl"), _livecodebench, "code"),
@@ -170,16 +176,10 @@ def read_records(path: str) -> list[dict[str, Any]]:
             if not isinstance(data, list):
                 raise SuiteError(f"{path}: expected a JSON list of records")
             return [r for r in data if isinstance(r, dict)]
-    out = []
-    for i, line in enumerate(text.splitlines()):
-        if line.strip():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SuiteError(f"{path}:{i + 1}: not valid JSON ({e.msg})") from None
-            if isinstance(rec, dict):
-                out.append(rec)
-    return out
+    try:
+        return read_jsonl(path)
+    except DataError as e:
+        raise SuiteError(str(e)) from None
 
 
 GENERIC_FILES = ("test.jsonl", "question.jsonl", "data.jsonl", "train.jsonl", "test.json", "test.parquet")
@@ -188,7 +188,8 @@ GENERIC_FILES = ("test.jsonl", "question.jsonl", "data.jsonl", "train.jsonl", "t
 def _find_file(folder: str, suite: Suite, generic: bool = False) -> str | None:
     """One of the suite's usual files in `folder`; generic names (test.jsonl, ...) only where the folder is the
     suite's own (--path DIR, or DATA_DIR/<suite>/)."""
-    names = list(suite.files) + [os.path.join(suite.name, g) for g in GENERIC_FILES] + (list(GENERIC_FILES) if generic else [])
+    names = list(suite.files) + [os.path.join(suite.name,
+                                              g) for g in GENERIC_FILES] + (list(GENERIC_FILES) if generic else [])
     for rel in names:
         p = os.path.join(folder, rel)
         if os.path.isfile(p):
@@ -197,7 +198,8 @@ def _find_file(folder: str, suite: Suite, generic: bool = False) -> str | None:
 
 
 def _from_disk_dataset(folder: str, split: str) -> list[dict[str, Any]] | None:
-    if not (os.path.isfile(os.path.join(folder, "dataset_info.json")) or os.path.isfile(os.path.join(folder, "dataset_dict.json"))):
+    if not (os.path.isfile(os.path.join(folder, "dataset_info.json")) or os.path.isfile(os.path.join(folder,
+                                                                                                     "dataset_dict.json"))):
         return None
     import datasets
 
@@ -294,7 +296,8 @@ def write_prompts(records: list[dict[str, Any]], out: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("suite", nargs="?", help=f"one of {', '.join(SUITES)} (or 'all')")
     p.add_argument("--path", help="a file or folder with the suite")

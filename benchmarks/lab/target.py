@@ -15,7 +15,6 @@ tokenizer files, and `lab_target.json` (the summary).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -27,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from sglang_dspine.source_files import load_file
+
 # Sizes. The default trains in ≤ 8 minutes on one H200 and stays small enough (≈ 31 MB in bf16) to be kept.
 DEFAULT = dict(hidden=384, layers=6, heads=6, kv_heads=2, head_dim=64, intermediate=1024, seq_len=1024,
                batch_size=64, lr=2e-3, seconds=420.0, eval_tokens=262144)
@@ -35,14 +36,8 @@ TINY = dict(hidden=64, layers=4, heads=4, kv_heads=2, head_dim=16, intermediate=
 
 
 def _tok_module():
-    """tokenizer.py beside this file, loaded once (the same module run.py registers when it runs in process)."""
-    key = "dspine_lab_tokenizer"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[key] = mod
-        spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return sys.modules[key]
+    """tokenizer.py beside this file (the same module run.py registers when it runs in process)."""
+    return load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer.py"), "dspine_lab_tokenizer")
 
 
 # ------------------------------------------------------------------------------------------- tokens
@@ -118,7 +113,8 @@ def windows(stream, starts, seq_len: int):
     return stream[idx].long()
 
 
-def heldout_loss(model, streams: dict[str, Any], seq_len: int, eval_tokens: int, batch: int, device, bf16: bool) -> dict[str, float]:
+def heldout_loss(model, streams: dict[str, Any], seq_len: int, eval_tokens: int, batch: int, device,
+                 bf16: bool) -> dict[str, float]:
     """Mean next-token loss on evenly spaced windows of each held-out stream (deterministic)."""
     import torch
     import torch.nn.functional as F
@@ -168,7 +164,8 @@ def train(args) -> dict[str, Any]:
     train_stream = load("train")
     held = {n: load(n) for n in meta["streams"] if n.startswith("heldout.")}
     if train_stream.numel() < args.seq_len + 2:
-        raise SystemExit(f"target: the train stream has {train_stream.numel()} tokens; need more than --seq-len {args.seq_len}")
+        raise SystemExit(f"target: the train stream has {train_stream.numel()} tokens; "
+                         f"need more than --seq-len {args.seq_len}")
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     ids = _tok_module().special_ids(tokenizer)
     config = make_config(vars(args), len(tokenizer), ids)
@@ -176,7 +173,8 @@ def train(args) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
     step_fn = model
     if args.compile:

@@ -37,7 +37,8 @@ def main() -> int:
 
 
 def table(args, out: str) -> int:
-    suites = sorted(f.split(".")[0] for f in os.listdir(os.path.join(args.pair, "suites")) if f.endswith(".heldout.jsonl"))
+    suites = sorted(f.split(".")[0] for f in os.listdir(os.path.join(args.pair,
+                                                                     "suites")) if f.endswith(".heldout.jsonl"))
     temps = [t.strip() for t in args.temperatures.split(",") if t.strip()]
     tau: dict[tuple[str, str, str], float] = {}
     for t in temps:

@@ -19,7 +19,8 @@ import os
 import random
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 EOT, IM_START, IM_END, MASK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"
 SPECIAL_TOKENS = [EOT, IM_START, IM_END, MASK]
@@ -47,7 +48,7 @@ def record_text(rec: dict[str, Any]) -> str:
 
 def iter_corpus(corpus: str, split: str = "train", domains=DOMAINS) -> Iterator[tuple[str, str]]:
     """(domain, text) of every document of a split, domain by domain, in file order."""
-    from sglang_dspine.jsonl import iter_jsonl
+    from sglang_dspine.training.jsonl import iter_jsonl
 
     for d in domains:
         path = os.path.join(corpus, f"{d}.{split}.jsonl")
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     fast.save_pretrained(args.out)
     sample = "".join(texts[:200])
     n_tok = len(tok.encode(sample).ids) if sample else 0
-    summary = {"vocab_size": len(fast), "special": special_ids(fast), "trained_on_mb": round(sum(map(len, texts)) / 1e6, 2),
+    summary = {"vocab_size": len(fast), "special": special_ids(fast),
+               "trained_on_mb": round(sum(map(len, texts)) / 1e6, 2),
                "bytes_per_token": round(len(sample.encode()) / max(n_tok, 1), 3), "seconds": round(time.time() - t0, 2)}
     with open(os.path.join(args.out, "lab_tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the H200, from the repo root: the kernels' tests on the GPU (all of tests/test_kernels.py, the `gpu`
 # ones at Qwen3-8B shapes included), then benchmarks/kernels.py (the server's draft step, DFlash's and the
-# kernels). No SGLang needed: torch + triton only (sglang_dspine.draft_step imports no SGLang).
+# kernels). No SGLang needed: torch + triton only (sglang_dspine.serving.draft_step imports no SGLang).
 # Results: benchmarks/results/kernels{,_summary}.json, and under $OUT: the JSON, tests.log, bench.log, gpu.txt.
 # KERNELS_DEADLINE_S (default 540, inside one 10-minute device command): seconds for the whole script; the
 # benchmark skips what does not fit (kernel sections, the launch-configuration sweep). Extra arguments go to
@@ -12,8 +12,8 @@ REPO="$PWD"
 OUT="${OUT:-$REPO/benchmarks/results/kernels_device}"
 mkdir -p "$OUT" "$REPO/benchmarks/results"
 export PYTHONUNBUFFERED=1
-# The package as installed (kernels/ -> sglang_dspine/kernels), outside the repo root: the root's top-level
-# kernels/ must not shadow the `kernels` package that transformers looks for. Python runs from /tmp.
+# The package as installed (kernels/ -> sglang_dspine/kernels); Python runs from /tmp, never the repo root
+# (sglang_dspine/source_files.py says why).
 SITE=/tmp/dspine-kernels-site
 rm -rf "$SITE" && mkdir -p "$SITE"
 cp -r "$REPO/sglang_dspine" "$SITE/" && cp -r "$REPO/kernels" "$SITE/sglang_dspine/kernels"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root (carry .devbundle): one of the serving measurements on the built-in
 # pair (models/default), results in $OUT. Extra arguments go to the script.
-#   bash scripts/device/serve.sh e2e          # serve_e2e.py: issue 4's evidence (one GPU)
+#   bash scripts/device/serve.sh e2e          # serve_e2e.py: end-to-end serving evidence (one GPU)
 #   bash scripts/device/serve.sh step_cost    # serve_step_cost.py: DFLASH vs DSPINE throughput and tau (one GPU)
 #   bash scripts/device/serve.sh tp2 --deterministic   # serve_tp2.py: tensor parallelism (two GPUs)
 set -uo pipefail

@@ -1,4 +1,4 @@
-"""End-to-end DSPINE serving evidence on the GPU machine (issue 4, items a-g).
+"""End-to-end DSPINE serving evidence on the GPU machine (items a-g below).
 
 Starts, side by side on one GPU, SGLang servers without speculation, with DSPINE and with DFLASH (plus the
 same plain/DSPINE pair with --enable-deterministic-inference), tries to start servers on broken drafters,
@@ -28,13 +28,18 @@ import urllib.request
 
 import torch
 
-from sglang_dspine.provenance import provenance  # noqa: E402
+from sglang_dspine.provenance import provenance
+from sglang_dspine.source_files import load_file
 
-SERVER = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--attention-backend", "triton",
-          "--sampling-backend", "pytorch", "--grammar-backend", "none", "--cuda-graph-max-bs-decode", "48",
-          "--mem-fraction-static", "0.12", "--log-level", "info", "--decode-log-interval", "10",
-          # Prefill graphs only change prefill speed; their capture cost 81 s of a fresh machine's first start.
-          "--disable-prefill-cuda-graph"]
+bench_servers = load_file(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                       "benchmarks", "servers.py"))
+
+# The benchmark servers' flags (benchmarks/servers.py) and this script's own: no grammar backend, decode graphs up
+# to the 48 load clients, a small KV pool so five servers fit on one GPU; no prefill graphs (they only change
+# prefill speed, and capturing them slows every start).
+SERVER_ARGS = [*bench_servers.BASE_ARGS, "--grammar-backend", "none", "--cuda-graph-max-bs-decode", "48",
+               "--mem-fraction-static", "0.12", "--disable-prefill-cuda-graph"]
+spec_args, archive_logs = bench_servers.spec_args, bench_servers.archive_logs
 
 
 # ----------------------------------------------------------------------------------------- models
@@ -47,9 +52,9 @@ def make_tiny_models(root: str) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    from sglang_dspine.checkpoint import init_dspine_transfer, save_drafter
-    from sglang_dspine.model import DSpineDrafter
-    from sglang_dspine.tiny import drafter_config_for
+    from sglang_dspine.drafter.checkpoint import init_dspine_transfer, save_drafter
+    from sglang_dspine.drafter.model import DSpineDrafter
+    from sglang_dspine.drafter.tiny import drafter_config_for
 
     site = os.path.dirname(os.path.dirname(torch.__file__))
     files = sorted(glob.glob(os.path.join(site, "torch", "nn", "**", "*.py"), recursive=True))[:300]
@@ -104,11 +109,6 @@ def model_layout(models: str) -> str:
     return os.path.abspath(models)
 
 
-def spec_args(target: str, algo: str, drafter: str, *extra: str) -> list[str]:
-    """Server arguments for `target` speculating with `algo` on `drafter`."""
-    return ["--model-path", target, "--speculative-algorithm", algo, "--speculative-draft-model-path", drafter, *extra]
-
-
 def drafter_variant(src: str, dst: str, edit_cfg=None, edit_tensors=None) -> str:
     """A copy of drafter folder `src` at `dst` (replaced), its config.json and/or model.safetensors edited in place
     by the given functions."""
@@ -127,16 +127,6 @@ def drafter_variant(src: str, dst: str, edit_cfg=None, edit_tensors=None) -> str
         edit_tensors(t)
         save_file(t, p)
     return dst
-
-
-def archive_logs(out: str, tar_name: str) -> None:
-    """The servers' logs (server_*.log) into out/tar_name, then removed; other logs in `out` (the console log
-    serve.sh tees there) stay."""
-    logs = sorted(f for f in os.listdir(out) if f.startswith("server_") and f.endswith(".log"))
-    if logs:
-        subprocess.run(["tar", "czf", os.path.join(out, tar_name), "-C", out] + logs)
-        for f in logs:
-            os.remove(os.path.join(out, f))
 
 
 def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:
@@ -159,42 +149,17 @@ def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:
 _servers = []
 
 
-class Server:
+class Server(bench_servers.Server):
+    """A benchmark server with SERVER_ARGS whose scheduler prints its Python stacks on SIGUSR1 (dump_stacks)."""
+
     def __init__(self, name, port, args, out, env=None):
         """env: variables set for this server only (e.g. CUDA_VISIBLE_DEVICES), over the machine's."""
-        self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
-        self.log = os.path.join(out, f"server_{name}.log")
-        open(self.log, "w").close()  # the server appends (O_APPEND), so the watchdog's notes are not overwritten
-        env = {**os.environ, "SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1", **(env or {})}  # keeps the machine's NCCL settings
-        self.proc = subprocess.Popen(SERVER + ["--port", str(port)] + args, stdout=open(self.log, "a"), env=env,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     cwd="/tmp")  # not the repo root: its kernels/ would shadow `kernels`
-        self.started = time.time()
-        self.up_after = None
+        super().__init__(name, port, args, out, env={"SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1", **(env or {})},
+                         base_args=SERVER_ARGS)
         _servers.append(self)
 
     def wait(self, timeout=420) -> bool:
-        while time.time() - self.started < timeout:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=2)
-                self.up_after = time.time() - self.started
-                return True
-            except Exception:
-                time.sleep(1)
-        return False
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-
-    def tail(self, n=30):
-        return "".join(open(self.log, errors="ignore").readlines()[-n:])
+        return super().wait(timeout)
 
 
 _dumped = set()
@@ -227,7 +192,8 @@ def dump_stacks(url):
                         os.kill(int(pid), 10)  # SIGUSR1 -> faulthandler (SGLANG_DSPINE_STACKS_ON_SIGUSR1)
                 except (OSError, ProcessLookupError):
                     pass
-            tree = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,args", "--forest"], capture_output=True, text=True)
+            tree = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,args", "--forest"], capture_output=True,
+                                  text=True)
             with open(s.log, "a") as f:
                 f.write("\n--- serve_e2e: process tree while a request was stuck ---\n" + tree.stdout[-20000:])
             print(f"request to {s.name} stuck for {STUCK_AFTER_S} s: scheduler stacks and process tree in its log",
@@ -260,10 +226,6 @@ def generate(server, input_ids, max_new, temperature=0.0, seed=None, logprobs=0,
     return post(server.url + "/generate", body, timeout=timeout)
 
 
-def server_info(server):
-    return json.loads(urllib.request.urlopen(server.url + "/server_info", timeout=10).read())
-
-
 # ------------------------------------------------------------------------------------------ tests
 # Code openings: the prompts when no lab suites are given; the short ones drive the load and warm-up clients.
 CODE_OPENINGS = ["def forward(self, x):", "import torch\n", "class Linear(Module):", "    return F.", "# Copyright",
@@ -276,14 +238,15 @@ def prompts_for(tokenizer, n, suites_dir=None, seed=0):
     """n prompts as token ids: the lab's held-out suites round-robin (chat template applied, as in training)
     when given, else code-like openings. Returns [(suite, ids)]."""
     if suites_dir and os.path.isdir(suites_dir):
-        from sglang_dspine.jsonl import read_jsonl
+        from sglang_dspine.training.jsonl import read_jsonl
 
         per = {}
         for f in sorted(os.listdir(suites_dir)):
             if f.endswith(".heldout.jsonl"):
                 per[f.split(".")[0]] = [r["prompt"] for r in read_jsonl(os.path.join(suites_dir, f))]
-        order = [(suite, texts[i]) for i in range(max(map(len, per.values()))) for suite, texts in per.items() if i < len(texts)]
-        from sglang_dspine.data import prompt_ids
+        order = [(suite, texts[i]) for i in range(max(map(len, per.values()))) for suite,
+                 texts in per.items() if i < len(texts)]
+        from sglang_dspine.training.data import prompt_ids
 
         out = []
         for suite, text in order[:n]:
@@ -309,10 +272,10 @@ def throughput(servers, prompts, concurrencies, max_new, temperature=0.0, ignore
         for c in concurrencies:
             reqs = [prompts[i % len(prompts)] for i in range(max(4 * c, 12))]
             with cf.ThreadPoolExecutor(c) as ex:
-                list(ex.map(lambda p: generate(srv, p[1], 8), reqs[:c]))  # warm-up
+                list(ex.map(lambda p, srv=srv: generate(srv, p[1], 8), reqs[:c]))  # warm-up
                 t = time.time()
-                outs = list(ex.map(lambda p: generate(srv, p[1], max_new, temperature=temperature,
-                                                      ignore_eos=ignore_eos), reqs))
+                outs = list(ex.map(lambda p, srv=srv: generate(srv, p[1], max_new, temperature=temperature,
+                                                               ignore_eos=ignore_eos), reqs))
                 dt = time.time() - t
             tokens = sum(len(o["output_ids"]) for o in outs)
             acc, steps = collections.defaultdict(list), collections.defaultdict(lambda: [0, 0])
@@ -328,7 +291,8 @@ def throughput(servers, prompts, concurrencies, max_new, temperature=0.0, ignore
                             "accept_length_by_suite": {k: sum(v) / len(v) for k, v in acc.items()},
                             "tau_by_suite": {k: t / n for k, (t, n) in steps.items() if n},
                             "verify_steps": sum(n for _, n in steps.values())}
-        print("throughput", f"T={temperature}", name, {c: round(v["tokens_per_s"]) for c, v in res[name].items()}, flush=True)
+        print("throughput", f"T={temperature}", name, {c: round(v["tokens_per_s"]) for c, v in res[name].items()},
+              flush=True)
     return res
 
 
@@ -376,9 +340,11 @@ def t1_test(base, spec, prompts, samples, pool):
     position's marginal and on the joint; Bonferroni over every test that had at least two cells."""
     tests = []
     for i, p in enumerate(prompts):
-        draw = lambda srv, s: tuple(generate(srv, p, 3, temperature=1.0, seed=s)["output_ids"])
-        a = list(pool.map(lambda s: draw(base, s), range(samples)))
-        b = list(pool.map(lambda s: draw(spec, 10**6 + s), range(samples)))
+        def draw(srv, s, p=p):
+            return tuple(generate(srv, p, 3, temperature=1.0, seed=s)["output_ids"])
+
+        a = list(pool.map(lambda s, draw=draw: draw(base, s), range(samples)))
+        b = list(pool.map(lambda s, draw=draw: draw(spec, 10**6 + s), range(samples)))
         for pos in (0, 1, 2, "joint"):
             key = (lambda x: x) if pos == "joint" else (lambda x, pos=pos: x[pos])
             r = _two_sample(collections.Counter(map(key, a)), collections.Counter(map(key, b)))
@@ -392,9 +358,9 @@ def t1_test(base, spec, prompts, samples, pool):
 def start_warm_up(servers, prompts, clients=48, timeout=400):
     """One 48-wide burst per server, greedy and T=1 requests mixed, all servers at once, before anything is
     measured; returns {name: Future of its seconds}, so each stage waits only for the servers it uses. The
-    first batch mixing top-k values (greedy beside T=1) stalled DSPINE servers for 112 s and 139 s in earlier
-    runs (FlashInfer's sampling module JIT-built by DFlash's verify, see sglang_dspine/sglang_patches.py);
-    timing the burst per server shows who still pays for it: stock DFLASH does, DSPINE should not."""
+    first batch mixing top-k values (greedy beside T=1) makes DFlash's verify JIT-build FlashInfer's sampling
+    module, which stalls a server for minutes (sglang_dspine/serving/sglang_patches.py); timing the burst per
+    server shows who pays for it: stock DFLASH does, DSPINE should not."""
     texts = SHORT_OPENINGS
 
     def burst(srv):
@@ -509,10 +475,11 @@ def main():
     if not args.no_deterministic:
         det = ["--enable-deterministic-inference"]
         servers["plain_det"] = Server("plain_det", 30004, ["--model-path", target, *det], args.out)
-        servers["dspine_det"] = Server("dspine_det", 30005, spec("DSPINE", os.path.join(models, "dspine"), *det), args.out)
+        servers["dspine_det"] = Server("dspine_det", 30005, spec("DSPINE", os.path.join(models, "dspine"), *det),
+                                       args.out)
     refusals = {n: Server("bad_" + n, 30010 + i, spec("DSPINE", d, *extra), args.out)
                 for i, (n, (d, extra, _)) in enumerate(bad.items())}
-    results = {"models": label, "provenance": provenance(sys.argv), "server_args": SERVER[3:]}
+    results = {"models": label, "provenance": provenance(sys.argv), "server_args": SERVER_ARGS}
     try:
         up = wait_all(servers, results)
         refused = {}
@@ -525,7 +492,8 @@ def main():
             refused[n] = {"exited": s.proc.poll() is not None and s.proc.returncode != 0,
                           "message_found": bad[n][2] in text,
                           "message": next((l.strip()[:300] for l in text.splitlines()
-                                           if l.startswith(("ValueError: DSPINE", "sglang_dspine.config.DrafterConfigError"))), None)}
+                                           if l.startswith(("ValueError: DSPINE",
+                                                            "sglang_dspine.drafter.config.DrafterConfigError"))), None)}
         results["refusals"] = refused
         if not (up["plain"] and up["dspine"]):
             raise SystemExit("plain or DSPINE server did not start")
@@ -549,7 +517,8 @@ def main():
             # (c) runs now, beside the correctness tests below (they only get stronger with the DSPINE server
             # under load); the throughput sweep waits until it is over.
             load.start()
-            results["t1"] = t1_test(servers["plain"], servers["dspine"], prompts[: args.t1_prompts], args.t1_samples, pool)
+            results["t1"] = t1_test(servers["plain"], servers["dspine"], prompts[: args.t1_prompts], args.t1_samples,
+                                    pool)
             print("t1 p:", results["t1"]["bonferroni_min_pvalue"], flush=True)
             checkpoint()
             if up.get("plain_det") and up.get("dspine_det") and warm(warming, "plain_det", "dspine_det"):
@@ -592,7 +561,7 @@ def collect_server_info(servers, up, results, names=("dspine", "dflash", "dspine
     """(d) CUDA graphs in the decode log lines, (e) accept length in /server_info and the logs."""
     for n in names:
         if n in servers and up.get(n):
-            info = server_info(servers[n])
+            info = servers[n].info()
             log = open(servers[n].log, errors="ignore").read().splitlines()
             decode = [l for l in log if "Decode batch" in l]
             results[n + "_server"] = {
@@ -601,7 +570,8 @@ def collect_server_info(servers, up, results, names=("dspine", "dflash", "dspine
                 "cuda_graph_true_lines": sum("cuda graph: True" in l for l in decode),
                 "cuda_graph_false_lines": sum("cuda graph: False" in l for l in decode),
                 "last_decode_line": decode[-1][-300:] if decode else None,
-                "graph_decoding_log": [l[-200:] for l in log if "DSPINE candidate decoding" in l or "kept eager" in l][:3],
+                "graph_decoding_log": [l[-200:] for l in log
+                                       if "DSPINE candidate decoding" in l or "kept eager" in l][:3],
             }
 
 
@@ -617,7 +587,8 @@ def summarize(r):
     srv = r.get("dspine_server", {})
     return {
         "models": r.get("models"),
-        "exact_setting": "--enable-deterministic-inference (bf16, triton)" if "greedy_deterministic" in r else "plain bf16",
+        "exact_setting": ("--enable-deterministic-inference (bf16, triton)" if "greedy_deterministic" in r
+                          else "plain bf16"),
         "exact_greedy_match": exact.get("match_rate"),
         "bf16_greedy_match": r.get("greedy_bf16", {}).get("match_rate"),
         "divergence_max_top2_gap": max_gap(exact),

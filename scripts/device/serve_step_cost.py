@@ -21,11 +21,20 @@ import os
 import sys
 import time
 
-from serve_e2e import (Server, archive_logs, drafter_variant, model_layout, prompts_for, spec_args, start_warm_up,
-                       throughput, wait_all, warm)
+from serve_e2e import (
+    Server,
+    archive_logs,
+    drafter_variant,
+    model_layout,
+    prompts_for,
+    spec_args,
+    start_warm_up,
+    throughput,
+    wait_all,
+    warm,
+)
 
 from sglang_dspine.provenance import provenance
-
 
 SERVERS = ["plain", "dflash", "dflash_causal", "dspine", "dspine_torch"]
 
@@ -76,7 +85,8 @@ def main():
             json.dump(results, open(out, "w"), indent=1)
         if args.t1_concurrency:
             spec_live = {n: s for n, s in live.items() if n != "plain"}
-            results["throughput_t1"] = throughput(spec_live, prompts, [args.t1_concurrency], args.max_new, temperature=1.0,
+            results["throughput_t1"] = throughput(spec_live, prompts, [args.t1_concurrency], args.max_new,
+                                                  temperature=1.0,
                                                   ignore_eos=not args.stop_at_eos)
     finally:
         for s in servers.values():
@@ -90,7 +100,7 @@ def main():
 
 def summarize(r):
     table = {}
-    for i, rep in enumerate(r.get("repeats", [])):
+    for rep in r.get("repeats", []):
         for name, by_c in rep.items():
             for c, v in by_c.items():
                 row = table.setdefault(name, {}).setdefault(str(c), {"tokens_per_s": [], "tau": [], "steps_per_s": []})

@@ -1,4 +1,4 @@
-"""DSPINE with tensor parallelism on two GPUs (issue 7), against the same build at tp-size 1.
+"""DSPINE with tensor parallelism on two GPUs, against the same build at tp-size 1.
 
 Servers, side by side (tp 1 on GPU 0, tp 2 on GPUs 0 and 1): DSPINE at tp 1 and tp 2, and the target
 without speculation at tp 1 and tp 2; with `--deterministic`, the DSPINE pair again with
@@ -21,8 +21,19 @@ import sys
 import time
 
 import torch
-from serve_e2e import (Server, archive_logs, collect_server_info, greedy_agreement, max_gap, prompts_for, start_warm_up,
-                       throughput, wait_all, warm, warm_up_seconds)
+from serve_e2e import (
+    Server,
+    archive_logs,
+    collect_server_info,
+    greedy_agreement,
+    max_gap,
+    prompts_for,
+    start_warm_up,
+    throughput,
+    wait_all,
+    warm,
+    warm_up_seconds,
+)
 
 from sglang_dspine.provenance import provenance
 
@@ -86,12 +97,13 @@ def main():
             print("greedy DSPINE tp2 vs tp1:", results["dspine_tp2_vs_tp1"]["identical"], "/", len(prompts), flush=True)
             save()
             if up.get("plain_tp2"):
-                results["plain_tp2_vs_tp1"] = greedy_agreement(s["plain_tp1"], s["plain_tp2"], prompts, args.max_new, pool)
+                results["plain_tp2_vs_tp1"] = greedy_agreement(s["plain_tp1"], s["plain_tp2"], prompts, args.max_new,
+                                                               pool)
                 results["dspine_tp2_vs_plain_tp2"] = greedy_agreement(s["plain_tp2"], s["dspine_tp2"], prompts,
                                                                       args.max_new, pool)
                 print("greedy plain tp2 vs tp1:", results["plain_tp2_vs_tp1"]["identical"],
                       "| DSPINE tp2 vs plain tp2:", results["dspine_tp2_vs_plain_tp2"]["identical"], flush=True)
-            if up.get("dspine_tp1_det") and up.get("plain_tp1_det"):  # issue 4's exact setting, on one GPU
+            if up.get("dspine_tp1_det") and up.get("plain_tp1_det"):  # serve_e2e.py's exact setting, on one GPU
                 results["dspine_vs_plain_tp1_det"] = greedy_agreement(s["plain_tp1_det"], s["dspine_tp1_det"], prompts,
                                                                       args.max_new, pool)
                 print("greedy DSPINE vs plain, tp1, deterministic:", results["dspine_vs_plain_tp1_det"]["identical"],
@@ -124,7 +136,8 @@ def summarize(r):
     thr = r.get("throughput", {})
     srv = r.get("dspine_tp2_server", {})
     return {
-        "setting": "--enable-deterministic-inference (bf16, triton)" if "dspine_tp2_vs_tp1_det" in r else "bf16, triton",
+        "setting": ("--enable-deterministic-inference (bf16, triton)" if "dspine_tp2_vs_tp1_det" in r
+                    else "bf16, triton"),
         "exact_match_tp2_vs_tp1": exact.get("match_rate"),
         "bf16_match_tp2_vs_tp1": r.get("dspine_tp2_vs_tp1", {}).get("match_rate"),
         "bf16_divergence_max_top2_gap": gaps("dspine_tp2_vs_tp1"),

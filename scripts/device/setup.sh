@@ -15,13 +15,13 @@ src = open("setup.py").read()
 eps = re.search(r'"sglang.srt.plugins": \["([^"]+)"\]', src).group(1)
 open(sys.argv[1], "w").write(f"[sglang.srt.plugins]\n{eps.replace('=', ' = ', 1)}\n")
 PY
-# Not the repo root: its top-level kernels/ would shadow the `kernels` package transformers and sglang import.
+# Not the repo root on the path (sglang_dspine/source_files.py says why).
 export PYTHONPATH="$DSPINE_SITE:$PYTHONPATH"
-# Checked from /tmp: python run from the repo root puts the root (and its kernels/) first on sys.path.
+# Checked from /tmp, never the repo root.
 (cd /tmp && python3 - <<'PY') || return 1
 from importlib.metadata import entry_points
 import sglang_dspine.kernels
 eps = [e.value for e in entry_points(group="sglang.srt.plugins")]
-assert "sglang_dspine.plugin:register" in eps, eps
+assert "sglang_dspine.serving.plugin:register" in eps, eps
 print("sglang-dspine plugin entry point:", eps)
 PY

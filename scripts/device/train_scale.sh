@@ -8,7 +8,7 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 source scripts/device/setup.sh || exit 1
 REPO="$PWD"
-cd /tmp || exit 1  # never the repo root: its kernels/ would shadow the `kernels` package
+cd /tmp || exit 1  # never the repo root (sglang_dspine/source_files.py says why)
 NGPUS="${NGPUS:-1}"
 if [ "$NGPUS" -gt 1 ]; then
   launch=(python3 -m torch.distributed.run --standalone --nproc_per_node "$NGPUS")

@@ -7,7 +7,7 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 source scripts/device/setup.sh || exit 1
 REPO="$PWD"
-cd /tmp || exit 1  # never the repo root: its kernels/ would shadow the `kernels` package
+cd /tmp || exit 1  # never the repo root (sglang_dspine/source_files.py says why)
 for chunk in 128 0; do
   python3 "$REPO/benchmarks/train_step.py" --random-target --objective-chunk-blocks "$chunk" "$@" \
     --out "$OUT/train_step_gpu_chunk$chunk.json" 2>&1 | grep -v "Loading weights\|profiler.py\|_warn_once"

@@ -15,18 +15,24 @@ attention causal. This class adds what DSpine needs on top:
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.models.dflash import DFlashDraftModel
 
-from .checkpoint import CODES_KEY, READY_KEY, RELEASE_CODES, check_dspine_transfer, load_state_strict, release_codes
-from .config import DrafterConfig, DrafterConfigError
+from ..drafter.checkpoint import (
+    CODES_KEY,
+    READY_KEY,
+    RELEASE_CODES,
+    check_dspine_transfer,
+    load_state_strict,
+    resolve_transfer_codes,
+)
+from ..drafter.config import DrafterConfig, DrafterConfigError
+from ..drafter.injection import AdjacentInjection
+from ..drafter.model import DSpineDrafter
 from . import draft_step
-from .injection import AdjacentInjection
-from .model import DSpineDrafter
-from .transfer import check_codes
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +48,7 @@ class DSpineDraftModel(DFlashDraftModel):
         self.register_buffer("transfer_codes", torch.zeros(int(config.vocab_size), s.transfer_rank))
         self.register_buffer("transfer_ready", torch.tensor(False))
         self.top_k = s.top_k
-        self.draft_step: Optional[draft_step.DraftStep] = None  # set up once the weights are in
+        self.draft_step: draft_step.DraftStep | None = None  # set up once the weights are in
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
@@ -74,25 +80,17 @@ class DSpineDraftModel(DFlashDraftModel):
         def backbone():
             for name, w in weights:
                 key = name[len("model."):] if name.startswith("model.") else name
-                if key == RELEASE_CODES:  # the reference release's transfer.safetensors
-                    key = CODES_KEY
-                seen.add(key)
-                if key.startswith("injection.") or key in (CODES_KEY, READY_KEY):
+                seen.add(CODES_KEY if key == RELEASE_CODES else key)
+                if key.startswith("injection.") or key in (CODES_KEY, READY_KEY, RELEASE_CODES):
                     ours[key] = w
                 else:
                     yield name, w
 
         super().load_weights(backbone())
         self._check_names(seen)
-        if CODES_KEY not in ours:  # sharded checkpoints: SGLang only reads the files the index names
-            codes = release_codes(getattr(self.config, "_name_or_path", "") or "")
-            if codes is not None:
-                ours[CODES_KEY] = codes
-        if CODES_KEY in ours and READY_KEY not in ours:
-            ours[READY_KEY] = torch.tensor(True)  # the release layout: codes present means computed
+        # With a sharded checkpoint SGLang reads only the files the index names, not transfer.safetensors.
+        resolve_transfer_codes(ours, getattr(self.config, "_name_or_path", "") or "", self.cfg)
         own = {k for k in self.state_dict() if k.startswith("injection.") or k in (CODES_KEY, READY_KEY)}
-        if CODES_KEY not in ours:
-            check_codes(None, self.cfg.vocab_size, self.cfg.dspine.transfer_rank)
         load_state_strict(self, ours, "DSpine drafter", names=own)
         check_dspine_transfer(self, "DSpine drafter")
         self._set_up_draft_step("files")

@@ -7,8 +7,8 @@ the best candidate in the row of the token picked before. Scoring is parallel; t
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -22,7 +22,8 @@ class TokenData:
 
         self.items: list[tuple[Any, Any]] = []  # (int32 ids, uint8 mask): compact for large sets
         self.dropped = 0
-        records = tqdm(iter_token_data(path, tokenizer, chat_template, enable_thinking, last_turn_only), desc="read data", unit="seq", disable=not progress,
+        records = tqdm(iter_token_data(path, tokenizer, chat_template, enable_thinking, last_turn_only),
+                       desc="read data", unit="seq", disable=not progress,
                        dynamic_ncols=True, leave=False)
         for n, rec in enumerate(records, 1):
             ids = np.asarray(rec["input_ids"][:max_length], dtype=np.int64)

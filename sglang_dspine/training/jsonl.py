@@ -1,9 +1,12 @@
-"""The one JSONL reader: one JSON object per line, blank lines skipped, a bad line named by file and line."""
+"""The one JSONL reader: one JSON object per line, blank lines skipped, a bad line named by file and line;
+a `.gz` file is read through gzip."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 class DataError(ValueError):
@@ -17,7 +20,8 @@ def iter_jsonl(path: str, what: str = "") -> Iterator[tuple[int, dict[str, Any]]
     raises DataError with `path:line`."""
     if not os.path.isfile(path):
         raise DataError(f"{what + ' ' if what else ''}{path}: not found")
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if path.lower().endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import DrafterConfig, DSpineSettings
-from .drafter_setup import new_drafter_config
+from .config import DrafterConfig, DSpineSettings, new_drafter_config
 
 
 def make_target(vocab: int = 64, hidden: int = 64, layers: int = 4, heads: int = 4, kv_heads: int = 2,
@@ -27,7 +26,7 @@ def make_target(vocab: int = 64, hidden: int = 64, layers: int = 4, heads: int =
 def drafter_config_for(target, kind: str = "dspine", block_size: int = 4, layers: int = 2,
                        transfer_rank: int = 16, message_size: int = 8, top_k: int = 4,
                        mask_token_id: int | None = None, target_layer_ids: list[int] | None = None) -> DrafterConfig:
-    """A small drafter config that fits `target` (a transformers Qwen3 model): the trainer's factory with
+    """A small drafter config that fits `target` (a transformers Qwen3 model): new_drafter_config with
     small defaults (target layers 1 and n-2)."""
     n_target = target.config.num_hidden_layers
     settings = DSpineSettings(transfer_rank=transfer_rank, message_size=message_size, top_k=top_k)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from .config import DSpineSettings
+from ..drafter.config import DSpineSettings
 
 
 @dataclass

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .config import DSpineSettings
+from ..drafter.config import DSpineSettings
 
 
 def default_gamma(block_size: int) -> float:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 # F.normalize's default epsilon; kept explicit because the Triton kernels must use the same one.
 NORMALIZE_EPS = 1e-12

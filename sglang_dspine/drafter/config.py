@@ -55,7 +55,7 @@ class DSpineSettings:
     candidate_mass_threshold: float = 1e-4
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "DSpineSettings":
+    def from_dict(cls, d: dict[str, Any]) -> DSpineSettings:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -84,13 +84,14 @@ class DSpineSettings:
         ]
         for name, ok, want in checks:
             if not ok:
-                raise DrafterConfigError(f"config.json dspine_config.{name}: expected {want}, found {getattr(self, name)!r}")
+                raise DrafterConfigError(f"config.json dspine_config.{name}: expected {want}, "
+                                         f"found {getattr(self, name)!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def scaled_for(cls, hidden_size: int, vocab_size: int, **overrides: Any) -> "DSpineSettings":
+    def scaled_for(cls, hidden_size: int, vocab_size: int, **overrides: Any) -> DSpineSettings:
         """Defaults scaled to a backbone: the reference's r = H/4 (1024 at H = 4096) and m = r/2, capped there."""
         rank = min(1024, max(1, hidden_size // 4), vocab_size - 1)
         return cls(**{"transfer_rank": rank, "message_size": max(1, min(512, rank // 2)), **overrides})
@@ -125,7 +126,7 @@ class DrafterConfig:
 
     # ---------------------------------------------------------------- parsing
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "DrafterConfig":
+    def from_dict(cls, d: dict[str, Any]) -> DrafterConfig:
         d = copy.deepcopy(d)
         archs = d.get("architectures") or []
         if archs == [DSPINE_ARCH] or (DSPINE_ARCH in archs):
@@ -188,7 +189,7 @@ class DrafterConfig:
         return cfg
 
     @classmethod
-    def from_file(cls, path: str) -> "DrafterConfig":
+    def from_file(cls, path: str) -> DrafterConfig:
         """The config of a drafter folder (or its config.json); an error names the folder."""
         folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
         raw = read_json(os.path.join(path, "config.json") if os.path.isdir(path) else path)
@@ -232,9 +233,11 @@ class DrafterConfig:
                     f"(min(hidden_size, vocab_size - 1)), found {s.transfer_rank}"
                 )
             if not self.is_causal:
-                raise DrafterConfigError("config.json is_causal: DSpine drafters are causal inside the block, found false")
+                raise DrafterConfigError("config.json is_causal: DSpine drafters are causal inside the block, "
+                                         "found false")
 
-    def check_target(self, target_hidden_size: int, target_vocab_size: int, target_num_layers: int | None = None) -> None:
+    def check_target(self, target_hidden_size: int, target_vocab_size: int,
+                     target_num_layers: int | None = None) -> None:
         """Refuse a drafter that does not fit the target it is paired with."""
         if self.hidden_size != target_hidden_size:
             raise DrafterConfigError(
@@ -283,12 +286,13 @@ class DrafterConfig:
             d.pop("dspine_config", None)
         return d
 
-    def as_dspine(self, settings: DSpineSettings | None = None) -> "DrafterConfig":
+    def as_dspine(self, settings: DSpineSettings | None = None) -> DrafterConfig:
         """The DSpine config of the same backbone (a DFlash drafter as a DSpine warm start)."""
         d = self.to_dict()
         d["architectures"] = [DSPINE_ARCH]
         d["is_causal"] = True
-        d["dspine_config"] = (settings or self.dspine or DSpineSettings.scaled_for(self.hidden_size, self.vocab_size)).to_dict()
+        d["dspine_config"] = (settings or self.dspine or DSpineSettings.scaled_for(self.hidden_size,
+                                                                                   self.vocab_size)).to_dict()
         return DrafterConfig.from_dict(d)
 
 
@@ -298,7 +302,8 @@ def _refuse_unsupported(d: dict[str, Any], dflash: dict[str, Any]) -> None:
     if types is not None and any(t != "full_attention" for t in types):
         raise DrafterConfigError(f"config.json layer_types: only full_attention layers are supported, found {types}")
     if d.get("use_sliding_window"):
-        raise DrafterConfigError("config.json use_sliding_window: sliding-window drafters are not supported, found true")
+        raise DrafterConfigError("config.json use_sliding_window: sliding-window drafters are not supported, "
+                                 "found true")
     for key, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None)):
         value = dflash.get(key, d.get(key, neutral))
         if (value != 1.0) if neutral == 1.0 else (value not in (None, 0, 0.0)):  # a softcap of 0 means none
@@ -333,3 +338,68 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
         )
     span = end - start
     return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+# ------------------------------------------------------------------------- a fresh drafter for a target
+def new_drafter_config(target_config, kind: str = "dspine", num_layers: int = 5, block_size: int = 16,
+                       target_layer_ids: list[int] | None = None, mask_token_id: int | None = None,
+                       settings: DSpineSettings | None = None) -> DrafterConfig:
+    """The config of a fresh drafter for a transformers (Qwen3-style) target config; None: fitted defaults
+    (target layer ids fit_target_layer_ids, mask token vocab_size - 1, DSpine settings scaled to the width)."""
+    t = target_config
+    n_target = int(t.num_hidden_layers)
+    rope = getattr(t, "rope_parameters", None) or {}
+    theta = getattr(t, "rope_theta", None) or rope.get("rope_theta")
+    heads = int(t.num_attention_heads)
+    d = {
+        "architectures": [DSPINE_ARCH if kind == "dspine" else DFLASH_ARCH],
+        "model_type": "qwen3",
+        "hidden_size": int(t.hidden_size),
+        "intermediate_size": int(t.intermediate_size),
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(getattr(t, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(t, "head_dim", None) or t.hidden_size // heads),
+        "vocab_size": int(t.vocab_size),
+        "rms_norm_eps": float(t.rms_norm_eps),
+        "rope_theta": float(theta if theta is not None else 10000.0),
+        "max_position_embeddings": int(getattr(t, "max_position_embeddings", 40960)),
+        "tie_word_embeddings": False,
+        "attention_bias": bool(getattr(t, "attention_bias", False)),
+        "hidden_act": "silu",
+        "initializer_range": float(getattr(t, "initializer_range", 0.02)),
+        "block_size": block_size,
+        "is_causal": kind == "dspine",
+        "num_target_layers": n_target,
+        "dflash_config": {
+            "mask_token_id": int(t.vocab_size) - 1 if mask_token_id is None else int(mask_token_id),
+            "target_layer_ids": list(target_layer_ids or fit_target_layer_ids(n_target, num_layers)),
+        },
+    }
+    if kind == "dspine":
+        d["dspine_config"] = (settings or fresh_settings(int(t.hidden_size), int(t.vocab_size), {})).to_dict()
+    return DrafterConfig.from_dict(d)
+
+
+def fit_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
+    """`count` target layers to read features from: DFlash's spread (layers 1 .. n-3) where it gives distinct
+    ids; otherwise as many distinct ids as fit, spread over 1 .. n-2 (0 .. n-1 below 3 layers)."""
+    n = num_target_layers
+    if count == 1:
+        return default_target_layer_ids(n, 1)
+    if n - 3 > 1:
+        ids = default_target_layer_ids(n, count)
+        if len(set(ids)) == len(ids):
+            return ids
+    lo, hi = (1, n - 2) if n >= 3 else (0, n - 1)
+    k = min(count, hi - lo + 1)
+    if k == 1:
+        return [(lo + hi) // 2]
+    return [int(lo + i * (hi - lo) / (k - 1) + 0.5) for i in range(k)]  # floor(x + 0.5): distinct, increasing
+
+
+def fresh_settings(hidden_size: int, vocab_size: int, overrides: dict[str, Any]) -> DSpineSettings:
+    """DSpine settings for a fresh drafter: the reference's, with transfer rank and message size scaled to
+    the width (DSpineSettings.scaled_for) unless given; a message size follows a given rank."""
+    rank = overrides.get("transfer_rank", DSpineSettings.scaled_for(hidden_size, vocab_size).transfer_rank)
+    return DSpineSettings(**{"transfer_rank": rank, "message_size": max(1, min(512, rank // 2)), **overrides})

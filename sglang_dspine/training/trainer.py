@@ -23,15 +23,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..drafter.checkpoint import load_drafter, save_drafter
+from ..drafter.config import DrafterConfigError
+from ..drafter.model import DSpineDrafter
 from .batching import Schedule, TokenData
 from .blocks import make_blocks, sample_anchors
-from .checkpoint import load_drafter, save_drafter
-from .config import DrafterConfigError
 from .distributed import all_reduce, barrier, local_rank, setup_distributed, train_device
 from .drafter_setup import build_drafter, trainable_parameters
 from .jsonl import DataError
 from .metrics import MetricsSink
-from .model import DSpineDrafter
 from .objective import TERM_NAMES, DrafterObjective, ObjectiveSwitches, assemble_loss
 from .schedules import alignment_beta, default_gamma, lr_factor, replacement_probability
 from .teacher import TargetTeacher
@@ -48,7 +48,8 @@ def _checkpoints(output_dir: str) -> list[tuple[int, str]]:
 
 
 def _latest_checkpoint(output_dir: str) -> str | None:
-    steps = [(n, d) for n, d in _checkpoints(output_dir) if os.path.isfile(os.path.join(output_dir, d, "trainer_state.pt"))]
+    steps = [(n, d) for n,
+             d in _checkpoints(output_dir) if os.path.isfile(os.path.join(output_dir, d, "trainer_state.pt"))]
     return os.path.join(output_dir, steps[-1][1]) if steps else None
 
 
@@ -67,7 +68,8 @@ def resolve_checkpoint(path: str) -> str:
     final = os.path.join(path, "final")
     if os.path.isfile(os.path.join(final, "config.json")):
         return final
-    raise FileNotFoundError(f"{path}: neither a drafter checkpoint (config.json) nor a training output with checkpoints")
+    raise FileNotFoundError(f"{path}: neither a drafter checkpoint (config.json) "
+                            "nor a training output with checkpoints")
 
 
 def _rng_state() -> dict[str, Any]:
@@ -188,7 +190,8 @@ class Trainer:
                 raise ValueError("train: give a target (--target PATH)")
             from transformers import AutoModelForCausalLM
 
-            target = AutoModelForCausalLM.from_pretrained(tc.target, dtype=torch.bfloat16 if self.bf16 else torch.float32)
+            target = AutoModelForCausalLM.from_pretrained(tc.target,
+                                                          dtype=torch.bfloat16 if self.bf16 else torch.float32)
         target = target.to(self.device)
         self.teacher = TargetTeacher(target)
 

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from .chat import BUILTIN_TEMPLATES, ChatFormat, record_messages, resolve_template, tokenize_conversation, turn_markers
 from .jsonl import DataError, iter_jsonl
+
 
 # ----------------------------------------------------------------------------------------------- prompts
 def iter_records(source: str, split: str = "train") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -56,7 +58,8 @@ def iter_records(source: str, split: str = "train") -> Iterator[tuple[str, dict[
         try:
             ds = datasets.load_dataset(source, split=split)
         except Exception as e:  # offline hubs, unknown names: say what was tried
-            raise DataError(f"prompts {source!r}: not a file or directory, and datasets.load_dataset failed: {e}") from e
+            raise DataError(f"prompts {source!r}: not a file or directory, "
+                            f"and datasets.load_dataset failed: {e}") from e
     for i, rec in enumerate(ds):
         yield str(rec.get("id", i) if rec.get("id") is not None else i), dict(rec)
 
@@ -245,6 +248,21 @@ def make_record(rid: str, prompt: list[int], gen: Generation) -> dict[str, Any]:
     }
 
 
+def records_to_do(records: Iterable[tuple[str, dict]], source: str, limit: int | None,
+                  done: set[str]) -> Iterator[tuple[str, dict]]:
+    """(id, record) of the first `limit` of `records` (all without a limit) whose id is not in `done` (a resumed
+    output's); an id seen twice is refused, as resuming could not tell the two apart."""
+    seen: set[str] = set()
+    for i, (rid, rec) in enumerate(records):
+        if limit is not None and i >= limit:
+            break
+        if rid in seen:
+            raise DataError(f"{source}: id {rid!r} appears twice; ids must be unique for resuming")
+        seen.add(rid)
+        if rid not in done:
+            yield rid, rec
+
+
 def regenerate(source: str, output: str, generator, tokenizer=None, *, enable_thinking: bool | None = None,
                system_prompt: str | None = None, split: str = "train", limit: int | None = None,
                max_prompt_len: int | None = None, batch_size: int = 64, progress: bool = True,
@@ -270,7 +288,6 @@ def regenerate(source: str, output: str, generator, tokenizer=None, *, enable_th
     bar = tqdm(total=total, initial=min(len(done), total or len(done)), desc="regenerate", unit="prompt",
                disable=not progress, dynamic_ncols=True)
     pending: list[tuple[str, list[int]]] = []
-    seen: set[str] = set()
 
     def flush(f) -> None:
         if not pending:
@@ -287,14 +304,7 @@ def regenerate(source: str, output: str, generator, tokenizer=None, *, enable_th
         pending.clear()
 
     with open(output, "a", encoding="utf-8") as f:
-        for i, (rid, rec) in enumerate(iter_records(source, split)):
-            if limit is not None and i >= limit:
-                break
-            if rid in seen:
-                raise DataError(f"{source}: id {rid!r} appears twice; ids must be unique for resuming")
-            seen.add(rid)
-            if rid in done:
-                continue
+        for rid, rec in records_to_do(iter_records(source, split), source, limit, done):
             ids = prompt_ids(rec, tokenizer, enable_thinking, system_prompt, where=f"{source} id {rid}",
                              chat_template=chat_template)
             if max_prompt_len is not None and len(ids) > max_prompt_len:
@@ -355,17 +365,10 @@ def tokenize_conversations(source: str, output: str, tokenizer, chat: ChatFormat
     done = read_done_ids(output)
     stats = {"already_done": len(done), "written": 0, "skipped_no_assistant": 0}
     markers = turn_markers(tokenizer, chat)
-    seen: set[str] = set()
     with open(output, "a", encoding="utf-8") as f:
-        for i, (rid, rec) in enumerate(tqdm(iter_records(source, split), desc="tokenize", unit="conversation",
-                                            disable=not progress, dynamic_ncols=True)):
-            if limit is not None and i >= limit:
-                break
-            if rid in seen:
-                raise DataError(f"{source}: id {rid!r} appears twice; ids must be unique for resuming")
-            seen.add(rid)
-            if rid in done:
-                continue
+        records = tqdm(iter_records(source, split), desc="tokenize", unit="conversation", disable=not progress,
+                       dynamic_ncols=True)
+        for rid, rec in records_to_do(records, source, limit, done):
             where = f"{source} id {rid}"
             messages = record_messages(rec, where)
             if messages is None:

@@ -20,9 +20,9 @@ import logging
 
 import torch
 
-from .decoding import decode_block
-from .env import ENV
-from .sharding import FULL, VocabShard
+from ..drafter.decoding import decode_block
+from ..drafter.sharding import FULL, VocabShard
+from ..env import ENV
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class DraftStep:
         self.kernels = kernels
         self.weights = self.tables = None
         if kernels:
-            from .kernels import InjectionWeights, TransitionTables
+            from ..kernels import InjectionWeights, TransitionTables
 
             self.weights = InjectionWeights.from_module(self.injection, dtype=self.codes.dtype)
             # Built now, before SGLang sizes the KV cache, so that their memory is counted.
@@ -81,7 +81,7 @@ class DraftStep:
         if not self.kernels:
             b, h = self.block_size, state.shape[-1]
             return self.injection(layer, state.view(-1, b, h), self._anchor_codes).view_as(state), None
-        from .kernels import injection_delta
+        from ..kernels import injection_delta
 
         recv = torch.empty(state.shape[0], self.weights.message_size, dtype=torch.float32, device=state.device) \
             if last else None
@@ -120,7 +120,7 @@ class DraftStep:
         if not self.decodes_on_kernels:
             return decode_block(logits.view(bs, p, -1), pre, self._anchors, self.top_k, self.refine_normed,
                                 self.codes, self.head, self.shard).tokens
-        from .kernels import topk, transition_walk
+        from ..kernels import topk, transition_walk
 
         _, cand = topk(logits, self.top_k)
         m = self.weights.message_size

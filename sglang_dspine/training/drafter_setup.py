@@ -1,5 +1,6 @@
-"""The drafter a training run starts from: its config for a target (the one drafter-config factory), its
-initial weights, or a checkpoint to start from (a DFlash checkpoint becomes a DSpine warm start).
+"""The drafter a training run starts from: its config for a target (`drafter.config.new_drafter_config`, the one
+drafter-config factory), its initial weights, or a checkpoint to start from (a DFlash checkpoint becomes a DSpine
+warm start).
 
 Defaults fit the target they are given:
 - drafter layers: 5 (the reference's for Qwen3-8B), at most half the target's layers;
@@ -19,83 +20,26 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import init_dspine_transfer, load_drafter
-from .config import DrafterConfig, DrafterConfigError, DSpineSettings, default_target_layer_ids
-from .model import DSpineDrafter
+from ..drafter.checkpoint import init_dspine_transfer, load_drafter
+from ..drafter.config import (
+    DrafterConfig,
+    DrafterConfigError,
+    DSpineSettings,
+    fit_target_layer_ids,
+    fresh_settings,
+    new_drafter_config,
+)
+from ..drafter.model import DSpineDrafter
 from .teacher import TargetTeacher
 from .train_config import TrainConfig, flag
 
 MASK_TOKEN = "<|MASK|>"
 
 
-def new_drafter_config(target_config, kind: str = "dspine", num_layers: int = 5, block_size: int = 16,
-                       target_layer_ids: list[int] | None = None, mask_token_id: int | None = None,
-                       settings: DSpineSettings | None = None) -> DrafterConfig:
-    """The config of a fresh drafter for a transformers (Qwen3-style) target config; None: fitted defaults
-    (target layer ids fit_target_layer_ids, mask token vocab_size - 1, DSpine settings scaled to the width)."""
-    t = target_config
-    n_target = int(t.num_hidden_layers)
-    rope = getattr(t, "rope_parameters", None) or {}
-    theta = getattr(t, "rope_theta", None) or rope.get("rope_theta")
-    heads = int(t.num_attention_heads)
-    d = {
-        "architectures": ["DSpineDraftModel" if kind == "dspine" else "DFlashDraftModel"],
-        "model_type": "qwen3",
-        "hidden_size": int(t.hidden_size),
-        "intermediate_size": int(t.intermediate_size),
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(getattr(t, "num_key_value_heads", None) or heads),
-        "head_dim": int(getattr(t, "head_dim", None) or t.hidden_size // heads),
-        "vocab_size": int(t.vocab_size),
-        "rms_norm_eps": float(t.rms_norm_eps),
-        "rope_theta": float(theta if theta is not None else 10000.0),
-        "max_position_embeddings": int(getattr(t, "max_position_embeddings", 40960)),
-        "tie_word_embeddings": False,
-        "attention_bias": bool(getattr(t, "attention_bias", False)),
-        "hidden_act": "silu",
-        "initializer_range": float(getattr(t, "initializer_range", 0.02)),
-        "block_size": block_size,
-        "is_causal": kind == "dspine",
-        "num_target_layers": n_target,
-        "dflash_config": {
-            "mask_token_id": int(t.vocab_size) - 1 if mask_token_id is None else int(mask_token_id),
-            "target_layer_ids": list(target_layer_ids or fit_target_layer_ids(n_target, num_layers)),
-        },
-    }
-    if kind == "dspine":
-        d["dspine_config"] = (settings or fresh_settings(int(t.hidden_size), int(t.vocab_size), {})).to_dict()
-    return DrafterConfig.from_dict(d)
-
-
 # ---------------------------------------------------------------------------------- defaults for a target
 def default_num_draft_layers(num_target_layers: int) -> int:
     """5 drafter layers (the reference's), at most half the target's."""
     return max(1, min(5, num_target_layers // 2))
-
-
-def fit_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
-    """`count` target layers to read features from: DFlash's spread (layers 1 .. n-3) where it gives distinct
-    ids; otherwise as many distinct ids as fit, spread over 1 .. n-2 (0 .. n-1 below 3 layers)."""
-    n = num_target_layers
-    if count == 1:
-        return default_target_layer_ids(n, 1)
-    if n - 3 > 1:
-        ids = default_target_layer_ids(n, count)
-        if len(set(ids)) == len(ids):
-            return ids
-    lo, hi = (1, n - 2) if n >= 3 else (0, n - 1)
-    k = min(count, hi - lo + 1)
-    if k == 1:
-        return [(lo + hi) // 2]
-    return [int(lo + i * (hi - lo) / (k - 1) + 0.5) for i in range(k)]  # floor(x + 0.5): distinct, increasing
-
-
-def fresh_settings(hidden_size: int, vocab_size: int, overrides: dict[str, Any]) -> DSpineSettings:
-    """DSpine settings for a fresh drafter: the reference's, with transfer rank and message size scaled to
-    the width (DSpineSettings.scaled_for) unless given; a message size follows a given rank."""
-    rank = overrides.get("transfer_rank", DSpineSettings.scaled_for(hidden_size, vocab_size).transfer_rank)
-    return DSpineSettings(**{"transfer_rank": rank, "message_size": max(1, min(512, rank // 2)), **overrides})
 
 
 def default_mask_token(tokenizer, vocab_size: int) -> tuple[int, str]:
@@ -109,7 +53,8 @@ def default_mask_token(tokenizer, vocab_size: int) -> tuple[int, str]:
         return int(vocab[MASK_TOKEN]), f"{MASK_TOKEN} in the tokenizer's vocabulary"
     n = len(tokenizer)
     if n < vocab_size:
-        return n, f"the id {MASK_TOKEN} takes when added to the tokenizer ({n} tokens; the embedding has {vocab_size} rows)"
+        return n, (f"the id {MASK_TOKEN} takes when added to the tokenizer "
+                   f"({n} tokens; the embedding has {vocab_size} rows)")
     raise DrafterConfigError(f"{flag('mask_token_id')}: needed: the tokenizer has no mask token and its {n} tokens "
                              f"fill the target's {vocab_size} embedding rows")
 

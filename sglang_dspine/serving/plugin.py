@@ -40,7 +40,7 @@ _TAKEN_FROM_SPECULATIVE_ALGORITHM = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sglang_version() -> tuple[int, int, int]:
     """The imported SGLang's release, e.g. (0, 5, 23) for 0.5.23 or 0.5.23.post1 (its own version module: the
     package that runs, even where several are installed)."""
@@ -99,11 +99,12 @@ def check_drafter_folder(draft_path) -> None:
     """What must hold before SGLang reads the drafter's files: a local folder holding a DSpine drafter whose
     config.json parses and validates and whose weight files are complete, and not the reference release's own
     config (wrapped, or without `dspine_config`), which SGLang would build the wrong model from."""
-    from .checkpoint import check_drafter_dir, is_unconverted_release
-    from .config import DrafterConfigError
+    from ..drafter.checkpoint import check_drafter_dir, is_unconverted_release
+    from ..drafter.config import DrafterConfigError
 
     if not draft_path or not os.path.isdir(draft_path):
-        raise StartupRefusal(f"{ALGORITHM}: --speculative-draft-model-path must be a local directory, found {draft_path!r}")
+        raise StartupRefusal(f"{ALGORITHM}: --speculative-draft-model-path must be a local directory, "
+                             f"found {draft_path!r}")
     try:
         unconverted = is_unconverted_release(draft_path)
     except DrafterConfigError as e:  # no config.json, or not JSON: the message names the file
@@ -129,15 +130,13 @@ def check_drafter_folder(draft_path) -> None:
 def check_not_a_dspine_drafter(draft_path) -> None:
     """A DFLASH server given a DSpine drafter would decode it with DFlash's argmax, ignoring the injection
     and the transition walk it was trained for: refused. Anything else is left to SGLang's own checks."""
-    from .config import DSPINE_ARCH, DrafterConfigError, read_json
+    from ..drafter.checkpoint import raw_config
+    from ..drafter.config import DSPINE_ARCH, DrafterConfigError
 
-    if not draft_path or not os.path.isdir(draft_path):
-        return
     try:
-        raw = read_json(os.path.join(draft_path, "config.json"))
-    except DrafterConfigError:
+        raw, _, _ = raw_config(draft_path)
+    except DrafterConfigError:  # not a folder, or no usable config.json: SGLang's own checks say so
         return
-    raw = raw["config"] if set(raw) == {"config"} and isinstance(raw["config"], dict) else raw  # release wrapper
     archs = raw.get("architectures") or []
     if DSPINE_ARCH in archs or "dspine_config" in raw:
         raise StartupRefusal(
@@ -148,7 +147,7 @@ def check_not_a_dspine_drafter(draft_path) -> None:
 
 def check_server_args(server_args) -> None:
     """DSpine's own start-up checks, after DFlash's: the drafter must fit this target and these arguments."""
-    from .config import DrafterConfig, DrafterConfigError
+    from ..drafter.config import DrafterConfig, DrafterConfigError
 
     draft_path = server_args.speculative_draft_model_path  # check_drafter_folder has passed
     try:
@@ -159,7 +158,8 @@ def check_server_args(server_args) -> None:
         block = int(server_args.speculative_num_draft_tokens)
         if block != cfg.block_size:
             raise DrafterConfigError(
-                f"drafter block_size {cfg.block_size} but --speculative-num-draft-tokens/--speculative-dflash-block-size "
+                f"drafter block_size {cfg.block_size} but "
+                "--speculative-num-draft-tokens/--speculative-dflash-block-size "
                 f"is {block}; they must be equal"
             )
         if server_args.speculative_draft_load_format != "dummy":
@@ -178,21 +178,14 @@ def _target_text_config(server_args):
 
 def _check_codes_present(draft_path: str) -> None:
     """Cheap start-up check (file headers only) that the transfer codes exist; values are checked at load."""
-    from safetensors import safe_open
+    from ..drafter.checkpoint import CODES_KEY, RELEASE_CODES, TRANSFER_FILE, has_transfer_codes
+    from ..drafter.config import DrafterConfigError
 
-    from .checkpoint import CODES_KEY, RELEASE_CODES, TRANSFER_FILE, tensor_shapes
-    from .config import DrafterConfigError
-
-    if CODES_KEY in tensor_shapes(draft_path):
-        return
-    side = os.path.join(draft_path, TRANSFER_FILE)
-    if os.path.isfile(side):
-        with safe_open(side, framework="pt") as st:
-            if RELEASE_CODES in st.keys():
-                return
-    raise DrafterConfigError(
-        f"no transfer codes: expected tensor `{CODES_KEY}` in the model files or `{RELEASE_CODES}` in {TRANSFER_FILE}"
-    )
+    if not has_transfer_codes(draft_path):
+        raise DrafterConfigError(
+            f"no transfer codes: expected tensor `{CODES_KEY}` in the model files "
+            f"or `{RELEASE_CODES}` in {TRANSFER_FILE}"
+        )
 
 
 def _worker_factory(server_args):
@@ -210,7 +203,7 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from .env import ENV
+    from ..env import ENV
 
     if ENV.stacks_on_sigusr1:
         # Diagnosis of a stuck server: `kill -USR1 <scheduler pid>` prints every thread's stack to its log.
@@ -226,7 +219,8 @@ def register() -> None:
         try:
             SpeculativeAlgorithm.from_string(ALGORITHM)
         except ValueError:
-            SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, spec_class=_dspine_algo_class())(_worker_factory)
+            SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True,
+                                          spec_class=_dspine_algo_class())(_worker_factory)
         from .sglang_model import DSpineDraftModel
 
         ModelRegistry.models[ARCHITECTURE] = DSpineDraftModel

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from .config import DrafterConfig
 from .decoding import BlockDraft, decode_block
@@ -63,7 +63,8 @@ class DraftAttention(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
-        self.heads, self.kv_heads, self.head_dim, self.theta = cfg.num_attention_heads, cfg.num_key_value_heads, d, cfg.rope_theta
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim, self.theta = d, cfg.rope_theta
         self.q_proj = nn.Linear(h, self.heads * d, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(h, self.kv_heads * d, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(h, self.kv_heads * d, bias=cfg.attention_bias)
@@ -137,7 +138,8 @@ class DSpineDrafter(nn.Module):
         """[..., len(ids)·H] concatenated target hidden states -> [..., H]."""
         return self.hidden_norm(self.fc(target_features))
 
-    def context_kv(self, target_features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def context_kv(self, target_features: torch.Tensor,
+                   positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per-layer context keys/values: [N, S, kvh, d]. Cacheable: they do not depend on the block."""
         ctx = self.project_context(target_features)
         return [layer.self_attn.keys_values(ctx, positions) for layer in self.layers]

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .decoding import BlockDraft
-from .model import DSpineDrafter
+from ..drafter.decoding import BlockDraft
+from ..drafter.model import DSpineDrafter
 
 
 @dataclass
@@ -28,7 +28,7 @@ class SpecResult:
         return sum(self.accept_lengths) / max(len(self.accept_lengths), 1)
 
     @classmethod
-    def pooled(cls, results: "list[SpecResult]", block_size: int) -> "SpecResult":
+    def pooled(cls, results: list[SpecResult], block_size: int) -> SpecResult:
         """Every round of several generations as one result. Its `tau` is THE τ of a set of prompts used
         everywhere in this package: tokens produced ÷ verify rounds over all of them (token-weighted), what
         SGLang's servers report (output tokens ÷ verify steps). The mean of per-prompt τ is not used: it weighs
@@ -122,7 +122,7 @@ class DrafterProposer:
 @torch.no_grad()
 def speculative_generate(
     target,
-    drafter: "DSpineDrafter | DrafterProposer",
+    drafter: DSpineDrafter | DrafterProposer,
     prompt_ids: list[int],
     max_new_tokens: int,
     temperature: float = 0.0,

@@ -109,7 +109,8 @@ def load_state_strict(
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing:
-        raise DrafterConfigError(f"checkpoint {source}: missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        raise DrafterConfigError(f"checkpoint {source}: missing tensors "
+                                 f"{missing[:8]}{' ...' if len(missing) > 8 else ''}")
     if unexpected:
         raise DrafterConfigError(
             f"checkpoint {source}: unexpected tensors {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''} "
@@ -118,7 +119,8 @@ def load_state_strict(
     for name, ref in expected.items():
         if tuple(tensors[name].shape) != tuple(ref.shape):
             raise DrafterConfigError(
-                f"checkpoint {source}: tensor `{name}` expected shape {tuple(ref.shape)}, found {tuple(tensors[name].shape)}"
+                f"checkpoint {source}: tensor `{name}` expected shape {tuple(ref.shape)}, "
+                f"found {tuple(tensors[name].shape)}"
             )
     model.load_state_dict({k: tensors[k].to(ref.dtype) for k, ref in expected.items()}, strict=names is None)
 
@@ -130,7 +132,7 @@ def check_dspine_transfer(model: DSpineDrafter, source: str) -> None:
         raise DrafterConfigError(f"checkpoint {source}: `transfer_ready` is false; the transfer codes were never set")
 
 
-def _raw_config(path: str) -> tuple[dict, bool, bool]:
+def raw_config(path: str) -> tuple[dict, bool, bool]:
     """config.json as stored (unwrapped where the release wraps it in {"config": ...}), whether it was wrapped,
     and whether the release's own rules apply: no `dspine_config`, codes in transfer.safetensors."""
     if not path or not os.path.isdir(path):
@@ -147,7 +149,7 @@ def _raw_config(path: str) -> tuple[dict, bool, bool]:
 def is_unconverted_release(path: str) -> bool:
     """A reference-release folder whose config.json is the release's own (wrapped, or without `dspine_config`):
     `load_drafter` reads it by the release's rules, but SGLang builds a model from config.json as written."""
-    _, wrapped, release_rules = _raw_config(path)
+    _, wrapped, release_rules = raw_config(path)
     return wrapped or release_rules
 
 
@@ -155,7 +157,7 @@ def _read_config(path: str) -> DrafterConfig:
     """The drafter config; a reference-release directory (codes in transfer.safetensors, a config without
     `dspine_config`) is read by the release's own rules (its converter's): DSpine architecture, block size
     16, full attention, top_k 16, rank and message size taken from the tensors."""
-    raw, _, release_rules = _raw_config(path)
+    raw, _, release_rules = raw_config(path)
     if release_rules:
         shapes = tensor_shapes(path)
         for name in ("injection.readouts.0.weight", "injection.message.weight"):
@@ -218,14 +220,7 @@ def load_drafter(
         return warm_start_from_dflash(cfg, tensors, target_head, dspine_settings, path).to(device=device, dtype=dtype)
 
     if cfg.is_dspine:
-        codes = release_codes(path) if CODES_KEY not in tensors else None
-        if codes is not None:  # their presence means they were computed
-            tensors[CODES_KEY] = codes
-            tensors.setdefault(READY_KEY, torch.tensor(True))
-        if CODES_KEY not in tensors:
-            check_codes(None, cfg.vocab_size, cfg.dspine.transfer_rank)
-        if READY_KEY not in tensors:
-            raise DrafterConfigError(f"checkpoint {path}: missing tensor `{READY_KEY}`")
+        resolve_transfer_codes(tensors, path, cfg)
     model = DSpineDrafter(cfg)
     load_state_strict(model, tensors, path)
     if cfg.is_dspine:
@@ -246,7 +241,8 @@ def warm_start_from_dflash(
     the one behavioural change (docs/algorithm.md) and what the DSpine fine-tune adapts to.
     """
     if target_head is None:
-        raise DrafterConfigError("warm start from a DFlash checkpoint needs the target's LM head for the transfer codes")
+        raise DrafterConfigError("warm start from a DFlash checkpoint needs the target's LM head "
+                                 "for the transfer codes")
     dcfg = cfg.as_dspine(settings)
     model = DSpineDrafter(dcfg)
     backbone = {k for k in model.state_dict() if not k.startswith("injection.") and k not in (CODES_KEY, READY_KEY)}
@@ -264,16 +260,38 @@ def init_dspine_transfer(model: DSpineDrafter, target_head: torch.Tensor) -> Non
         model.injection.init_readouts(space.directions)
 
 
-def release_codes(path: str) -> torch.Tensor | None:
-    """The transfer codes of a drafter folder in the reference release's layout (their own TRANSFER_FILE);
-    None without that file."""
-    transfer_path = os.path.join(path, TRANSFER_FILE)
-    if not os.path.isfile(transfer_path):
-        return None
-    side = load_safetensors(transfer_path)
-    if RELEASE_CODES not in side:
-        raise DrafterConfigError(f"checkpoint {transfer_path}: expected tensor `{RELEASE_CODES}`, found {sorted(side)}")
-    return side[RELEASE_CODES]
+# A DSpine drafter's transfer codes live in one of two places: `transfer_codes` in its model files (SpecForge
+# layout, beside `transfer_ready`), or `codes` in the folder's TRANSFER_FILE (the reference release's layout,
+# without `transfer_ready`: codes there were computed). These two functions are the only ones that know it.
+def has_transfer_codes(path: str) -> bool:
+    """Whether the drafter folder `path` holds transfer codes in either place, from file headers only."""
+    if CODES_KEY in tensor_shapes(path):
+        return True
+    side = os.path.join(path, TRANSFER_FILE)
+    return os.path.isfile(side) and RELEASE_CODES in safetensors_shapes(side)
+
+
+def resolve_transfer_codes(tensors: dict[str, torch.Tensor], path: str, cfg: DrafterConfig) -> None:
+    """Complete `tensors` (a DSpine drafter's, by state-dict name) in place with the transfer codes of the
+    drafter folder `path`, and refuse a drafter without them. `tensors` may already hold TRANSFER_FILE's
+    `codes` (a loader that reads every file of the folder, as SGLang's does)."""
+    if CODES_KEY not in tensors:
+        codes = tensors.pop(RELEASE_CODES, None)
+        if codes is None:
+            side = os.path.join(path, TRANSFER_FILE)
+            if os.path.isfile(side):
+                found = load_safetensors(side)
+                if RELEASE_CODES not in found:
+                    raise DrafterConfigError(f"checkpoint {side}: expected tensor `{RELEASE_CODES}`, "
+                                             f"found {sorted(found)}")
+                codes = found[RELEASE_CODES]
+        if codes is not None:
+            tensors[CODES_KEY] = codes
+            tensors.setdefault(READY_KEY, torch.tensor(True))
+    if CODES_KEY not in tensors:
+        check_codes(None, cfg.vocab_size, cfg.dspine.transfer_rank)
+    if READY_KEY not in tensors:
+        raise DrafterConfigError(f"checkpoint {path}: missing tensor `{READY_KEY}`")
 
 
 def save_drafter(model: DSpineDrafter, path: str, layout: str = "specforge") -> None:

@@ -23,7 +23,7 @@ import logging
 import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from .sharding import VocabShard
+from ..drafter.sharding import VocabShard
 
 logger = logging.getLogger(__name__)
 

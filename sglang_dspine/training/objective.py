@@ -30,11 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..drafter.model import DSpineDrafter
+from ..env import ENV
 from .blocks import Blocks
-from .env import ENV
-from .model import DSpineDrafter
 from .teacher import TargetTeacher
-
 
 TERM_NAMES = ("ce", "l1", "refinement", "alignment")
 

@@ -15,8 +15,9 @@ training with a clear error.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .jsonl import DataError
 

@@ -1,0 +1,1 @@
+"""The drafter's math and its checkpoints, shared by serving and training."""

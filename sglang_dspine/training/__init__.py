@@ -1,0 +1,1 @@
+"""The offline side: training data, the objective and trainer, and evaluation (generate)."""
