@@ -232,7 +232,7 @@ def vocab_terms(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, 
     CE, argmax, L1 = Σ|softmax(z) - softmax(y)| and the teacher's log-normaliser come per row from `vocab_loss`
     (kernel: the Triton kernel, else the same math in PyTorch), and the teacher's probabilities are read at the
     K candidates only, exp(y - lse_y)."""
-    from .kernels.vocab_objective import vocab_loss
+    from ..kernels.vocab_objective import vocab_loss
 
     z = _head_logits(hidden, head)
     rows, vsize = z.shape[:-1], z.shape[-1]
@@ -244,7 +244,7 @@ def vocab_terms(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, 
         kk = min(k, vsize)
         with torch.no_grad():
             if kernel:
-                from .kernels.top_k import topk
+                from ..kernels.top_k import topk
                 cand = topk(z2.detach(), kk)[1]
             else:
                 cand = z2.detach().topk(kk, dim=-1).indices
