@@ -73,3 +73,13 @@ def dspine(target):
     d = DSpineDrafter(drafter_config_for(target)).eval()
     init_dspine_transfer(d, target.lm_head.weight)
     return randomize_injection(d)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """The models of a module are tiny: one intra-op thread is fastest, and immune to a busy machine's thread
+    contention (modules opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

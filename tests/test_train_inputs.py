@@ -29,12 +29,7 @@ THINK_LAST = ("{% for m in messages %}{% if m.role == 'assistant' and loop.last 
               "{% if add_generation_prompt %}{{ '<im_start> assistant ' }}{% endif %}")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def word_tokenizer(template=THINK_LAST, extra=(), mask_token=None, path=None):

@@ -35,13 +35,7 @@ GAMMA = 2.5
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The models here are tiny: one intra-op thread is fastest, and immune to a busy machine's thread contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_drafter(target, kind="dspine", seed=1, **kw):
