@@ -242,7 +242,7 @@ def plot_curve(summary: dict[str, Any], path: str, title: str = "") -> str:
         sp = row.get("spread") or {}
         if sp.get("values") and steps:
             axr.errorbar([max(steps)], [row["tau_ratio"]], yerr=[[row["tau_ratio"] - sp["min"]], [sp["max"] - row["tau_ratio"]]],
-                         fmt="none", capsize=4, color="k")
+                         fmt="kx", capsize=4, label="mean over seeds" if tk == "t0" else None)
     ax.set_xlabel("training steps")
     ax.set_ylabel("τ (mean over suites)")
     axr.set_xlabel("training steps")
