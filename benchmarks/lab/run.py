@@ -75,8 +75,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The second edition (one H200 lease, run detached by scripts/device/lab2.sh): a 46M-parameter target trained
     # 8 minutes; drafters shaped like SpecForge's qwen3-8b-dspine (5 layers, replacement in the first 3, block 16,
     # lr 6e-4 with 4% warm-up and cosine decay, gamma 7, alignment warm-up 146 steps; transfer rank H/4 and
-    # message size half of it, the trainer's defaults, = 128/64 here); DFlash on the same everything; the grid
-    # (grid.py): a training-length curve, a second seed, 2 vs 5 layers, the DFlash -> DSpine upgrade.
+    # message size half of it, the trainer's defaults, = 128/64 here; anchors at SpecForge's density, 512 in
+    # 3072 tokens -> 128 in 640, which also bounds the memory of eleven trainings sharing one GPU); DFlash on the
+    # same everything; the grid (grid.py): a training-length curve, a second seed, 2 vs 5 layers, the upgrade.
     "second": dict(
         corpus_mb=300.0, train_prompts=4000, suite_size=64, corpus_workers=0,
         vocab=8192, tokenizer_mb=32.0,
@@ -85,7 +86,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         target_seconds=480.0,
         gen_tokens=192, gen_batch=1024, data_seconds=75.0, max_prompt_len=448,
         draft_layers=5, block_size=16, target_layer_ids=None, transfer_rank=None, message_size=None, top_k=16,
-        train_steps=1200, train_batch=16, num_anchors=512, max_length=640, train_lr=6e-4, chunk_blocks=0,
+        train_steps=1200, train_batch=16, num_anchors=128, max_length=640, train_lr=6e-4, chunk_blocks=0,
         eval_limit=24, eval_tokens=96, temperatures="0,1", threads=0, jobs=16, deadline_s=None,
         suites="code,math,prose,humaneval", curve_steps="300,600", seeds="1", depth_layers="2", upgrade_frac=0.15,
         grid_temperatures="0", eval_jobs=8,
@@ -479,7 +480,7 @@ class Lab:
         if failed:
             res["failed"] = failed
         grid = _lab_module("grid")
-        if grid.active(self.p) and self.summary.get("eval"):
+        if grid.active(self.p) and os.path.isdir(self.path("eval")):  # also after a failure: what was evaluated
             g = grid.summarize(self, grid.variants(self.p))
             res["grid"] = g
             plot_path = os.path.join(self.args.results, f"lab_{self.args.preset}_steps.png")

@@ -15,7 +15,8 @@
 # back ($OUT/lab2.tar.gz: results/, the eval JSONs, every run's metrics.jsonl and train_config.json, logs).
 set -uo pipefail
 LAB="${LAB:-/tmp/lab2}"
-SERVE_BY="${SERVE_BY:-1250}"
+SERVE_BY="${SERVE_BY:-1250}"     # job seconds after which serving is skipped
+LAB_DEADLINE="${LAB_DEADLINE:-1450}"  # run.py's deadline (seconds after it starts, ~35 s into the job)
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 plan() {
@@ -46,15 +47,16 @@ start)
   mkdir -p "$LAB"
   : > "$LAB/run_args"; [ $# -gt 0 ] && printf '%q ' "$@" > "$LAB/run_args"
   date +%s > "$LAB/t_start"
-  GIT_COMMIT="${GIT_COMMIT:-}" LAB="$LAB" bash "$HERE/job.sh" start lab2 "LAB=$LAB SERVE_BY=$SERVE_BY bash scripts/device/lab2.sh stages"
+  GIT_COMMIT="${GIT_COMMIT:-}" LAB="$LAB" bash "$HERE/job.sh" start lab2 "LAB=$LAB SERVE_BY=$SERVE_BY LAB_DEADLINE=$LAB_DEADLINE bash scripts/device/lab2.sh stages"
   ;;
 stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundle set up and OUT=/tmp/job_lab2/out
   step() { echo "=== $(date -u +%T) [$(( $(date +%s) - $(cat "$LAB/t_start") )) s] $*"; }
   export PYTHONUNBUFFERED=1
   mkdir -p "$OUT/results"
   step "1 lab"
-  eval "python3 benchmarks/lab/run.py --preset second --out $LAB/lab --results $OUT/results $(cat "$LAB/run_args")" \
-    || step "lab failed ($?)"
+  # deadline_s: steps still running then are killed and the report says what was done (the lease must end)
+  eval "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/lab/run.py --preset second \
+    --out $LAB/lab --results $OUT/results --set deadline_s=$LAB_DEADLINE $(cat "$LAB/run_args")" || step "lab failed ($?)"
   elapsed=$(( $(date +%s) - $(cat "$LAB/t_start") ))
   if [ -d "$LAB/lab/drafters/dspine" ] && [ -d "$LAB/lab/drafters/dflash" ]; then
     if [ "$elapsed" -lt "$SERVE_BY" ]; then
