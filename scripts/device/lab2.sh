@@ -7,7 +7,8 @@
 # machine's 30 s idle window): `start; wait 560`, `wait 590`, `wait 590` (the last returns at DONE).
 # Stages (the job's log marks each with `=== HH:MM:SS`):
 #   1 lab      benchmarks/lab/run.py --preset second: corpus, tokenizer, target (8 min), regenerated data, the
-#              drafter grid (main pair, curve, seed 1, 2 layers, upgrade) trained/exported/evaluated in parallel
+#              drafter grid (main pair, curve, seed 1, 2 layers, upgrade) trained/exported/evaluated in parallel;
+#              while the target trains, benchmarks/lab/warm_sglang.py fills SGLang's caches
 #   2 serving  benchmarks/lab/serve_bench.py: plain / DFLASH / DSPINE with SGLang's bench_serving
 #              (skipped when the job is past SERVE_BY seconds, so the offline results still come back)
 #   3 summary  benchmarks/lab/summary.py: lab_summary.json fields and the plots
@@ -27,12 +28,13 @@ lab2 stage plan (planned seconds on one H200; cumulative from the lease's start)
   setup: SGLang bundle, plugin layout, repo copy                  35     155
   corpus (300 MB) + tokenizer (8192)                              30     185
   target: tokenize, 480 s training, held-out loss, save          520     705
+    (meanwhile: SGLang caches warmed on random models of the same shapes, ~3-4 min)
   data: regenerate responses (75 s cap) + load                    95     800
   grid: 11 trainings at once (1200/600/300 steps), exports,
         64 evaluations pipelined (the last ones after training)  490    1290
   report + plots                                                  10    1300
-  serving: 3 servers start at once (~90-150 s), warm-up,
-           24 bench_serving runs (1/4/16/48 clients, T=0/1)       270    1570
+  serving: 3 servers start at once (~70 s on warm caches), warm-up
+           burst, 24 bench_serving runs (1/4/16/48 clients, T=0/1) 270    1570
   summary                                                          5    1575   (26.3 min of the 30)
 device calls: `start; wait 560` (returns ~t=700), `wait 590` (~t=1300), `wait 590` (returns at DONE ~t=1580)
 EOF
@@ -55,8 +57,15 @@ stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundl
   mkdir -p "$OUT/results"
   step "1 lab"
   # deadline_s: steps still running then are killed and the report says what was done (the lease must end)
-  eval "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/lab/run.py --preset second \
-    --out $LAB/lab --results $OUT/results --set deadline_s=$LAB_DEADLINE $(cat "$LAB/run_args")" || step "lab failed ($?)"
+  lab_cmd="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/lab/run.py --preset second \
+    --out $LAB/lab --results $OUT/results --set deadline_s=$LAB_DEADLINE $(cat "$LAB/run_args")"
+  eval "$lab_cmd --stages corpus,tokenizer" || step "lab corpus/tokenizer failed ($?)"
+  # while the target trains: SGLang's JIT/Triton/sampling caches built on random models of the same shapes
+  python3 benchmarks/lab/warm_sglang.py --lab "$LAB/lab" --out "$LAB/warm" 2>&1 \
+    | grep -v "Decode batch\|Prefill batch\|Capturing" > "$LAB/warm.log" &
+  warm_pid=$!
+  eval "$lab_cmd" || step "lab failed ($?)"
+  wait "$warm_pid"; tail -n 3 "$LAB/warm.log"; cp "$LAB/warm/warm_sglang.json" "$OUT/results/" 2>/dev/null
   elapsed=$(( $(date +%s) - $(cat "$LAB/t_start") ))
   if [ -d "$LAB/lab/drafters/dspine" ] && [ -d "$LAB/lab/drafters/dflash" ]; then
     if [ "$elapsed" -lt "$SERVE_BY" ]; then
