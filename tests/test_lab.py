@@ -239,7 +239,7 @@ def test_grid_curve_seeds_depth_and_upgrade(tiny_lab, tmp_path):
         (lab / d).symlink_to(out / d)
     results = tmp_path / "results"
     args = ["--tiny", "--out", str(lab), "--results", str(results), "--set", "train_steps=12", "--set", "curve_steps=6",
-            "--set", "seeds=1", "--set", "depth_layers=1", "--set", "upgrade_frac=0.5", "--set", "temperatures=0,1",
+            "--set", "seeds=1", "--set", "depth_layers=1", "--set", "depth_steps=6", "--set", "upgrade_frac=0.5", "--set", "temperatures=0,1",
             "--set", "suites=code,math,prose,humaneval", "--set", "eval_limit=2", "--set", "eval_tokens=16"]
     assert lab_module("run").main(args) == 0, open(lab / "logs_run.txt").read()[-3000:]
     names = ["dflash", "dspine", "dflash_s6", "dspine_s6", "dflash_seed1", "dspine_seed1", "dflash_l1", "dspine_l1", "upgrade"]
@@ -247,7 +247,7 @@ def test_grid_curve_seeds_depth_and_upgrade(tiny_lab, tmp_path):
         assert (lab / "drafters" / n / "config.json").is_file(), n
     cfg = lambda n: json.load(open(lab / "runs" / n / "train_config.json"))
     assert cfg("dspine_s6")["max_steps"] == 6 and cfg("dspine_seed1")["seed"] == 1
-    assert cfg("dflash_l1")["drafter"]["num_draft_layers"] == 1
+    assert cfg("dflash_l1")["drafter"]["num_draft_layers"] == 1 and cfg("dflash_l1")["max_steps"] == 6
     up = cfg("upgrade")
     assert up["init"] == str(lab / "runs" / "dflash" / "final") and up["freeze_backbone"] and up["max_steps"] == 6
     # the upgrade kept the DFlash backbone it came from and trained the injection
@@ -265,7 +265,10 @@ def test_grid_curve_seeds_depth_and_upgrade(tiny_lab, tmp_path):
     g = res["grid"]
     assert set(res["eval"]["t0"]) == {"code", "math", "prose", "humaneval"} and set(res["eval"]) == {"t0", "t1"}
     assert set(g["variants"]["dspine_seed1"]["tau"]) == {"t0", "t1"} and set(g["variants"]["dspine_l1"]["tau"]) == {"t0"}
-    assert list(g["curve"]) == ["6", "12"] and set(g["depth"]) == {"1", "2"}
+    assert list(g["curve"]) == ["6", "12"] and set(g["depth"]) == {"1", "2"} and g["depth_steps"] == 6
+    assert g["depth"]["2"]["t0"] == g["curve"]["6"]["t0"]  # 2 layers beside the pair trained as long
+    with pytest.raises(ValueError, match="depth_steps 5"):
+        lab_module("grid").variants({**lab_module("run").PRESETS["second"], "depth_steps": 5})
     seeds = g["seeds"]["t0"]
     assert len(seeds["spread"]["values"]) == 2
     assert seeds["tau_ratio"] == pytest.approx(sum(seeds["spread"]["values"]) / 2, abs=1e-4)

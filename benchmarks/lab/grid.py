@@ -4,7 +4,8 @@ Variants (each a full training run with its own cosine schedule; names are folde
   dflash, dspine            the main pair: `draft_layers` layers, `train_steps` steps, seed 0
   KIND_sN                   the training-length curve: N steps for each N in `curve_steps` (T in grid_temperatures)
   KIND_seedK                the main pair again with seed K, for each K in `seeds` (all temperatures)
-  KIND_lD                   depth ablation: D layers for each D in `depth_layers` (T in grid_temperatures)
+  KIND_lD                   depth ablation: D layers for each D in `depth_layers`, `depth_steps` steps (default
+                            train_steps; else one of curve_steps, whose pair it is compared with)
   upgrade                   the trained main DFlash drafter warm-started to DSpine, only its injection trained
                             (`--init runs/dflash/final --freeze-backbone`) for `upgrade_frac` of `train_steps`
 Every variant is trained, exported and evaluated on the lab's suites as one chain; the chains run at once
@@ -64,9 +65,13 @@ def variants(p: dict[str, Any]) -> list[Variant]:
     for s in _ints(p.get("seeds")):
         if s != 0:
             out += [Variant(f"{k}_seed{s}", k, layers, steps, s, "seed", all_t) for k in KINDS]
+    depth_steps = int(p.get("depth_steps") or 0) or steps
+    if _ints(p.get("depth_layers")) and depth_steps != steps and depth_steps not in _ints(p.get("curve_steps")):
+        raise ValueError(f"depth_steps {depth_steps}: expected train_steps or one of curve_steps (the "
+                         f"{layers}-layer pair it is compared with must be trained at that length)")
     for d in _ints(p.get("depth_layers")):
         if d != layers:
-            out += [Variant(f"{k}_l{d}", k, d, steps, 0, "depth", grid_t) for k in KINDS]
+            out += [Variant(f"{k}_l{d}", k, d, depth_steps, 0, "depth", grid_t) for k in KINDS]
     frac = float(p.get("upgrade_frac") or 0)
     if frac > 0:
         if not 0 < frac <= 1:
@@ -200,13 +205,16 @@ def summarize(lab, vs: list[Variant]) -> dict[str, Any]:
         out["seeds"][tk] = {"ratio_per_seed": per, "tau_ratio": _mean(vals), "spread": _spread(vals),
                             "tau_mean_per_seed": {str(s): {"dflash": mean_tau(b, tk), "dspine": mean_tau(a, tk)}
                                                   for s, (a, b) in seeds.items()}}
-    # depth
+    # depth: each depth variant beside the main-depth pair trained for as many steps (main or a curve point)
     depth = {}
     for v in vs:
-        if v.group in ("main", "depth") and v.kind == "dspine":
-            other = v.name.replace("dspine", "dflash", 1)
-            depth[str(v.layers)] = {tk: {"dflash": mean_tau(other, tk), "dspine": mean_tau(v.name, tk),
-                                         "ratio": ratio(v.name, other, tk)} for tk in tau.get(v.name, {})}
+        if v.group == "depth" and v.kind == "dspine":
+            ref = next((r for r in vs if r.group in ("main", "curve") and r.kind == "dspine" and r.steps == v.steps), None)
+            for u in (v, ref) if ref else (v,):
+                other = u.name.replace("dspine", "dflash", 1)
+                depth[str(u.layers)] = {tk: {"dflash": mean_tau(other, tk), "dspine": mean_tau(u.name, tk),
+                                             "ratio": ratio(u.name, other, tk)} for tk in tau.get(v.name, {})}
+            out["depth_steps"] = v.steps
     out["depth"] = dict(sorted(depth.items(), key=lambda kv: int(kv[0])))
     if "upgrade" in by_name:
         out["upgrade"] = {tk: {"tau_mean": mean_tau("upgrade", tk), "vs_dflash": ratio("upgrade", "dflash", tk),

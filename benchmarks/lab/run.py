@@ -18,7 +18,8 @@ most 15 MB (`cat lab_models.tar.gz.part* | tar xz` puts them back together).
 
 Presets: `tiny` (CPU, tests: < 3 minutes on 2 cores), `budget` (one H200; run detached by
 `scripts/device/lab_gpu.sh`), `full` (one H200, stage by stage: the target gets its 7 minutes, more data and
-steps). Any preset value can be overridden with `--set key=value` (e.g. `--set target_seconds=120 --set
+steps), `second` (one H200 lease, `scripts/device/lab2.sh`: a 46M target trained 8 minutes, 5-layer drafters
+and the grid of grid.py: curve, seeds, depth, the DFlash -> DSpine upgrade). Any preset value can be overridden with `--set key=value` (e.g. `--set target_seconds=120 --set
 train_steps=300`). `--set deadline_s=S` kills a step still running S seconds after the start; the report
 (marked `failed`) and the pack are written anyway.
 The budget preset measured 609 s on an H200 with 400 training steps and the loss in chunks of 128 blocks
@@ -86,10 +87,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         target_seconds=480.0,
         gen_tokens=192, gen_batch=1024, data_seconds=75.0, max_prompt_len=448,
         draft_layers=5, block_size=16, target_layer_ids=None, transfer_rank=None, message_size=None, top_k=16,
-        train_steps=1200, train_batch=16, num_anchors=128, max_length=640, train_lr=6e-4, chunk_blocks=0,
+        train_steps=800, train_batch=16, num_anchors=128, max_length=640, train_lr=6e-4, chunk_blocks=0,
         eval_limit=24, eval_tokens=96, temperatures="0,1", threads=0, jobs=16, deadline_s=None,
-        suites="code,math,prose,humaneval", curve_steps="300,600", seeds="1", depth_layers="2", upgrade_frac=0.15,
-        grid_temperatures="0", eval_jobs=8,
+        suites="code,math,prose,humaneval", curve_steps="200,400", seeds="1", depth_layers="2", depth_steps=400,
+        upgrade_frac=0.15, grid_temperatures="0", eval_jobs=8,
     ),
     "full": dict(
         corpus_mb=200.0, train_prompts=6000, suite_size=128, corpus_workers=0,
@@ -105,7 +106,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # Keys every preset has (the grid's, grid.py; off unless a preset or --set turns them on).
 GRID_DEFAULTS: dict[str, Any] = dict(suites="code,math,prose", curve_steps="", seeds="", depth_layers="",
-                                     upgrade_frac=0.0, grid_temperatures="0", eval_jobs=0)
+                                     depth_steps=0, upgrade_frac=0.0, grid_temperatures="0", eval_jobs=0)
 for _p in PRESETS.values():
     for _k, _v in GRID_DEFAULTS.items():
         _p.setdefault(_k, _v)

@@ -73,6 +73,7 @@ def headline(lab: dict[str, Any], serving: dict[str, Any] | None) -> dict[str, A
         out["upgrade"] = {"steps": g.get("upgrade_steps"), **up}
     out["training_length_curve"] = g["curve"]
     out["depth"] = g["depth"]
+    out["depth_steps"] = g.get("depth_steps")
     if serving:
         out["throughput_ratio_mean"] = serving.get("throughput_ratio_mean")
         out["throughput_ratio_min"] = serving.get("throughput_ratio_min")

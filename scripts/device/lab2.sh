@@ -4,7 +4,7 @@
 #   GIT_COMMIT=<hash> bash scripts/device/lab2.sh start [run.py args, e.g. --set train_steps=900]
 #   bash scripts/device/lab2.sh wait SECONDS     # waits, prints progress against the plan, packs results to $OUT
 # One device call runs at most 10 minutes, so the lease takes three calls back to back (each within the
-# machine's 30 s idle window): `start; wait 560`, `wait 590`, `wait 590` (the last returns at DONE).
+# machine's 30 s idle window): `start; wait 540`, `wait 590`, `wait 590` (the last returns at DONE).
 # Stages (the job's log marks each with `=== HH:MM:SS`):
 #   1 lab      benchmarks/lab/run.py --preset second: corpus, tokenizer, target (8 min), regenerated data, the
 #              drafter grid (main pair, curve, seed 1, 2 layers, upgrade) trained/exported/evaluated in parallel;
@@ -16,7 +16,7 @@
 # back ($OUT/lab2.tar.gz: results/, the eval JSONs, every run's metrics.jsonl and train_config.json, logs).
 set -uo pipefail
 LAB="${LAB:-/tmp/lab2}"
-SERVE_BY="${SERVE_BY:-1250}"     # job seconds after which serving is skipped
+SERVE_BY="${SERVE_BY:-1300}"     # job seconds after which serving is skipped
 LAB_DEADLINE="${LAB_DEADLINE:-1450}"  # run.py's deadline (seconds after it starts, ~35 s into the job)
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -30,13 +30,13 @@ lab2 stage plan (planned seconds on one H200; cumulative from the lease's start)
   target: tokenize, 480 s training, held-out loss, save          520     705
     (meanwhile: SGLang caches warmed on random models of the same shapes, ~3-4 min)
   data: regenerate responses (75 s cap) + load                    95     800
-  grid: 11 trainings at once (1200/600/300 steps), exports,
-        64 evaluations pipelined (the last ones after training)  490    1290
-  report + plots                                                  10    1300
+  grid: 11 trainings at once (800/400/200 steps; 2 layers at 400),
+        exports, 64 evaluations pipelined (the last after training) 520    1320
+  report + plots                                                  10    1330
   serving: 3 servers start at once (~70 s on warm caches), warm-up
-           burst, 24 bench_serving runs (1/4/16/48 clients, T=0/1) 270    1570
-  summary                                                          5    1575   (26.3 min of the 30)
-device calls: `start; wait 560` (returns ~t=700), `wait 590` (~t=1300), `wait 590` (returns at DONE ~t=1580)
+           burst, 24 bench_serving runs (1/4/16/48 clients, T=0/1) 270    1600
+  summary                                                          5    1605   (26.8 min of the 30)
+device calls: `start; wait 540` (returns ~t=700), `wait 590` (~t=1300), `wait 590` (returns at DONE ~t=1605)
 EOF
 }
 
@@ -90,7 +90,7 @@ stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundl
   ;;
 wait)
   limit="${2:-560}"
-  [ -f "$LAB/t_start" ] && echo "lab2: $(( $(date +%s) - $(cat "$LAB/t_start") )) s since start (plan: ~1460 s to DONE)"
+  [ -f "$LAB/t_start" ] && echo "lab2: $(( $(date +%s) - $(cat "$LAB/t_start") )) s since start (plan: ~1485 s from start to DONE)"
   bash "$HERE/job.sh" wait lab2 "$limit" | grep -v "^\[lab .*\$ sglang-dspine eval"
   echo "--- stages so far:"; grep "^=== " /tmp/job_lab2/log 2>/dev/null
   echo "--- lab log (last lines):"; grep -v "\$ sglang-dspine" "$LAB/lab/logs_run.txt" 2>/dev/null | tail -n 25
