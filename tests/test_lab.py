@@ -338,3 +338,23 @@ def test_serve_bench_dataset_and_bench_serving_cli(tiny_lab, tmp_path):
     s = sb.summarize(cells)
     assert s["throughput_ratio"] == {"t0": {"1": 1.3, "4": 0.9}} and s["accept_length_ratio"] == {"t0": {"1": 1.3}}
     assert s["throughput_ratio_mean"] == 1.1 and s["throughput_ratio_min"] == 0.9
+
+
+def test_diagnose_rounds_on_the_builtin_pair(tmp_path):
+    """diagnose.py on the built-in pair, one prompt: the rounds replay DSpine's run (same acceptance), and each
+    drafter's recorded match length is the leading agreement of its draft with the target's greedy tokens."""
+    out = tmp_path / "diag.json"
+    assert lab_module("diagnose").main(["--limit", "1", "--max-new-tokens", "16", "--show", "0", "--out", str(out)]) == 0
+    res = json.load(open(out))
+    p = res["prompts"][0]
+    assert p["prompt"] == "Is the sky blue?" and res["summary"]["rounds_recomputed_differently"] == 0
+    rounds = p["rounds"]
+    lengths = [r["run_accepted"] + 1 for r in rounds]  # the prefill gives the first token, each round the rest
+    assert 1 + sum(lengths) >= p["tokens"] > 1 + sum(lengths[:-1])
+    assert p["tau"]["dspine_walk"] == pytest.approx(sum(lengths) / len(rounds), abs=1e-3)
+    for r in rounds:
+        for k in ("dflash", "dspine_argmax", "dspine_walk"):
+            n = next((i for i, (a, b) in enumerate(zip(r[k], r["truth"])) if a != b), len(r["truth"]))
+            assert r["accepted"][k] == n, (k, r)
+        if r["walk_miss_position"] is not None:
+            assert r["walk_miss_position"] == r["accepted"]["dspine_walk"] + 1
