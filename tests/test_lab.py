@@ -358,3 +358,10 @@ def test_diagnose_rounds_on_the_builtin_pair(tmp_path):
             assert r["accepted"][k] == n, (k, r)
         if r["walk_miss_position"] is not None:
             assert r["walk_miss_position"] == r["accepted"]["dspine_walk"] + 1
+
+
+def test_runner_with_nothing_to_run(tmp_path):
+    """A rerun in parallel mode (jobs > 1) whose steps all exist has nothing to run: no error."""
+    runner = lab_module("run").Runner(str(tmp_path), jobs=4, log=print)
+    runner.run_many([])
+    assert runner.commands == []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -89,6 +90,34 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
     ok = {v.name: False for v in todo}
     parallel = lab.runner.jobs > 1
     eval_pool = ThreadPoolExecutor(max(1, int(lab.p.get("eval_jobs") or lab.p["jobs"]))) if parallel else None
+    running = [0]  # trainings in flight
+    cond = threading.Condition()
+
+    def train_once(v: Variant, args: list[str]) -> None:
+        with cond:
+            running[0] += 1
+        try:
+            lab.runner.run(f"train_{v.name}", "cli", args)
+        finally:
+            with cond:
+                running[0] -= 1
+                cond.notify_all()
+
+    def train(v: Variant) -> None:
+        """A training that ran out of GPU memory beside the others is retried once, when at most half as many
+        trainings are left (its log says so)."""
+        args = lab.train_args(v.kind, name=v.name, layers=v.layers, steps=v.steps, seed=v.seed,
+                              init=lab.path("runs", v.init, "final") if v.init else None, freeze=v.freeze)
+        try:
+            train_once(v, args)
+        except RuntimeError as e:
+            if not parallel or "out of memory" not in str(e).lower():
+                raise
+            lab.log(f"grid {v.name}: out of GPU memory; retried once at most {max(1, len(todo) // 2)} trainings in flight")
+            with cond:
+                cond.wait_for(lambda: running[0] <= max(1, len(todo) // 2) - 1)
+            shutil.rmtree(lab.path("runs", v.name), ignore_errors=True)
+            train_once(v, args)
 
     def chain(v: Variant) -> None:
         try:
@@ -100,9 +129,7 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
                 if not os.path.isfile(lab.path("runs", v.init, "final", "config.json")):
                     raise RuntimeError(f"no {lab.path('runs', v.init, 'final')} to start from")
             if not lab.done("train", lab.path("runs", v.name, "final", "config.json")):
-                lab.runner.run(f"train_{v.name}", "cli", lab.train_args(
-                    v.kind, name=v.name, layers=v.layers, steps=v.steps, seed=v.seed,
-                    init=lab.path("runs", v.init, "final") if v.init else None, freeze=v.freeze))
+                train(v)
             ok[v.name] = True
         finally:
             trained[v.name].set()

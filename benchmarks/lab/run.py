@@ -186,6 +186,8 @@ class Runner:
             raise RuntimeError(f"step {name} failed ({rc}) after {time.time() - t0:.0f} s; log {log_path}:\n{tail}")
 
     def run_many(self, steps: list[tuple[str, str, list[str]]]) -> None:
+        if not steps:
+            return
         if self.jobs <= 1 or len(steps) == 1:
             for s in steps:
                 self.run(*s)
