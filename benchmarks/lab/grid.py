@@ -1,0 +1,297 @@
+"""The lab's drafter grid: the main DFlash/DSpine pair plus the runs that say how far its result holds.
+
+Variants (each a full training run with its own cosine schedule; names are folders under runs/, drafters/):
+  dflash, dspine            the main pair: `draft_layers` layers, `train_steps` steps, seed 0
+  KIND_sN                   the training-length curve: N steps for each N in `curve_steps` (T in grid_temperatures)
+  KIND_seedK                the main pair again with seed K, for each K in `seeds` (all temperatures)
+  KIND_lD                   depth ablation: D layers for each D in `depth_layers`, `depth_steps` steps (default
+                            train_steps; else one of curve_steps, whose pair it is compared with)
+  upgrade                   the trained main DFlash drafter warm-started to DSpine, only its injection trained
+                            (`--init runs/dflash/final --freeze-backbone`) for `upgrade_frac` of `train_steps`
+Every variant is trained, exported and evaluated on the lab's suites as one chain; the chains run at once
+(trainings are small and leave the GPU mostly idle), the upgrade after the main DFlash drafter, and the
+evaluations share a pool of `eval_jobs` processes, so a short run's evaluation overlaps the long ones'
+training. With jobs == 1 (CPU, tests) the chains run one after another in this process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("dflash", "dspine")
+
+
+@dataclass
+class Variant:
+    name: str
+    kind: str
+    layers: int
+    steps: int
+    seed: int
+    group: str  # main, curve, seed, depth, upgrade
+    temps: list[float] = field(default_factory=list)
+    init: str | None = None  # the variant whose final drafter this one starts from
+    freeze: bool = False
+
+
+def _ints(value: Any) -> list[int]:
+    return [int(x) for x in str(value or "").split(",") if x.strip()]
+
+
+def temps_of(value: Any) -> list[float]:
+    return [float(t) for t in str(value or "").split(",") if t.strip()]
+
+
+def active(p: dict[str, Any]) -> bool:
+    """Whether a preset asks for more than the main pair."""
+    return bool(_ints(p.get("curve_steps")) or _ints(p.get("seeds")) or _ints(p.get("depth_layers"))
+                or float(p.get("upgrade_frac") or 0) > 0)
+
+
+def variants(p: dict[str, Any]) -> list[Variant]:
+    """The runs a preset asks for, the main pair first."""
+    steps, layers = int(p["train_steps"]), int(p["draft_layers"])
+    all_t = temps_of(p["temperatures"])
+    grid_t = temps_of(p.get("grid_temperatures") or "0")
+    out = [Variant(k, k, layers, steps, 0, "main", all_t) for k in KINDS]
+    for n in _ints(p.get("curve_steps")):
+        if n != steps:
+            out += [Variant(f"{k}_s{n}", k, layers, n, 0, "curve", grid_t) for k in KINDS]
+    for s in _ints(p.get("seeds")):
+        if s != 0:
+            out += [Variant(f"{k}_seed{s}", k, layers, steps, s, "seed", all_t) for k in KINDS]
+    depth_steps = int(p.get("depth_steps") or 0) or steps
+    if _ints(p.get("depth_layers")) and depth_steps != steps and depth_steps not in _ints(p.get("curve_steps")):
+        raise ValueError(f"depth_steps {depth_steps}: expected train_steps or one of curve_steps (the "
+                         f"{layers}-layer pair it is compared with must be trained at that length)")
+    for d in _ints(p.get("depth_layers")):
+        if d != layers:
+            out += [Variant(f"{k}_l{d}", k, d, depth_steps, 0, "depth", grid_t) for k in KINDS]
+    frac = float(p.get("upgrade_frac") or 0)
+    if frac > 0:
+        if not 0 < frac <= 1:
+            raise ValueError(f"upgrade_frac {frac}: expected in (0, 1]")
+        out.append(Variant("upgrade", "dspine", layers, max(1, round(frac * steps)), 0, "upgrade", all_t,
+                           init="dflash", freeze=True))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- running
+def run(lab, todo: list[Variant]) -> dict[str, str]:
+    """Train, export and evaluate every variant (skipping what exists); returns {variant: error} of the failed."""
+    failed: dict[str, str] = {}
+    trained = {v.name: threading.Event() for v in todo}
+    ok = {v.name: False for v in todo}
+    parallel = lab.runner.jobs > 1
+    eval_pool = ThreadPoolExecutor(max(1, int(lab.p.get("eval_jobs") or lab.p["jobs"]))) if parallel else None
+    running = [0]  # trainings in flight
+    cond = threading.Condition()
+
+    def train_once(v: Variant, args: list[str]) -> None:
+        with cond:
+            running[0] += 1
+        try:
+            lab.runner.run(f"train_{v.name}", "cli", args)
+        finally:
+            with cond:
+                running[0] -= 1
+                cond.notify_all()
+
+    def train(v: Variant) -> None:
+        """A training that ran out of GPU memory beside the others is retried once, when at most half as many
+        trainings are left (its log says so)."""
+        args = lab.train_args(v.kind, name=v.name, layers=v.layers, steps=v.steps, seed=v.seed,
+                              init=lab.path("runs", v.init, "final") if v.init else None, freeze=v.freeze)
+        try:
+            train_once(v, args)
+        except RuntimeError as e:
+            if not parallel or "out of memory" not in str(e).lower():
+                raise
+            lab.log(f"grid {v.name}: out of GPU memory; retried once at most {max(1, len(todo) // 2)} "
+                    "trainings in flight")
+            with cond:
+                cond.wait_for(lambda: running[0] <= max(1, len(todo) // 2) - 1)
+            shutil.rmtree(lab.path("runs", v.name), ignore_errors=True)
+            train_once(v, args)
+
+    def chain(v: Variant) -> None:
+        try:
+            if v.init:
+                if v.init in trained:
+                    trained[v.init].wait()
+                    if not ok[v.init]:
+                        raise RuntimeError(f"{v.init} (its starting point) failed")
+                if not os.path.isfile(lab.path("runs", v.init, "final", "config.json")):
+                    raise RuntimeError(f"no {lab.path('runs', v.init, 'final')} to start from")
+            if not lab.done("train", lab.path("runs", v.name, "final", "config.json")):
+                train(v)
+            ok[v.name] = True
+        finally:
+            trained[v.name].set()
+        if not lab.done("export", lab.path("drafters", v.name, "config.json")):
+            lab.runner.run(f"export_{v.name}", "cli", lab.export_args(v.name))
+        steps = lab.eval_steps(v.name, v.temps)
+        if eval_pool is None:
+            for s in steps:
+                lab.runner.run(*s)
+        else:
+            for f in [eval_pool.submit(lab.runner.run, *s) for s in steps]:
+                f.result()
+
+    if parallel:
+        with ThreadPoolExecutor(len(todo)) as ex:
+            futures = {v.name: ex.submit(chain, v) for v in todo}
+            for name, f in futures.items():
+                if f.exception() is not None:
+                    failed[name] = f"{type(f.exception()).__name__}: {f.exception()}"
+        eval_pool.shutdown()
+    else:
+        for v in todo:
+            try:
+                chain(v)
+            except (RuntimeError, OSError, ValueError) as e:
+                failed[v.name] = f"{type(e).__name__}: {e}"
+    return failed
+
+
+# --------------------------------------------------------------------------------------------- results
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 4) if xs else None
+
+
+def _spread(xs: list[float]) -> dict[str, Any]:
+    return {"values": [round(x, 4) for x in xs], "min": round(min(xs), 4), "max": round(max(xs), 4),
+            "std": round(statistics.stdev(xs), 4) if len(xs) > 1 else 0.0} if xs else {}
+
+
+def summarize(lab, vs: list[Variant]) -> dict[str, Any]:
+    """τ of every variant per temperature and suite, and what they say: the curve, the seed spread, depth, the
+    upgrade. A ratio is DSpine ÷ DFlash per suite, averaged over the suites (each suite counts once)."""
+    suites = lab.suites
+    tau: dict[str, dict[str, dict[str, float]]] = {}
+    positions: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for v in vs:
+        for t in v.temps:
+            tk = f"t{t:g}"
+            for s in suites:
+                f = lab.path("eval", f"{v.name}_{s}_{tk}.json")
+                if os.path.isfile(f):
+                    r = json.load(open(f))
+                    tau.setdefault(v.name, {}).setdefault(tk, {})[s] = round(r["tau"], 4)
+                    acc = [round(x, 4) for x in r["position_acceptance"]]
+                    positions.setdefault(v.name, {}).setdefault(tk, {})[s] = acc
+
+    def ratio(a: str, b: str, tk: str) -> float | None:
+        ta, tb = tau.get(a, {}).get(tk, {}), tau.get(b, {}).get(tk, {})
+        common = [s for s in suites if s in ta and s in tb]
+        return _mean([ta[s] / max(tb[s], 1e-9) for s in common]) if common and len(common) == len(suites) else None
+
+    def mean_tau(name: str, tk: str) -> float | None:
+        row = tau.get(name, {}).get(tk, {})
+        return _mean(list(row.values())) if len(row) == len(suites) else None
+
+    by_name = {v.name: v for v in vs}
+    train = {}
+    for v in vs:
+        m = lab.path("runs", v.name, "metrics.jsonl")
+        if os.path.isfile(m):
+            lines = [json.loads(x) for x in open(m) if x.strip()]
+            if lines:
+                last = lines[-1]
+                train[v.name] = {k: round(last[k], 4) if isinstance(last[k], float) else last[k]
+                                 for k in ("step", "loss", "accuracy", "backbone_accept_len") if k in last}
+    out: dict[str, Any] = {
+        "variants": {v.name: {"group": v.group, "kind": v.kind, "layers": v.layers, "steps": v.steps, "seed": v.seed,
+                              "init": v.init, "freeze_backbone": v.freeze, "tau": tau.get(v.name, {}),
+                              "train": train.get(v.name)} for v in vs},
+        "position_acceptance": positions,
+    }
+    temps = sorted({f"t{t:g}" for v in vs for t in v.temps})
+    # training-length curve: (steps) -> mean τ and ratio; the main pair is its last point
+    curve: dict[str, Any] = {}
+    for v in vs:
+        if v.group in ("main", "curve") and v.kind == "dspine":
+            other = v.name.replace("dspine", "dflash", 1)
+            curve[str(v.steps)] = {tk: {"dflash": mean_tau(other, tk), "dspine": mean_tau(v.name, tk),
+                                        "ratio": ratio(v.name, other, tk)}
+                                   for tk in temps if tk in tau.get(v.name, {})}
+    out["curve"] = dict(sorted(curve.items(), key=lambda kv: int(kv[0])))
+    # seeds at the last point: the main pair is seed 0
+    seeds = {0: ("dspine", "dflash")}
+    for v in vs:
+        if v.group == "seed" and v.kind == "dspine":
+            seeds[v.seed] = (v.name, v.name.replace("dspine", "dflash", 1))
+    out["seeds"] = {}
+    for tk in temps:
+        per = {str(s): ratio(a, b, tk) for s, (a, b) in seeds.items()}
+        vals = [x for x in per.values() if x is not None]
+        out["seeds"][tk] = {"ratio_per_seed": per, "tau_ratio": _mean(vals), "spread": _spread(vals),
+                            "tau_mean_per_seed": {str(s): {"dflash": mean_tau(b, tk), "dspine": mean_tau(a, tk)}
+                                                  for s, (a, b) in seeds.items()}}
+    # depth: each depth variant beside the main-depth pair trained for as many steps (main or a curve point)
+    depth = {}
+    for v in vs:
+        if v.group == "depth" and v.kind == "dspine":
+            ref = next((r for r in vs if r.group in ("main", "curve") and r.kind == "dspine" and r.steps == v.steps),
+                       None)
+            for u in (v, ref) if ref else (v,):
+                other = u.name.replace("dspine", "dflash", 1)
+                depth[str(u.layers)] = {tk: {"dflash": mean_tau(other, tk), "dspine": mean_tau(u.name, tk),
+                                             "ratio": ratio(u.name, other, tk)} for tk in tau.get(v.name, {})}
+            out["depth_steps"] = v.steps
+    out["depth"] = dict(sorted(depth.items(), key=lambda kv: int(kv[0])))
+    if "upgrade" in by_name:
+        out["upgrade"] = {tk: {"tau_mean": mean_tau("upgrade", tk), "vs_dflash": ratio("upgrade", "dflash", tk),
+                               "vs_dspine_scratch": ratio("upgrade", "dspine", tk)} for tk in temps
+                          if tk in tau.get("upgrade", {})}
+        out["upgrade_steps"] = by_name["upgrade"].steps
+    return out
+
+
+def plot_curve(summary: dict[str, Any], path: str, title: str = "") -> str:
+    """Mean τ over the suites against training steps, per drafter and temperature, and the ratio."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = summary["curve"]
+    steps = [int(s) for s in curve]
+    temps = sorted({tk for row in curve.values() for tk in row})
+    fig, (ax, axr) = plt.subplots(1, 2, figsize=(10, 4))
+    for tk in temps:
+        for kind, style in (("dflash", "--o"), ("dspine", "-s")):
+            ys = [curve[str(s)].get(tk, {}).get(kind) for s in steps]
+            pts = [(x, y) for x, y in zip(steps, ys) if y is not None]
+            if pts:
+                ax.plot(*zip(*pts), style, label=f"{kind} T={tk[1:]}")
+        rs = [(x, curve[str(x)].get(tk, {}).get("ratio")) for x in steps]
+        rs = [(x, y) for x, y in rs if y is not None]
+        if rs:
+            axr.plot(*zip(*rs), "-o", label=f"T={tk[1:]}")
+    seeds = summary.get("seeds", {})
+    for tk, row in seeds.items():  # the seed spread at the last point
+        sp = row.get("spread") or {}
+        if sp.get("values") and steps:
+            axr.errorbar([max(steps)], [row["tau_ratio"]],
+                         yerr=[[row["tau_ratio"] - sp["min"]], [sp["max"] - row["tau_ratio"]]],
+                         fmt="kx", capsize=4, label="mean over seeds" if tk == "t0" else None)
+    ax.set_xlabel("training steps")
+    ax.set_ylabel("τ (mean over suites)")
+    axr.set_xlabel("training steps")
+    axr.set_ylabel("τ ratio DSpine ÷ DFlash")
+    axr.axhline(1.0, color="gray", lw=0.8)
+    for a in (ax, axr):
+        a.legend(fontsize=8)
+    fig.suptitle(title or "τ against training steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+

@@ -1,0 +1,125 @@
+"""Warm SGLang's on-disk caches for a lab preset while its target still trains (GPU machine).
+
+A fresh machine's first SGLang start builds JIT kernels (KV store, RoPE), compiles Triton kernels and, at the
+first batch mixing greedy and T=1 requests, the sampling kernels: minutes that otherwise fall on the serving
+stage. This starts the three servers the serving stage will start (target alone, DFLASH, DSPINE) on models of
+the preset's exact shapes but random weights: the target as a config-only folder served with
+`--load-format dummy`, the drafters freshly initialised by the package and saved as the export writes them
+(loaded with `--speculative-draft-load-format safetensors`); sends each one mixed burst; stops them. The
+caches (SGLang's, Triton's, under /tmp) stay for the real servers. Needs only the lab's tokenizer stage.
+
+    python benchmarks/lab/warm_sglang.py --lab /tmp/lab2/lab --preset second --out /tmp/lab2/warm
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from sglang_dspine.source_files import load_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _sibling(name: str):
+    """A sibling file (run.py, ...) as the module `dspine_lab_<name>` (sglang_dspine.source_files)."""
+    return load_file(os.path.join(HERE, f"{name}.py"), f"dspine_lab_{name}")
+
+
+def build_models(lab: str, preset: str, out: str) -> dict[str, str]:
+    """A config-only target of the preset's shape (with the lab's tokenizer) and random DFlash/DSpine drafters
+    of its drafter shape, in serving format; returns their folders."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from sglang_dspine.cli import main as cli_main
+    from sglang_dspine.drafter.checkpoint import init_dspine_transfer, save_drafter
+    from sglang_dspine.drafter.config import default_target_layer_ids
+    from sglang_dspine.drafter.model import DSpineDrafter
+    from sglang_dspine.drafter_setup import init_backbone, new_drafter_config
+
+    p = _sibling("run").PRESETS[preset]
+    target_mod = _sibling("target")
+    ap = argparse.ArgumentParser()
+    target_mod.add_arguments(ap)
+    targs = ap.parse_args(["--corpus", "-", "--tokenizer", "-", "--out", "-"] + list(p["target_args"]))
+    target_mod.resolve_sizes(targs)
+    tok_dir = os.path.join(lab, "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    ids = _sibling("tokenizer").special_ids(tokenizer)
+    cfg = target_mod.make_config(vars(targs), len(tokenizer), ids)
+    tdir = os.path.join(out, "target")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(tdir)
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    d = cfg.to_dict()
+    d["dtype"] = d["torch_dtype"] = "bfloat16"  # what the real target's folder says (saved in bf16)
+    json.dump(d, open(os.path.join(tdir, "config.json"), "w"), indent=2)
+    tokenizer.save_pretrained(tdir)
+    layers = int(p["draft_layers"])
+    layer_ids = ([int(x) for x in str(p["target_layer_ids"]).split(",")] if p["target_layer_ids"]
+                 else default_target_layer_ids(cfg.num_hidden_layers, layers))
+    head = torch.randn(cfg.vocab_size, cfg.hidden_size) * 0.02
+    dirs = {"target": tdir}
+    for kind in ("dflash", "dspine"):
+        model = DSpineDrafter(new_drafter_config(cfg, kind, layers, int(p["block_size"]), layer_ids, ids["mask"]))
+        init_backbone(model, 0.02)
+        if model.cfg.is_dspine:
+            init_dspine_transfer(model, head)
+        raw = os.path.join(out, f"{kind}_raw")
+        save_drafter(model, raw)
+        dirs[kind] = os.path.join(out, kind)
+        if cli_main(["export", "--checkpoint", raw, "--output", dirs[kind], "--dtype", "bf16"]) != 0:
+            raise SystemExit(f"warm_sglang: exporting the random {kind} drafter failed")
+    return dirs
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lab", required=True, help="a lab --out folder whose tokenizer stage is done")
+    ap.add_argument("--preset", default="second")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--timeout", type=float, default=420, help="seconds for the servers to come up")
+    ap.add_argument("--build-only", action="store_true", help="write the models and stop (no GPU needed)")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    dirs = build_models(args.lab, args.preset, args.out)
+    res = {"models": dirs, "build_seconds": round(time.time() - t0, 1)}
+    if args.build_only:
+        print(json.dumps(res))
+        return 0
+    sb = _sibling("serve_bench")
+    servers = {}
+    for i, name in enumerate(sb.SERVERS):
+        model = ["--model-path", dirs["target"], "--load-format", "dummy"]
+        if name != "plain":
+            model += ["--speculative-algorithm", name.upper(), "--speculative-draft-model-path", dirs[name],
+                      "--speculative-draft-load-format", "safetensors"]
+        servers[name] = sb.Server(f"warm_{name}", 31100 + i, model + sb.SERVER_ARGS, args.out)
+    try:
+        with ThreadPoolExecutor(len(servers)) as ex:
+            up = dict(zip(servers, ex.map(lambda s: s.wait(args.timeout), servers.values())))
+        res["startup_seconds"] = {n: s.up_after for n, s in servers.items()}
+        live = {n: s for n, s in servers.items() if up[n]}
+        for n in servers:
+            if not up[n]:
+                print(f"--- warm server {n} failed ---\n{servers[n].tail(40)}", flush=True)
+        texts = ["def add(a, b):", "The answer is", "Maya has 12 apples.", "Write a function."]
+        with ThreadPoolExecutor(max(1, len(live))) as ex:
+            res["burst_seconds"] = dict(zip(live, ex.map(lambda s: sb.warm_up(s, texts, max_new=16), live.values())))
+    finally:
+        for s in servers.values():
+            s.stop()
+        sb.archive_logs(args.out, "warm_server_logs.tar.gz")
+    res["seconds"] = round(time.time() - t0, 1)
+    json.dump(res, open(os.path.join(args.out, "warm_sglang.json"), "w"), indent=1)
+    print("warm_sglang: " + json.dumps(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
