@@ -159,12 +159,7 @@ def read_suites(folder: str) -> dict[str, list[str]]:
 
 
 def common_prefix_len(a: list, b: list) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([a, b]))  # element-wise on any sequences, not only strings
 
 
 def build_inputs(tokenizer, models: str) -> dict:

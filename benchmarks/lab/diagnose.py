@@ -37,12 +37,7 @@ CHAT_PROMPTS = [
 
 def agree(draft: list[int], truth: list[int]) -> int:
     """Leading draft tokens equal to the truth (accepted at T=0)."""
-    n = 0
-    for d, t in zip(draft, truth):
-        if d != t:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([draft, truth]))
 
 
 def main(argv: list[str] | None = None) -> int:
