@@ -40,6 +40,7 @@ def agree(draft: list[int], truth: list[int]) -> int:
     return len(os.path.commonprefix([draft, truth]))
 
 
+@torch.no_grad()  # inference only; the caller's grad mode is restored on return (tests call main in-process)
 def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
@@ -62,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     for d in ("target", "dflash", "dspine"):
         if not os.path.isdir(os.path.join(args.pair, d)):
             raise SystemExit(f"--pair {args.pair}: no {d}/ folder")
-    torch.set_grad_enabled(False)
     t0 = time.time()
     target = load_target(os.path.join(args.pair, "target"), "fp32", "cpu").eval()
     tok = AutoTokenizer.from_pretrained(os.path.join(args.pair, "target"))
