@@ -19,10 +19,20 @@ from collections import defaultdict
 
 from sglang_dspine.source_files import OUTSIDE_REPO
 
-# Flags every benchmark server gets: the attention and sampling backends the bundle carries (fa3 and
-# FlashInfer's JIT are not in it), and decode log lines often enough to read the batch and the graph use.
-BASE_ARGS = ["--host", "127.0.0.1", "--attention-backend", "triton", "--sampling-backend", "pytorch",
-             "--log-level", "info", "--decode-log-interval", "10"]
+
+def base_args(attention: str | None = "triton", sampling: str | None = "pytorch") -> list[str]:
+    """Flags every benchmark server gets: the attention and sampling backends (None: the flag left out, SGLang's
+    own choice), and decode log lines often enough to read the batch and the graph use."""
+    out = ["--host", "127.0.0.1"]
+    if attention is not None:
+        out += ["--attention-backend", attention]
+    if sampling is not None:
+        out += ["--sampling-backend", sampling]
+    return out + ["--log-level", "info", "--decode-log-interval", "10"]
+
+
+# The backends the device bundle carries (fa3 and FlashInfer's JIT are not in it).
+BASE_ARGS = base_args()
 
 
 def spec_args(target: str, algo: str, drafter: str, *extra: str) -> list[str]:

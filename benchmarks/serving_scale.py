@@ -42,9 +42,8 @@ from sglang_dspine.provenance import provenance
 from sglang_dspine.source_files import load_file
 
 _servers = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers.py"))
-BASE_ARGS, Server, archive_logs, graph_use, kernel_times, spec_args = (
-    _servers.BASE_ARGS, _servers.Server, _servers.archive_logs, _servers.graph_use, _servers.kernel_times,
-    _servers.spec_args,
+Server, archive_logs, graph_use, kernel_times, spec_args = (
+    _servers.Server, _servers.archive_logs, _servers.graph_use, _servers.kernel_times, _servers.spec_args
 )
 
 # Qwen3 configs as published (config.json fields); the drafter shape is SpecForge's qwen3-8b DSpine one.
@@ -415,11 +414,8 @@ def main() -> None:
         # ---- DSPINE alone on other attention / sampling backends
         for attention, sampling in backends:
             key = f"{attention}/{sampling}"
-            base = [a for a in BASE_ARGS if a not in ("--attention-backend", "triton", "--sampling-backend", "pytorch")]
-            if attention != "default":
-                base += ["--attention-backend", attention]
-            if sampling != "default":
-                base += ["--sampling-backend", sampling]
+            base = _servers.base_args(None if attention == "default" else attention,
+                                      None if sampling == "default" else sampling)
             a, env = server_args_for("dspine", target, drafters,
                                      ["--mem-fraction-static", str(args.alone_mem_fraction)])
             s = Server("dspine_" + key.replace("/", "_"), 31020, a, args.out, env=env, base_args=base)
