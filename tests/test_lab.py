@@ -290,6 +290,59 @@ def test_grid_curve_seeds_depth_and_upgrade(tiny_lab, tmp_path):
     assert trained not in rerun and "sglang-dspine eval" not in rerun
 
 
+def test_grid_trains_the_main_pair_first_within_the_cap(tiny_lab, tmp_path):
+    """In parallel mode (subprocesses) at most `train_jobs` trainings run at once and they start in priority
+    order: the main pair before the curve; the report times every step."""
+    out, _, _, _ = tiny_lab
+    lab = tmp_path / "grid"
+    lab.mkdir()
+    for d in ("corpus", "tokenizer", "target", "data", "tokens"):
+        (lab / d).symlink_to(out / d)
+    results = tmp_path / "results"
+    args = ["--tiny", "--out", str(lab), "--results", str(results), "--jobs", "3", "--set", "train_steps=4",
+            "--set", "curve_steps=2", "--set", "train_jobs=2", "--set", "step_threads=1", "--set", "suites=code",
+            "--set", "eval_limit=1", "--set", "eval_tokens=8"]
+    assert lab_module("run").main(args) == 0, open(lab / "logs_run.txt").read()[-3000:]
+    res = json.load(open(results / "lab_tiny.json"))
+    trains = {k[len("train_"):]: v for k, v in res["step_times"].items() if k.startswith("train_")}
+    assert set(trains) == {"dflash", "dspine", "dflash_s2", "dspine_s2"} and all(v["ok"] for v in trains.values())
+    order = sorted(trains, key=lambda k: trains[k]["start"])
+    assert set(order[:2]) == {"dflash", "dspine"}, trains
+    first_end = min(trains[k]["start"] + trains[k]["seconds"] for k in ("dflash", "dspine"))
+    assert min(trains[k]["start"] for k in ("dflash_s2", "dspine_s2")) >= first_end - 0.15, trains
+    for t in [v["start"] + 0.1 for v in trains.values()]:  # trainings in flight just after each start
+        assert sum(v["start"] <= t < v["start"] + v["seconds"] for v in trains.values()) <= 2, trains
+    assert set(res["grid"]["curve"]) == {"2", "4"} and not res["grid_failed"]
+
+
+def test_warm_sglang_models_have_the_preset_shapes(tiny_lab, tmp_path):
+    """warm_sglang.py's random models (the serving caches are warmed on them) have the shapes the second
+    edition trains: the target's dims, and drafters of its layers, block, target layers, rank and top-K, in the
+    serving format the server checks."""
+    out, _, _, _ = tiny_lab
+    warm = lab_module("warm_sglang")
+    assert warm.main(["--lab", str(out), "--preset", "second", "--out", str(tmp_path / "warm"), "--build-only"]) == 0
+    from transformers import AutoTokenizer
+
+    from sglang_dspine.drafter.checkpoint import check_drafter_dir
+    from sglang_dspine.drafter.config import default_target_layer_ids
+
+    p = lab_module("run").PRESETS["second"]
+    t = json.load(open(tmp_path / "warm" / "target" / "config.json"))
+    dims = dict(zip(p["target_args"][0::2], p["target_args"][1::2]))
+    assert (t["hidden_size"], t["num_hidden_layers"], t["num_attention_heads"], t["num_key_value_heads"],
+            t["intermediate_size"]) == tuple(int(dims[f"--{k}"]) for k in ("hidden", "layers", "heads", "kv-heads",
+                                                                            "intermediate"))
+    assert t["vocab_size"] == len(AutoTokenizer.from_pretrained(str(out / "tokenizer")))
+    for kind in ("dflash", "dspine"):
+        cfg = check_drafter_dir(str(tmp_path / "warm" / kind))
+        assert cfg.kind == kind and cfg.num_hidden_layers == p["draft_layers"] and cfg.block_size == p["block_size"]
+        assert cfg.target_layer_ids == default_target_layer_ids(t["num_hidden_layers"], p["draft_layers"])
+        assert cfg.hidden_size == t["hidden_size"] and cfg.vocab_size == t["vocab_size"]
+    s = check_drafter_dir(str(tmp_path / "warm" / "dspine")).dspine
+    assert (s.transfer_rank, s.message_size, s.top_k) == (t["hidden_size"] // 4, t["hidden_size"] // 8, p["top_k"])
+
+
 def test_humaneval_suite_file():
     """The committed HumanEval suite: the package's 164 problems, prompts only (it travels to the GPU machine)."""
     path = os.path.join(LAB, "data", "humaneval.jsonl")

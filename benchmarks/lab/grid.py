@@ -8,10 +8,12 @@ Variants (each a full training run with its own cosine schedule; names are folde
                             train_steps; else one of curve_steps, whose pair it is compared with)
   upgrade                   the trained main DFlash drafter warm-started to DSpine, only its injection trained
                             (`--init runs/dflash/final --freeze-backbone`) for `upgrade_frac` of `train_steps`
-Every variant is trained, exported and evaluated on the lab's suites as one chain; the chains run at once
-(trainings are small and leave the GPU mostly idle), the upgrade after the main DFlash drafter, and the
-evaluations share a pool of `eval_jobs` processes, so a short run's evaluation overlaps the long ones'
-training. With jobs == 1 (CPU, tests) the chains run one after another in this process.
+Every variant is trained, exported and evaluated on the lab's suites as one chain. At most `train_jobs`
+trainings run at once (0: all), started in priority order (PRIORITY: the main pair, then the seeds, the curve
+from the longest run down, depth, the upgrade), so that when the GPU is the bottleneck the main pair finishes
+first and a deadline cuts the cheap variants, not the headline. The upgrade starts after the main DFlash
+drafter; the evaluations share a pool of `eval_jobs` processes, so one chain's evaluation overlaps the others'
+training. With jobs == 1 (CPU, tests) the chains run one after another in this process, in the same order.
 """
 from __future__ import annotations
 
@@ -38,6 +40,16 @@ class Variant:
     temps: list[float] = field(default_factory=list)
     init: str | None = None  # the variant whose final drafter this one starts from
     freeze: bool = False
+
+
+# Which trainings start first when only `train_jobs` may run at once (lower first).
+PRIORITY = {"main": 0, "seed": 1, "curve": 2, "depth": 3, "upgrade": 4}
+
+
+def by_priority(vs: list[Variant]) -> list[Variant]:
+    """The variants in the order their trainings start: by group (PRIORITY), longer runs first within a group,
+    DFlash before DSpine within a pair (stable otherwise)."""
+    return sorted(vs, key=lambda v: (PRIORITY[v.group], -v.steps))
 
 
 def _ints(value: Any) -> list[int]:
@@ -86,16 +98,25 @@ def variants(p: dict[str, Any]) -> list[Variant]:
 def run(lab, todo: list[Variant]) -> dict[str, str]:
     """Train, export and evaluate every variant (skipping what exists); returns {variant: error} of the failed."""
     failed: dict[str, str] = {}
+    todo = by_priority(todo)
+    rank = {v.name: i for i, v in enumerate(todo)}
     trained = {v.name: threading.Event() for v in todo}
     ok = {v.name: False for v in todo}
     parallel = lab.runner.jobs > 1
     eval_pool = ThreadPoolExecutor(max(1, int(lab.p.get("eval_jobs") or lab.p["jobs"]))) if parallel else None
+    limit = [int(lab.p.get("train_jobs") or 0) or len(todo)]  # trainings allowed in flight
     running = [0]  # trainings in flight
+    ready: set[str] = set()  # trainings waiting for a slot
     cond = threading.Condition()
 
     def train_once(v: Variant, args: list[str]) -> None:
+        """One training, once a slot is free and no variant of higher priority waits for one."""
         with cond:
+            ready.add(v.name)
+            cond.wait_for(lambda: running[0] < limit[0] and min(ready, key=rank.get) == v.name)
+            ready.discard(v.name)
             running[0] += 1
+            cond.notify_all()
         try:
             lab.runner.run(f"train_{v.name}", "cli", args)
         finally:
@@ -104,8 +125,8 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
                 cond.notify_all()
 
     def train(v: Variant) -> None:
-        """A training that ran out of GPU memory beside the others is retried once, when at most half as many
-        trainings are left (its log says so)."""
+        """A training that ran out of GPU memory beside the others is retried once, with at most half as many
+        trainings in flight from then on (its log says so)."""
         args = lab.train_args(v.kind, name=v.name, layers=v.layers, steps=v.steps, seed=v.seed,
                               init=lab.path("runs", v.init, "final") if v.init else None, freeze=v.freeze)
         try:
@@ -113,10 +134,9 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
         except RuntimeError as e:
             if not parallel or "out of memory" not in str(e).lower():
                 raise
-            lab.log(f"grid {v.name}: out of GPU memory; retried once at most {max(1, len(todo) // 2)} "
-                    "trainings in flight")
             with cond:
-                cond.wait_for(lambda: running[0] <= max(1, len(todo) // 2) - 1)
+                limit[0] = max(1, min(limit[0], len(todo)) // 2)
+            lab.log(f"grid {v.name}: out of GPU memory; retried once, at most {limit[0]} trainings in flight")
             shutil.rmtree(lab.path("runs", v.name), ignore_errors=True)
             train_once(v, args)
 

@@ -92,7 +92,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         train_steps=800, train_batch=16, num_anchors=128, max_length=640, train_lr=6e-4, chunk_blocks=0,
         eval_limit=24, eval_tokens=96, temperatures="0,1", threads=0, jobs=16, deadline_s=None,
         suites="code,math,prose,humaneval", curve_steps="200,400", seeds="1", depth_layers="2", depth_steps=400,
-        upgrade_frac=0.15, grid_temperatures="0", eval_jobs=8,
+        upgrade_frac=0.15, grid_temperatures="0", eval_jobs=8, train_jobs=4, step_threads=2,
     ),
     "full": dict(
         corpus_mb=200.0, train_prompts=6000, suite_size=128, corpus_workers=0,
@@ -107,8 +107,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 # Keys every preset has (the grid's, grid.py; off unless a preset or --set turns them on).
+# train_jobs: trainings of the grid in flight at once (0: all); step_threads: CPU threads of each step run as a
+# subprocess (OMP_NUM_THREADS; 0: torch's default, one per core, which oversubscribes the cores when many steps
+# run at once).
 GRID_DEFAULTS: dict[str, Any] = dict(suites="code,math,prose", curve_steps="", seeds="", depth_layers="",
-                                     depth_steps=0, upgrade_frac=0.0, grid_temperatures="0", eval_jobs=0)
+                                     depth_steps=0, upgrade_frac=0.0, grid_temperatures="0", eval_jobs=0,
+                                     train_jobs=0, step_threads=0)
 for _p in PRESETS.values():
     for _k, _v in GRID_DEFAULTS.items():
         _p.setdefault(_k, _v)
@@ -126,8 +130,11 @@ class Runner:
     """Runs step commands: in this process (jobs == 1; CPU, tests) or as subprocesses (jobs > 1; GPU, in
     parallel where independent). Output goes to OUT/logs/<name>.log; the driver prints summaries only."""
 
-    def __init__(self, out: str, jobs: int, log, deadline: float | None = None):
+    def __init__(self, out: str, jobs: int, log, deadline: float | None = None, threads: int = 0):
         self.out, self.jobs, self.log, self.deadline = out, jobs, log, deadline
+        self.env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+        self.t0 = time.time()
+        self.step_times: dict[str, dict[str, Any]] = {}  # name -> start (s after the runner's start), seconds, ok
         self.logs = os.path.join(out, "logs")
         os.makedirs(self.logs, exist_ok=True)
         self.commands: list[str] = []
@@ -167,13 +174,15 @@ class Runner:
                 cmd = [sys.executable, os.path.join(HERE, f"{kind}.py")] + args
             with open(log_path, "w", encoding="utf-8") as f:
                 # cwd: the logs folder, never the repo root (sglang_dspine.source_files says why)
-                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=self.logs)
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=self.logs, env=self.env)
                 try:
                     rc = proc.wait(timeout=None if self.deadline is None else max(1.0, self.deadline - time.time()))
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
                     rc = "killed at the run's deadline (deadline_s)"
+        self.step_times[name] = {"start": round(t0 - self.t0, 1), "seconds": round(time.time() - t0, 1),
+                                 "ok": rc in (0, None)}
         if rc not in (0, None):
             with open(log_path, encoding="utf-8") as f:
                 tail = f.read()[-4000:]
@@ -220,7 +229,7 @@ class Lab:
         self.log_file = open(os.path.join(self.out, "logs_run.txt"), "a", encoding="utf-8")
         self.t_start = time.time()
         deadline = self.t_start + float(self.p["deadline_s"]) if self.p.get("deadline_s") else None
-        self.runner = Runner(self.out, int(self.p["jobs"]), self.log, deadline)
+        self.runner = Runner(self.out, int(self.p["jobs"]), self.log, deadline, int(self.p["step_threads"]))
         self.suites = [x for x in str(self.p["suites"]).split(",") if x]
         unknown = [x for x in self.suites if x not in SUITES and x not in EXTRA_SUITES]
         if unknown:
@@ -482,7 +491,8 @@ class Lab:
             "command": " ".join(shlex.quote(a) for a in ["python", "benchmarks/lab/run.py"] + self.args.argv),
             "commit": git_commit(), "device": device, "versions": versions,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "stage_seconds": self.times, "step_commands": self.runner.commands, **self.summary,
+            "stage_seconds": self.times, "step_times": self.runner.step_times, "step_commands": self.runner.commands,
+            **self.summary,
         }
         if failed:
             res["failed"] = failed

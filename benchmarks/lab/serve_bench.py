@@ -34,11 +34,16 @@ _servers = load_file(os.path.join(os.path.dirname(HERE), "servers.py"))
 BASE_ARGS, Server, archive_logs, post = _servers.BASE_ARGS, _servers.Server, _servers.archive_logs, _servers.post
 
 SERVERS = ("plain", "dflash", "dspine")
-# Beside BASE_ARGS: no grammar backend (none needed), CUDA graphs up to the largest client count, a small
-# static memory share each (three servers share the GPU; a 46M target's KV cache is tiny), and no prefill
-# graphs (their capture cost 81 s of a fresh machine's first start and only changes prefill speed).
-SERVER_ARGS = ["--grammar-backend", "none", "--cuda-graph-max-bs-decode", "48", "--mem-fraction-static", "0.12",
-               "--disable-prefill-cuda-graph"]
+# Beside BASE_ARGS: no grammar backend (none needed), CUDA graphs and running requests up to the largest client
+# count, and no prefill graphs (their capture cost 81 s of a fresh machine's first start and only changes
+# prefill speed). Memory: servers started together on one GPU each size their KV pool from the memory free
+# when they look (SGLang 0.5.17: free after loading minus (1 - fraction) x free before loading), so a
+# small fraction can leave a later server nothing, and unequal pools would make unequal servers. So every
+# server asks for the same pool (KV_POOL tokens: 48 requests of 2,700 tokens, far more than these prompts
+# need) under a fraction large enough to hold it whatever the others (or a training beside them) took.
+KV_POOL = 131072
+SERVER_ARGS = ["--grammar-backend", "none", "--cuda-graph-max-bs-decode", "48", "--max-running-requests", "48",
+               "--max-total-tokens", str(KV_POOL), "--mem-fraction-static", "0.5", "--disable-prefill-cuda-graph"]
 
 
 def write_dataset(suites_dir: str, path: str) -> dict[str, int]:
@@ -143,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--servers", default=",".join(SERVERS))
     ap.add_argument("--start-timeout", type=float, default=600)
+    ap.add_argument("--deadline", type=float, help="Unix time after which no new run starts (the runs not made "
+                    "are listed under `skipped`); the servers' start-up wait ends then too")
     args = ap.parse_args(argv)
     names = [n for n in args.servers.split(",") if n]
     if set(names) - set(SERVERS):
@@ -171,54 +178,64 @@ def main(argv: list[str] | None = None) -> int:
                       "--speculative-draft-model-path", os.path.join(lab, "drafters", n)]
         servers[n] = Server(n, 31000 + i, model + SERVER_ARGS, args.out)
     t0 = time.time()
+    start_timeout = args.start_timeout if args.deadline is None else min(args.start_timeout, args.deadline - t0)
     try:
         with ThreadPoolExecutor(len(servers)) as ex:
-            up = dict(zip(servers, ex.map(lambda s: s.wait(args.start_timeout), servers.values())))
+            up = dict(zip(servers, ex.map(lambda s: s.wait(start_timeout), servers.values())))
         res["startup_seconds"] = {n: s.up_after for n, s in servers.items()}
         print(f"serve_bench: servers up {up} after {res['startup_seconds']}", flush=True)
         for n, ok in up.items():
             if not ok:
                 print(f"--- server {n} failed ---\n{servers[n].tail(60)}", flush=True)
         live = {n: s for n, s in servers.items() if up[n]}
+        res["failed_to_start"] = {n: servers[n].tail(30) for n in servers if not up[n]}
         if not live:
             raise SystemExit("serve_bench: no server started")
+        res["memory"] = {n: s.memory() for n, s in live.items()}
+        pools = {n: m["max_total_num_tokens"] for n, m in res["memory"].items()}
+        res["kv_pools_equal"] = len(set(pools.values())) == 1
+        print(f"serve_bench: KV pools {pools}", flush=True)
         texts = [json.loads(x)["conversations"][0]["content"] for x in open(dataset)][:48]
         with ThreadPoolExecutor(len(live)) as ex:
             res["warm_up_seconds"] = dict(zip(live, ex.map(lambda s: warm_up(s, texts), live.values())))
         print(f"serve_bench: warm-up {res['warm_up_seconds']}", flush=True)
-        res["cells"] = {}
-        k = 0
-        for t in temps:
-            for c in clients:
-                order = list(live.values())
-                if k % 2:
-                    order.reverse()
-                k += 1
-                for s in order:
-                    reset = reset_counters(s) if s.name != "plain" else None
-                    bargs = bench_argv(s.port, target, dataset, c, t, args.max_new,
-                                       os.path.join(args.out, f"bench_{s.name}.jsonl"))
-                    run = {"server": s.name, "temperature": t, "clients": c, "counters_reset": reset,
-                           "command": "python -m sglang.bench_serving " + " ".join(shlex.quote(a) for a in bargs)}
-                    try:
-                        r = run_bench(bargs)
-                        run.update({key: r.get(key) for key in KEEP})
-                    except Exception as e:  # noqa: BLE001 - one failed run is recorded, the others go on
-                        run["error"] = f"{type(e).__name__}: {e}"
-                    res["runs"].append(run)
-                    res["cells"].setdefault(f"t{t:g}", {}).setdefault(str(c), {})[s.name] = \
-                        {key: run.get(key) for key in KEEP if key in run} or {"error": run.get("error")}
-                    done = run.get("output_throughput") is not None
-                    print(f"serve_bench: T={t:g} clients {c:2d} {s.name:6s} " + (
-                        f"{run['output_throughput']:.0f} tok/s, TTFT {run['mean_ttft_ms']:.1f} ms, TPOT "
-                        f"{run['mean_tpot_ms']:.2f} ms, accept {run.get('accept_length')}"
-                        if done else run.get("error", "?")), flush=True)
-                res.update(summarize(res["cells"]))
-                json.dump(res, open(out_json, "w"), indent=1)
+        res["cells"], res["skipped"] = {}, []
+        for k, (c, t) in enumerate([(c, t) for c in clients for t in temps]):  # both temperatures per load
+            if args.deadline is not None and time.time() > args.deadline:
+                res["skipped"].append({"clients": c, "temperature": t, "why": "past --deadline"})
+                continue
+            order = list(live.values())
+            if k % 2:
+                order.reverse()
+            for s in order:
+                reset = reset_counters(s) if s.name != "plain" else None
+                bargs = bench_argv(s.port, target, dataset, c, t, args.max_new,
+                                   os.path.join(args.out, f"bench_{s.name}.jsonl"))
+                run = {"server": s.name, "temperature": t, "clients": c, "counters_reset": reset,
+                       "command": "python -m sglang.bench_serving " + " ".join(shlex.quote(a) for a in bargs)}
+                try:
+                    r = run_bench(bargs)
+                    run.update({key: r.get(key) for key in KEEP})
+                except Exception as e:  # noqa: BLE001 - one failed run is recorded, the others go on
+                    run["error"] = f"{type(e).__name__}: {e}"
+                res["runs"].append(run)
+                res["cells"].setdefault(f"t{t:g}", {}).setdefault(str(c), {})[s.name] = \
+                    {key: run.get(key) for key in KEEP if key in run} or {"error": run.get("error")}
+                done = run.get("output_throughput") is not None
+                print(f"serve_bench: T={t:g} clients {c:2d} {s.name:6s} " + (
+                    f"{run['output_throughput']:.0f} tok/s, TTFT {run['mean_ttft_ms']:.1f} ms, TPOT "
+                    f"{run['mean_tpot_ms']:.2f} ms, accept {run.get('accept_length')}"
+                    if done else run.get("error", "?")), flush=True)
+            res.update(summarize(res["cells"]))
+            json.dump(res, open(out_json, "w"), indent=1)
+    except SystemExit as e:  # what is known goes into the JSON too
+        res["error"] = str(e)
+        raise
     finally:
         for s in servers.values():
             s.stop()
         archive_logs(args.out, "bench_server_logs.tar.gz")
+        json.dump(res, open(out_json, "w"), indent=1)
     res["seconds"] = round(time.time() - t0, 1)
     res.update(summarize(res.get("cells", {})))
     json.dump(res, open(out_json, "w"), indent=1)

@@ -2,11 +2,14 @@
 
 A fresh machine's first SGLang start builds JIT kernels (KV store, RoPE), compiles Triton kernels and, at the
 first batch mixing greedy and T=1 requests, the sampling kernels: minutes that otherwise fall on the serving
-stage. This starts the three servers the serving stage will start (target alone, DFLASH, DSPINE) on models of
-the preset's exact shapes but random weights: the target as a config-only folder served with
-`--load-format dummy`, the drafters freshly initialised by the package and saved as the export writes them
-(loaded with `--speculative-draft-load-format safetensors`); sends each one mixed burst; stops them. The
-caches (SGLang's, Triton's, under /tmp) stay for the real servers. Needs only the lab's tokenizer stage.
+stage. This starts the three servers the serving stage will start (target alone, DFLASH, DSPINE; with
+serve_bench.py's flags) on models of the preset's exact shapes but random weights: the target as a
+config-only folder served with `--load-format dummy`, the drafters freshly initialised by the package and
+saved as the export writes them (loaded with `--speculative-draft-load-format safetensors`); sends each one
+mixed burst; then makes one short bench_serving run on each through serve_bench.py (the lab's held-out suites
+as its dataset, counters reset first), so the serving stage's own path has run once before it counts; stops
+them. The caches (SGLang's, Triton's, under /tmp) stay for the real servers. Needs the lab's corpus and
+tokenizer stages. `ok` in the JSON is true when every server started and every check run returned a result.
 
     python benchmarks/lab/warm_sglang.py --lab /tmp/lab2/lab --preset second --out /tmp/lab2/warm
 """
@@ -38,9 +41,9 @@ def build_models(lab: str, preset: str, out: str) -> dict[str, str]:
 
     from sglang_dspine.cli import main as cli_main
     from sglang_dspine.drafter.checkpoint import init_dspine_transfer, save_drafter
-    from sglang_dspine.drafter.config import default_target_layer_ids
+    from sglang_dspine.drafter.config import default_target_layer_ids, new_drafter_config
     from sglang_dspine.drafter.model import DSpineDrafter
-    from sglang_dspine.drafter_setup import init_backbone, new_drafter_config
+    from sglang_dspine.training.drafter_setup import init_backbone
 
     p = _sibling("run").PRESETS[preset]
     target_mod = _sibling("target")
@@ -111,11 +114,26 @@ def main(argv: list[str] | None = None) -> int:
         texts = ["def add(a, b):", "The answer is", "Maya has 12 apples.", "Write a function."]
         with ThreadPoolExecutor(max(1, len(live))) as ex:
             res["burst_seconds"] = dict(zip(live, ex.map(lambda s: sb.warm_up(s, texts, max_new=16), live.values())))
+        dataset = os.path.join(args.out, "bench_prompts.jsonl")
+        sb.write_dataset(os.path.join(args.lab, "corpus", "prompts"), dataset)
+        res["bench_check"] = {}
+        for n, s in live.items():  # one at a time, as the serving stage measures
+            check: dict = {"counters_reset": sb.reset_counters(s) if n != "plain" else None}
+            try:
+                r = sb.run_bench(sb.bench_argv(s.port, dirs["target"], dataset, 2, 0.0, 16,
+                                               os.path.join(args.out, f"bench_{n}.jsonl")))
+                check.update({k: r.get(k) for k in ("completed", "output_throughput", "accept_length")})
+            except Exception as e:  # noqa: BLE001 - recorded; `ok` says so
+                check["error"] = f"{type(e).__name__}: {e}"
+            res["bench_check"][n] = check
+            print(f"warm_sglang: bench_serving check {n}: {check}", flush=True)
     finally:
         for s in servers.values():
             s.stop()
         sb.archive_logs(args.out, "warm_server_logs.tar.gz")
     res["seconds"] = round(time.time() - t0, 1)
+    checks = res.get("bench_check", {})
+    res["ok"] = len(checks) == len(servers) and all(c.get("completed") for c in checks.values())
     json.dump(res, open(os.path.join(args.out, "warm_sglang.json"), "w"), indent=1)
     print("warm_sglang: " + json.dumps(res), flush=True)
     return 0

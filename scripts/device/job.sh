@@ -19,6 +19,7 @@ start)
   cd "$JOB/repo" || exit 1
   export PYTHONUNBUFFERED=1 OUT="$JOB/out"
   setsid nohup bash -c "source scripts/device/setup.sh && { $3; }; echo \$? > $JOB/rc" < /dev/null > "$JOB/log" 2>&1 &
+  echo $! > "$JOB/pid"  # the job's process group (setsid): lab2.sh stop ends it
   echo "job.sh: $name started (pid $!), commit ${GIT_COMMIT:-?}"
   ;;
 wait)
