@@ -292,7 +292,8 @@ def test_grid_curve_seeds_depth_and_upgrade(tiny_lab, tmp_path):
 
 def test_grid_trains_the_main_pair_first_within_the_cap(tiny_lab, tmp_path):
     """In parallel mode (subprocesses) at most `train_jobs` trainings run at once and they start in priority
-    order: the main pair before the curve; the report times every step."""
+    order: the main pair before the curve; with eval_after_training no evaluation starts before the last
+    training ends; the report times every step."""
     out, _, _, _ = tiny_lab
     lab = tmp_path / "grid"
     lab.mkdir()
@@ -301,10 +302,14 @@ def test_grid_trains_the_main_pair_first_within_the_cap(tiny_lab, tmp_path):
     results = tmp_path / "results"
     args = ["--tiny", "--out", str(lab), "--results", str(results), "--jobs", "3", "--set", "train_steps=4",
             "--set", "curve_steps=2", "--set", "train_jobs=2", "--set", "step_threads=1", "--set", "suites=code",
-            "--set", "eval_limit=1", "--set", "eval_tokens=8"]
+            "--set", "eval_limit=1", "--set", "eval_tokens=8", "--set", "eval_after_training=true"]
     assert lab_module("run").main(args) == 0, open(lab / "logs_run.txt").read()[-3000:]
     res = json.load(open(results / "lab_tiny.json"))
+    assert res["settings"]["eval_after_training"] is True
     trains = {k[len("train_"):]: v for k, v in res["step_times"].items() if k.startswith("train_")}
+    evals = {k: v for k, v in res["step_times"].items() if k.startswith("eval_")}
+    assert len(evals) == 4 and all(v["ok"] for v in evals.values())
+    assert min(v["start"] for v in evals.values()) >= max(v["start"] + v["seconds"] for v in trains.values()) - 0.15
     assert set(trains) == {"dflash", "dspine", "dflash_s2", "dspine_s2"} and all(v["ok"] for v in trains.values())
     order = sorted(trains, key=lambda k: trains[k]["start"])
     assert set(order[:2]) == {"dflash", "dspine"}, trains
@@ -313,6 +318,27 @@ def test_grid_trains_the_main_pair_first_within_the_cap(tiny_lab, tmp_path):
     for t in [v["start"] + 0.1 for v in trains.values()]:  # trainings in flight just after each start
         assert sum(v["start"] <= t < v["start"] + v["seconds"] for v in trains.values()) <= 2, trains
     assert set(res["grid"]["curve"]) == {"2", "4"} and not res["grid_failed"]
+
+
+def test_target_stops_when_its_loss_diverges(tiny_lab, tmp_path):
+    """A target whose training loss turns non-finite stops at once with a clear error and saves nothing (a
+    diverged target would otherwise regenerate empty responses and cost the rest of a GPU lease)."""
+    out, _, _, _ = tiny_lab
+    args = ["--corpus", str(out / "corpus"), "--tokenizer", str(out / "tokenizer"), "--out", str(tmp_path / "t"),
+            "--token-cache", str(tmp_path / "tokens"), "--tiny", "--steps", "60", "--lr", "1e4", "--warmup", "0.01",
+            "--log-every", "2", "--threads", "1"]
+    with pytest.raises(SystemExit, match=r"training loss is nan at step \d+ .*nothing saved; lower --lr"):
+        lab_module("target").main(args)
+    assert not (tmp_path / "t").exists()
+
+
+def test_set_values_take_the_preset_types():
+    set_value = lab_module("run")._set_value
+    assert set_value("k=false", True, "false") is False and set_value("k=1", False, "1") is True
+    with pytest.raises(SystemExit, match="expected true or false"):
+        set_value("k=maybe", False, "maybe")
+    assert set_value("k=12", 3, "12") == 12 and set_value("k=[1]", ["a"], '["--lr", "1"]') == ["--lr", "1"]
+    assert set_value("k=none", 3, "none") is None and set_value("k=5", None, "5") == "5"
 
 
 def test_warm_sglang_models_have_the_preset_shapes(tiny_lab, tmp_path):

@@ -96,25 +96,36 @@ def variants(p: dict[str, Any]) -> list[Variant]:
 
 # --------------------------------------------------------------------------------------------- running
 def run(lab, todo: list[Variant]) -> dict[str, str]:
-    """Train, export and evaluate every variant (skipping what exists); returns {variant: error} of the failed."""
+    """Train, export and evaluate every variant (skipping what exists); returns {variant: error} of the failed.
+
+    Trainings start in priority order (by_priority), at most `train_jobs` at once: a training starts only when
+    every variant ranked above it has started, except one still waiting for the drafter it starts from. With
+    `eval_after_training` the evaluations wait until no training is left (launch-bound evaluations and
+    GPU-bound trainings sharing the GPU slow each other down) and are queued in the same order; otherwise each
+    variant's evaluations are queued as soon as it is exported."""
     failed: dict[str, str] = {}
     todo = by_priority(todo)
-    rank = {v.name: i for i, v in enumerate(todo)}
     trained = {v.name: threading.Event() for v in todo}
     ok = {v.name: False for v in todo}
     parallel = lab.runner.jobs > 1
+    after = bool(lab.p.get("eval_after_training"))
     eval_pool = ThreadPoolExecutor(max(1, int(lab.p.get("eval_jobs") or lab.p["jobs"]))) if parallel else None
     limit = [int(lab.p.get("train_jobs") or 0) or len(todo)]  # trainings allowed in flight
     running = [0]  # trainings in flight
-    ready: set[str] = set()  # trainings waiting for a slot
+    # trainings not started yet, in priority order; `blocked`: those still waiting for their starting point
+    pending = [v.name for v in todo if not lab.done("train", lab.path("runs", v.name, "final", "config.json"))]
+    blocked = {v.name for v in todo if v.init and v.init in trained}
     cond = threading.Condition()
+    evals: dict[str, list] = {}  # variant -> its queued evaluations (futures), or the steps to run in order
+
+    def first_pending() -> str | None:
+        return next((n for n in pending if n not in blocked), None)
 
     def train_once(v: Variant, args: list[str]) -> None:
-        """One training, once a slot is free and no variant of higher priority waits for one."""
+        """One training, once a slot is free and it is the first pending one."""
         with cond:
-            ready.add(v.name)
-            cond.wait_for(lambda: running[0] < limit[0] and min(ready, key=rank.get) == v.name)
-            ready.discard(v.name)
+            cond.wait_for(lambda: running[0] < limit[0] and first_pending() == v.name)
+            pending.remove(v.name)
             running[0] += 1
             cond.notify_all()
         try:
@@ -136,47 +147,69 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
                 raise
             with cond:
                 limit[0] = max(1, min(limit[0], len(todo)) // 2)
+                pending.insert(0, v.name)
             lab.log(f"grid {v.name}: out of GPU memory; retried once, at most {limit[0]} trainings in flight")
             shutil.rmtree(lab.path("runs", v.name), ignore_errors=True)
             train_once(v, args)
 
+    def queue_evals(v: Variant) -> None:
+        steps = lab.eval_steps(v.name, v.temps)
+        evals[v.name] = steps if eval_pool is None else [eval_pool.submit(lab.runner.run, *s) for s in steps]
+
     def chain(v: Variant) -> None:
+        """Train (after its starting point, if any) and export; queue the evaluations unless they wait."""
         try:
             if v.init:
                 if v.init in trained:
                     trained[v.init].wait()
+                    with cond:
+                        blocked.discard(v.name)
+                        cond.notify_all()
                     if not ok[v.init]:
                         raise RuntimeError(f"{v.init} (its starting point) failed")
                 if not os.path.isfile(lab.path("runs", v.init, "final", "config.json")):
                     raise RuntimeError(f"no {lab.path('runs', v.init, 'final')} to start from")
-            if not lab.done("train", lab.path("runs", v.name, "final", "config.json")):
+            if v.name in pending:
                 train(v)
             ok[v.name] = True
         finally:
+            with cond:  # a chain that failed before its training must not hold the others back
+                if v.name in pending:
+                    pending.remove(v.name)
+                cond.notify_all()
             trained[v.name].set()
         if not lab.done("export", lab.path("drafters", v.name, "config.json")):
             lab.runner.run(f"export_{v.name}", "cli", lab.export_args(v.name))
-        steps = lab.eval_steps(v.name, v.temps)
-        if eval_pool is None:
-            for s in steps:
-                lab.runner.run(*s)
-        else:
-            for f in [eval_pool.submit(lab.runner.run, *s) for s in steps]:
-                f.result()
+        if not after:
+            queue_evals(v)
+
+    def record(name: str, e: BaseException) -> None:
+        failed.setdefault(name, f"{type(e).__name__}: {e}")
 
     if parallel:
         with ThreadPoolExecutor(len(todo)) as ex:
             futures = {v.name: ex.submit(chain, v) for v in todo}
             for name, f in futures.items():
                 if f.exception() is not None:
-                    failed[name] = f"{type(f.exception()).__name__}: {f.exception()}"
-        eval_pool.shutdown()
+                    record(name, f.exception())
     else:
         for v in todo:
             try:
                 chain(v)
             except (RuntimeError, OSError, ValueError) as e:
-                failed[v.name] = f"{type(e).__name__}: {e}"
+                record(v.name, e)
+    if after:
+        for v in todo:
+            if v.name not in failed:
+                queue_evals(v)
+    for name, queued in evals.items():  # in priority order when queued after training
+        for q in queued:
+            try:
+                q.result() if eval_pool is not None else lab.runner.run(*q)
+            except (RuntimeError, OSError, ValueError) as e:
+                record(name, e)
+    if eval_pool is not None:
+        eval_pool.shutdown()
     return failed
 
 
@@ -272,6 +305,12 @@ def summarize(lab, vs: list[Variant]) -> dict[str, Any]:
                           if tk in tau.get("upgrade", {})}
         out["upgrade_steps"] = by_name["upgrade"].steps
     return out
+
+
+def curve_measured(summary: dict[str, Any]) -> int:
+    """How many points of the training-length curve hold a measured τ (a plot needs two)."""
+    return sum(any(v is not None for row in point.values() for v in row.values())
+               for point in summary["curve"].values())
 
 
 def plot_curve(summary: dict[str, Any], path: str, title: str = "") -> str:

@@ -76,23 +76,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         eval_limit=40, eval_tokens=128, temperatures="0,1", threads=0, jobs=12, deadline_s=None,
     ),
     # The second edition (one H200 lease, run detached by scripts/device/lab2.sh): a 46M-parameter target trained
-    # 8 minutes; drafters shaped like SpecForge's qwen3-8b-dspine (5 layers, replacement in the first 3, block 16,
-    # lr 6e-4 with 4% warm-up and cosine decay, gamma 7, alignment warm-up 146 steps; transfer rank H/4 and
-    # message size half of it, the trainer's defaults, = 128/64 here; anchors at SpecForge's density, 512 in
-    # 3072 tokens -> 128 in 640, which also bounds the memory of eleven trainings sharing one GPU); DFlash on the
-    # same everything; the grid (grid.py): a training-length curve, a second seed, 2 vs 5 layers, the upgrade.
+    # 8 minutes (lr 1e-3: 2e-3, the smaller targets' rate, diverges at this size); drafters shaped like
+    # SpecForge's qwen3-8b-dspine (5 layers, replacement in the first 3, block 16, lr 6e-4 with 4% warm-up and
+    # cosine decay, gamma 7, alignment warm-up 146 steps; transfer rank H/4 and message size half of it, the
+    # trainer's defaults, = 128/64 here; anchors at SpecForge's density, 512 in 3072 tokens -> 128 in 640);
+    # DFlash on the same everything; the grid (grid.py): a training-length curve, a second seed, 2 vs 5 layers,
+    # the upgrade. Sized to the lease from measured step costs (benchmarks/lab/README.md): 600 steps of 16
+    # sequences (the 9,000 regenerated, about once), 4 trainings at a time, evaluations after them.
     "second": dict(
-        corpus_mb=300.0, train_prompts=4000, suite_size=64, corpus_workers=0,
+        corpus_mb=300.0, train_prompts=3000, suite_size=64, corpus_workers=0,
         vocab=8192, tokenizer_mb=32.0,
         target_args=["--hidden", "512", "--layers", "12", "--heads", "8", "--kv-heads", "4", "--head-dim", "64",
-                     "--intermediate", "1536", "--batch-size", "64"],
+                     "--intermediate", "1536", "--batch-size", "64", "--lr", "1e-3"],
         target_seconds=480.0,
         gen_tokens=192, gen_batch=1024, data_seconds=75.0, max_prompt_len=448,
         draft_layers=5, block_size=16, target_layer_ids=None, transfer_rank=None, message_size=None, top_k=16,
-        train_steps=800, train_batch=16, num_anchors=128, max_length=640, train_lr=6e-4, chunk_blocks=0,
-        eval_limit=24, eval_tokens=96, temperatures="0,1", threads=0, jobs=16, deadline_s=None,
-        suites="code,math,prose,humaneval", curve_steps="200,400", seeds="1", depth_layers="2", depth_steps=400,
-        upgrade_frac=0.15, grid_temperatures="0", eval_jobs=8, train_jobs=4, step_threads=2,
+        train_steps=600, train_batch=16, num_anchors=128, max_length=640, train_lr=6e-4, chunk_blocks=0,
+        eval_limit=16, eval_tokens=80, temperatures="0,1", threads=0, jobs=16, deadline_s=None,
+        suites="code,math,prose,humaneval", curve_steps="150,300", seeds="1", depth_layers="2", depth_steps=300,
+        upgrade_frac=0.15, grid_temperatures="0", eval_jobs=16, train_jobs=4, step_threads=2,
+        eval_after_training=True,
     ),
     "full": dict(
         corpus_mb=200.0, train_prompts=6000, suite_size=128, corpus_workers=0,
@@ -109,10 +112,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 # Keys every preset has (the grid's, grid.py; off unless a preset or --set turns them on).
 # train_jobs: trainings of the grid in flight at once (0: all); step_threads: CPU threads of each step run as a
 # subprocess (OMP_NUM_THREADS; 0: torch's default, one per core, which oversubscribes the cores when many steps
-# run at once).
+# run at once); eval_after_training: the grid's evaluations wait until every training is done (grid.run).
 GRID_DEFAULTS: dict[str, Any] = dict(suites="code,math,prose", curve_steps="", seeds="", depth_layers="",
                                      depth_steps=0, upgrade_frac=0.0, grid_temperatures="0", eval_jobs=0,
-                                     train_jobs=0, step_threads=0)
+                                     train_jobs=0, step_threads=0, eval_after_training=False)
 for _p in PRESETS.values():
     for _k, _v in GRID_DEFAULTS.items():
         _p.setdefault(_k, _v)
@@ -210,6 +213,19 @@ class Runner:
         return _lab_module(kind).main
 
 
+def _set_value(kv: str, old: Any, v: str) -> Any:
+    """`--set key=v` parsed as the preset's value for that key is typed (a list from JSON; `none` unsets)."""
+    if v.lower() == "none":
+        return None
+    if isinstance(old, bool):
+        if v.lower() not in ("1", "0", "true", "false", "yes", "no"):
+            raise SystemExit(f"--set {kv}: expected true or false")
+        return v.lower() in ("1", "true", "yes")
+    if isinstance(old, list) or (old is None and v.startswith("[")):
+        return json.loads(v)
+    return v if old is None else type(old)(v)
+
+
 # --------------------------------------------------------------------------------------------- stages
 class Lab:
     def __init__(self, args: argparse.Namespace):
@@ -219,9 +235,7 @@ class Lab:
             k, _, v = kv.partition("=")
             if k not in self.p:
                 raise SystemExit(f"--set {kv}: unknown key; known: {sorted(self.p)}")
-            old = self.p[k]
-            self.p[k] = None if v.lower() == "none" else (type(old)(v) if old is not None and not isinstance(old, list)
-                                                          else json.loads(v) if v.startswith("[") else v)
+            self.p[k] = _set_value(kv, self.p[k], v)
         if args.jobs is not None:
             self.p["jobs"] = args.jobs
         self.out = os.path.abspath(args.out)
@@ -502,7 +516,7 @@ class Lab:
             res["grid"] = g
             plot_path = os.path.join(self.args.results, f"lab_{self.args.preset}_steps.png")
             os.makedirs(self.args.results, exist_ok=True)
-            if len(g["curve"]) > 1:
+            if grid.curve_measured(g) > 1:
                 res["grid_plot"] = os.path.basename(grid.plot_curve(
                     g, plot_path, f"lab {self.args.preset}: τ against training steps (seed 0; bar: seed spread)"))
         ev = self.summary.get("eval") or {}

@@ -77,6 +77,8 @@ def headline(lab: dict[str, Any], serving: dict[str, Any] | None) -> dict[str, A
         out["accept_length_ratio_by_cell"] = serving.get("accept_length_ratio")
         out["serving_source"] = "SGLang bench_serving (lab_bench_serving.json), DSPINE ÷ DFLASH output tokens/s"
     out["grid_failed"] = lab.get("grid_failed") or {}
+    if lab.get("failed"):
+        out["lab_failed"] = lab["failed"][:2000]
     return out
 
 
@@ -95,13 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     new["previous"] = old
     with open(args.out, "w") as f:
         json.dump(new, f, indent=1)
-    plots = [_sibling("plot").plot(args.lab)]  # acceptance per block position of the main pair
-    if len(lab["grid"]["curve"]) > 1:
+    plots = []
+    if lab.get("eval"):  # acceptance per block position of the main pair (a failed run may have none)
+        plots.append(_sibling("plot").plot(args.lab))
+    if _sibling("grid").curve_measured(lab["grid"]) > 1:
         plots.append(_sibling("grid").plot_curve(lab["grid"], os.path.splitext(args.lab)[0] + "_steps.png",
                                                  "τ against training steps (seed 0; bar: the seed spread)"))
     print(json.dumps({k: new.get(k) for k in ("tau_ratio_t0", "tau_ratio_t1", "upgrade_tau_ratio",
                                                "throughput_ratio_mean", "throughput_ratio_min")}))
-    print("plots:", ", ".join(plots))
+    print("plots:", ", ".join(plots) or "none (no evaluation in the lab results)")
     return 0
 
 

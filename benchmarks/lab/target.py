@@ -212,6 +212,10 @@ def train(args) -> dict[str, Any]:
         tokens += w[:, 1:].numel()
         if step % args.log_every == 0:  # the loss of this step only (reading it syncs the GPU)
             now = time.time()
+            if not math.isfinite(float(loss.detach())):  # diverged: stop now rather than save a broken target
+                raise SystemExit(f"target: the training loss is {float(loss.detach())} at step {step} (learning "
+                                 f"rate {opt.param_groups[0]['lr']:.3g} of --lr {args.lr:g}); nothing saved; lower "
+                                 "--lr")
             rec = {"step": step, "loss": round(float(loss.detach()), 4), "lr": opt.param_groups[0]["lr"],
                    "tokens": tokens, "tokens_per_s": round(tokens / max(now - t0, 1e-9)), "elapsed": round(now - t0, 1)}
             history.append(rec)

@@ -6,7 +6,10 @@
 #                                              # prints progress, packs results to $OUT/lab2.tar.gz
 #   bash scripts/device/lab2.sh patch PATH...  # copies files of this call's tree into the running job (its repo
 #                                              # copy and the installed package), for stages not yet started
-#   bash scripts/device/lab2.sh stop           # ends the job and its servers, removes its folders (a restart)
+#   bash scripts/device/lab2.sh stop           # ends the job and its servers, removes its folders
+#   bash scripts/device/lab2.sh restart [run.py args]  # stop, keeping the corpus, tokenizer and tokenized corpus
+#                                              # (and a target whose held-out loss is finite), then start again
+#                                              # within the same lease (LEASE_T0 as before)
 # One device call runs at most 10 minutes and the machine goes back 30 s after a call, so the lease is three
 # calls back to back: `start && wait 540`, `wait 590`, then `wait` until DONE.
 # Stages (the job's log marks each with `=== HH:MM:SS [job s | lease s]`):
@@ -23,31 +26,33 @@ set -uo pipefail
 LAB="${LAB:-/tmp/lab2}"
 JOB=/tmp/job_lab2
 SERVE_BY="${SERVE_BY:-1400}"    # lease second by which the lab stage ends (run.py's deadline) and serving starts
-SERVE_END="${SERVE_END:-1690}"  # lease second after which serve_bench starts no new run
+SERVE_END="${SERVE_END:-1720}"  # lease second after which serve_bench starts no new run
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 plan() {
   cat <<'EOF'
-lab2 stage plan (planned lease seconds on one H200, counted from the asking)
+lab2 stage plan (lease seconds on one H200, counted from the asking; "seen": the H200 run at 034e7f9)
   stage                                                       plan   cumulative
-  machine start and transfer (before the job starts)            130     130
-  setup: SGLang bundle, plugin layout, repo copy                  35     165
-  corpus (300 MB) + tokenizer (8192)                              30     195
-  target: tokenize, 480 s training, held-out loss, save          540     735
-    (meanwhile: 3 servers on random models of the same shapes, one bench_serving run each)
-  data: regenerate responses (75 s cap) + load                    95     830
-  grid: 11 trainings, 4 at a time, main pair first; exports;
-        64 evaluations pipelined (deadline: lease SERVE_BY=1400)  520    1350
+  machine start and transfer (seen 23 s; 117-160 s seen earlier)  60      60
+  setup: SGLang bundle, plugin layout, repo copy (seen 10 s)      10      70
+  corpus (300 MB) + tokenizer (8192) (seen 25 s)                  25      95
+  target: tokenize, 480 s training, held-out loss, save (seen 534) 535    630
+    (meanwhile: 3 servers on random models of the same shapes, one bench_serving run each; seen 95-340 s)
+  data: regenerate 9,000 responses (75 s cap; 12,000 took 102 s)   80     710
+  grid: 11 trainings of 600/300/150 steps, 4 at a time, main pair
+        first (a 5-layer step <= 0.14 s of GPU, 4 in flight, seen) 500    1210
+        then 64 evaluations, 16 at a time (not yet timed)          150    1360
+        (deadline: lease SERVE_BY=1400)
   serving: 3 servers start at once (warm caches), warm-up burst,
-           24 bench_serving runs (no new run after SERVE_END=1690) 270    1620
-  summary + archive                                               15    1635   (of 1800)
+           24 bench_serving runs (no new run after SERVE_END=1720) 240    1600
+  summary + archive                                               15    1615   (of 1800)
 device calls: `start && wait 540`, `wait 590`, `wait` until DONE (ask status for the time left)
 EOF
 }
 
 lease_s() { echo $(( $(date +%s) - $(cat "$LAB/lease_t0") )); }
 
-case "${1:?usage: lab2.sh plan | start [run.py args] | wait SECONDS | patch PATH... | stop | stages}" in
+case "${1:?usage: lab2.sh plan | start [run.py args] | wait SECONDS | patch PATH... | stop | restart [args] | stages}" in
 plan) plan ;;
 start)
   shift
@@ -134,9 +139,23 @@ patch)
   ;;
 stop)
   [ -f "$JOB/pid" ] && kill -- -"$(cat "$JOB/pid")" 2>/dev/null
-  pkill -f "sglang.launch_server" 2>/dev/null; pkill -f "sglang_dspine.cli" 2>/dev/null
-  pkill -f "benchmarks/lab/" 2>/dev/null
+  # bracketed patterns: they never match the command line of the shell that runs this
+  pkill -f "[s]glang[.]launch_server" 2>/dev/null; pkill -f "[s]glang_dspine[.]cli" 2>/dev/null
+  pkill -f "[b]enchmarks/lab/" 2>/dev/null
   sleep 2; rm -rf "$JOB" "$LAB"; echo "lab2: stopped and cleared"
+  ;;
+restart)
+  shift
+  [ -f "$LAB/lease_t0" ] || { echo "lab2: no job to restart" >&2; exit 2; }
+  keep="$LAB.keep"; rm -rf "$keep"; mkdir -p "$keep"
+  for d in corpus tokenizer tokens; do [ -d "$LAB/lab/$d" ] && mv "$LAB/lab/$d" "$keep/"; done
+  python3 -c "import json,math,sys; h=json.load(open('$LAB/lab/target/lab_target.json'))['heldout_loss']; \
+sys.exit(0 if all(math.isfinite(v) for v in h.values()) else 1)" 2>/dev/null && mv "$LAB/lab/target" "$keep/"
+  t0=$(cat "$LAB/lease_t0")
+  bash "$0" stop
+  LEASE_T0="$t0" bash "$0" start "$@" > /dev/null || exit 1
+  mkdir -p "$LAB/lab" && mv "$keep"/* "$LAB/lab/" 2>/dev/null; rmdir "$keep"  # before run.py starts (setup.sh first)
+  echo "lab2: restarted at lease second $(lease_s), kept: $(ls "$LAB/lab" | tr '\n' ' ')"
   ;;
 *) echo "lab2: unknown command $1" >&2; exit 2 ;;
 esac
