@@ -12,8 +12,9 @@ Every variant is trained, exported and evaluated on the lab's suites as one chai
 trainings run at once (0: all), started in priority order (PRIORITY: the main pair, then the seeds, the curve
 from the longest run down, depth, the upgrade), so that when the GPU is the bottleneck the main pair finishes
 first and a deadline cuts the cheap variants, not the headline. The upgrade starts after the main DFlash
-drafter; the evaluations share a pool of `eval_jobs` processes, so one chain's evaluation overlaps the others'
-training. With jobs == 1 (CPU, tests) the chains run one after another in this process, in the same order.
+drafter. The evaluations share a pool of `eval_jobs` processes: queued as each variant is exported, or, with
+`eval_after_training`, all after the last training, in the same priority order. With jobs == 1 (CPU, tests)
+the trainings run one after another in this process, in that order, then the evaluations.
 """
 from __future__ import annotations
 
