@@ -339,6 +339,8 @@ def test_set_values_take_the_preset_types():
         set_value("k=maybe", False, "maybe")
     assert set_value("k=12", 3, "12") == 12 and set_value("k=[1]", ["a"], '["--lr", "1"]') == ["--lr", "1"]
     assert set_value("k=none", 3, "none") is None and set_value("k=5", None, "5") == "5"
+    with pytest.raises(SystemExit, match="expected a JSON list"):
+        set_value("k=--lr", ["a"], "--lr")
 
 
 def test_warm_sglang_models_have_the_preset_shapes(tiny_lab, tmp_path):

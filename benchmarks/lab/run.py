@@ -214,7 +214,8 @@ class Runner:
 
 
 def _set_value(kv: str, old: Any, v: str) -> Any:
-    """`--set key=v` parsed as the preset's value for that key is typed (a list from JSON; `none` unsets)."""
+    """The value of `--set key=v`, of the type of the preset's value for that key (a list as JSON; `none`
+    unsets the key)."""
     if v.lower() == "none":
         return None
     if isinstance(old, bool):
@@ -222,7 +223,10 @@ def _set_value(kv: str, old: Any, v: str) -> Any:
             raise SystemExit(f"--set {kv}: expected true or false")
         return v.lower() in ("1", "true", "yes")
     if isinstance(old, list) or (old is None and v.startswith("[")):
-        return json.loads(v)
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"--set {kv}: expected a JSON list ({e})") from None
     return v if old is None else type(old)(v)
 
 
