@@ -124,6 +124,19 @@ def reset_counters(server: Server) -> bool:
         return False
 
 
+def measure(server: Server, argv: list[str]) -> dict:
+    """One bench_serving run on `server` (a speculating server's acceptance counters reset first): the KEEP
+    fields of its result, or `error`; and whether the counters were reset (None: no speculation)."""
+    speculates = "--speculative-algorithm" in server.cmd
+    out: dict = {"counters_reset": reset_counters(server) if speculates else None}
+    try:
+        r = run_bench(argv)
+        out.update({key: r.get(key) for key in KEEP})
+    except Exception as e:  # noqa: BLE001 - one failed run is recorded, the others go on
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
 def summarize(cells: dict) -> dict:
     ratios, tau_ratios = {}, {}
     for tk, by_c in cells.items():
@@ -208,16 +221,11 @@ def main(argv: list[str] | None = None) -> int:
             if k % 2:
                 order.reverse()
             for s in order:
-                reset = reset_counters(s) if s.name != "plain" else None
                 bargs = bench_argv(s.port, target, dataset, c, t, args.max_new,
                                    os.path.join(args.out, f"bench_{s.name}.jsonl"))
-                run = {"server": s.name, "temperature": t, "clients": c, "counters_reset": reset,
-                       "command": "python -m sglang.bench_serving " + " ".join(shlex.quote(a) for a in bargs)}
-                try:
-                    r = run_bench(bargs)
-                    run.update({key: r.get(key) for key in KEEP})
-                except Exception as e:  # noqa: BLE001 - one failed run is recorded, the others go on
-                    run["error"] = f"{type(e).__name__}: {e}"
+                run = {"server": s.name, "temperature": t, "clients": c,
+                       "command": "python -m sglang.bench_serving " + " ".join(shlex.quote(a) for a in bargs),
+                       **measure(s, bargs)}
                 res["runs"].append(run)
                 res["cells"].setdefault(f"t{t:g}", {}).setdefault(str(c), {})[s.name] = \
                     {key: run.get(key) for key in KEEP if key in run} or {"error": run.get("error")}

@@ -118,13 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         sb.write_dataset(os.path.join(args.lab, "corpus", "prompts"), dataset)
         res["bench_check"] = {}
         for n, s in live.items():  # one at a time, as the serving stage measures
-            check: dict = {"counters_reset": sb.reset_counters(s) if n != "plain" else None}
-            try:
-                r = sb.run_bench(sb.bench_argv(s.port, dirs["target"], dataset, 2, 0.0, 16,
-                                               os.path.join(args.out, f"bench_{n}.jsonl")))
-                check.update({k: r.get(k) for k in ("completed", "output_throughput", "accept_length")})
-            except Exception as e:  # noqa: BLE001 - recorded; `ok` says so
-                check["error"] = f"{type(e).__name__}: {e}"
+            check = sb.measure(s, sb.bench_argv(s.port, dirs["target"], dataset, 2, 0.0, 16,
+                                                os.path.join(args.out, f"bench_{n}.jsonl")))
             res["bench_check"][n] = check
             print(f"warm_sglang: bench_serving check {n}: {check}", flush=True)
     finally:
