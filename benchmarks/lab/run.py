@@ -60,7 +60,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(
         corpus_mb=1.5, train_prompts=40, suite_size=4, corpus_workers=1,
         vocab=512, tokenizer_mb=1.0,
-        target_args=["--tiny"], target_seconds=10.0,
+        target_args=["--tiny"], target_seconds=10.0, target_steps=60,
         gen_tokens=40, gen_batch=64, data_seconds=None, max_prompt_len=192,
         draft_layers=2, block_size=8, target_layer_ids="1,2", transfer_rank=16, message_size=8, top_k=4,
         train_steps=30, train_batch=4, num_anchors=16, max_length=256, train_lr=3e-3, chunk_blocks=128,
@@ -116,8 +116,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 GRID_DEFAULTS: dict[str, Any] = dict(suites="code,math,prose", curve_steps="", seeds="", depth_layers="",
                                      depth_steps=0, upgrade_frac=0.0, grid_temperatures="0", eval_jobs=0,
                                      train_jobs=0, step_threads=0, eval_after_training=False)
+# target_steps: train the target for this many steps instead of target_seconds (the tiny preset: the same target
+# on a fast or a loaded machine, so its tests do not depend on how busy the CPU is).
 for _p in PRESETS.values():
-    for _k, _v in GRID_DEFAULTS.items():
+    for _k, _v in {**GRID_DEFAULTS, "target_steps": None}.items():
         _p.setdefault(_k, _v)
 # Suites beyond the corpus's own: prompt files shipped in benchmarks/lab/data (humaneval.py writes them).
 EXTRA_SUITES = {"humaneval": os.path.join(HERE, "data", "humaneval.jsonl")}
@@ -318,7 +320,11 @@ class Lab:
         else:
             args = ["--corpus", self.path("corpus"), "--tokenizer", self.path("tokenizer"), "--out",
                     self.path("target"),
-                    "--token-cache", self.path("tokens"), "--seconds", str(self.p["target_seconds"])]
+                    "--token-cache", self.path("tokens")]
+            if self.p["target_steps"]:
+                args += ["--steps", str(self.p["target_steps"])]
+            else:
+                args += ["--seconds", str(self.p["target_seconds"])]
             args += list(self.p["target_args"])
             if self.p["threads"]:
                 args += ["--threads", str(self.p["threads"])]
