@@ -27,6 +27,7 @@ LAB="${LAB:-/tmp/lab2}"
 JOB=/tmp/job_lab2
 SERVE_BY="${SERVE_BY:-1400}"    # lease second by which the lab stage ends (run.py's deadline) and serving starts
 SERVE_END="${SERVE_END:-1720}"  # lease second after which serve_bench starts no new run
+SERVE_ARGS="${SERVE_ARGS:-}"    # more serve_bench.py arguments (a rehearsal: --clients 48)
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 plan() {
@@ -69,7 +70,7 @@ start)
   echo "$now" > "$LAB/t_start"
   echo "lab2: job starts at lease second $(( now - LEASE_T0 ))"
   GIT_COMMIT="${GIT_COMMIT:-}" LAB="$LAB" bash "$HERE/job.sh" start lab2 \
-    "LAB=$LAB SERVE_BY=$SERVE_BY SERVE_END=$SERVE_END bash scripts/device/lab2.sh stages"
+    "LAB=$LAB SERVE_BY=$SERVE_BY SERVE_END=$SERVE_END SERVE_ARGS='$SERVE_ARGS' bash scripts/device/lab2.sh stages"
   ;;
 stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundle set up and OUT=$JOB/out
   step() { echo "=== $(date -u +%T) [job $(( $(date +%s) - $(cat "$LAB/t_start") )) s | lease $(lease_s) s] $*"; }
@@ -95,7 +96,7 @@ stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundl
   if [ -d "$LAB/lab/drafters/dspine" ] && [ -d "$LAB/lab/drafters/dflash" ]; then
     step "2 serving"
     python3 benchmarks/lab/serve_bench.py --lab "$LAB/lab" --out "$LAB/serving" --deadline $(( t0 + SERVE_END )) \
-      2>&1 | grep -v "Decode batch\|Prefill batch\|Capturing" || attention "serving failed"
+      $SERVE_ARGS 2>&1 | grep -v "Decode batch\|Prefill batch\|Capturing" || attention "serving failed"
     cp "$LAB/serving/lab_bench_serving.json" "$LAB/serving/bench_server_logs.tar.gz" "$OUT/results/" 2>/dev/null \
       || attention "serving wrote no results"
   else
