@@ -32,17 +32,19 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 plan() {
   cat <<'EOF'
-lab2 stage plan (lease seconds on one H200, counted from the asking; "seen": the H200 run at 034e7f9)
+lab2 stage plan (lease seconds on one H200, counted from the asking; "seen": the H200 runs at 034e7f9, fd79969, 6464174)
   stage                                                       plan   cumulative
   machine start and transfer (seen 23 s; 117-160 s seen earlier)  60      60
   setup: SGLang bundle, plugin layout, repo copy (seen 10 s)      10      70
   corpus (300 MB) + tokenizer (8192) (seen 25 s)                  25      95
-  target: tokenize, 480 s training, held-out loss, save (seen 534) 535    630
+  target: tokenize, 480 s training, held-out loss, save (seen 533-534) 535 630
     (meanwhile: 3 servers on random models of the same shapes, one bench_serving run each; seen 95-340 s)
-  data: regenerate 9,000 responses (75 s cap; 12,000 took 102 s)   80     710
+  data: regenerate 9,000 responses (75 s cap; seen 98 s)          100     730
   grid: 11 trainings of 600/300/150 steps, 4 at a time, main pair
-        first (a 5-layer step <= 0.14 s of GPU, 4 in flight, seen) 500    1210
-        then 64 evaluations, 16 at a time (not yet timed)          150    1360
+        first (seen: the four 600-step runs in 197-216 s, all 11
+        started 300 s after the data)                              420    1150
+        then 64 evaluations, 16 at a time (seen: ~16 s start-up
+        each, 16 in flight; 16 prompts x 80 tokens estimated ~45 s) 220    1370
         (deadline: lease SERVE_BY=1400)
   serving: 3 servers start at once (warm caches), warm-up burst,
            24 bench_serving runs (no new run after SERVE_END=1720) 240    1600
