@@ -3,7 +3,8 @@
 # whose folders stay on the machine between device calls). From the repo root, carrying .devbundle:
 #   LEASE_T0=<unix time the lease was asked for> GIT_COMMIT=<hash> bash scripts/device/lab2.sh start [run.py args]
 #   bash scripts/device/lab2.sh wait SECONDS   # waits (returns early at DONE or when a stage needs attention),
-#                                              # prints progress, packs results to $OUT/lab2.tar.gz
+#                                              # prints progress, packs results to $OUT/lab2.tar.gz and
+#                                              # what the lab made so far to $OUT/lab2_partial.tar.gz
 #   bash scripts/device/lab2.sh patch PATH...  # copies files of this call's tree into the running job (its repo
 #                                              # copy and the installed package), for stages not yet started
 #   bash scripts/device/lab2.sh stop           # ends the job and its servers, removes its folders
@@ -123,6 +124,11 @@ wait)
   while [ ! -e "$JOB/rc" ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ] \
         && [ "$(cat "$LAB/attention" 2>/dev/null | wc -l)" -eq "$seen" ]; do sleep 3; done
   bash "$HERE/job.sh" wait lab2 0 | grep -v "^\[lab .*\$ sglang-dspine \(eval\|export\)" | tail -n 40
+  # what the lab has made so far, should the machine be gone before the next call: evaluations, training
+  # metrics, the target's and the data's reports (kilobytes; the job's own archive comes at its end)
+  (cd "$LAB/lab" 2>/dev/null && tar -czf "${OUT:-/tmp/out}/lab2_partial.tar.gz" \
+     $(ls -d eval logs_run.txt target/lab_target.json data/summary.json runs/*/metrics.jsonl 2>/dev/null)) \
+     2>/dev/null || echo "lab2: nothing of the lab to pack yet"
   echo "--- stages so far:"; grep "^=== " "$JOB/log" 2>/dev/null
   echo "--- lab log (last lines):"; grep -v "\$ sglang-dspine" "$LAB/lab/logs_run.txt" 2>/dev/null | tail -n 25
   echo "--- GPU: $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null)"
