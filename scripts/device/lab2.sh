@@ -55,6 +55,11 @@ EOF
 }
 
 lease_s() { echo $(( $(date +%s) - $(cat "$LAB/lease_t0") )); }
+# What of the lab comes back (no weights): the offline evaluations, training metrics and configs, logs, the
+# target's and the data's reports; those that exist so far (fails only when there is nothing yet).
+pack_lab() {
+  (cd "$LAB/lab" 2>/dev/null && tar -czf "$1" $(ls -d eval logs logs_run.txt target/lab_target.json data/summary.json      runs/*/metrics.jsonl runs/*/train_config.json 2>/dev/null)) 2>/dev/null
+}
 
 case "${1:?usage: lab2.sh plan | start [run.py args] | wait SECONDS | patch PATH... | stop | restart [args] | stages}" in
 plan) plan ;;
@@ -110,9 +115,7 @@ stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundl
   labjson=$(ls -t "$OUT"/results/lab_*.json 2>/dev/null | grep -v "lab_summary.json\|lab_bench_serving.json" | head -n 1)
   python3 benchmarks/lab/summary.py --lab "${labjson:-$OUT/results/lab_second.json}" \
     --serving "$OUT/results/lab_bench_serving.json" --out "$OUT/results/lab_summary.json" || attention "summary failed"
-  # what comes back besides results/: the offline evaluations, training metrics and logs (no weights)
-  (cd "$LAB/lab" && tar -czf "$OUT/lab2_runs.tar.gz" eval logs logs_run.txt target/lab_target.json data/summary.json \
-     $(ls -d runs/*/metrics.jsonl runs/*/train_config.json 2>/dev/null)) || attention "runs archive failed"
+  pack_lab "$OUT/lab2_runs.tar.gz" || attention "runs archive failed"  # what comes back besides results/
   step "done"
   ;;
 wait)
@@ -124,11 +127,10 @@ wait)
   while [ ! -e "$JOB/rc" ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ] \
         && [ "$(cat "$LAB/attention" 2>/dev/null | wc -l)" -eq "$seen" ]; do sleep 3; done
   bash "$HERE/job.sh" wait lab2 0 | grep -v "^\[lab .*\$ sglang-dspine \(eval\|export\)" | tail -n 40
-  # what the lab has made so far, should the machine be gone before the next call: evaluations, training
-  # metrics, the target's and the data's reports (kilobytes; the job's own archive comes at its end)
-  (cd "$LAB/lab" 2>/dev/null && tar -czf "${OUT:-/tmp/out}/lab2_partial.tar.gz" \
-     $(ls -d eval logs_run.txt target/lab_target.json data/summary.json runs/*/metrics.jsonl 2>/dev/null)) \
-     2>/dev/null || echo "lab2: nothing of the lab to pack yet"
+  # what the lab has made so far, should the machine be gone before the next call (the job's own archive
+  # comes at its end)
+  mkdir -p "${OUT:-/tmp/out}"
+  pack_lab "${OUT:-/tmp/out}/lab2_partial.tar.gz" || echo "lab2: nothing of the lab to pack yet"
   echo "--- stages so far:"; grep "^=== " "$JOB/log" 2>/dev/null
   echo "--- lab log (last lines):"; grep -v "\$ sglang-dspine" "$LAB/lab/logs_run.txt" 2>/dev/null | tail -n 25
   echo "--- GPU: $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null)"
