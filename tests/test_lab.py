@@ -282,12 +282,30 @@ def test_grid_curve_seeds_depth_and_upgrade(tiny_lab, tmp_path):
     assert s["target_params"] == res["target"]["parameters"] and "mean" in s["target_heldout_loss"]
     assert s["previous"] == {"tau_ratio_t0": 9.9, "note": "first edition"}
     assert (results / "lab_tiny_positions.png").is_file()
+    assert s["missing_fields"] == ["throughput_ratio_mean", "throughput_ratio_min"] and s["missing_evaluations"] == {}
     # a rerun skips what exists
     trained = f"--output-dir {lab}/runs/dspine_seed1 "
     assert trained in open(lab / "logs_run.txt").read()
     assert lab_module("run").main(args) == 0
     rerun = open(lab / "logs_run.txt").read().split("preset tiny")[-1]
     assert trained not in rerun and "sglang-dspine eval" not in rerun
+    # a lab cut short (deadline, lost machine): the report, run alone over what was evaluated, keeps the
+    # complete cells of the main pair and the summary names what is missing
+    os.remove(lab / "eval" / "dspine_prose_t1.json")
+    os.remove(lab / "eval" / "upgrade_math_t0.json")
+    partial = tmp_path / "partial"
+    assert lab_module("run").main(["--tiny", "--out", str(lab), "--results", str(partial), "--stages",
+                                   "target,data,report"] + args[5:]) == 0
+    p = json.load(open(partial / "lab_tiny.json"))
+    assert set(p["eval"]["t0"]) == {"code", "math", "prose", "humaneval"} and set(p["eval"]["t1"]) == {"code", "math", "humaneval"}
+    assert p["eval"]["t0"] == res["eval"]["t0"] and p["grid"]["upgrade"]["t0"]["vs_dflash"] is None
+    assert p["device"] == res["device"] and "report_written_on" not in p  # the same machine built this lab
+    summary.write_text("{}")
+    assert lab_module("summary").main(["--lab", str(partial / "lab_tiny.json"), "--out", str(summary)]) == 0
+    s = json.load(open(summary))
+    assert s["missing_fields"] == ["upgrade_tau_ratio", "throughput_ratio_mean", "throughput_ratio_min"]
+    assert s["missing_evaluations"] == {"dspine": ["t1 prose"], "upgrade": ["t0 math"]}
+    assert s["tau_ratio_t0"] == seeds["tau_ratio"]
 
 
 def test_grid_trains_the_main_pair_first_within_the_cap(tiny_lab, tmp_path):

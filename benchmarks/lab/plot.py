@@ -19,11 +19,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 def plot(path: str) -> str:
     res = json.load(open(path))
     temps = sorted(res["eval"])
-    suites = sorted(res["eval"][temps[0]])
+    suites = sorted({suite for t in temps for suite in res["eval"][t]})  # a cut-short run: some cells empty
     fig, axes = plt.subplots(len(temps), len(suites), figsize=(4 * len(suites), 3 * len(temps)), squeeze=False)
     for r, t in enumerate(temps):
         for c, suite in enumerate(suites):
             ax = axes[r][c]
+            if suite not in res["eval"][t]:
+                ax.set_title(f"{suite}, T={t[1:]}: not evaluated")
+                ax.axis("off")
+                continue
             for kind, style in (("dflash", "--o"), ("dspine", "-s")):
                 acc = res["eval"][t][suite][kind]["position_acceptance"]
                 tau = res["eval"][t][suite][kind]["tau"]

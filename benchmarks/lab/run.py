@@ -470,23 +470,32 @@ class Lab:
                     "--temperature", f"{t:g}", "--seed", "0", "--output", out]))
         return steps
 
-    def eval(self) -> None:
-        temps = [float(t) for t in str(self.p["temperatures"]).split(",") if t.strip()]
-        steps = [s for k in KINDS for s in self.eval_steps(k, temps)]
-        os.makedirs(self.path("eval"), exist_ok=True)
-        self.runner.run_many(steps)
+    def eval_table(self, temps: list[float], require: bool) -> dict[str, Any]:
+        """The main pair's τ per temperature and suite from the evaluation files. require=False (a report after
+        a failure or a deadline): only the (temperature, suite) cells where both drafters were evaluated."""
         table: dict[str, Any] = {}
         for t in temps:
             for suite in self.suites:
+                files = {k: self.path("eval", f"{k}_{suite}_t{t:g}.json") for k in KINDS}
+                if not require and not all(os.path.isfile(f) for f in files.values()):
+                    continue
                 row = {}
-                for k in KINDS:
-                    r = json.load(open(self.path("eval", f"{k}_{suite}_t{t:g}.json")))
+                for k, f in files.items():
+                    r = json.load(open(f))
                     row[k] = {"tau": round(r["tau"], 4),
                               "position_acceptance": [round(x, 4) for x in r["position_acceptance"]],
                               "rounds": r["rounds"], "tokens": r["tokens"], "prompts": r["prompts"],
                               "seconds": round(r["seconds"], 1)}
                 row["ratio"] = round(row["dspine"]["tau"] / max(row["dflash"]["tau"], 1e-9), 4)
                 table.setdefault(f"t{t:g}", {})[suite] = row
+        return table
+
+    def eval(self) -> None:
+        temps = [float(t) for t in str(self.p["temperatures"]).split(",") if t.strip()]
+        steps = [s for k in KINDS for s in self.eval_steps(k, temps)]
+        os.makedirs(self.path("eval"), exist_ok=True)
+        self.runner.run_many(steps)
+        table = self.eval_table(temps, require=True)
         self.summary["eval"] = table
         for tk, rows in table.items():
             for suite, row in rows.items():
@@ -508,7 +517,13 @@ class Lab:
                 versions[name] = md.version(name)
             except md.PackageNotFoundError:
                 versions[name] = None
-        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({os.cpu_count()} cores)"
+        here_kind = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"  # target.py's naming
+        here = here_kind if here_kind != "cpu" else f"cpu ({os.cpu_count()} cores)"
+        # The machine that trained the target (and so ran the lab), which need not be where this report is
+        # written: a report-only run over a lab folder brought back from the GPU.
+        target_report = self.path("target", "lab_target.json")
+        built = json.load(open(target_report)).get("device") if os.path.isfile(target_report) else None
+        device = built if built and built != here_kind else here
         res: dict[str, Any] = {
             "what": "lab pipeline: corpus, tokenizer, target, regenerated data, DFlash vs DSpine drafters, offline tau",
             "preset": self.args.preset, "settings": self.p,
@@ -518,6 +533,9 @@ class Lab:
             "stage_seconds": self.times, "step_times": self.runner.step_times, "step_commands": self.runner.commands,
             **self.summary,
         }
+        if device != here:  # this process only re-read the lab's files: its timings are not the lab's
+            res["report_written_on"] = here
+            res["stage_seconds"] = res["step_times"] = res["step_commands"] = None
         if failed:
             res["failed"] = failed
         grid = _lab_module("grid")
@@ -529,6 +547,10 @@ class Lab:
             if grid.curve_measured(g) > 1:
                 res["grid_plot"] = os.path.basename(grid.plot_curve(
                     g, plot_path, f"lab {self.args.preset}: τ against training steps (seed 0; bar: seed spread)"))
+        if "eval" not in self.summary and os.path.isdir(self.path("eval")):  # the eval stage did not finish
+            temps = [float(t) for t in str(self.p["temperatures"]).split(",") if t.strip()]
+            self.summary["eval"] = self.eval_table(temps, require=False)
+            res["eval"] = self.summary["eval"]
         ev = self.summary.get("eval") or {}
         for tk, rows in ev.items():  # across suites: the plain mean (each suite counts once, as the paper averages)
             ratios = [r["ratio"] for r in rows.values()]

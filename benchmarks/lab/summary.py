@@ -32,6 +32,12 @@ def _sibling(name: str):
     return load_file(os.path.join(HERE, f"{name}.py"), f"dspine_lab_{name}")
 
 
+# The fields a complete second-edition summary holds.
+REQUIRED = ("tau_ratio_t0", "tau_ratio_t1", "tau_ratio_t0_seed_spread", "tau_ratio_t1_seed_spread", "drafter_layers",
+            "target_params", "target_heldout_loss", "train_steps", "upgrade_tau_ratio", "throughput_ratio_mean",
+            "throughput_ratio_min")
+
+
 def headline(lab: dict[str, Any], serving: dict[str, Any] | None) -> dict[str, Any]:
     g = lab.get("grid")
     if not g:
@@ -77,6 +83,13 @@ def headline(lab: dict[str, Any], serving: dict[str, Any] | None) -> dict[str, A
         out["accept_length_ratio_by_cell"] = serving.get("accept_length_ratio")
         out["serving_source"] = "SGLang bench_serving (lab_bench_serving.json), DSPINE ÷ DFLASH output tokens/s"
     out["grid_failed"] = lab.get("grid_failed") or {}
+    # What a complete run would hold and this one does not (a run stopped by its deadline or a lost machine).
+    out["missing_fields"] = [k for k in REQUIRED if out.get(k) is None]
+    suites = lab["settings"]["suites"].split(",")
+    missing = {v.name: [f"t{t:g} {suite}" for t in v.temps for suite in suites
+                        if suite not in g["variants"].get(v.name, {}).get("tau", {}).get(f"t{t:g}", {})]
+               for v in _sibling("grid").variants(lab["settings"])}
+    out["missing_evaluations"] = {k: v for k, v in missing.items() if v}
     if lab.get("failed"):
         out["lab_failed"] = lab["failed"][:2000]
     return out
@@ -87,10 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lab", required=True, help="run.py's results JSON (e.g. lab_second.json)")
     ap.add_argument("--serving", help="serve_bench.py's lab_bench_serving.json")
     ap.add_argument("--out", required=True, help="the summary JSON to update (lab_summary.json)")
+    ap.add_argument("--note", help="how this run went, recorded as `note` (e.g. a machine lost mid-run)")
     args = ap.parse_args(argv)
     lab = json.load(open(args.lab))
     serving = json.load(open(args.serving)) if args.serving and os.path.isfile(args.serving) else None
     new = headline(lab, serving)
+    if args.note:
+        new["note"] = args.note
     old = json.load(open(args.out)) if os.path.isfile(args.out) else {}
     if old.get("edition") == 2:  # a rerun replaces the second edition's fields; what came before stays
         old = old.get("previous", {})
