@@ -11,8 +11,10 @@
 #   bash scripts/device/lab2.sh restart [run.py args]  # stop, keeping the corpus, tokenizer and tokenized corpus
 #                                              # (and a target whose held-out loss is finite), then start again
 #                                              # within the same lease (LEASE_T0 as before)
-# One device call runs at most 10 minutes and the machine goes back 30 s after a call, so the lease is three
-# calls back to back: `start && wait 540`, `wait 590`, then `wait` until DONE.
+# One device call runs at most 10 minutes and the machine goes back 30 s after a call, so the lease is calls
+# back to back, none longer than ~540 s: `start && wait 510`, `wait 540`, `wait 540`, then `wait` until DONE.
+# (Twice the machine was lost after a call of ~585 s, whose caller came back more than 30 s later; never
+# after one of ~540 s.)
 # Stages (the job's log marks each with `=== HH:MM:SS [job s | lease s]`):
 #   1 lab      benchmarks/lab/run.py --preset second: corpus, tokenizer, target (8 min), regenerated data, the
 #              drafter grid (main pair first, then seed 1, the curve, 2 layers, the upgrade), trained/exported/
@@ -50,7 +52,7 @@ lab2 stage plan (lease seconds on one H200, counted from the asking; "seen": the
   serving: 3 servers start at once (warm caches), warm-up burst,
            24 bench_serving runs (no new run after SERVE_END=1720) 240    1600
   summary + archive                                               15    1615   (of 1800)
-device calls: `start && wait 540`, `wait 590`, `wait` until DONE (ask status for the time left)
+device calls, none longer than ~540 s: `start && wait 510`, `wait 540`, `wait 540`, `wait` until DONE (ask status for the time left)
 EOF
 }
 
