@@ -133,6 +133,7 @@ wait)
   # comes at its end)
   mkdir -p "${OUT:-/tmp/out}"
   pack_lab "${OUT:-/tmp/out}/lab2_partial.tar.gz" || echo "lab2: nothing of the lab to pack yet"
+  cp "$LAB/serving/lab_bench_serving.json" "${OUT:-/tmp/out}/" 2>/dev/null  # serve_bench rewrites it after each run
   echo "--- stages so far:"; grep "^=== " "$JOB/log" 2>/dev/null
   echo "--- lab log (last lines):"; grep -v "\$ sglang-dspine" "$LAB/lab/logs_run.txt" 2>/dev/null | tail -n 25
   echo "--- GPU: $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null)"
