@@ -470,11 +470,14 @@ class Lab:
                     "--temperature", f"{t:g}", "--seed", "0", "--output", out]))
         return steps
 
-    def eval_table(self, temps: list[float], require: bool) -> dict[str, Any]:
+    def temperatures(self) -> list[float]:
+        return _lab_module("grid").temps_of(self.p["temperatures"])
+
+    def eval_table(self, require: bool) -> dict[str, Any]:
         """The main pair's τ per temperature and suite from the evaluation files. require=False (a report after
         a failure or a deadline): only the (temperature, suite) cells where both drafters were evaluated."""
         table: dict[str, Any] = {}
-        for t in temps:
+        for t in self.temperatures():
             for suite in self.suites:
                 files = {k: self.path("eval", f"{k}_{suite}_t{t:g}.json") for k in KINDS}
                 if not require and not all(os.path.isfile(f) for f in files.values()):
@@ -491,11 +494,10 @@ class Lab:
         return table
 
     def eval(self) -> None:
-        temps = [float(t) for t in str(self.p["temperatures"]).split(",") if t.strip()]
-        steps = [s for k in KINDS for s in self.eval_steps(k, temps)]
+        steps = [s for k in KINDS for s in self.eval_steps(k, self.temperatures())]
         os.makedirs(self.path("eval"), exist_ok=True)
         self.runner.run_many(steps)
-        table = self.eval_table(temps, require=True)
+        table = self.eval_table(require=True)
         self.summary["eval"] = table
         for tk, rows in table.items():
             for suite, row in rows.items():
@@ -524,6 +526,8 @@ class Lab:
         target_report = self.path("target", "lab_target.json")
         built = json.load(open(target_report)).get("device") if os.path.isfile(target_report) else None
         device = built if built and built != here_kind else here
+        if "eval" not in self.summary and os.path.isdir(self.path("eval")):  # the eval stage did not finish
+            self.summary["eval"] = self.eval_table(require=False)
         res: dict[str, Any] = {
             "what": "lab pipeline: corpus, tokenizer, target, regenerated data, DFlash vs DSpine drafters, offline tau",
             "preset": self.args.preset, "settings": self.p,
@@ -547,10 +551,6 @@ class Lab:
             if grid.curve_measured(g) > 1:
                 res["grid_plot"] = os.path.basename(grid.plot_curve(
                     g, plot_path, f"lab {self.args.preset}: τ against training steps (seed 0; bar: seed spread)"))
-        if "eval" not in self.summary and os.path.isdir(self.path("eval")):  # the eval stage did not finish
-            temps = [float(t) for t in str(self.p["temperatures"]).split(",") if t.strip()]
-            self.summary["eval"] = self.eval_table(temps, require=False)
-            res["eval"] = self.summary["eval"]
         ev = self.summary.get("eval") or {}
         for tk, rows in ev.items():  # across suites: the plain mean (each suite counts once, as the paper averages)
             ratios = [r["ratio"] for r in rows.values()]

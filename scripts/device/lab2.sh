@@ -60,7 +60,7 @@ lease_s() { echo $(( $(date +%s) - $(cat "$LAB/lease_t0") )); }
 # What of the lab comes back (no weights): the offline evaluations, training metrics and configs, logs, the
 # target's and the data's reports; those that exist so far (fails only when there is nothing yet).
 pack_lab() {
-  (cd "$LAB/lab" 2>/dev/null && tar -czf "$1" $(ls -d eval logs logs_run.txt target/lab_target.json data/summary.json      runs/*/metrics.jsonl runs/*/train_config.json 2>/dev/null)) 2>/dev/null
+  (cd "$LAB/lab" 2>/dev/null && tar -czf "$1" $(ls -d eval logs logs_run.txt target/lab_target.json data/summary.json runs/*/metrics.jsonl runs/*/train_config.json 2>/dev/null)) 2>/dev/null
 }
 
 case "${1:?usage: lab2.sh plan | start [run.py args] | wait SECONDS | patch PATH... | stop | restart [args] | stages}" in
