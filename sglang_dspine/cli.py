@@ -345,6 +345,9 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
                    help="JSONL with `prompt`/`messages`/`prompt_ids` (or regenerated data: input_ids + prompt_len)")
     _add_prompt_args(p)
     p.add_argument("--as-dspine", action="store_true", help="evaluate a DFlash checkpoint as a DSpine warm start")
+    p.add_argument("--decoding", choices=("walk", "argmax"), default="walk",
+                   help="how a DSpine drafter picks its block: its transition-table walk (what it serves), or "
+                        "the backbone's argmax at every position (an ablation of the walk; DFlash always argmax)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--eos-token-id", type=_int_list, default=[], help="extra end tokens, comma-separated")
@@ -361,14 +364,17 @@ def _eval_run(args: argparse.Namespace) -> int:
 
     from .drafter.checkpoint import check_drafter_dir, load_drafter
     from .training.data import HFGenerator, eos_ids_of, iter_records, prompt_ids
-    from .training.generate import SpecResult, speculative_generate
+    from .training.generate import DrafterProposer, SpecResult, speculative_generate
     from .training.trainer import resolve_checkpoint
 
     try:
         src = resolve_checkpoint(args.drafter)
     except FileNotFoundError as e:
         raise CLIError(f"--drafter {e}") from None
-    check_drafter_dir(src)  # before the target is loaded
+    cfg = check_drafter_dir(src)  # before the target is loaded
+    if args.decoding == "argmax" and not (cfg.is_dspine or args.as_dspine):
+        raise CLIError(f"--decoding argmax: drafter {src} is a DFlash drafter, which always drafts the argmax "
+                       "(the walk-off ablation is for DSpine drafters)")
     dev = default_device(args.device)
     target = load_target(args.target, args.dtype, dev)
     head = target.get_output_embeddings().weight
@@ -390,7 +396,9 @@ def _eval_run(args: argparse.Namespace) -> int:
             break
         ids = prompt_ids(rec, tokenizer, _thinking(args.thinking), args.system_prompt,
                          where=f"{args.prompts} id {rid}", chat_template=args.chat_template)
-        res = speculative_generate(target, drafter, ids, args.max_new_tokens, args.temperature, eos, gen)
+        # a fresh proposer per prompt: it holds that prompt's drafter context
+        res = speculative_generate(target, DrafterProposer(drafter, target, args.decoding), ids, args.max_new_tokens,
+                                   args.temperature, eos, gen)
         row: dict[str, Any] = {"id": rid, "tau": res.tau, "tokens": len(res.tokens), "rounds": len(res.accept_lengths)}
         if check:
             row["matches_target"] = ref.generate([ids])[0].output_ids == res.tokens
@@ -404,7 +412,8 @@ def _eval_run(args: argparse.Namespace) -> int:
         "tau": overall.tau,
         "position_acceptance": overall.position_acceptance(),
         "rounds": len(overall.accept_lengths), "tokens": sum(r["tokens"] for r in per), "prompts": len(per),
-        "drafter": src, "kind": drafter.cfg.kind, "block_size": b, "target": args.target,
+        "drafter": src, "kind": drafter.cfg.kind, "decoding": args.decoding if drafter.cfg.is_dspine else "argmax",
+        "block_size": b, "target": args.target,
         "temperature": args.temperature, "seconds": time.time() - t0, "per_prompt": per,
     }
     if check:

@@ -166,3 +166,50 @@ def test_eval_reports_one_tau_tokens_per_verify_round_over_all_prompts(ws, capsy
     assert len(per) == 3 and res["rounds"] == sum(r["rounds"] for r in per)
     assert res["tau"] == pytest.approx(sum(r["tau"] * r["rounds"] for r in per) / res["rounds"], rel=1e-12)
     assert [k for k in res if k.startswith("tau")] == ["tau"]
+
+
+def test_eval_decoding_argmax_is_the_backbone_argmax(ws, capsys, tmp_path):
+    """`--decoding argmax` drafts what the backbone's logits rank first (the walk-off ablation), not the walk's
+    pick; it is recorded in the result, and refused for a DFlash drafter, whose drafts are always the argmax."""
+    from transformers import AutoModelForCausalLM
+
+    from sglang_dspine.training.generate import DrafterProposer
+
+    target = AutoModelForCausalLM.from_pretrained(str(ws / "target")).float().eval()
+    head = target.get_output_embeddings().weight.detach().float()
+    drafter = load_drafter(str(ws / "dspine"), target_head=head)
+    torch.manual_seed(3)  # injection writes that make the walk disagree with the argmax
+    with torch.no_grad():
+        for name, w in drafter.named_parameters():
+            if name.startswith("injection.writes") or name.startswith("injection.predecessor_gate"):
+                w.normal_(0, 2.0)
+    save_drafter(drafter, tmp_path / "dspine_trained")
+    seq = [1, 2, 3, 4, 5]
+    drafts = {}
+    with torch.no_grad():
+        hs = target(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states
+        for decoding in ("walk", "argmax"):
+            prop = DrafterProposer(drafter, target, decoding)
+            prop.extend(hs, 0, len(seq) - 1)
+            drafts[decoding] = prop.propose(seq)
+        b = drafter.cfg.block_size
+        block = torch.tensor([[seq[-1]] + [drafter.cfg.mask_token_id] * (b - 1)])
+        states = drafter.forward_blocks(target.get_input_embeddings()(block).view(1, 1, b, -1),
+                                        (len(seq) - 1 + torch.arange(b)).view(1, 1, b), prop.ctx_kv,
+                                        torch.ones(1, 1, len(seq) - 1, dtype=torch.bool), torch.tensor([[seq[-1]]]))
+        argmax = drafter.block_logits(states, head)[0].argmax(-1).tolist()
+    assert drafts["argmax"] == argmax and len(argmax) == b - 1
+    assert drafts["walk"] != argmax  # the two decodings differ on this drafter, so the flag is seen to act
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt_ids": seq}) + "\n")
+    for decoding in ("walk", "argmax"):
+        out = tmp_path / f"{decoding}.json"
+        rc, err = run(capsys, ["eval", "--target", ws / "target", "--drafter", tmp_path / "dspine_trained",
+                               "--prompts", prompts, "--max-new-tokens", "9", "--decoding", decoding, "--output", out])
+        assert rc == 0, err
+        assert json.loads(out.read_text())["decoding"] == decoding
+    dflash = DSpineDrafter(drafter_config_for(target, kind="dflash"))
+    save_drafter(dflash, tmp_path / "dflash")
+    rc, err = run(capsys, ["eval", "--target", ws / "target", "--drafter", tmp_path / "dflash", "--prompts", prompts,
+                           "--decoding", "argmax"])
+    assert_one_line(rc, err, "sglang-dspine eval: error: --decoding argmax: drafter ", "is a DFlash drafter")

@@ -234,7 +234,8 @@ def test_grid_curve_seeds_depth_and_upgrade(tiny_lab, tmp_path):
     results = tmp_path / "results"
     args = ["--tiny", "--out", str(lab), "--results", str(results), "--set", "train_steps=12", "--set", "curve_steps=6",
             "--set", "seeds=1", "--set", "depth_layers=1", "--set", "depth_steps=6", "--set", "upgrade_frac=0.5", "--set", "temperatures=0,1",
-            "--set", "suites=code,math,prose,humaneval", "--set", "eval_limit=2", "--set", "eval_tokens=16"]
+            "--set", "suites=code,math,prose,humaneval", "--set", "eval_limit=2", "--set", "eval_tokens=16",
+            "--set", "walk_off=dspine"]
     assert lab_module("run").main(args) == 0, open(lab / "logs_run.txt").read()[-3000:]
     names = ["dflash", "dspine", "dflash_s6", "dspine_s6", "dflash_seed1", "dspine_seed1", "dflash_l1", "dspine_l1", "upgrade"]
     for n in names:
@@ -272,6 +273,19 @@ def test_grid_curve_seeds_depth_and_upgrade(tiny_lab, tmp_path):
     want = sum(taus["upgrade"]["tau"]["t0"][s] / taus["dflash"]["tau"]["t0"][s] for s in res["eval"]["t0"]) / 4
     assert ups["vs_dflash"] == pytest.approx(want, abs=1e-3)
     assert (results / "lab_tiny_steps.png").is_file() and not res["grid_failed"]
+    # the walk-off ablation: the main DSpine drafter again with the backbone's argmax, at T=0 only
+    wo = g["walk_off"]["dspine"]
+    assert set(wo) == {"t0"} and set(wo["t0"]["tau_argmax"]) == {"code", "math", "prose", "humaneval"}
+    for suite in ("code", "math"):
+        walk = json.load(open(lab / "eval" / f"dspine_{suite}_t0.json"))
+        argmax = json.load(open(lab / "eval" / f"dspine_argmax_{suite}_t0.json"))
+        assert (walk["decoding"], argmax["decoding"]) == ("walk", "argmax") and argmax["drafter"] == walk["drafter"]
+        assert wo["t0"]["tau_walk"][suite] == round(walk["tau"], 4)
+        assert wo["t0"]["argmax_over_walk"][suite] == pytest.approx(argmax["tau"] / walk["tau"], abs=2e-4)
+    assert not (lab / "eval" / "dspine_argmax_code_t1.json").exists()
+    assert not (lab / "eval" / "dspine_seed1_argmax_code_t0.json").exists()  # only the variants named
+    with pytest.raises(ValueError, match="walk_off dflash: expected DSpine variants"):
+        lab_module("grid").walk_off_of({"walk_off": "dflash"}, lab_module("grid").variants(res["settings"]))
     # the headline summary, earlier content kept
     summary = tmp_path / "lab_summary.json"
     summary.write_text(json.dumps({"tau_ratio_t0": 9.9, "note": "first edition"}))
@@ -283,6 +297,7 @@ def test_grid_curve_seeds_depth_and_upgrade(tiny_lab, tmp_path):
     assert s["previous"] == {"tau_ratio_t0": 9.9, "note": "first edition"}
     assert (results / "lab_tiny_positions.png").is_file()
     assert s["missing_fields"] == ["throughput_ratio_mean", "throughput_ratio_min"] and s["missing_evaluations"] == {}
+    assert s["walk_off"] == g["walk_off"]
     # a rerun skips what exists
     trained = f"--output-dir {lab}/runs/dspine_seed1 "
     assert trained in open(lab / "logs_run.txt").read()

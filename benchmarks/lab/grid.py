@@ -8,6 +8,9 @@ Variants (each a full training run with its own cosine schedule; names are folde
                             train_steps; else one of curve_steps, whose pair it is compared with)
   upgrade                   the trained main DFlash drafter warm-started to DSpine, only its injection trained
                             (`--init runs/dflash/final --freeze-backbone`) for `upgrade_frac` of `train_steps`
+  NAME_argmax               not a training: the DSpine variants named in `walk_off` evaluated again with the
+                            backbone's argmax instead of the transition-table walk (`eval --decoding argmax`), at
+                            grid_temperatures, after every other evaluation
 Every variant is trained, exported and evaluated on the lab's suites as one chain. At most `train_jobs`
 trainings run at once (0: all), started in priority order (PRIORITY: the main pair, then the seeds, the curve
 from the longest run down, depth, the upgrade), so that when the GPU is the bottleneck the main pair finishes
@@ -51,6 +54,22 @@ def by_priority(vs: list[Variant]) -> list[Variant]:
     """The variants in the order their trainings start: by group (PRIORITY), longer runs first within a group,
     DFlash before DSpine within a pair (stable otherwise)."""
     return sorted(vs, key=lambda v: (PRIORITY[v.group], -v.steps))
+
+
+def eval_name(name: str, decoding: str = "walk") -> str:
+    """The name a drafter's evaluations are filed under: NAME, or NAME_argmax for the walk-off ablation."""
+    return name if decoding == "walk" else f"{name}_{decoding}"
+
+
+def walk_off_of(p: dict[str, Any], vs: list[Variant]) -> list[Variant]:
+    """The DSpine variants the preset's `walk_off` names (also evaluated with the backbone's argmax)."""
+    names = [x for x in str(p.get("walk_off") or "").split(",") if x.strip()]
+    by_name = {v.name: v for v in vs}
+    bad = [n for n in names if n not in by_name or by_name[n].kind != "dspine"]
+    if bad:
+        raise ValueError(f"walk_off {','.join(bad)}: expected DSpine variants of this grid "
+                         f"({', '.join(v.name for v in vs if v.kind == 'dspine')})")
+    return [by_name[n] for n in names]
 
 
 def _ints(value: Any) -> list[int]:
@@ -106,6 +125,7 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
     variant's evaluations are queued as soon as it is exported."""
     failed: dict[str, str] = {}
     todo = by_priority(todo)
+    walk_off = walk_off_of(lab.p, todo)  # a bad name fails before any training
     trained = {v.name: threading.Event() for v in todo}
     ok = {v.name: False for v in todo}
     parallel = lab.runner.jobs > 1
@@ -203,6 +223,12 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
         for v in todo:
             if v.name not in failed:
                 queue_evals(v)
+    # the walk-off ablation last: a deadline cuts it before any evaluation the grid's results need
+    for v in walk_off:
+        if v.name not in failed:
+            steps = lab.eval_steps(v.name, temps_of(lab.p.get("grid_temperatures") or "0"), decoding="argmax")
+            evals[eval_name(v.name, "argmax")] = (
+                steps if eval_pool is None else [eval_pool.submit(lab.runner.run, *s) for s in steps])
     for name, queued in evals.items():  # in priority order when queued after training
         for q in queued:
             try:
@@ -230,16 +256,23 @@ def summarize(lab, vs: list[Variant]) -> dict[str, Any]:
     suites = lab.suites
     tau: dict[str, dict[str, dict[str, float]]] = {}
     positions: dict[str, dict[str, dict[str, list[float]]]] = {}
-    for v in vs:
-        for t in v.temps:
+
+    def read(label: str, temps: list[float]) -> None:
+        for t in temps:
             tk = f"t{t:g}"
             for s in suites:
-                f = lab.path("eval", f"{v.name}_{s}_{tk}.json")
+                f = lab.path("eval", f"{label}_{s}_{tk}.json")
                 if os.path.isfile(f):
                     r = json.load(open(f))
-                    tau.setdefault(v.name, {}).setdefault(tk, {})[s] = round(r["tau"], 4)
+                    tau.setdefault(label, {}).setdefault(tk, {})[s] = round(r["tau"], 4)
                     acc = [round(x, 4) for x in r["position_acceptance"]]
-                    positions.setdefault(v.name, {}).setdefault(tk, {})[s] = acc
+                    positions.setdefault(label, {}).setdefault(tk, {})[s] = acc
+
+    for v in vs:
+        read(v.name, v.temps)
+    walk_off = walk_off_of(lab.p, vs)
+    for v in walk_off:
+        read(eval_name(v.name, "argmax"), temps_of(lab.p.get("grid_temperatures") or "0"))
 
     def ratio(a: str, b: str, tk: str) -> float | None:
         ta, tb = tau.get(a, {}).get(tk, {}), tau.get(b, {}).get(tk, {})
@@ -300,6 +333,16 @@ def summarize(lab, vs: list[Variant]) -> dict[str, Any]:
                                              "ratio": ratio(u.name, other, tk)} for tk in tau.get(v.name, {})}
             out["depth_steps"] = v.steps
     out["depth"] = dict(sorted(depth.items(), key=lambda kv: int(kv[0])))
+    # the walk-off ablation: τ with the backbone's argmax ÷ τ with the walk, per suite (below 1: the walk helps)
+    out["walk_off"] = {}
+    for v in walk_off:
+        a = eval_name(v.name, "argmax")
+        out["walk_off"][v.name] = {
+            tk: {"tau_walk": tau.get(v.name, {}).get(tk, {}), "tau_argmax": tau.get(a, {}).get(tk, {}),
+                 "argmax_over_walk": {s: round(r / max(tau[v.name][tk][s], 1e-9), 4) for s, r in row.items()
+                                      if s in tau.get(v.name, {}).get(tk, {})},
+                 "ratio_mean": ratio(a, v.name, tk)}
+            for tk, row in tau.get(a, {}).items()}
     if "upgrade" in by_name:
         out["upgrade"] = {tk: {"tau_mean": mean_tau("upgrade", tk), "vs_dflash": ratio("upgrade", "dflash", tk),
                                "vs_dspine_scratch": ratio("upgrade", "dspine", tk)} for tk in temps

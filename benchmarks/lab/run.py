@@ -95,7 +95,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         eval_limit=16, eval_tokens=80, temperatures="0,1", threads=0, jobs=16, deadline_s=None,
         suites="code,math,prose,humaneval", curve_steps="150,300", seeds="1", depth_layers="2", depth_steps=300,
         upgrade_frac=0.15, grid_temperatures="0", eval_jobs=16, train_jobs=4, step_threads=2,
-        eval_after_training=True,
+        eval_after_training=True, walk_off="dspine,dspine_seed1",
     ),
     "full": dict(
         corpus_mb=200.0, train_prompts=6000, suite_size=128, corpus_workers=0,
@@ -112,10 +112,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 # Keys every preset has (the grid's, grid.py; off unless a preset or --set turns them on).
 # train_jobs: trainings of the grid in flight at once (0: all); step_threads: CPU threads of each step run as a
 # subprocess (OMP_NUM_THREADS; 0: torch's default, one per core, which oversubscribes the cores when many steps
-# run at once); eval_after_training: the grid's evaluations wait until every training is done (grid.run).
+# run at once); eval_after_training: the grid's evaluations wait until every training is done (grid.run);
+# walk_off: DSpine variants also evaluated with the backbone's argmax instead of the walk (grid_temperatures, queued
+# after every other evaluation), to tell the walk's share of their τ from the backbone's.
 GRID_DEFAULTS: dict[str, Any] = dict(suites="code,math,prose", curve_steps="", seeds="", depth_layers="",
                                      depth_steps=0, upgrade_frac=0.0, grid_temperatures="0", eval_jobs=0,
-                                     train_jobs=0, step_threads=0, eval_after_training=False)
+                                     train_jobs=0, step_threads=0, eval_after_training=False, walk_off="")
 # target_steps: train the target for this many steps instead of target_seconds (the tiny preset: the same target
 # on a fast or a loaded machine, so its tests do not depend on how busy the CPU is).
 for _p in PRESETS.values():
@@ -455,19 +457,22 @@ class Lab:
         self.log("export: " + json.dumps(self.summary["export"]))
 
     # ---- 5 (offline) eval
-    def eval_steps(self, name: str, temps: list[float]) -> list[tuple[str, str, list[str]]]:
-        """The `sglang-dspine eval` steps of drafter NAME on every suite at these temperatures (those not done)."""
+    def eval_steps(self, name: str, temps: list[float], decoding: str = "walk") -> list[tuple[str, str, list[str]]]:
+        """The `sglang-dspine eval` steps of drafter NAME on every suite at these temperatures (those not done).
+        decoding "argmax": the walk-off ablation of a DSpine drafter, filed as `NAME_argmax` (grid.eval_name)."""
         steps = []
+        label = _lab_module("grid").eval_name(name, decoding)
         for t in temps:
             for suite in self.suites:
-                out = self.path("eval", f"{name}_{suite}_t{t:g}.json")
+                out = self.path("eval", f"{label}_{suite}_t{t:g}.json")
                 if self.done("eval", out):
                     continue
-                steps.append((f"eval_{name}_{suite}_t{t:g}", "cli", [
+                steps.append((f"eval_{label}_{suite}_t{t:g}", "cli", [
                     "eval", "--target", self.path("target"), "--drafter", self.path("drafters", name),
                     "--prompts", self.path("corpus", "prompts", f"{suite}.heldout.jsonl"),
                     "--limit", str(self.p["eval_limit"]), "--max-new-tokens", str(self.p["eval_tokens"]),
-                    "--temperature", f"{t:g}", "--seed", "0", "--output", out]))
+                    "--temperature", f"{t:g}", "--seed", "0", "--output", out]
+                    + (["--decoding", decoding] if decoding != "walk" else [])))
         return steps
 
     def temperatures(self) -> list[float]:

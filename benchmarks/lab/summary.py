@@ -8,6 +8,7 @@ depth, the upgrade) and serve_bench.py's `lab_bench_serving.json`, and writes th
   upgrade_tau_ratio               the upgraded DFlash drafter ÷ the DFlash drafter it came from (T=0), and
                                   upgrade_vs_scratch (÷ DSpine trained from scratch)
   throughput_ratio_mean / _min    DSPINE ÷ DFLASH output tokens/s from bench_serving over clients × temperature
+  walk_off                        where the grid ran it: DSpine's τ with the backbone's argmax against its walk
 The summary's earlier content moves under `previous` (kept, not overwritten). Also draws acceptance per block
 position (the main pair) and τ against training steps next to the results JSON.
 
@@ -76,6 +77,8 @@ def headline(lab: dict[str, Any], serving: dict[str, Any] | None) -> dict[str, A
     out["training_length_curve"] = g["curve"]
     out["depth"] = g["depth"]
     out["depth_steps"] = g.get("depth_steps")
+    if g.get("walk_off"):
+        out["walk_off"] = g["walk_off"]
     if serving:
         out["throughput_ratio_mean"] = serving.get("throughput_ratio_mean")
         out["throughput_ratio_min"] = serving.get("throughput_ratio_min")

@@ -46,8 +46,8 @@ lab2 stage plan (lease seconds on one H200, counted from the asking; "seen": the
   grid: 11 trainings of 600/300/150 steps, 4 at a time, main pair
         first (seen: the four 600-step runs in 197-216 s, all 11
         started 300 s after the data)                              420    1150
-        then 64 evaluations, 16 at a time (seen: ~16 s start-up
-        each, 16 in flight; 16 prompts x 80 tokens estimated ~45 s) 220    1370
+        then 64 evaluations and 8 walk-off ones, 16 at a time (seen:
+        the first 48 started within 150 s)                        220    1370
         (deadline: lease SERVE_BY=1400)
   serving: 3 servers start at once (warm caches), warm-up burst,
            24 bench_serving runs (no new run after SERVE_END=1720) 240    1600
