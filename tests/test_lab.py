@@ -466,6 +466,42 @@ def test_diagnose_rounds_on_the_builtin_pair(tmp_path):
             assert r["walk_miss_position"] == r["accepted"]["dspine_walk"] + 1
 
 
+def test_ablations_retrain_with_one_thing_changed(tiny_lab, tmp_path):
+    """ablate.py on the tiny lab: the objective cross (DSpine on CE alone, DFlash on DSpine's CE/L1 mix) is
+    trained from the lab's own commands with only its weight changed, and every variant is evaluated."""
+    out, _, _, _ = tiny_lab
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    for d in ("corpus", "tokenizer", "target", "data", "tokens", "drafters", "logs_run.txt"):
+        (lab / d).symlink_to(out / d)
+    ablate = lab_module("ablate")
+    res_file = tmp_path / "ablations.json"
+    assert ablate.main(["--lab", str(lab), "--out", str(res_file), "--variants", "walk_off,ce_only,dflash_mix",
+                        "--limit", "1", "--max-new-tokens", "8"]) == 0
+    lab_cmd = {k: ablate.lab_train_command(str(lab), k) for k in ("dflash", "dspine")}
+    mix = ablate.lab_ce_weight(str(lab))
+    assert 0 < mix < 1  # the lab DSpine's CE/L1 mix (the reference's 0.1 unless the preset set another)
+    for name, kind in (("ce_only", "dspine"), ("dflash_mix", "dflash")):
+        cfg = json.load(open(lab / "ablations" / name / "train_config.json"))
+        base = json.load(open(out / "runs" / kind / "train_config.json"))
+        for c in (cfg, base):  # the weight under test sits in the settings given and in the drafter's record
+            c.pop("output_dir"), c.pop("dflash_ce_weight"), c["dspine"].pop("ce_weight", None)
+            (c["drafter"].get("dspine") or {}).pop("ce_weight", None)
+        assert cfg["kind"] == kind and cfg == base, {k for k in cfg if cfg[k] != base.get(k)}
+        assert lab_cmd[kind][lab_cmd[kind].index("--output-dir") + 1] == str(out / "runs" / kind)
+    assert json.load(open(lab / "ablations" / "ce_only" / "train_config.json"))["dspine"]["ce_weight"] == 1.0
+    assert "ce_weight" not in json.load(open(out / "runs" / "dspine" / "train_config.json"))["dspine"]
+    assert json.load(open(lab / "ablations" / "dflash_mix" / "train_config.json"))["dflash_ce_weight"] == mix
+    last = lambda run: [json.loads(x) for x in open(run / "metrics.jsonl") if x.strip()][-1]
+    assert "l1" in last(out / "runs" / "dspine") and "l1" not in last(lab / "ablations" / "ce_only")
+    assert "l1" not in last(out / "runs" / "dflash") and "l1" in last(lab / "ablations" / "dflash_mix")
+    res = json.load(open(res_file))
+    assert set(res["tau_t0"]) == {"dflash", "dspine", "walk_off", "ce_only", "dflash_mix"}
+    for name, row in res["tau_t0"].items():
+        assert set(row) == {"code", "math", "prose", "mean"} and all(v >= 1 for v in row.values()), (name, row)
+    assert res["ratio_to_dflash"]["dflash"] == 1.0 and res["commit"]
+
+
 def test_runner_with_nothing_to_run(tmp_path):
     """A rerun in parallel mode (jobs > 1) whose steps all exist has nothing to run: no error."""
     runner = lab_module("run").Runner(str(tmp_path), jobs=4, log=print)

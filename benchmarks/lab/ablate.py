@@ -1,8 +1,11 @@
 """Ablations on a built lab (`run.py --out LAB`): what each DSpine part contributes to acceptance.
 
-Trained on the lab's data with the lab's DSpine settings, one term switched off each:
-  no_alignment      --no-alignment-loss
-  no_refinement     --no-refinement-loss
+Trained on the lab's data with the lab's own training command (its DSpine or DFlash one), one thing changed:
+  no_alignment      DSpine, --no-alignment-loss
+  no_refinement     DSpine, --no-refinement-loss
+  ce_only           DSpine with --ce-weight 1: its backbone and refinement terms on CE alone, as DFlash's backbone
+  dflash_mix        DFlash with --dflash-ce-weight set to the lab DSpine's ce_weight: DSpine's CE/L1 mix to the
+                    teacher, without the injection (with ce_only: the objective's share of a DSpine/DFlash gap)
 Evaluated from the trained DSpine drafter, nothing retrained:
   walk_off          the transition table unused: the backbone's argmax at every position
   injection_off     the injection's writes zeroed at evaluation (the trained backbone alone)
@@ -25,8 +28,16 @@ import torch
 
 from sglang_dspine.source_files import OUTSIDE_REPO
 
-TRAIN_FLAGS = {"no_alignment": ["--no-alignment-loss"], "no_refinement": ["--no-refinement-loss"]}
+# variant -> (the lab training command it changes, the flags it adds); dflash_mix's weight is read from the lab
+TRAIN_FLAGS = {"no_alignment": ("dspine", ["--no-alignment-loss"]), "no_refinement": ("dspine", ["--no-refinement-loss"]),
+               "ce_only": ("dspine", ["--ce-weight", "1"]), "dflash_mix": ("dflash", ["--dflash-ce-weight", None])}
 VARIANTS = ("walk_off", "injection_off", *TRAIN_FLAGS)
+
+
+def lab_ce_weight(lab: str) -> float:
+    """The ce_weight the lab's DSpine drafter was trained with (its exported dspine_config)."""
+    cfg = json.load(open(os.path.join(lab, "drafters", "dspine", "config.json")))
+    return float(cfg["dspine_config"]["ce_weight"])
 
 
 def lab_train_command(lab: str, kind: str = "dspine") -> list[str]:
@@ -40,9 +51,11 @@ def lab_train_command(lab: str, kind: str = "dspine") -> list[str]:
 def train(lab: str, name: str, work: str) -> str:
     out = os.path.join(work, name)
     if not os.path.isdir(os.path.join(out, "final")):
-        cmd = lab_train_command(lab)
+        kind, flags = TRAIN_FLAGS[name]
+        cmd = lab_train_command(lab, kind)
         cmd[cmd.index("--output-dir") + 1] = out
-        argv = [sys.executable, "-m", "sglang_dspine.cli"] + cmd[1:] + TRAIN_FLAGS[name]
+        flags = [str(lab_ce_weight(lab)) if f is None else f for f in flags]
+        argv = [sys.executable, "-m", "sglang_dspine.cli"] + cmd[1:] + flags
         print("$", " ".join(argv[2:]), f"> {out}.log", flush=True)
         os.makedirs(work, exist_ok=True)
         with open(f"{out}.log", "w") as log:
@@ -65,7 +78,7 @@ def evaluate(target, drafter, prompts, eos, max_new: int, decoding: str = "walk"
     return SpecResult.pooled(results, drafter.cfg.block_size).tau
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from sglang_dspine.drafter.checkpoint import load_drafter
@@ -85,7 +98,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, help="ablation trainings at once (default: 2 on a GPU, 1 on CPU)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"comma-separated subset of {','.join(VARIANTS)} (dflash and dspine are always evaluated)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     chosen = set(args.variants.split(","))
     if chosen - set(VARIANTS):
         ap.error(f"--variants: unknown {sorted(chosen - set(VARIANTS))}; choose from {','.join(VARIANTS)}")
@@ -130,7 +143,7 @@ def main() -> int:
                    + __doc__.split("\n\n")[1],
            "lab": os.path.abspath(args.lab), "tau_t0": table,
            "ratio_to_dflash": {n: round(v["mean"] / table["dflash"]["mean"], 4) for n, v in table.items()},
-           "seconds": round(time.time() - t0, 1), **provenance(sys.argv)}
+           "seconds": round(time.time() - t0, 1), **provenance([os.path.abspath(__file__)] + (sys.argv[1:] if argv is None else argv))}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     json.dump(res, open(args.out, "w"), indent=1)
     print(json.dumps(res["ratio_to_dflash"]))
