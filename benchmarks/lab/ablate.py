@@ -29,8 +29,10 @@ import torch
 from sglang_dspine.source_files import OUTSIDE_REPO
 
 # variant -> (the lab training command it changes, the flags it adds); dflash_mix's weight is read from the lab
-TRAIN_FLAGS = {"no_alignment": ("dspine", ["--no-alignment-loss"]), "no_refinement": ("dspine", ["--no-refinement-loss"]),
-               "ce_only": ("dspine", ["--ce-weight", "1"]), "dflash_mix": ("dflash", ["--dflash-ce-weight", None])}
+TRAIN_FLAGS = {"no_alignment": ("dspine", ["--no-alignment-loss"]),
+               "no_refinement": ("dspine", ["--no-refinement-loss"]),
+               "ce_only": ("dspine", ["--ce-weight", "1"]),
+               "dflash_mix": ("dflash", ["--dflash-ce-weight", None])}
 VARIANTS = ("walk_off", "injection_off", *TRAIN_FLAGS)
 
 
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"comma-separated subset of {','.join(VARIANTS)} (dflash and dspine are always evaluated)")
     args = ap.parse_args(argv)
+    command = [os.path.abspath(__file__)] + (sys.argv[1:] if argv is None else argv)
     chosen = set(args.variants.split(","))
     if chosen - set(VARIANTS):
         ap.error(f"--variants: unknown {sorted(chosen - set(VARIANTS))}; choose from {','.join(VARIANTS)}")
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                    + __doc__.split("\n\n")[1],
            "lab": os.path.abspath(args.lab), "tau_t0": table,
            "ratio_to_dflash": {n: round(v["mean"] / table["dflash"]["mean"], 4) for n, v in table.items()},
-           "seconds": round(time.time() - t0, 1), **provenance([os.path.abspath(__file__)] + (sys.argv[1:] if argv is None else argv))}
+           "seconds": round(time.time() - t0, 1), **provenance(command)}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     json.dump(res, open(args.out, "w"), indent=1)
     print(json.dumps(res["ratio_to_dflash"]))
