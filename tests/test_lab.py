@@ -478,6 +478,7 @@ def test_ablations_retrain_with_one_thing_changed(tiny_lab, tmp_path):
     res_file = tmp_path / "ablations.json"
     assert ablate.main(["--lab", str(lab), "--out", str(res_file), "--variants", "walk_off,ce_only,dflash_mix",
                         "--limit", "1", "--max-new-tokens", "8"]) == 0
+    assert torch.is_grad_enabled()  # run in-process: later tests' backward passes need autograd
     lab_cmd = {k: ablate.lab_train_command(str(lab), k) for k in ("dflash", "dspine")}
     mix = ablate.lab_ce_weight(str(lab))
     assert 0 < mix < 1  # the lab DSpine's CE/L1 mix (the reference's 0.1 unless the preset set another)

@@ -80,6 +80,7 @@ def evaluate(target, drafter, prompts, eos, max_new: int, decoding: str = "walk"
     return SpecResult.pooled(results, drafter.cfg.block_size).tau
 
 
+@torch.no_grad()  # inference here (trainings run as subprocesses); the caller's grad mode is restored on return
 def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
@@ -113,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
         retrain = [n for n in TRAIN_FLAGS if n in chosen]
         drafters = dict(zip(retrain, ex.map(lambda name: train(args.lab, name, work), retrain)))
 
-    torch.set_grad_enabled(False)
     target = load_target(os.path.join(args.lab, "target"), args.dtype, dev).eval()
     load = lambda path: load_drafter(path, dtype=target.dtype, device=dev).eval()
     tok = AutoTokenizer.from_pretrained(os.path.join(args.lab, "target"))
