@@ -80,6 +80,11 @@ def temps_of(value: Any) -> list[float]:
     return [float(t) for t in str(value or "").split(",") if t.strip()]
 
 
+def grid_temps(p: dict[str, Any]) -> list[float]:
+    """The temperatures of the grid's side runs (curve, depth, walk-off): `grid_temperatures`, default T=0."""
+    return temps_of(p.get("grid_temperatures") or "0")
+
+
 def active(p: dict[str, Any]) -> bool:
     """Whether a preset asks for more than the main pair."""
     return bool(_ints(p.get("curve_steps")) or _ints(p.get("seeds")) or _ints(p.get("depth_layers"))
@@ -90,7 +95,7 @@ def variants(p: dict[str, Any]) -> list[Variant]:
     """The runs a preset asks for, the main pair first."""
     steps, layers = int(p["train_steps"]), int(p["draft_layers"])
     all_t = temps_of(p["temperatures"])
-    grid_t = temps_of(p.get("grid_temperatures") or "0")
+    grid_t = grid_temps(p)
     out = [Variant(k, k, layers, steps, 0, "main", all_t) for k in KINDS]
     for n in _ints(p.get("curve_steps")):
         if n != steps:
@@ -173,9 +178,10 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
             shutil.rmtree(lab.path("runs", v.name), ignore_errors=True)
             train_once(v, args)
 
-    def queue_evals(v: Variant) -> None:
-        steps = lab.eval_steps(v.name, v.temps)
-        evals[v.name] = steps if eval_pool is None else [eval_pool.submit(lab.runner.run, *s) for s in steps]
+    def queue_evals(v: Variant, temps: list[float] | None = None, decoding: str = "walk") -> None:
+        steps = lab.eval_steps(v.name, v.temps if temps is None else temps, decoding)
+        evals[eval_name(v.name, decoding)] = (
+            steps if eval_pool is None else [eval_pool.submit(lab.runner.run, *s) for s in steps])
 
     def chain(v: Variant) -> None:
         """Train (after its starting point, if any) and export; queue the evaluations unless they wait."""
@@ -226,9 +232,7 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
     # the walk-off ablation last: a deadline cuts it before any evaluation the grid's results need
     for v in walk_off:
         if v.name not in failed:
-            steps = lab.eval_steps(v.name, temps_of(lab.p.get("grid_temperatures") or "0"), decoding="argmax")
-            evals[eval_name(v.name, "argmax")] = (
-                steps if eval_pool is None else [eval_pool.submit(lab.runner.run, *s) for s in steps])
+            queue_evals(v, grid_temps(lab.p), decoding="argmax")
     for name, queued in evals.items():  # in priority order when queued after training
         for q in queued:
             try:
@@ -272,7 +276,7 @@ def summarize(lab, vs: list[Variant]) -> dict[str, Any]:
         read(v.name, v.temps)
     walk_off = walk_off_of(lab.p, vs)
     for v in walk_off:
-        read(eval_name(v.name, "argmax"), temps_of(lab.p.get("grid_temperatures") or "0"))
+        read(eval_name(v.name, "argmax"), grid_temps(lab.p))
 
     def ratio(a: str, b: str, tk: str) -> float | None:
         ta, tb = tau.get(a, {}).get(tk, {}), tau.get(b, {}).get(tk, {})
