@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
@@ -175,7 +174,7 @@ _BOOL_SWITCHES = {"backbone_loss", "refinement_loss", "alignment_loss", "replace
 
 def _train_args(p: argparse.ArgumentParser) -> None:
     from .drafter.config import DSpineSettings
-    from .training.train_config import TrainConfig
+    from .training.train_config import DEFAULT_RECIPE, RECIPES, TrainConfig
 
     d = TrainConfig()
     p.add_argument("--target", type=_path, required=True,
@@ -201,8 +200,14 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mask-token-id", type=int,
                    help="default: the tokenizer's mask token, else <|MASK|>'s id (len(tokenizer) where it is not "
                         "in the vocabulary yet, as SpecForge: 151669 for Qwen3)")
-    g = p.add_argument_group("DSpine settings (dspine_config; default: the drafter's, or the reference's with "
-                             "transfer rank hidden/4 capped at 1024 and message size half of it)")
+    g = p.add_argument_group("DSpine settings (dspine_config; default: the recipe's, the reference's with "
+                             "transfer rank hidden/4 capped at 1024 and message size half of it; a DSpine --init "
+                             "keeps its own unless --recipe or a flag is given)")
+    g.add_argument("--recipe", choices=sorted(RECIPES),
+                   help=f"how a DSpine drafter is trained (default: {DEFAULT_RECIPE}): ce = CE on the true next "
+                        "token for the backbone and the refinement (what the lab measured best); specforge = "
+                        "SpecForge's reference values exactly (0.1 CE + 0.9 L1 to the target's distribution); "
+                        "any DSpine flag below overrides the recipe's value")
     for f in fields(DSpineSettings):
         g.add_argument(f"--{f.name.replace('_', '-')}", dest=f"dspine_{f.name}", metavar=f.name.upper(),
                        type=int if f.type in (int, "int") else float, default=None)
@@ -360,11 +365,9 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def _eval_run(args: argparse.Namespace) -> int:
-    import torch
-
     from .drafter.checkpoint import check_drafter_dir, load_drafter
     from .training.data import HFGenerator, eos_ids_of, iter_records, prompt_ids
-    from .training.generate import DrafterProposer, SpecResult, speculative_generate
+    from .training.generate import evaluate
     from .training.trainer import resolve_checkpoint
 
     try:
@@ -383,41 +386,19 @@ def _eval_run(args: argparse.Namespace) -> int:
     drafter.cfg.check_target(head.shape[1], head.shape[0], target.config.num_hidden_layers)
     tokenizer = load_tokenizer(args.tokenizer, args.target)
     eos = eos_ids_of(tokenizer, target, args.eos_token_id)
-    # generate.py draws its acceptance uniforms on the CPU: a CUDA generator cannot serve them, so on a GPU
-    # sampling is seeded globally instead.
-    torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed) if args.temperature > 0 and dev == "cpu" else None
-    check = args.check_greedy and args.temperature == 0
-    ref = HFGenerator(target, eos, args.max_new_tokens) if check else None
-    per, results = [], []
-    t0 = time.time()
+    prompts = []
     for i, (rid, rec) in enumerate(iter_records(args.prompts, args.split)):
         if args.limit is not None and i >= args.limit:
             break
-        ids = prompt_ids(rec, tokenizer, _thinking(args.thinking), args.system_prompt,
-                         where=f"{args.prompts} id {rid}", chat_template=args.chat_template)
-        # a fresh proposer per prompt: it holds that prompt's drafter context
-        res = speculative_generate(target, DrafterProposer(drafter, target, args.decoding), ids, args.max_new_tokens,
-                                   args.temperature, eos, gen)
-        row: dict[str, Any] = {"id": rid, "tau": res.tau, "tokens": len(res.tokens), "rounds": len(res.accept_lengths)}
-        if check:
-            row["matches_target"] = ref.generate([ids])[0].output_ids == res.tokens
-        per.append(row)
-        results.append(res)
-    if not per:
+        prompts.append((rid, prompt_ids(rec, tokenizer, _thinking(args.thinking), args.system_prompt,
+                                        where=f"{args.prompts} id {rid}", chat_template=args.chat_template)))
+    if not prompts:
         raise CLIError(f"--prompts {args.prompts}: no prompts")
-    b = drafter.cfg.block_size
-    overall = SpecResult.pooled(results, b)  # τ: tokens ÷ verify rounds over every prompt (token-weighted)
-    out: dict[str, Any] = {
-        "tau": overall.tau,
-        "position_acceptance": overall.position_acceptance(),
-        "rounds": len(overall.accept_lengths), "tokens": sum(r["tokens"] for r in per), "prompts": len(per),
-        "drafter": src, "kind": drafter.cfg.kind, "decoding": args.decoding if drafter.cfg.is_dspine else "argmax",
-        "block_size": b, "target": args.target,
-        "temperature": args.temperature, "seconds": time.time() - t0, "per_prompt": per,
-    }
-    if check:
-        out["all_match_target"] = all(r["matches_target"] for r in per)
+    check = args.check_greedy and args.temperature == 0
+    ref = HFGenerator(target, eos, args.max_new_tokens) if check else None
+    res = evaluate(target, drafter, prompts, args.max_new_tokens, args.temperature, eos, args.decoding, args.seed,
+                   reference=ref)
+    out: dict[str, Any] = {**res, "drafter": src, "target": args.target}
     text = json.dumps(out, indent=2)
     if args.output:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)

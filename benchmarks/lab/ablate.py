@@ -69,15 +69,11 @@ def train(lab: str, name: str, work: str) -> str:
 
 
 def evaluate(target, drafter, prompts, eos, max_new: int, decoding: str = "walk") -> float:
-    """τ of one suite as `sglang-dspine eval` computes it (SpecResult.pooled: tokens ÷ verify rounds)."""
-    from sglang_dspine.training.generate import DrafterProposer, SpecResult, speculative_generate
+    """τ of one suite at T=0 as `sglang-dspine eval` computes it (generate.evaluate)."""
+    from sglang_dspine.training.generate import evaluate as evaluate_prompts
 
-    results = []
-    for ids in prompts:
-        proposer = DrafterProposer(drafter, target, decoding=decoding)
-        results.append(speculative_generate(target, proposer, ids, max_new, eos_token_ids=eos,
-                                            block_size=drafter.cfg.block_size))
-    return SpecResult.pooled(results, drafter.cfg.block_size).tau
+    named = [(str(i), ids) for i, ids in enumerate(prompts)]
+    return evaluate_prompts(target, drafter, named, max_new, 0.0, eos, decoding)["tau"]
 
 
 @torch.no_grad()  # inference here (trainings run as subprocesses); the caller's grad mode is restored on return

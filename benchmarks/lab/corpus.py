@@ -21,6 +21,7 @@ Outputs under `--out`:
   {code,prose,math}.{train,heldout}.jsonl   documents: {"id", "text"} or {"id", "messages"} (a chat pair)
   prompts/{code,prose,math}.train.jsonl     training prompts (the drafters' data: `sglang-dspine data`)
   prompts/{code,prose,math}.heldout.jsonl   the lab's suites: {"id", "prompt", "reference", "source"}
+  prompts/{code,prose,math}.val.jsonl       with --val-prompts: validation prompts from the training split
   prompts/train_mix.jsonl                   the three training prompt files interleaved
   manifest.json                             sizes, sources, split rules (written last: marks the stage done)
 
@@ -511,13 +512,19 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
         for s, n in (("train", args.train_prompts), ("heldout", args.suite_size)):
             recs = list({r["id"]: r for r in prompts[d, s]}.values())  # a text seen twice in one file: one prompt
             random.Random(f"{d}-{s}-{args.seed}").shuffle(recs)
-            recs = recs[:n]
-            with open(os.path.join(out, "prompts", f"{d}.{s}.jsonl"), "w", encoding="utf-8") as f:
-                for r in recs:
-                    f.write(json.dumps({"domain": d, **r}, ensure_ascii=False) + "\n")
-            counts[f"prompts.{d}.{s}"] = len(recs)
+            files = {s: recs[:n]}
+            if s == "train" and args.val_prompts:
+                # validation: the shuffled list's tail, never among the training prompts (which stay the first n
+                # whenever there are n + val_prompts)
+                v = min(args.val_prompts, max(len(recs) - 1, 0))
+                files = {"train": recs[: min(n, len(recs) - v)], "val": recs[len(recs) - v:]}
+            for name, part in files.items():
+                with open(os.path.join(out, "prompts", f"{d}.{name}.jsonl"), "w", encoding="utf-8") as f:
+                    for r in part:
+                        f.write(json.dumps({"domain": d, **r}, ensure_ascii=False) + "\n")
+                counts[f"prompts.{d}.{name}"] = len(part)
             if s == "train":
-                train_lists.append(recs)
+                train_lists.append(files["train"])
     with open(os.path.join(out, "prompts", "train_mix.jsonl"), "w", encoding="utf-8") as f:
         for r in interleave(train_lists):
             f.write(json.dumps({"id": r["id"], "prompt": r["prompt"], "domain": r["id"].split(":", 1)[0]},
@@ -565,6 +572,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heldout-file-frac", type=float, default=0.03, help="share of other files held out")
     p.add_argument("--train-prompts", type=int, default=4000, help="training prompts per domain (at most)")
     p.add_argument("--suite-size", type=int, default=64, help="held-out prompts per suite (at most)")
+    p.add_argument("--val-prompts", type=int, default=0,
+                   help="validation prompts per domain, drawn from the training split but not among the training "
+                        "prompts (prompts/DOMAIN.val.jsonl): for choosing settings without the held-out suites")
     p.add_argument("--max-prompt-chars", type=int, default=1200, help="longest function header + docstring")
     p.add_argument("--min-doc-chars", type=int, default=300, help="shortest docstring / doc file used as prose")
     p.add_argument("--max-doc-chars", type=int, default=20000, help="doc files are cut to this length")

@@ -6,6 +6,9 @@ Variants (each a full training run with its own cosine schedule; names are folde
   KIND_seedK                the main pair again with seed K, for each K in `seeds` (all temperatures)
   KIND_lD                   depth ablation: D layers for each D in `depth_layers`, `depth_steps` steps (default
                             train_steps; else one of curve_steps, whose pair it is compared with)
+  NAME (an arm)              one of the preset's `arms`: {"name", "kind", "steps", "seed", "flags", "val"}, a
+                            training with its own `sglang-dspine train` flags (e.g. another recipe); `val`: also
+                            evaluated on the validation suites (`val_suites`), where settings are chosen
   upgrade                   the trained main DFlash drafter warm-started to DSpine, only its injection trained
                             (`--init runs/dflash/final --freeze-backbone`) for `upgrade_frac` of `train_steps`
   NAME_argmax               not a training: the DSpine variants named in `walk_off` evaluated again with the
@@ -44,10 +47,12 @@ class Variant:
     temps: list[float] = field(default_factory=list)
     init: str | None = None  # the variant whose final drafter this one starts from
     freeze: bool = False
+    flags: list[str] = field(default_factory=list)  # more `sglang-dspine train` flags (an arm's)
+    val: bool = False  # also evaluated on the validation suites
 
 
 # Which trainings start first when only `train_jobs` may run at once (lower first).
-PRIORITY = {"main": 0, "seed": 1, "curve": 2, "depth": 3, "upgrade": 4}
+PRIORITY = {"main": 0, "seed": 1, "arm": 2, "curve": 3, "depth": 4, "upgrade": 5}
 
 
 def by_priority(vs: list[Variant]) -> list[Variant]:
@@ -88,7 +93,24 @@ def grid_temps(p: dict[str, Any]) -> list[float]:
 def active(p: dict[str, Any]) -> bool:
     """Whether a preset asks for more than the main pair."""
     return bool(_ints(p.get("curve_steps")) or _ints(p.get("seeds")) or _ints(p.get("depth_layers"))
-                or float(p.get("upgrade_frac") or 0) > 0)
+                or float(p.get("upgrade_frac") or 0) > 0 or p.get("arms"))
+
+
+ARM_KEYS = {"name", "kind", "steps", "seed", "flags", "val", "layers"}
+
+
+def arms_of(p: dict[str, Any], layers: int, temps: list[float]) -> list[Variant]:
+    """The preset's `arms` (a list of {"name", "kind", "steps", "seed", "flags", "val"}) as variants."""
+    out = []
+    for a in p.get("arms") or []:
+        bad = set(a) - ARM_KEYS
+        if bad or not {"name", "kind"} <= set(a) or a["kind"] not in KINDS:
+            raise ValueError(f"arms: {a}: expected keys name, kind ({'/'.join(KINDS)}) and any of "
+                             f"{sorted(ARM_KEYS - {'name', 'kind'})}")
+        out.append(Variant(a["name"], a["kind"], int(a.get("layers") or layers),
+                           int(a.get("steps") or p["train_steps"]), int(a.get("seed") or 0), "arm", temps,
+                           flags=[str(f) for f in a.get("flags") or []], val=bool(a.get("val"))))
+    return out
 
 
 def variants(p: dict[str, Any]) -> list[Variant]:
@@ -97,6 +119,7 @@ def variants(p: dict[str, Any]) -> list[Variant]:
     all_t = temps_of(p["temperatures"])
     grid_t = grid_temps(p)
     out = [Variant(k, k, layers, steps, 0, "main", all_t) for k in KINDS]
+    out += arms_of(p, layers, all_t)
     for n in _ints(p.get("curve_steps")):
         if n != steps:
             out += [Variant(f"{k}_s{n}", k, layers, n, 0, "curve", grid_t) for k in KINDS]
@@ -116,6 +139,10 @@ def variants(p: dict[str, Any]) -> list[Variant]:
             raise ValueError(f"upgrade_frac {frac}: expected in (0, 1]")
         out.append(Variant("upgrade", "dspine", layers, max(1, round(frac * steps)), 0, "upgrade", all_t,
                            init="dflash", freeze=True))
+    names = [v.name for v in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"arms: the names {dup} are taken (each variant is a folder under runs/)")
     return out
 
 
@@ -165,7 +192,8 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
         """A training that ran out of GPU memory beside the others is retried once, with at most half as many
         trainings in flight from then on (its log says so)."""
         args = lab.train_args(v.kind, name=v.name, layers=v.layers, steps=v.steps, seed=v.seed,
-                              init=lab.path("runs", v.init, "final") if v.init else None, freeze=v.freeze)
+                              init=lab.path("runs", v.init, "final") if v.init else None, freeze=v.freeze,
+                              flags=v.flags)
         try:
             train_once(v, args)
         except RuntimeError as e:
@@ -179,7 +207,7 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
             train_once(v, args)
 
     def queue_evals(v: Variant, temps: list[float] | None = None, decoding: str = "walk") -> None:
-        steps = lab.eval_steps(v.name, v.temps if temps is None else temps, decoding)
+        steps = lab.eval_steps(v.name, v.temps if temps is None else temps, decoding, val=v.val)
         evals[eval_name(v.name, decoding)] = (
             steps if eval_pool is None else [eval_pool.submit(lab.runner.run, *s) for s in steps])
 
@@ -225,6 +253,12 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
                 chain(v)
             except (RuntimeError, OSError, ValueError) as e:
                 record(v.name, e)
+    mps_env = None
+    if after and parallel and lab.p.get("eval_mps"):  # the evaluations alone on the GPU: as clients of one MPS
+        mps = lab_module("mps")
+        mps_env = mps.start(lab.path("mps"), lab.log)
+        if mps_env:
+            lab.runner.env = {**(lab.runner.env or os.environ), **mps_env}
     if after:
         for v in todo:
             if v.name not in failed:
@@ -241,7 +275,17 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
                 record(name, e)
     if eval_pool is not None:
         eval_pool.shutdown()
+    if mps_env:
+        lab_module("mps").stop(mps_env)
+        lab.runner.env = {k: v for k, v in lab.runner.env.items() if k not in mps_env}
     return failed
+
+
+def lab_module(name: str):
+    """A sibling lab file as a module (sglang_dspine.source_files.load_file)."""
+    from sglang_dspine.source_files import load_file
+
+    return load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"), f"dspine_lab_{name}")
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -285,7 +329,12 @@ def summarize(lab, vs: list[Variant]) -> dict[str, Any]:
 
     def mean_tau(name: str, tk: str) -> float | None:
         row = tau.get(name, {}).get(tk, {})
-        return _mean(list(row.values())) if len(row) == len(suites) else None
+        return _mean([row[s] for s in suites if s in row]) if all(s in row for s in suites) else None
+
+    def ratio_of_means(a: str, b: str, tk: str) -> float | None:
+        """The paper's statistic: mean τ over the suites of a ÷ that of b."""
+        ma, mb = mean_tau(a, tk), mean_tau(b, tk)
+        return round(ma / mb, 4) if ma is not None and mb else None
 
     by_name = {v.name: v for v in vs}
     train = {}
@@ -322,7 +371,11 @@ def summarize(lab, vs: list[Variant]) -> dict[str, Any]:
     for tk in temps:
         per = {str(s): ratio(a, b, tk) for s, (a, b) in seeds.items()}
         vals = [x for x in per.values() if x is not None]
-        out["seeds"][tk] = {"ratio_per_seed": per, "tau_ratio": _mean(vals), "spread": _spread(vals),
+        of_means = {str(s): ratio_of_means(a, b, tk) for s, (a, b) in seeds.items()}
+        om = [x for x in of_means.values() if x is not None]
+        out["seeds"][tk] = {"ratio_of_means_per_seed": of_means, "tau_ratio_of_means": _mean(om),
+                            "ratio_of_means_spread": _spread(om),
+                            "ratio_per_seed": per, "tau_ratio": _mean(vals), "spread": _spread(vals),
                             "tau_mean_per_seed": {str(s): {"dflash": mean_tau(b, tk), "dspine": mean_tau(a, tk)}
                                                   for s, (a, b) in seeds.items()}}
     # depth: each depth variant beside the main-depth pair trained for as many steps (main or a curve point)

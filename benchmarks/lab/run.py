@@ -97,6 +97,29 @@ PRESETS: dict[str, dict[str, Any]] = {
         upgrade_frac=0.15, grid_temperatures="0", eval_jobs=16, train_jobs=4, step_threads=2,
         eval_after_training=True, walk_off="dspine,dspine_seed1",
     ),
+    # The recipe lab (issue "recipe"; benchmarks/lab/recipe.py reads it): the second edition's corpus, target
+    # and drafter shape, with 3x the training prompts (9,600 a domain, regenerated in batches of 3,072) and 16
+    # validation prompts a domain set apart; the main pair trained 3x longer (1,800 steps, DSpine on the `ce`
+    # recipe) at seeds 0 and 1; and two 600-step DSpine arms, SpecForge's recipe and `ce`, evaluated on the
+    # validation prompts too, where the default recipe is chosen. Evaluations: one process per drafter and
+    # temperature over every suite (eval_suites.py), 12 prompts a suite, 24 on math.
+    "recipe": dict(
+        corpus_mb=300.0, train_prompts=9600, val_prompts=16, suite_size=64, corpus_workers=0,
+        vocab=8192, tokenizer_mb=32.0,
+        target_args=["--hidden", "512", "--layers", "12", "--heads", "8", "--kv-heads", "4", "--head-dim", "64",
+                     "--intermediate", "1536", "--batch-size", "64", "--lr", "1e-3"],
+        target_seconds=480.0,
+        gen_tokens=192, gen_batch=3072, data_seconds=110.0, max_prompt_len=448,
+        draft_layers=5, block_size=16, target_layer_ids=None, transfer_rank=None, message_size=None, top_k=16,
+        train_steps=1800, train_batch=16, num_anchors=128, max_length=640, train_lr=6e-4, chunk_blocks=0,
+        eval_limit=12, suite_limits="math=24", eval_tokens=80, temperatures="0,1", threads=0, jobs=16,
+        deadline_s=None, suites="math,code,prose,humaneval", seeds="1", dspine_recipe="ce",
+        arms=[{"name": "dspine_specforge_s600", "kind": "dspine", "steps": 600, "flags": ["--recipe", "specforge"],
+               "val": True},
+              {"name": "dspine_ce_s600", "kind": "dspine", "steps": 600, "flags": ["--recipe", "ce"], "val": True}],
+        val_suites="code,math,prose", eval_batched=True, eval_jobs=14, train_jobs=6, step_threads=2,
+        eval_after_training=True, eval_mps=True,
+    ),
     "full": dict(
         corpus_mb=200.0, train_prompts=6000, suite_size=128, corpus_workers=0,
         vocab=8192, tokenizer_mb=40.0,
@@ -115,9 +138,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 # run at once); eval_after_training: the grid's evaluations wait until every training is done (grid.run);
 # walk_off: DSpine variants also evaluated with the backbone's argmax instead of the walk (grid_temperatures, queued
 # after every other evaluation), to tell the walk's share of their τ from the backbone's.
+# arms: trainings with their own flags (grid.arms_of); val_prompts: validation prompts a domain (corpus.py), the
+# suites `val_suites` (DOMAIN_val) an arm with "val" is also evaluated on; suite_limits: prompts of a suite other
+# than eval_limit ("math=24"); eval_batched: one evaluation process per drafter and temperature over all its
+# suites (eval_suites.py) instead of one per suite; dspine_recipe: `--recipe` of the DSpine trainings (None: the
+# trainer's default); eval_mps: the evaluations after the trainings run as clients of a CUDA MPS daemon (mps.py).
 GRID_DEFAULTS: dict[str, Any] = dict(suites="code,math,prose", curve_steps="", seeds="", depth_layers="",
                                      depth_steps=0, upgrade_frac=0.0, grid_temperatures="0", eval_jobs=0,
-                                     train_jobs=0, step_threads=0, eval_after_training=False, walk_off="")
+                                     train_jobs=0, step_threads=0, eval_after_training=False, walk_off="",
+                                     arms=[], val_prompts=0, val_suites="", suite_limits="", eval_batched=False,
+                                     dspine_recipe=None, eval_mps=False)
 # target_steps: train the target for this many steps instead of target_seconds (the tiny preset: the same target
 # on a fast or a loaded machine, so its tests do not depend on how busy the CPU is).
 for _p in PRESETS.values():
@@ -286,6 +316,8 @@ class Lab:
             args = ["--out", self.path("corpus"), "--max-mb", str(p["corpus_mb"]), "--train-prompts",
                     str(p["train_prompts"]),
                     "--suite-size", str(p["suite_size"]), "--workers", str(p["corpus_workers"])]
+            if p["val_prompts"]:
+                args += ["--val-prompts", str(p["val_prompts"])]
             for s in self.args.source or []:
                 args += ["--source", s]
             self.runner.run("corpus", "corpus", args)
@@ -376,9 +408,11 @@ class Lab:
         return ",".join(str(i) for i in default_target_layer_ids(n, int(layers or self.p["draft_layers"])))
 
     def train_args(self, kind: str, name: str | None = None, layers: int | None = None, steps: int | None = None,
-                   seed: int = 0, init: str | None = None, freeze: bool = False) -> list[str]:
+                   seed: int = 0, init: str | None = None, freeze: bool = False,
+                   flags: list[str] | None = None) -> list[str]:
         """`sglang-dspine train` for drafter `kind` into runs/NAME (default: runs/KIND, the main pair's settings);
-        init/freeze: start from that drafter and train only the injection (the upgrade path)."""
+        init/freeze: start from that drafter and train only the injection (the upgrade path); flags: an arm's
+        own, last (a DSpine arm's --recipe replaces the preset's dspine_recipe)."""
         p = self.p
         steps = int(steps or p["train_steps"])
         layers = int(layers or p["draft_layers"])
@@ -403,7 +437,9 @@ class Lab:
                 if p.get(key) is not None:
                     args += [f"--{key.replace('_', '-')}", str(p[key])]
             args += ["--top-k", str(p["top_k"]), "--alignment-warmup-steps", str(min(146, max(1, steps // 4)))]
-        return args
+            if p.get("dspine_recipe") and "--recipe" not in (flags or []):
+                args += ["--recipe", str(p["dspine_recipe"])]
+        return args + list(flags or [])
 
     def export_args(self, name: str) -> list[str]:
         return ["export", "--checkpoint", self.path("runs", name, "final"), "--output", self.path("drafters", name),
@@ -457,22 +493,40 @@ class Lab:
         self.log("export: " + json.dumps(self.summary["export"]))
 
     # ---- 5 (offline) eval
-    def eval_steps(self, name: str, temps: list[float], decoding: str = "walk") -> list[tuple[str, str, list[str]]]:
-        """The `sglang-dspine eval` steps of drafter NAME on every suite at these temperatures (those not done).
-        decoding "argmax": the walk-off ablation of a DSpine drafter, filed as `NAME_argmax` (grid.eval_name)."""
+    def suite_prompts(self, val: bool = False) -> list[tuple[str, str, int]]:
+        """(suite, prompts file, prompts used) of the held-out suites, and with val the validation ones."""
+        limits = {k: int(v) for k, _, v in (x.partition("=") for x in str(self.p["suite_limits"]).split(",") if x)}
+        out = [(s, self.path("corpus", "prompts", f"{s}.heldout.jsonl"), limits.get(s, int(self.p["eval_limit"])))
+               for s in self.suites]
+        if val:
+            out += [(f"{d}_val", self.path("corpus", "prompts", f"{d}.val.jsonl"),
+                     limits.get(f"{d}_val", int(self.p["eval_limit"])))
+                    for d in str(self.p["val_suites"]).split(",") if d]
+        return out
+
+    def eval_steps(self, name: str, temps: list[float], decoding: str = "walk",
+                   val: bool = False) -> list[tuple[str, str, list[str]]]:
+        """The evaluation steps of drafter NAME on every suite (with val, the validation suites too) at these
+        temperatures, those not done: `sglang-dspine eval` per suite, or with eval_batched one eval_suites.py
+        per temperature. decoding "argmax": the walk-off ablation of a DSpine drafter, filed as `NAME_argmax`
+        (grid.eval_name)."""
         steps = []
         label = _lab_module("grid").eval_name(name, decoding)
+        common = ["--target", self.path("target"), "--drafter", self.path("drafters", name),
+                  "--max-new-tokens", str(self.p["eval_tokens"]), "--seed", "0"]
+        common += ["--decoding", decoding] if decoding != "walk" else []
         for t in temps:
-            for suite in self.suites:
+            todo = [(s, f, n) for s, f, n in self.suite_prompts(val)
+                    if not self.done("eval", self.path("eval", f"{label}_{s}_t{t:g}.json"))]
+            if todo and self.p["eval_batched"]:
+                steps.append((f"eval_{label}_t{t:g}", "eval_suites", common + [
+                    "--label", label, "--temperature", f"{t:g}", "--out-dir", self.path("eval")]
+                    + [a for s, f, n in todo for a in ("--suite", f"{s}={f}:{n}")]))
+                continue
+            for suite, f, n in todo:
                 out = self.path("eval", f"{label}_{suite}_t{t:g}.json")
-                if self.done("eval", out):
-                    continue
-                steps.append((f"eval_{label}_{suite}_t{t:g}", "cli", [
-                    "eval", "--target", self.path("target"), "--drafter", self.path("drafters", name),
-                    "--prompts", self.path("corpus", "prompts", f"{suite}.heldout.jsonl"),
-                    "--limit", str(self.p["eval_limit"]), "--max-new-tokens", str(self.p["eval_tokens"]),
-                    "--temperature", f"{t:g}", "--seed", "0", "--output", out]
-                    + (["--decoding", decoding] if decoding != "walk" else [])))
+                steps.append((f"eval_{label}_{suite}_t{t:g}", "cli", ["eval"] + common + [
+                    "--prompts", f, "--limit", str(n), "--temperature", f"{t:g}", "--output", out]))
         return steps
 
     def temperatures(self) -> list[float]:
@@ -557,16 +611,21 @@ class Lab:
                 res["grid_plot"] = os.path.basename(grid.plot_curve(
                     g, plot_path, f"lab {self.args.preset}: τ against training steps (seed 0; bar: seed spread)"))
         ev = self.summary.get("eval") or {}
-        for tk, rows in ev.items():  # across suites: the plain mean (each suite counts once, as the paper averages)
+        for tk, rows in ev.items():
+            # the paper's statistic first: mean τ over the suites of DSpine ÷ that of DFlash; beside it the mean
+            # of the per-suite ratios (which weighs a suite where both accept little as much as math)
+            means = {k: sum(r[k]["tau"] for r in rows.values()) / len(rows) for k in KINDS}
+            res[f"tau_ratio_of_means_{tk}"] = round(means["dspine"] / max(means["dflash"], 1e-9), 4)
             ratios = [r["ratio"] for r in rows.values()]
             res[f"tau_ratio_{tk}"] = round(sum(ratios) / len(ratios), 4)
-            res[f"tau_{tk}_mean"] = {k: round(sum(r[k]["tau"] for r in rows.values()) / len(rows), 4) for k in KINDS}
+            res[f"tau_{tk}_mean"] = {k: round(v, 4) for k, v in means.items()}
         os.makedirs(self.args.results, exist_ok=True)
         path = os.path.join(self.args.results, f"lab_{self.args.preset}.json")
         with open(path, "w") as f:
             json.dump(res, f, indent=2)
         shutil.copy(path, self.path("results.json"))
-        self.log(f"report: {path}" + "".join(f"  tau_ratio_{tk} {res[f'tau_ratio_{tk}']:.3f}" for tk in ev))
+        self.log(f"report: {path}" + "".join(f"  tau_ratio_of_means_{tk} {res[f'tau_ratio_of_means_{tk}']:.3f}"
+                                             f" (mean of suite ratios {res[f'tau_ratio_{tk}']:.3f})" for tk in ev))
         return path
 
     def pack(self, dest: str, part_mb: float = 15.0) -> list[str]:

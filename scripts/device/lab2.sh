@@ -31,9 +31,30 @@ JOB=/tmp/job_lab2
 SERVE_BY="${SERVE_BY:-1400}"    # lease second by which the lab stage ends (run.py's deadline) and serving starts
 SERVE_END="${SERVE_END:-1720}"  # lease second after which serve_bench starts no new run
 SERVE_ARGS="${SERVE_ARGS:-}"    # more serve_bench.py arguments (a rehearsal: --clients 48)
+# PRESET=recipe: the recipe lab instead (run.py --preset recipe; no SGLang servers): its lab stage ends at lease
+# second LAB_BY, then benchmarks/lab/recipe.py writes lab_recipe_summary.json and its plot
+PRESET="${PRESET:-second}"
+LAB_BY="${LAB_BY:-1690}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 plan() {
+  [ "$PRESET" = recipe ] && { cat <<'EOF'
+recipe lab plan (lease seconds on one H200; PRESET=recipe)
+  stage                                                          plan   cumulative
+  machine start and transfer (36-90 s seen)                        90      90
+  setup, corpus (300 MB, 9,600 prompts a domain + 16 validation),
+    tokenizer                                                       45     135
+  target: the second edition's (46M, 480 s of training)            535     670
+  data: 28,800 prompts regenerated in batches of 3,072 (110 s cap) 120     790
+  6 trainings at once: DFlash and DSpine (ce) 1,800 steps at seeds
+    0 and 1, DSpine specforge and ce at 600 steps (8,400 steps at
+    the ~12 steps/s six 600-step trainings gave side by side)       700    1490
+  evaluations under CUDA MPS, one process per drafter and T         120    1610
+    (deadline: lease LAB_BY=1690)
+  recipe.py summary + archive                                       15    1625   (of 1800)
+device calls, none longer than ~540 s: `start && wait 510`, `wait 540`, `wait 540`, `wait` until DONE
+EOF
+  return; }
   cat <<'EOF'
 lab2 stage plan (lease seconds on one H200, counted from the asking; "seen": the H200 runs at 034e7f9, fd79969, 6464174)
   stage                                                       plan   cumulative
@@ -60,7 +81,7 @@ lease_s() { echo $(( $(date +%s) - $(cat "$LAB/lease_t0") )); }
 # What of the lab comes back (no weights): the offline evaluations, training metrics and configs, logs, the
 # target's and the data's reports; those that exist so far (fails only when there is nothing yet).
 pack_lab() {
-  (cd "$LAB/lab" 2>/dev/null && tar -czf "$1" $(ls -d eval logs logs_run.txt target/lab_target.json data/summary.json runs/*/metrics.jsonl runs/*/train_config.json 2>/dev/null)) 2>/dev/null
+  (cd "$LAB/lab" 2>/dev/null && tar -czf "$1" $(ls -d eval logs logs_run.txt target/lab_target.json data/summary.json runs/*/metrics.jsonl runs/*/train_config.json drafters/*/config.json corpus/manifest.json 2>/dev/null)) 2>/dev/null
 }
 
 case "${1:?usage: lab2.sh plan | start [run.py args] | wait SECONDS | patch PATH... | stop | restart [args] | stages}" in
@@ -80,7 +101,8 @@ start)
   echo "$now" > "$LAB/t_start"
   echo "lab2: job starts at lease second $(( now - LEASE_T0 ))"
   GIT_COMMIT="${GIT_COMMIT:-}" LAB="$LAB" bash "$HERE/job.sh" start lab2 \
-    "LAB=$LAB SERVE_BY=$SERVE_BY SERVE_END=$SERVE_END SERVE_ARGS='$SERVE_ARGS' bash scripts/device/lab2.sh stages"
+    "LAB=$LAB SERVE_BY=$SERVE_BY SERVE_END=$SERVE_END SERVE_ARGS='$SERVE_ARGS' PRESET=$PRESET LAB_BY=$LAB_BY \
+     bash scripts/device/lab2.sh stages"
   ;;
 stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundle set up and OUT=$JOB/out
   step() { echo "=== $(date -u +%T) [job $(( $(date +%s) - $(cat "$LAB/t_start") )) s | lease $(lease_s) s] $*"; }
@@ -90,9 +112,18 @@ stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundl
   t0=$(cat "$LAB/lease_t0")
   step "1 lab"
   # run.py's deadline: steps still running at lease second SERVE_BY are killed and the report says what was done
-  lab_cmd="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/lab/run.py --preset second \
+  lab_cmd="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/lab/run.py --preset $PRESET \
     --out $LAB/lab --results $OUT/results $(cat "$LAB/run_args")"
   eval "$lab_cmd --stages corpus,tokenizer" || attention "lab corpus/tokenizer failed ($?)"
+  if [ "$PRESET" != second ]; then  # the recipe lab: no servers; its summary
+    eval "$lab_cmd --set deadline_s=$(( t0 + LAB_BY - $(date +%s) ))" || attention "lab failed ($?)"
+    step "2 summary"
+    python3 benchmarks/lab/recipe.py --lab "$LAB/lab" --report "$OUT/results/lab_$PRESET.json" \
+      --out "$OUT/results/lab_${PRESET}_summary.json" || attention "summary failed"
+    pack_lab "$OUT/lab2_runs.tar.gz" || attention "runs archive failed"
+    step "done"
+    exit 0
+  fi
   # while the target trains: SGLang's JIT/Triton/sampling caches built on random models of the same shapes
   ( python3 benchmarks/lab/warm_sglang.py --lab "$LAB/lab" --out "$LAB/warm" 2>&1 \
       | grep -v "Decode batch\|Prefill batch\|Capturing" > "$LAB/warm.log"

@@ -31,9 +31,10 @@ from ..drafter.config import (
 )
 from ..drafter.model import DSpineDrafter
 from .teacher import TargetTeacher
-from .train_config import TrainConfig, flag
+from .train_config import DEFAULT_RECIPE, TrainConfig, flag
 
 MASK_TOKEN = "<|MASK|>"
+RECIPE_KEY = "training_recipe"
 
 
 # ---------------------------------------------------------------------------------- defaults for a target
@@ -102,6 +103,7 @@ def build_drafter(tc: TrainConfig, teacher: TargetTeacher, tokenizer=None) -> tu
     t = teacher.config
     hidden, vocab, n_layers = int(t.hidden_size), int(t.vocab_size), int(t.num_hidden_layers)
     head = teacher.head.detach().float().cpu()
+    dspine_init = False  # a DSpine --init: its own recipe stays unless another is given
     if tc.init:
         check_fits_target(tc, t)
         src = DrafterConfig.from_file(tc.init)
@@ -112,16 +114,19 @@ def build_drafter(tc: TrainConfig, teacher: TargetTeacher, tokenizer=None) -> tu
                                      f"with mask token {src.mask_token_id}")
         if src.kind == "dflash" and tc.kind == "dspine":
             model = load_drafter(tc.init, as_dspine=True, target_head=head,
-                                 dspine_settings=fresh_settings(hidden, vocab, tc.dspine))
+                                 dspine_settings=fresh_settings(hidden, vocab, tc.recipe_settings()))
         else:
             model = load_drafter(tc.init, target_head=head)
-            if model.cfg.is_dspine and tc.dspine:
-                arch = {k: v for k, v in tc.dspine.items() if k in ("transfer_rank", "message_size")
+            dspine_init = model.cfg.is_dspine
+            # a DSpine --init keeps its own settings unless a recipe or flags are given
+            overrides = tc.recipe_settings() if tc.recipe else tc.dspine
+            if model.cfg.is_dspine and overrides:
+                arch = {k: v for k, v in overrides.items() if k in ("transfer_rank", "message_size")
                         and v != getattr(model.cfg.dspine, k)}
                 if arch:
                     raise DrafterConfigError(f"--init {tc.init}: its {sorted(arch)} cannot change "
                                              f"(checkpoint: {model.cfg.dspine.to_dict()})")
-                model.cfg.dspine = settings_with(model.cfg.dspine, tc.dspine)
+                model.cfg.dspine = settings_with(model.cfg.dspine, overrides)
         mask_source = f"the --init drafter's ({tc.init})"
     else:
         if tc.mask_token_id is not None:
@@ -131,14 +136,42 @@ def build_drafter(tc: TrainConfig, teacher: TargetTeacher, tokenizer=None) -> tu
         check_fits_target(tc, t, mask)
         layers = tc.num_draft_layers or default_num_draft_layers(n_layers)
         ids = tc.target_layer_ids or fit_target_layer_ids(n_layers, layers)
-        settings = fresh_settings(hidden, vocab, tc.dspine) if tc.kind == "dspine" else None
+        settings = fresh_settings(hidden, vocab, tc.recipe_settings()) if tc.kind == "dspine" else None
         cfg = new_drafter_config(t, tc.kind, layers, tc.block_size, ids, mask, settings)
         model = DSpineDrafter(cfg)
         init_backbone(model, tc.init_std)
         if cfg.is_dspine:
             init_dspine_transfer(model, head)
     model.cfg.check_target(hidden, vocab, n_layers)
+    if model.cfg.is_dspine:
+        record_recipe(model.cfg, tc, dspine_init)
     return model, mask_source
+
+
+def record_recipe(cfg: DrafterConfig, tc: TrainConfig, dspine_init: bool = False) -> None:
+    """The recipe a DSpine drafter is trained with, kept in its config.json (`training_recipe`: the name and
+    the flags given over it; dspine_config holds the resulting values) through checkpoints and export. A DSpine
+    --init trained on without --recipe keeps its record (its name is "unrecorded" where it had none), with
+    the flags given now added."""
+    old = cfg.raw.get(RECIPE_KEY) if dspine_init and not tc.recipe else None
+    if dspine_init and not tc.recipe:
+        name = old.get("name", "unrecorded") if isinstance(old, dict) else "unrecorded"
+        before = old.get("overrides", {}) if isinstance(old, dict) else {}
+    else:
+        name, before = tc.recipe or DEFAULT_RECIPE, {}
+    cfg.raw[RECIPE_KEY] = {"name": name, "overrides": {**before, **tc.dspine}}
+
+
+def recipe_line(cfg: DrafterConfig) -> str:
+    """The recipe a DSpine drafter trains with, in words (the trainer prints it)."""
+    rec = cfg.raw.get(RECIPE_KEY) or {}
+    name = rec.get("name", "unrecorded")
+    why = {DEFAULT_RECIPE: " (the default: CE measured best on the lab)",
+           "specforge": " (SpecForge's reference values)"}.get(name, "")
+    s = cfg.dspine
+    over = f", flags over it: {rec['overrides']}" if rec.get("overrides") else ""
+    return (f"recipe {name}{why}{over}: ce_weight {s.ce_weight}, alignment {s.alignment_weight} over "
+            f"{s.alignment_warmup_steps} warm-up steps, replacement in {s.replacement_layers} layers")
 
 
 def trainable_parameters(model: DSpineDrafter, freeze_backbone: bool) -> list[nn.Parameter]:

@@ -63,23 +63,26 @@ def verify(
 ) -> tuple[int, int]:
     """Verify `draft` (positions 1..B-1) against target logits [B, V] of [anchor, draft...].
 
-    Returns (number of accepted draft tokens, the target's next token).
+    Returns (number of accepted draft tokens, the target's next token). The rows' argmax (T=0) or the draft
+    tokens' probabilities (T>0) reach the host in one copy, not one per position.
     """
+    n = len(draft)
+    if temperature == 0:
+        best = logits[: n + 1].argmax(-1).tolist()
+        for i, d in enumerate(draft):
+            if best[i] != d:
+                return i, best[i]
+        return n, best[n]
+    p = torch.softmax(logits[: n + 1].float() / temperature, dim=-1)
+    p_draft = p[torch.arange(n, device=p.device), torch.tensor(draft, device=p.device)].tolist() if n else []
     for i, d in enumerate(draft):
-        row = logits[i]
-        if temperature == 0:
-            t = int(row.argmax())
-            if t != d:
-                return i, t
-            continue
-        p = torch.softmax(row.float() / temperature, dim=-1)
         u = torch.rand((), generator=generator)
-        if u < p[d]:
+        if u < p_draft[i]:
             continue
-        residual = p.clone()
+        residual = p[i].clone()
         residual[d] = 0
         return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-    return len(draft), _pick(logits[len(draft)], temperature, generator)
+    return n, int(torch.multinomial(p[n], 1, generator=generator))
 
 
 class DrafterProposer:
@@ -167,3 +170,41 @@ def speculative_generate(
         anchor = result.tokens[-1]
     result.tokens = result.tokens[:max_new_tokens]
     return result
+
+
+@torch.no_grad()
+def evaluate(target, drafter: DSpineDrafter, prompts: list[tuple[str, list[int]]], max_new_tokens: int,
+             temperature: float = 0.0, eos_token_ids: set[int] | None = None, decoding: str = "walk",
+             seed: int = 0, reference=None) -> dict:
+    """τ of a drafter over prompts [(id, prompt ids)], as `sglang-dspine eval` reports it: tokens ÷ verify
+    rounds over all of them (SpecResult.pooled), acceptance per block position, and one row per prompt.
+    reference: an HFGenerator at T=0, whose greedy output each prompt's is compared with (`matches_target`)."""
+    import time
+
+    if not prompts:
+        raise ValueError("evaluate: no prompts")
+    device = target.get_output_embeddings().weight.device
+    # the acceptance uniforms are drawn on the CPU: a CUDA generator cannot serve them, so on a GPU sampling
+    # is seeded globally instead
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed) if temperature > 0 and device.type == "cpu" else None
+    per, results = [], []
+    t0 = time.time()
+    for rid, ids in prompts:
+        # a fresh proposer per prompt: it holds that prompt's drafter context
+        res = speculative_generate(target, DrafterProposer(drafter, target, decoding), ids, max_new_tokens,
+                                   temperature, eos_token_ids, gen)
+        row = {"id": rid, "tau": res.tau, "tokens": len(res.tokens), "rounds": len(res.accept_lengths)}
+        if reference is not None:
+            row["matches_target"] = reference.generate([ids])[0].output_ids == res.tokens
+        per.append(row)
+        results.append(res)
+    b = drafter.cfg.block_size
+    overall = SpecResult.pooled(results, b)
+    out = {"tau": overall.tau, "position_acceptance": overall.position_acceptance(),
+           "rounds": len(overall.accept_lengths), "tokens": sum(r["tokens"] for r in per), "prompts": len(per),
+           "kind": drafter.cfg.kind, "decoding": decoding if drafter.cfg.is_dspine else "argmax", "block_size": b,
+           "temperature": temperature, "seconds": time.time() - t0, "per_prompt": per}
+    if reference is not None:
+        out["all_match_target"] = all(r["matches_target"] for r in per)
+    return out

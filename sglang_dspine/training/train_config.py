@@ -6,6 +6,16 @@ from typing import Any
 
 from ..drafter.config import DSpineSettings
 
+# DSpine training recipes: the DSpine settings a fresh drafter is trained with, under any --FLAG given. Both
+# keep the reference's architecture, alignment, refinement and replacement; they differ in how the backbone
+# and the refinement are fitted (docs/training_recipe.md has the measurements):
+#   ce         CE on the true next token (ce_weight 1), as DFlash's own objective: the default, since on the
+#              lab's objective cross SpecForge's mix lost to it in DSpine and in DFlash alike
+#   specforge  SpecForge's reference values exactly (`DSpineConfig`): 0.1·CE + 0.9·L1 to the target's
+#              distribution, the weights it tuned for ~66k-step runs
+RECIPES: dict[str, dict[str, Any]] = {"ce": {"ce_weight": 1.0}, "specforge": {}}
+DEFAULT_RECIPE = "ce"
+
 
 @dataclass
 class TrainConfig:
@@ -24,7 +34,8 @@ class TrainConfig:
     block_size: int = 16
     target_layer_ids: list[int] | None = None  # DFlash's spread over the target's layers
     mask_token_id: int | None = None  # the drafter's, else the tokenizer's mask token (or <|MASK|>'s id)
-    dspine: dict[str, Any] = field(default_factory=dict)  # DSpineSettings overrides
+    dspine: dict[str, Any] = field(default_factory=dict)  # DSpineSettings overrides (given flags)
+    recipe: str | None = None  # RECIPES; None: DEFAULT_RECIPE for a fresh drafter, a DSpine --init's own settings
     # objective
     num_anchors: int = 512
     gamma: float | None = None  # None: default_gamma(block_size)
@@ -71,6 +82,8 @@ class TrainConfig:
 
         if self.kind not in ("dspine", "dflash"):
             bad("kind", "'dspine' or 'dflash'")
+        if self.recipe is not None and self.recipe not in RECIPES:
+            bad("recipe", " or ".join(repr(r) for r in RECIPES))
         for name in ("num_anchors", "batch_size", "grad_accum", "max_length", "log_every"):
             if int(getattr(self, name)) < 1:
                 bad(name, ">= 1")
@@ -109,6 +122,10 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def recipe_settings(self) -> dict[str, Any]:
+        """The DSpine settings the recipe sets, with the given flags over them."""
+        return {**RECIPES[self.recipe or DEFAULT_RECIPE], **self.dspine}
 
 
 def flag(name: str) -> str:

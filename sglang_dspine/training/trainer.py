@@ -29,7 +29,7 @@ from ..drafter.model import DSpineDrafter
 from .batching import Schedule, TokenData
 from .blocks import make_blocks, sample_anchors
 from .distributed import all_reduce, barrier, local_rank, setup_distributed, train_device
-from .drafter_setup import build_drafter, trainable_parameters
+from .drafter_setup import build_drafter, recipe_line, trainable_parameters
 from .jsonl import DataError
 from .metrics import MetricsSink
 from .objective import TERM_NAMES, DrafterObjective, ObjectiveSwitches, assemble_loss
@@ -238,6 +238,8 @@ class Trainer:
                 json.dump({**tc.to_dict(), "gamma_used": self.gamma, "total_steps": self.total_steps,
                            "world_size": self.world, "drafter": drafter_used}, f, indent=2)
             extra = f", transfer rank {cfg.dspine.transfer_rank}" if cfg.dspine else ""
+            if cfg.dspine:
+                extra += "; " + recipe_line(cfg)
             print(f"train: {cfg.kind} drafter, {cfg.num_hidden_layers} layers, target layers {cfg.target_layer_ids}, "
                   f"mask token {cfg.mask_token_id} ({self.mask_source}){extra}; {len(self.data)} sequences, "
                   f"{self.total_steps} steps", file=sys.stderr)

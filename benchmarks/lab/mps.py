@@ -1,0 +1,60 @@
+"""CUDA MPS (NVIDIA's Multi-Process Service) for the lab's evaluation processes.
+
+An offline evaluation runs at batch one: every verify round is a few hundred small kernels. Without MPS the
+GPU time-slices between processes, and a dozen of them in flight spent ~100 ms a round on the H200 (the second
+edition's evaluations, 16 at a time), several times a round alone. Under MPS their kernels run side by side.
+`start` brings up a control daemon with its own pipe and log folders and checks that a client can compute
+through it; it returns the environment that makes a process a client, or None (no daemon program, or the check
+failed: the evaluations then run time-sliced, as before, and the log says why). `stop` ends the daemon.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+DAEMON = "nvidia-cuda-mps-control"
+PROBE = "import torch; x = torch.ones(1024, device='cuda'); print(int((x * 2).sum()))"
+
+
+def start(workdir: str, log) -> dict[str, str] | None:
+    """Start a daemon whose pipes live under workdir; the client environment, or None (logged why)."""
+    exe = shutil.which(DAEMON)
+    if exe is None:
+        log(f"mps: no {DAEMON} on this machine; evaluations run time-sliced")
+        return None
+    env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(workdir, "pipe"),
+           "CUDA_MPS_LOG_DIRECTORY": os.path.join(workdir, "log")}
+    for d in env.values():
+        os.makedirs(d, exist_ok=True)
+    full = {**os.environ, **env}
+    try:
+        rc = subprocess.run([exe, "-d"], env=full, timeout=30, capture_output=True, text=True)
+        if rc.returncode != 0:
+            log(f"mps: the daemon did not start ({rc.returncode}: {(rc.stderr or rc.stdout).strip()[:200]}); "
+                "evaluations run time-sliced")
+            return None
+        probe = subprocess.run([sys.executable, "-c", PROBE], env=full, timeout=120, capture_output=True, text=True)
+        if probe.returncode != 0 or probe.stdout.strip() != "2048":
+            tail = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or ["no output"]
+            log(f"mps: a client could not compute through the daemon ({tail[0][:200]}); evaluations run time-sliced")
+            stop(env)
+            return None
+    except subprocess.TimeoutExpired as e:
+        log(f"mps: {e}; evaluations run time-sliced")
+        stop(env)
+        return None
+    log(f"mps: daemon up ({env['CUDA_MPS_PIPE_DIRECTORY']}); evaluations run as its clients")
+    return env
+
+
+def stop(env: dict[str, str]) -> None:
+    """Ask the daemon of this environment to quit (its clients have ended)."""
+    exe = shutil.which(DAEMON)
+    if exe:
+        try:
+            subprocess.run([exe], input="quit\n", env={**os.environ, **env}, timeout=30, capture_output=True,
+                           text=True)
+        except subprocess.TimeoutExpired:
+            pass

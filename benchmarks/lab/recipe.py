@@ -1,0 +1,227 @@
+"""The recipe lab's summary: which DSpine training recipe wins, and by how much DSpine leads DFlash with it.
+
+Reads a lab built by `run.py --preset recipe` (its evaluations and training metrics) and run.py's report of it
+(`lab_recipe.json`: provenance, settings, target, data), and writes `lab_recipe_summary.json` and a plot.
+
+The decision rule, fixed before the run:
+  1. choice: the DSpine arms trained at the same length and seed on the same data differ only in the recipe
+     (`--recipe`). On the validation prompts (drawn from the training split, never trained on, never the
+     held-out suites) the default recipe is the one with the higher mean τ over the validation suites at T=0;
+     the T=1 winner is reported beside it (if it differs, the choice depends on temperature, and says so);
+  2. report, on the held-out suites only: the paper's statistic, the ratio of mean τ over the suites of DSpine
+     (trained on the chosen recipe) to DFlash (CE, its own best recipe), per seed and the mean over seeds, at T=0
+     and T=1; per-suite ratios beside it, acceptance per block position, the training curves.
+
+    python benchmarks/lab/recipe.py --lab LAB --report benchmarks/results/lab_recipe.json \
+        --out benchmarks/results/lab_recipe_summary.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from typing import Any
+
+TEMPS = ("t0", "t1")
+
+
+def _read(path: str) -> dict[str, Any] | None:
+    return json.load(open(path)) if os.path.isfile(path) else None
+
+
+def suite_results(lab: str, label: str, suites: list[str], tk: str) -> dict[str, dict[str, Any]]:
+    """{suite: the evaluation JSON} of a drafter's label at temperature tk, for the suites evaluated."""
+    out = {}
+    for s in suites:
+        r = _read(os.path.join(lab, "eval", f"{label}_{s}_{tk}.json"))
+        if r is not None:
+            out[s] = r
+    return out
+
+
+def mean_tau(rows: dict[str, dict[str, Any]], suites: list[str]) -> float | None:
+    """Mean τ over the suites (None unless every suite was evaluated): the paper's per-drafter number."""
+    if not suites or any(s not in rows for s in suites):
+        return None
+    return sum(rows[s]["tau"] for s in suites) / len(suites)
+
+
+def curve(lab: str, name: str) -> list[dict[str, Any]]:
+    """The training metrics a run logged (step, loss, CE, accuracy, backbone accept length on its batches)."""
+    path = os.path.join(lab, "runs", name, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    keep = ("step", "loss", "ce", "l1", "alignment", "refinement", "accuracy", "backbone_accept_len",
+            "candidate_coverage")
+    rows = [json.loads(x) for x in open(path) if x.strip()]
+    return [{k: round(r[k], 4) if isinstance(r[k], float) else r[k] for k in keep if k in r} for r in rows]
+
+
+def recipe_of(lab: str, name: str) -> str | None:
+    cfg = _read(os.path.join(lab, "drafters", name, "config.json")) or {}
+    rec = cfg.get("training_recipe")
+    return rec.get("name") if isinstance(rec, dict) else None
+
+
+def _r(x: float | None) -> float | None:
+    return round(x, 4) if x is not None else None
+
+
+def summarize(lab: str, report: dict[str, Any]) -> dict[str, Any]:
+    p = report["settings"]
+    suites = [s for s in p["suites"].split(",") if s]
+    val_suites = [f"{d}_val" for d in str(p.get("val_suites") or "").split(",") if d]
+    seeds = [0] + [int(s) for s in str(p.get("seeds") or "").split(",") if s.strip() and int(s) != 0]
+    pairs = {s: ("dflash", "dspine") if s == 0 else (f"dflash_seed{s}", f"dspine_seed{s}") for s in seeds}
+    arms = p.get("arms") or []
+    out: dict[str, Any] = {
+        "what": "DSpine's training recipe on the lab (run.py --preset recipe): the default recipe chosen on "
+                "validation prompts, then DSpine (that recipe) vs DFlash (CE, its own best) on the held-out "
+                "suites; tau = offline acceptance length (sglang-dspine eval: tokens / verify rounds)",
+        "decision_rule": __doc__.split("\n\n")[2].strip(),
+        "statistic": "ratio of mean tau over the suites (the paper's: mean tau DSpine / mean tau DFlash); "
+                     "mean_of_suite_ratios beside it",
+        "suites": suites, "validation_suites": val_suites,
+        **{k: report.get(k) for k in ("command", "commit", "device", "versions", "date")},
+        "steps": int(p["train_steps"]), "seeds": seeds,
+        "target": {k: (report.get("target") or {}).get(k) for k in ("parameters", "steps", "heldout_loss")},
+        "data": report.get("data"),
+    }
+    if out["data"] and out["data"].get("sequences"):
+        out["data"]["epochs_at_steps"] = round(int(p["train_steps"]) * int(p["train_batch"])
+                                               / out["data"]["sequences"], 3)
+
+    # 1. the choice, on validation prompts
+    val: dict[str, Any] = {}
+    for a in arms:
+        if a.get("kind") == "dspine" and a.get("val"):
+            val[a["name"]] = {"recipe": recipe_of(lab, a["name"]), "steps": a.get("steps"), "seed": a.get("seed", 0)}
+            for tk in TEMPS:
+                rows = suite_results(lab, a["name"], val_suites, tk)
+                val[a["name"]][tk] = {"tau": {s: _r(r["tau"]) for s, r in rows.items()},
+                                      "mean_tau": _r(mean_tau(rows, val_suites))}
+    out["validation"] = val
+    chosen = {}
+    for tk in TEMPS:
+        scored = [(v[tk]["mean_tau"], v["recipe"]) for v in val.values() if v[tk]["mean_tau"] is not None]
+        chosen[tk] = max(scored)[1] if len(scored) == len(val) and len(scored) > 1 else None
+    out["recipe"] = chosen["t0"]
+    out["recipe_t1_winner"] = chosen["t1"]
+    out["recipe_depends_on_temperature"] = (chosen["t0"] != chosen["t1"]
+                                            if None not in (chosen["t0"], chosen["t1"]) else None)
+    out["main_pair_recipe"] = recipe_of(lab, "dspine")
+
+    # 2. held-out: the paper's statistic per seed and temperature
+    per_seed: dict[str, dict[str, Any]] = {}
+    positions: dict[str, Any] = {}
+    for tk in TEMPS:
+        row: dict[str, Any] = {}
+        for s, (a, b) in pairs.items():
+            ra, rb = suite_results(lab, a, suites, tk), suite_results(lab, b, suites, tk)
+            ma, mb = mean_tau(ra, suites), mean_tau(rb, suites)
+            common = [x for x in suites if x in ra and x in rb]
+            row[str(s)] = {
+                "ratio_of_means": _r(mb / ma) if ma and mb is not None else None,
+                "mean_tau": {"dflash": _r(ma), "dspine": _r(mb)},
+                "tau": {x: {"dflash": _r(ra[x]["tau"]), "dspine": _r(rb[x]["tau"]),
+                            "ratio": _r(rb[x]["tau"] / max(ra[x]["tau"], 1e-9))} for x in common},
+                "mean_of_suite_ratios": _r(statistics.mean(rb[x]["tau"] / max(ra[x]["tau"], 1e-9) for x in common))
+                if len(common) == len(suites) else None,
+            }
+            positions.setdefault(tk, {})[str(s)] = {
+                k: {x: [round(v, 4) for v in r[x]["position_acceptance"]] for x in r} for k, r in
+                (("dflash", ra), ("dspine", rb))}
+        per_seed[tk] = row
+        vals = [v["ratio_of_means"] for v in row.values() if v["ratio_of_means"] is not None]
+        out[f"tau_ratio_of_means_{tk}"] = _r(statistics.mean(vals)) if len(vals) == len(seeds) else None
+        out[f"tau_ratio_of_means_{tk}_per_seed"] = {k: v["ratio_of_means"] for k, v in row.items()}
+        out[f"tau_ratio_of_means_{tk}_spread"] = ({"min": min(vals), "max": max(vals),
+                                                  "std": _r(statistics.stdev(vals)) if len(vals) > 1 else 0.0}
+                                                 if vals else None)
+        sr = [v["mean_of_suite_ratios"] for v in row.values() if v["mean_of_suite_ratios"] is not None]
+        out[f"mean_of_suite_ratios_{tk}"] = _r(statistics.mean(sr)) if len(sr) == len(seeds) else None
+    out["per_seed"] = per_seed
+    out["position_acceptance"] = positions
+
+    # every trained drafter: recipe, length, seed, held-out τ per suite and temperature
+    table = {}
+    names = [n for pair in pairs.values() for n in pair] + [a["name"] for a in arms]
+    for n in names:
+        kind = "dflash" if n.startswith("dflash") else "dspine"
+        arm = next((a for a in arms if a["name"] == n), None)
+        seed = arm.get("seed", 0) if arm else next(s for s, pr in pairs.items() if n in pr)
+        row = {"kind": kind, "recipe": recipe_of(lab, n) if kind == "dspine" else "ce (DFlash's objective)",
+               "steps": int(arm.get("steps") or p["train_steps"]) if arm else int(p["train_steps"]), "seed": seed}
+        for tk in TEMPS:
+            rs = suite_results(lab, n, suites, tk)
+            row[tk] = {"tau": {s: _r(r["tau"]) for s, r in rs.items()}, "mean_tau": _r(mean_tau(rs, suites))}
+        c = curve(lab, n)
+        row["train_last"] = c[-1] if c else None
+        table[n] = row
+    out["arms"] = table
+    out["training_curves"] = {n: curve(lab, n) for n in names}
+    missing = [n for n, r in table.items() for tk in TEMPS if r[tk]["mean_tau"] is None]
+    out["missing_evaluations"] = sorted(set(missing))
+    return out
+
+
+def plot(summary: dict[str, Any], path: str) -> str:
+    """Acceptance per block position (math and the suites' mean, T=0 and T=1) and the training curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, tk in zip(axes[:2], TEMPS):
+        for seed, row in (summary["position_acceptance"].get(tk) or {}).items():
+            for kind, style in (("dflash", "--"), ("dspine", "-")):
+                per_suite = row.get(kind) or {}
+                if not per_suite:
+                    continue
+                n = min(len(v) for v in per_suite.values())
+                mean = [sum(v[i] for v in per_suite.values()) / len(per_suite) for i in range(n)]
+                ax.plot(range(1, n + 1), mean, style, label=f"{kind} seed {seed}")
+        ax.set_title(f"acceptance per block position, T={tk[1:]} (mean over suites)")
+        ax.set_xlabel("block position")
+        ax.set_ylabel("share of rounds accepted this far")
+        ax.legend(fontsize=8)
+    ax = axes[2]
+    for name, rows in summary["training_curves"].items():
+        pts = [(r["step"], r["backbone_accept_len"]) for r in rows if "backbone_accept_len" in r]
+        if pts:
+            ax.plot(*zip(*pts), "--" if name.startswith("dflash") else "-", label=name)
+    ax.set_title("training batches: backbone accept length")
+    ax.set_xlabel("step")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"recipe lab: ratio of mean τ DSpine ÷ DFlash {summary.get('tau_ratio_of_means_t0')} (T=0), "
+                 f"{summary.get('tau_ratio_of_means_t1')} (T=1), {summary['steps']} steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lab", required=True, help="the lab folder run.py --preset recipe built")
+    ap.add_argument("--report", required=True, help="run.py's results JSON of that lab (lab_recipe.json)")
+    ap.add_argument("--out", required=True, help="the summary JSON (lab_recipe_summary.json)")
+    ap.add_argument("--plot", help="the plot (default: next to --out, lab_recipe_positions.png)")
+    args = ap.parse_args(argv)
+    summary = summarize(args.lab, json.load(open(args.report)))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    summary["plot"] = os.path.basename(plot(summary, args.plot or os.path.join(
+        os.path.dirname(os.path.abspath(args.out)), "lab_recipe_positions.png")))
+    with open(args.out, "w") as f:
+        json.dump(summary, f, indent=1)
+    print(json.dumps({k: summary[k] for k in ("recipe", "recipe_t1_winner", "tau_ratio_of_means_t0",
+                                              "tau_ratio_of_means_t0_per_seed", "tau_ratio_of_means_t1",
+                                              "tau_ratio_of_means_t1_per_seed", "missing_evaluations")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
