@@ -18,9 +18,20 @@ DAEMON = "nvidia-cuda-mps-control"
 PROBE = "import torch; x = torch.ones(1024, device='cuda'); print(int((x * 2).sum()))"
 
 
+def daemon() -> str | None:
+    """The control program: on the PATH, or in the driver's folder (containers mount it at /usr/local/nvidia)."""
+    found = shutil.which(DAEMON)
+    if found:
+        return found
+    for d in ("/usr/local/nvidia/bin", "/usr/bin", "/usr/local/bin"):
+        if os.access(os.path.join(d, DAEMON), os.X_OK):
+            return os.path.join(d, DAEMON)
+    return None
+
+
 def start(workdir: str, log) -> dict[str, str] | None:
     """Start a daemon whose pipes live under workdir; the client environment, or None (logged why)."""
-    exe = shutil.which(DAEMON)
+    exe = daemon()
     if exe is None:
         log(f"mps: no {DAEMON} on this machine; evaluations run time-sliced")
         return None
@@ -51,7 +62,7 @@ def start(workdir: str, log) -> dict[str, str] | None:
 
 def stop(env: dict[str, str]) -> None:
     """Ask the daemon of this environment to quit (its clients have ended)."""
-    exe = shutil.which(DAEMON)
+    exe = daemon()
     if exe:
         try:
             subprocess.run([exe], input="quit\n", env={**os.environ, **env}, timeout=30, capture_output=True,
