@@ -467,8 +467,9 @@ def test_diagnose_rounds_on_the_builtin_pair(tmp_path):
 
 
 def test_ablations_retrain_with_one_thing_changed(tiny_lab, tmp_path):
-    """ablate.py on the tiny lab: the objective cross (DSpine on CE alone, DFlash on DSpine's CE/L1 mix) is
-    trained from the lab's own commands with only its weight changed, and every variant is evaluated."""
+    """ablate.py on the tiny lab: the objective cross (DSpine on SpecForge's recipe, DFlash on its CE/L1 mix) is
+    trained from the lab's own commands with only the recipe or the weight changed, and every variant is
+    evaluated."""
     out, _, _, _ = tiny_lab
     lab = tmp_path / "lab"
     lab.mkdir()
@@ -476,28 +477,27 @@ def test_ablations_retrain_with_one_thing_changed(tiny_lab, tmp_path):
         (lab / d).symlink_to(out / d)
     ablate = lab_module("ablate")
     res_file = tmp_path / "ablations.json"
-    assert ablate.main(["--lab", str(lab), "--out", str(res_file), "--variants", "walk_off,ce_only,dflash_mix",
+    assert ablate.main(["--lab", str(lab), "--out", str(res_file), "--variants", "walk_off,specforge,dflash_mix",
                         "--limit", "1", "--max-new-tokens", "8"]) == 0
     assert torch.is_grad_enabled()  # run in-process: later tests' backward passes need autograd
     lab_cmd = {k: ablate.lab_train_command(str(lab), k) for k in ("dflash", "dspine")}
-    mix = ablate.lab_ce_weight(str(lab))
-    assert 0 < mix < 1  # the lab DSpine's CE/L1 mix (the reference's 0.1 unless the preset set another)
-    for name, kind in (("ce_only", "dspine"), ("dflash_mix", "dflash")):
+    for name, kind in (("specforge", "dspine"), ("dflash_mix", "dflash")):
         cfg = json.load(open(lab / "ablations" / name / "train_config.json"))
         base = json.load(open(out / "runs" / kind / "train_config.json"))
-        for c in (cfg, base):  # the weight under test sits in the settings given and in the drafter's record
-            c.pop("output_dir"), c.pop("dflash_ce_weight"), c["dspine"].pop("ce_weight", None)
+        for c in (cfg, base):  # what is under test: the recipe, the DFlash weight, and what they set
+            c.pop("output_dir"), c.pop("dflash_ce_weight"), c.pop("recipe")
             (c["drafter"].get("dspine") or {}).pop("ce_weight", None)
         assert cfg["kind"] == kind and cfg == base, {k for k in cfg if cfg[k] != base.get(k)}
         assert lab_cmd[kind][lab_cmd[kind].index("--output-dir") + 1] == str(out / "runs" / kind)
-    assert json.load(open(lab / "ablations" / "ce_only" / "train_config.json"))["dspine"]["ce_weight"] == 1.0
-    assert "ce_weight" not in json.load(open(out / "runs" / "dspine" / "train_config.json"))["dspine"]
-    assert json.load(open(lab / "ablations" / "dflash_mix" / "train_config.json"))["dflash_ce_weight"] == mix
+    sf = json.load(open(lab / "ablations" / "specforge" / "train_config.json"))
+    assert sf["recipe"] == "specforge" and sf["drafter"]["dspine"]["ce_weight"] == 0.1
+    assert json.load(open(out / "runs" / "dspine" / "train_config.json"))["drafter"]["dspine"]["ce_weight"] == 1.0
+    assert json.load(open(lab / "ablations" / "dflash_mix" / "train_config.json"))["dflash_ce_weight"] == 0.1
     last = lambda run: [json.loads(x) for x in open(run / "metrics.jsonl") if x.strip()][-1]
-    assert "l1" in last(out / "runs" / "dspine") and "l1" not in last(lab / "ablations" / "ce_only")
+    assert "l1" not in last(out / "runs" / "dspine") and "l1" in last(lab / "ablations" / "specforge")
     assert "l1" not in last(out / "runs" / "dflash") and "l1" in last(lab / "ablations" / "dflash_mix")
     res = json.load(open(res_file))
-    assert set(res["tau_t0"]) == {"dflash", "dspine", "walk_off", "ce_only", "dflash_mix"}
+    assert set(res["tau_t0"]) == {"dflash", "dspine", "walk_off", "specforge", "dflash_mix"}
     for name, row in res["tau_t0"].items():
         assert set(row) == {"code", "math", "prose", "mean"} and all(v >= 1 for v in row.values()), (name, row)
     assert res["ratio_to_dflash"]["dflash"] == 1.0 and res["commit"]
@@ -508,3 +508,92 @@ def test_runner_with_nothing_to_run(tmp_path):
     runner = lab_module("run").Runner(str(tmp_path), jobs=4, log=print)
     runner.run_many([])
     assert runner.commands == []
+
+
+def test_recipe_grid_arms_validation_and_summary(tiny_lab, tmp_path):
+    """The recipe preset's machinery at toy size on the tiny lab: arms with their own `--recipe`, validation
+    suites for the arms that ask, one evaluation process per drafter and temperature (eval_suites.py, equal to
+    `sglang-dspine eval` prompt by prompt), and recipe.py's summary: the paper's statistic recomputed here from
+    the evaluation files, the choice on the validation suites."""
+    import shutil
+
+    out, _, _, _ = tiny_lab
+    lab = tmp_path / "recipe"
+    lab.mkdir()
+    shutil.copytree(out / "corpus", lab / "corpus")
+    prompts = lab / "corpus" / "prompts"
+    for d in ("code", "math", "prose"):  # validation prompts: lines the data stage did not use (as corpus.py does)
+        lines = (prompts / f"{d}.heldout.jsonl").read_text().splitlines()
+        (prompts / f"{d}.val.jsonl").write_text("\n".join(lines[-2:]) + "\n")
+    for d in ("tokenizer", "target", "data", "tokens"):
+        (lab / d).symlink_to(out / d)
+    results = tmp_path / "results"
+    arms = [{"name": "dspine_sf", "kind": "dspine", "steps": 4, "flags": ["--recipe", "specforge"], "val": True},
+            {"name": "dspine_ce", "kind": "dspine", "steps": 4, "flags": ["--recipe", "ce"], "val": True}]
+    args = ["--tiny", "--out", str(lab), "--results", str(results), "--set", "train_steps=6", "--set", "seeds=1",
+            "--set", f"arms={json.dumps(arms)}", "--set", "val_suites=code,math,prose", "--set", "eval_batched=true",
+            "--set", "dspine_recipe=ce", "--set", "suite_limits=math=3", "--set", "eval_limit=2",
+            "--set", "eval_tokens=12", "--set", "temperatures=0,1"]
+    assert lab_module("run").main(args) == 0, open(lab / "logs_run.txt").read()[-3000:]
+    cfg = lambda n: json.load(open(lab / "drafters" / n / "config.json"))
+    assert cfg("dspine_sf")["training_recipe"]["name"] == "specforge" and cfg("dspine_sf")["dspine_config"]["ce_weight"] == 0.1
+    assert cfg("dspine")["training_recipe"]["name"] == "ce" and cfg("dspine_seed1")["dspine_config"]["ce_weight"] == 1.0
+    log = open(lab / "logs_run.txt").read()
+    assert log.count("eval_suites.py") == 12 and "sglang-dspine eval" not in log  # 6 drafters x 2 temperatures
+    ev = lambda name: json.load(open(lab / "eval" / f"{name}.json"))
+    assert ev("dspine_sf_math_val_t1")["prompts"] == 2 and ev("dspine_math_t0")["prompts"] == 3
+    assert not (lab / "eval" / "dspine_code_val_t0.json").exists()  # only the arms that ask
+    # eval_suites.py computes what `sglang-dspine eval` does, prompt by prompt
+    from sglang_dspine.cli import main as cli
+
+    for t in ("0", "1"):
+        one = tmp_path / f"cli_t{t}.json"
+        assert cli(["eval", "--target", str(lab / "target"), "--drafter", str(lab / "drafters" / "dspine_sf"),
+                    "--prompts", str(prompts / "code.val.jsonl"), "--limit", "2", "--max-new-tokens", "12",
+                    "--temperature", t, "--seed", "0", "--output", str(one)]) == 0
+        a, b = json.load(open(one)), ev(f"dspine_sf_code_val_t{t}")
+        assert a["per_prompt"] == b["per_prompt"] and a["tau"] == b["tau"]
+    # the summary, against the paper's statistic computed here from the files
+    report = results / "lab_tiny.json"
+    summary_path = tmp_path / "lab_recipe_summary.json"
+    assert lab_module("recipe").main(["--lab", str(lab), "--report", str(report), "--out", str(summary_path)]) == 0
+    s = json.load(open(summary_path))
+    suites = ["code", "math", "prose"]
+    mean = lambda name, t: sum(ev(f"{name}_{x}_t{t}")["tau"] for x in suites) / 3
+    for t in ("0", "1"):
+        per = [mean("dspine", t) / mean("dflash", t), mean("dspine_seed1", t) / mean("dflash_seed1", t)]
+        assert s[f"tau_ratio_of_means_t{t}_per_seed"] == {"0": pytest.approx(per[0], abs=1e-4),
+                                                         "1": pytest.approx(per[1], abs=1e-4)}
+        assert s[f"tau_ratio_of_means_t{t}"] == pytest.approx(sum(per) / 2, abs=1e-4)
+        val = {n: sum(ev(f"{n}_{x}_val_t{t}")["tau"] for x in suites) / 3 for n in ("dspine_sf", "dspine_ce")}
+        want = {1: "specforge", -1: "ce", 0: None}[(val["dspine_sf"] > val["dspine_ce"]) - (val["dspine_sf"] < val["dspine_ce"])]
+        assert s["recipe" if t == "0" else "recipe_t1_winner"] == want
+    assert s["validation_suites_used"]["t0"] == ["code_val", "math_val", "prose_val"]
+    assert s["ratio_of_means_to_specforge_recipe"]["dspine_ce"]["t0"] == pytest.approx(
+        mean("dspine_ce", "0") / mean("dspine_sf", "0"), abs=1e-4)
+    assert s["missing_evaluations"] == [] and (tmp_path / "lab_recipe_positions.png").is_file()
+    assert s["steps"] == 6 and set(s["training_curves"]) == {"dflash", "dspine", "dflash_seed1", "dspine_seed1",
+                                                            "dspine_sf", "dspine_ce"}
+    # a deadline that cut a validation suite: the choice uses the suites every arm has
+    os.remove(lab / "eval" / "dspine_ce_prose_val_t0.json")
+    assert lab_module("recipe").main(["--lab", str(lab), "--report", str(report), "--out", str(summary_path)]) == 0
+    assert json.load(open(summary_path))["validation_suites_used"]["t0"] == ["code_val", "math_val"]
+
+
+def test_corpus_validation_prompts_are_not_training_prompts(tmp_path):
+    """--val-prompts: a validation file per domain from the training split, disjoint from the training prompts,
+    which stay exactly those of a run without it."""
+    corpus = lab_module("corpus")
+    src = os.path.join(os.path.dirname(LAB), "..", "sglang_dspine")
+    read = lambda p: [json.loads(x)["id"] for x in open(p)]
+    common = ["--source", src, "--max-mb", "0.6", "--train-prompts", "6", "--suite-size", "2", "--workers", "1"]
+    corpus.main(["--out", str(tmp_path / "a")] + common)
+    corpus.main(["--out", str(tmp_path / "b"), "--val-prompts", "3"] + common)
+    for d in ("code", "prose", "math"):
+        a, b = (tmp_path / x / "prompts" for x in "ab")
+        val = read(b / f"{d}.val.jsonl")
+        assert len(val) == 3 and not set(val) & set(read(b / f"{d}.train.jsonl"))
+        assert not set(val) & set(read(b / f"{d}.heldout.jsonl"))
+        assert read(a / f"{d}.train.jsonl") == read(b / f"{d}.train.jsonl")
+        assert not (a / f"{d}.val.jsonl").exists()
+    assert json.load(open(tmp_path / "b" / "manifest.json"))["prompts.math.val"] == 3

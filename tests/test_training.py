@@ -408,7 +408,8 @@ def test_cli_end_to_end(tiny_dir, tmp_path):
     metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     for m in metrics:
-        assert {"ce", "l1", "refinement", "alignment", "accuracy", "candidate_coverage", "lr"} <= set(m)
+        # the default recipe (ce): no L1 term
+        assert {"ce", "refinement", "alignment", "accuracy", "candidate_coverage", "lr"} <= set(m) and "l1" not in m
         assert len(m["accuracy_per_position"]) == 3
     assert metrics[0]["replacement_p"] == 0.5 and metrics[-1]["replacement_p"] == 0.0
     assert metrics[1]["beta"] > metrics[0]["beta"]
@@ -548,8 +549,10 @@ from sglang_dspine.training.train_config import TrainConfig
 from sglang_dspine.training.trainer import train
 torch.set_num_threads(1)
 data, out, bs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+# SpecForge's recipe: every term active, the L1 one too. (On the ce recipe a few near-zero gradient elements differ
+# by summation order and Adam's first steps scale them to ~0.1 lr: 2.9e-4 here at lr 3e-3, 2.9e-6 at 3e-5.)
 train(TrainConfig(data=data, output_dir=out, num_draft_layers=2, block_size=4, num_anchors=100, target_layer_ids=[1, 2],
-                  batch_size=bs, max_steps=3, lr=3e-3, replacement=False, progress=False,
+                  batch_size=bs, max_steps=3, lr=3e-3, replacement=False, progress=False, recipe="specforge",
                   dspine=dict(transfer_rank=16, message_size=8, top_k=4, alignment_warmup_steps=1)),
       target=make_target(seed=0))
 """
@@ -581,7 +584,7 @@ def test_torchrun_ddp_equals_one_process(target, tmp_path):
                    capture_output=True, timeout=300)
     a, b = (load_drafter(str(tmp_path / x / "final")).state_dict() for x in ("ddp", "one"))
     for k, v in a.items():
-        assert torch.allclose(v.float(), b[k].float(), atol=5e-5), k
+        assert torch.allclose(v.float(), b[k].float(), atol=5e-5), (k, float((v.float() - b[k].float()).abs().max()))
     steps = [json.loads(line)["step"] for line in open(tmp_path / "ddp" / "metrics.jsonl")]
     assert steps == [3]  # one log (rank 0 only)
 

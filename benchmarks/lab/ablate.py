@@ -4,8 +4,10 @@ Trained on the lab's data with the lab's own training command (its DSpine or DFl
   no_alignment      DSpine, --no-alignment-loss
   no_refinement     DSpine, --no-refinement-loss
   ce_only           DSpine with --ce-weight 1: its backbone and refinement terms on CE alone, as DFlash's backbone
-  dflash_mix        DFlash with --dflash-ce-weight set to the lab DSpine's ce_weight: DSpine's CE/L1 mix to the
-                    teacher, without the injection (with ce_only: the objective's share of a DSpine/DFlash gap)
+                    (the `ce` recipe's value: a change only for a lab trained on another recipe)
+  specforge         DSpine with --recipe specforge: SpecForge's 0.1·CE + 0.9·L1 to the teacher
+  dflash_mix        DFlash with --dflash-ce-weight at SpecForge's DSpine ce_weight (0.1): that CE/L1 mix without
+                    the injection (with specforge: the objective's share of a DSpine/DFlash gap)
 Evaluated from the trained DSpine drafter, nothing retrained:
   walk_off          the transition table unused: the backbone's argmax at every position
   injection_off     the injection's writes zeroed at evaluation (the trained backbone alone)
@@ -26,20 +28,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from sglang_dspine.drafter.config import DSpineSettings
 from sglang_dspine.source_files import OUTSIDE_REPO
 
-# variant -> (the lab training command it changes, the flags it adds); dflash_mix's weight is read from the lab
+# variant -> (the lab training command it changes, the flags it adds)
 TRAIN_FLAGS = {"no_alignment": ("dspine", ["--no-alignment-loss"]),
                "no_refinement": ("dspine", ["--no-refinement-loss"]),
                "ce_only": ("dspine", ["--ce-weight", "1"]),
-               "dflash_mix": ("dflash", ["--dflash-ce-weight", None])}
+               "specforge": ("dspine", ["--recipe", "specforge"]),
+               "dflash_mix": ("dflash", ["--dflash-ce-weight", str(DSpineSettings().ce_weight)])}
 VARIANTS = ("walk_off", "injection_off", *TRAIN_FLAGS)
-
-
-def lab_ce_weight(lab: str) -> float:
-    """The ce_weight the lab's DSpine drafter was trained with (its exported dspine_config)."""
-    cfg = json.load(open(os.path.join(lab, "drafters", "dspine", "config.json")))
-    return float(cfg["dspine_config"]["ce_weight"])
 
 
 def lab_train_command(lab: str, kind: str = "dspine") -> list[str]:
@@ -56,7 +54,6 @@ def train(lab: str, name: str, work: str) -> str:
         kind, flags = TRAIN_FLAGS[name]
         cmd = lab_train_command(lab, kind)
         cmd[cmd.index("--output-dir") + 1] = out
-        flags = [str(lab_ce_weight(lab)) if f is None else f for f in flags]
         argv = [sys.executable, "-m", "sglang_dspine.cli"] + cmd[1:] + flags
         print("$", " ".join(argv[2:]), f"> {out}.log", flush=True)
         os.makedirs(work, exist_ok=True)

@@ -253,12 +253,6 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
                 chain(v)
             except (RuntimeError, OSError, ValueError) as e:
                 record(v.name, e)
-    mps_env = None
-    if after and parallel and lab.p.get("eval_mps"):  # the evaluations alone on the GPU: as clients of one MPS
-        mps = lab_module("mps")
-        mps_env = mps.start(lab.path("mps"), lab.log)
-        if mps_env:
-            lab.runner.env = {**(lab.runner.env or os.environ), **mps_env}
     if after:
         for v in todo:
             if v.name not in failed:
@@ -275,17 +269,7 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
                 record(name, e)
     if eval_pool is not None:
         eval_pool.shutdown()
-    if mps_env:
-        lab_module("mps").stop(mps_env)
-        lab.runner.env = {k: v for k, v in lab.runner.env.items() if k not in mps_env}
     return failed
-
-
-def lab_module(name: str):
-    """A sibling lab file as a module (sglang_dspine.source_files.load_file)."""
-    from sglang_dspine.source_files import load_file
-
-    return load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"), f"dspine_lab_{name}")
 
 
 # --------------------------------------------------------------------------------------------- results

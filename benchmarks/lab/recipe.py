@@ -6,7 +6,9 @@ Reads a lab built by `run.py --preset recipe` (its evaluations and training metr
 The decision rule, fixed before the run:
   1. choice: the DSpine arms trained at the same length and seed on the same data differ only in the recipe
      (`--recipe`). On the validation prompts (drawn from the training split, never trained on, never the
-     held-out suites) the default recipe is the one with the higher mean τ over the validation suites at T=0;
+     held-out suites) the default recipe is the one with the higher mean τ over the validation suites at T=0
+     (over those evaluated for every arm, where a deadline cut some: `validation_suites_used` names them; a
+     tie chooses nothing);
      the T=1 winner is reported beside it (if it differs, the choice depends on temperature, and says so);
   2. report, on the held-out suites only: the paper's statistic, the ratio of mean τ over the suites of DSpine
      (trained on the chosen recipe) to DFlash (CE, its own best recipe), per seed and the mean over seeds, at T=0
@@ -23,6 +25,8 @@ import os
 import statistics
 import sys
 from typing import Any
+
+from sglang_dspine.provenance import git_commit
 
 TEMPS = ("t0", "t1")
 
@@ -85,6 +89,7 @@ def summarize(lab: str, report: dict[str, Any]) -> dict[str, Any]:
                      "mean_of_suite_ratios beside it",
         "suites": suites, "validation_suites": val_suites,
         **{k: report.get(k) for k in ("command", "commit", "device", "versions", "date")},
+        "summary_commit": git_commit(),  # the code that wrote this summary from the lab's files
         "steps": int(p["train_steps"]), "seeds": seeds,
         "target": {k: (report.get("target") or {}).get(k) for k in ("parameters", "steps", "heldout_loss")},
         "data": report.get("data"),
@@ -103,10 +108,18 @@ def summarize(lab: str, report: dict[str, Any]) -> dict[str, Any]:
                 val[a["name"]][tk] = {"tau": {s: _r(r["tau"]) for s, r in rows.items()},
                                       "mean_tau": _r(mean_tau(rows, val_suites))}
     out["validation"] = val
-    chosen = {}
+    chosen, used = {}, {}
     for tk in TEMPS:
-        scored = [(v[tk]["mean_tau"], v["recipe"]) for v in val.values() if v[tk]["mean_tau"] is not None]
-        chosen[tk] = max(scored)[1] if len(scored) == len(val) and len(scored) > 1 else None
+        # the suites every arm was evaluated on (a deadline can cut the last ones)
+        common = [x for x in val_suites if val and all(x in v[tk]["tau"] for v in val.values())]
+        used[tk] = common
+        scored = [(statistics.mean(v[tk]["tau"][x] for x in common), v["recipe"]) for v in val.values()] if common else []
+        for (m, _), v in zip(scored, val.values()):
+            v[tk]["mean_tau_common"] = _r(m)
+        best = max(scored)[0] if len(scored) > 1 else None
+        winners = [r for m, r in scored if m == best]
+        chosen[tk] = winners[0] if len(winners) == 1 else None  # a tie chooses nothing
+    out["validation_suites_used"] = used
     out["recipe"] = chosen["t0"]
     out["recipe_t1_winner"] = chosen["t1"]
     out["recipe_depends_on_temperature"] = (chosen["t0"] != chosen["t1"]
@@ -161,6 +174,13 @@ def summarize(lab: str, report: dict[str, Any]) -> dict[str, Any]:
         row["train_last"] = c[-1] if c else None
         table[n] = row
     out["arms"] = table
+    # each DSpine arm against the SpecForge-recipe arm trained as long, on the same seed (held-out)
+    ref = {(r["steps"], r["seed"]): n for n, r in table.items() if r["recipe"] == "specforge"}
+    out["ratio_of_means_to_specforge_recipe"] = {
+        n: {tk: _r(r[tk]["mean_tau"] / table[ref[r["steps"], r["seed"]]][tk]["mean_tau"])
+            if r[tk]["mean_tau"] and table[ref[r["steps"], r["seed"]]][tk]["mean_tau"] else None for tk in TEMPS}
+        for n, r in table.items()
+        if r["kind"] == "dspine" and r["recipe"] != "specforge" and (r["steps"], r["seed"]) in ref}
     out["training_curves"] = {n: curve(lab, n) for n in names}
     missing = [n for n, r in table.items() for tk in TEMPS if r[tk]["mean_tau"] is None]
     out["missing_evaluations"] = sorted(set(missing))
@@ -168,38 +188,42 @@ def summarize(lab: str, report: dict[str, Any]) -> dict[str, Any]:
 
 
 def plot(summary: dict[str, Any], path: str) -> str:
-    """Acceptance per block position (math and the suites' mean, T=0 and T=1) and the training curves."""
+    """Acceptance per block position (math; the mean of the other suites) at T=0 and T=1, and the training
+    curves (backbone accept length on the training batches)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, tk in zip(axes[:2], TEMPS):
+    panels = [(tk, part) for tk in TEMPS for part in ("math", "others")]
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(5 * (len(panels) + 1), 4))
+    for ax, (tk, part) in zip(axes, panels):
         for seed, row in (summary["position_acceptance"].get(tk) or {}).items():
             for kind, style in (("dflash", "--"), ("dspine", "-")):
-                per_suite = row.get(kind) or {}
+                per_suite = {s: v for s, v in (row.get(kind) or {}).items() if (s == "math") == (part == "math")}
                 if not per_suite:
                     continue
                 n = min(len(v) for v in per_suite.values())
                 mean = [sum(v[i] for v in per_suite.values()) / len(per_suite) for i in range(n)]
                 ax.plot(range(1, n + 1), mean, style, label=f"{kind} seed {seed}")
-        ax.set_title(f"acceptance per block position, T={tk[1:]} (mean over suites)")
+        ax.set_title(f"T={tk[1:]}, {'math' if part == 'math' else 'other suites (mean)'}")
         ax.set_xlabel("block position")
         ax.set_ylabel("share of rounds accepted this far")
-        ax.legend(fontsize=8)
-    ax = axes[2]
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    ax = axes[-1]
     for name, rows in summary["training_curves"].items():
         pts = [(r["step"], r["backbone_accept_len"]) for r in rows if "backbone_accept_len" in r]
         if pts:
             ax.plot(*zip(*pts), "--" if name.startswith("dflash") else "-", label=name)
     ax.set_title("training batches: backbone accept length")
     ax.set_xlabel("step")
-    ax.legend(fontsize=7)
-    fig.suptitle(f"recipe lab: ratio of mean τ DSpine ÷ DFlash {summary.get('tau_ratio_of_means_t0')} (T=0), "
-                 f"{summary.get('tau_ratio_of_means_t1')} (T=1), {summary['steps']} steps")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.suptitle(f"recipe lab, {summary['steps']} steps: ratio of mean τ DSpine ÷ DFlash "
+                 f"{summary.get('tau_ratio_of_means_t0')} at T=0, {summary.get('tau_ratio_of_means_t1')} at T=1")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 

@@ -118,7 +118,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                "val": True},
               {"name": "dspine_ce_s600", "kind": "dspine", "steps": 600, "flags": ["--recipe", "ce"], "val": True}],
         val_suites="code,math,prose", eval_batched=True, eval_jobs=14, train_jobs=6, step_threads=2,
-        eval_after_training=True, eval_mps=True,
+        eval_after_training=True,
     ),
     "full": dict(
         corpus_mb=200.0, train_prompts=6000, suite_size=128, corpus_workers=0,
@@ -142,12 +142,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 # suites `val_suites` (DOMAIN_val) an arm with "val" is also evaluated on; suite_limits: prompts of a suite other
 # than eval_limit ("math=24"); eval_batched: one evaluation process per drafter and temperature over all its
 # suites (eval_suites.py) instead of one per suite; dspine_recipe: `--recipe` of the DSpine trainings (None: the
-# trainer's default); eval_mps: the evaluations after the trainings run as clients of a CUDA MPS daemon (mps.py).
+# trainer's default).
 GRID_DEFAULTS: dict[str, Any] = dict(suites="code,math,prose", curve_steps="", seeds="", depth_layers="",
                                      depth_steps=0, upgrade_frac=0.0, grid_temperatures="0", eval_jobs=0,
                                      train_jobs=0, step_threads=0, eval_after_training=False, walk_off="",
                                      arms=[], val_prompts=0, val_suites="", suite_limits="", eval_batched=False,
-                                     dspine_recipe=None, eval_mps=False)
+                                     dspine_recipe=None)
 # target_steps: train the target for this many steps instead of target_seconds (the tiny preset: the same target
 # on a fast or a loaded machine, so its tests do not depend on how busy the CPU is).
 for _p in PRESETS.values():
@@ -494,14 +494,15 @@ class Lab:
 
     # ---- 5 (offline) eval
     def suite_prompts(self, val: bool = False) -> list[tuple[str, str, int]]:
-        """(suite, prompts file, prompts used) of the held-out suites, and with val the validation ones."""
+        """(suite, prompts file, prompts used) of the held-out suites, and with val the validation ones first
+        (settings are chosen on them: a deadline should cut held-out suites of those drafters instead)."""
         limits = {k: int(v) for k, _, v in (x.partition("=") for x in str(self.p["suite_limits"]).split(",") if x)}
         out = [(s, self.path("corpus", "prompts", f"{s}.heldout.jsonl"), limits.get(s, int(self.p["eval_limit"])))
                for s in self.suites]
         if val:
-            out += [(f"{d}_val", self.path("corpus", "prompts", f"{d}.val.jsonl"),
-                     limits.get(f"{d}_val", int(self.p["eval_limit"])))
-                    for d in str(self.p["val_suites"]).split(",") if d]
+            out = [(f"{d}_val", self.path("corpus", "prompts", f"{d}.val.jsonl"),
+                    limits.get(f"{d}_val", int(self.p["eval_limit"])))
+                   for d in str(self.p["val_suites"]).split(",") if d] + out
         return out
 
     def eval_steps(self, name: str, temps: list[float], decoding: str = "walk",

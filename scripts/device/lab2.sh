@@ -49,9 +49,9 @@ recipe lab plan (lease seconds on one H200; PRESET=recipe)
   6 trainings at once: DFlash and DSpine (ce) 1,800 steps at seeds
     0 and 1, DSpine specforge and ce at 600 steps (8,400 steps at
     the ~12 steps/s six 600-step trainings gave side by side)       700    1490
-  evaluations under CUDA MPS, one process per drafter and T         120    1610
-    (deadline: lease LAB_BY=1690)
-  recipe.py summary + archive                                       15    1625   (of 1800)
+  evaluations, one process per drafter and T (seen 163 s: cut)     150    1640
+    (deadline: lease LAB_BY, default 1690; the 320944e lease set 1640)
+  recipe.py summary + archive                                       15    1655   (of 1800)
 device calls, none longer than ~540 s: `start && wait 510`, `wait 540`, `wait 540`, `wait` until DONE
 EOF
   return; }
