@@ -112,6 +112,22 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
+def check_records(flag: str, path: str, what: str) -> None:
+    """A local JSONL input read through once before any model loads (an 8B target takes minutes to load): a line
+    that is not a JSON object, or a file with no record, is refused naming the flag. Anything else (a datasets
+    name) is left to its loader."""
+    from .training.jsonl import DataError, iter_jsonl
+
+    if not os.path.isfile(path):
+        return
+    try:
+        n = sum(1 for _ in iter_jsonl(path))
+    except DataError as e:
+        raise CLIError(f"{flag} {e}") from None
+    if n == 0:
+        raise CLIError(f"{flag} {path}: empty (no {what} in it)")
+
+
 def _data_run(args: argparse.Namespace) -> int:
     import torch
 
@@ -119,6 +135,7 @@ def _data_run(args: argparse.Namespace) -> int:
     from .training.data import HFGenerator, SGLangGenerator, eos_ids_of, regenerate, tokenize_conversations
 
     check_model_dir("--target", args.target)
+    check_records("--prompts", args.prompts, "prompts")
     tokenizer = load_tokenizer(args.tokenizer, args.target)
     if not args.regenerate:
         if tokenizer is None:
@@ -273,6 +290,7 @@ def _train_run(args: argparse.Namespace) -> int:
     tc = train_config_from_args(args)
     if not os.path.isfile(tc.data):
         raise CLIError(f"--data {tc.data}: not found (a conversation JSONL, or token data from `sglang-dspine data`)")
+    check_records("--data", tc.data, "training records")
     if tc.init:
         if not os.path.isfile(os.path.join(tc.init, "config.json")):
             raise CLIError(f"--init {tc.init}: no config.json there")
@@ -375,6 +393,7 @@ def _eval_run(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         raise CLIError(f"--drafter {e}") from None
     cfg = check_drafter_dir(src)  # before the target is loaded
+    check_records("--prompts", args.prompts, "prompts")
     if args.decoding == "argmax" and not (cfg.is_dspine or args.as_dspine):
         raise CLIError(f"--decoding argmax: drafter {src} is a DFlash drafter, which always drafts the argmax "
                        "(the walk-off ablation is for DSpine drafters)")

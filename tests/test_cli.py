@@ -213,3 +213,60 @@ def test_eval_decoding_argmax_is_the_backbone_argmax(ws, capsys, tmp_path):
     rc, err = run(capsys, ["eval", "--target", ws / "target", "--drafter", tmp_path / "dflash", "--prompts", prompts,
                            "--decoding", "argmax"])
     assert_one_line(rc, err, "sglang-dspine eval: error: --decoding argmax: drafter ", "is a DFlash drafter")
+
+
+@pytest.mark.parametrize("command,flag,what", [("data", "--prompts", "prompts"), ("eval", "--prompts", "prompts"),
+                                               ("train", "--data", "training records")])
+def test_bad_or_empty_inputs_are_refused_before_the_target_loads(ws, capsys, monkeypatch, tmp_path, command, flag,
+                                                                 what):
+    """A line that is not JSON, or a file with no record, fails in one line before any model loads (the target's
+    loader is never reached), and `data` leaves no output behind."""
+    import sglang_dspine.cli as cli
+
+    def never(*a, **k):
+        raise AssertionError("the target was loaded before the input was checked")
+
+    monkeypatch.setattr(cli, "load_target", never)
+    out = tmp_path / "out.jsonl"
+    bad, empty = tmp_path / "bad.jsonl", tmp_path / "empty.jsonl"
+    bad.write_text(json.dumps({"prompt_ids": [1, 2]}) + "\n{not json\n")
+    empty.write_text("\n\n")
+    for path, want in ((bad, f"{flag} {bad}:2: not valid JSON"), (empty, f"{flag} {empty}: empty (no {what} in it)")):
+        argv = commands(ws)[command]
+        argv[argv.index(flag) + 1] = path
+        if command == "data":
+            argv[argv.index("--output") + 1] = out
+        if command == "train":
+            argv = [a for a in argv if a not in ("--init", ws / "dspine")]
+        rc, err = run(capsys, argv)
+        assert_one_line(rc, err, f"sglang-dspine {command}: error: {want}")
+        assert not out.exists()
+
+
+def test_max_steps_below_one_is_refused(ws, capsys):
+    for n in ("0", "-1"):
+        rc, err = run(capsys, commands(ws)["train"] + ["--max-steps", n])
+        assert_one_line(rc, err, f"--max-steps {n}: expected >= 1")
+
+
+def test_a_failed_regeneration_leaves_no_empty_output(ws, tmp_path):
+    """`data` stopped by an error before its first record (here a prompt the tokenizer-less target cannot render)
+    removes the output file it created; a file that existed is kept as it was."""
+    from sglang_dspine.training.data import regenerate
+    from sglang_dspine.training.jsonl import DataError
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "needs a tokenizer"}) + "\n")
+    out = tmp_path / "o.jsonl"
+
+    class Unused:
+        def generate(self, prompts):
+            raise AssertionError("nothing to generate")
+
+    with pytest.raises(DataError):
+        regenerate(str(prompts), str(out), Unused(), tokenizer=None, progress=False)
+    assert not out.exists()
+    out.write_text("")
+    with pytest.raises(DataError):
+        regenerate(str(prompts), str(out), Unused(), tokenizer=None, progress=False)
+    assert out.exists()

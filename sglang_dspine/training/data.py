@@ -27,6 +27,7 @@ written (a torn last line from a crash is dropped first).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -263,6 +264,23 @@ def records_to_do(records: Iterable[tuple[str, dict]], source: str, limit: int |
             yield rid, rec
 
 
+@contextlib.contextmanager
+def appending(output: str):
+    """`output` opened for appending (reruns resume); a file this call created is removed again when the call
+    fails before writing anything into it, so an error never leaves an empty output behind."""
+    existed = os.path.exists(output)
+    f = open(output, "a", encoding="utf-8")
+    try:
+        yield f
+    except BaseException:
+        f.close()
+        if not existed and os.path.getsize(output) == 0:
+            os.remove(output)
+        raise
+    finally:
+        f.close()
+
+
 def regenerate(source: str, output: str, generator, tokenizer=None, *, enable_thinking: bool | None = None,
                system_prompt: str | None = None, split: str = "train", limit: int | None = None,
                max_prompt_len: int | None = None, batch_size: int = 64, progress: bool = True,
@@ -303,7 +321,7 @@ def regenerate(source: str, output: str, generator, tokenizer=None, *, enable_th
         bar.update(len(pending))
         pending.clear()
 
-    with open(output, "a", encoding="utf-8") as f:
+    with appending(output) as f:
         for rid, rec in records_to_do(iter_records(source, split), source, limit, done):
             ids = prompt_ids(rec, tokenizer, enable_thinking, system_prompt, where=f"{source} id {rid}",
                              chat_template=chat_template)
@@ -365,7 +383,7 @@ def tokenize_conversations(source: str, output: str, tokenizer, chat: ChatFormat
     done = read_done_ids(output)
     stats = {"already_done": len(done), "written": 0, "skipped_no_assistant": 0}
     markers = turn_markers(tokenizer, chat)
-    with open(output, "a", encoding="utf-8") as f:
+    with appending(output) as f:
         records = tqdm(iter_records(source, split), desc="tokenize", unit="conversation", disable=not progress,
                        dynamic_ncols=True)
         for rid, rec in records_to_do(records, source, limit, done):

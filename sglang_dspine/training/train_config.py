@@ -101,6 +101,8 @@ class TrainConfig:
             bad("precision", "'auto', 'bf16' or 'fp32'")
         if self.freeze_backbone and self.kind != "dspine":
             raise ValueError("--freeze-backbone: a DFlash drafter has nothing but a backbone to train")
+        if self.max_steps is not None and self.max_steps < 1:
+            bad("max_steps", ">= 1 (leave it out to train --epochs)")
         if self.max_steps is None and self.epochs <= 0:
             bad("epochs", "> 0 (or give --max-steps)")
         if self.target_layer_ids is not None and (not self.target_layer_ids or min(self.target_layer_ids) < 0):
