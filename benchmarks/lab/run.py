@@ -97,29 +97,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         upgrade_frac=0.15, grid_temperatures="0", eval_jobs=16, train_jobs=4, step_threads=2,
         eval_after_training=True, walk_off="dspine,dspine_seed1",
     ),
-    # The recipe lab (issue "recipe"; benchmarks/lab/recipe.py reads it): the second edition's corpus, target
-    # and drafter shape, with 3x the training prompts (9,600 a domain, regenerated in batches of 3,072) and 16
-    # validation prompts a domain set apart; the main pair trained 3x longer (1,800 steps, DSpine on the `ce`
-    # recipe) at seeds 0 and 1; and two 600-step DSpine arms, SpecForge's recipe and `ce`, evaluated on the
-    # validation prompts too, where the default recipe is chosen. Evaluations: one process per drafter and
-    # temperature over every suite (eval_suites.py), 12 prompts a suite, 24 on math.
-    "recipe": dict(
-        corpus_mb=300.0, train_prompts=9600, val_prompts=16, suite_size=64, corpus_workers=0,
-        vocab=8192, tokenizer_mb=32.0,
-        target_args=["--hidden", "512", "--layers", "12", "--heads", "8", "--kv-heads", "4", "--head-dim", "64",
-                     "--intermediate", "1536", "--batch-size", "64", "--lr", "1e-3"],
-        target_seconds=480.0,
-        gen_tokens=192, gen_batch=3072, data_seconds=110.0, max_prompt_len=448,
-        draft_layers=5, block_size=16, target_layer_ids=None, transfer_rank=None, message_size=None, top_k=16,
-        train_steps=1800, train_batch=16, num_anchors=128, max_length=640, train_lr=6e-4, chunk_blocks=0,
-        eval_limit=12, suite_limits="math=24", eval_tokens=80, temperatures="0,1", threads=0, jobs=16,
-        deadline_s=None, suites="math,code,prose,humaneval", seeds="1", dspine_recipe="ce",
-        arms=[{"name": "dspine_specforge_s600", "kind": "dspine", "steps": 600, "flags": ["--recipe", "specforge"],
-               "val": True},
-              {"name": "dspine_ce_s600", "kind": "dspine", "steps": 600, "flags": ["--recipe", "ce"], "val": True}],
-        val_suites="code,math,prose", eval_batched=True, eval_jobs=14, train_jobs=6, step_threads=2,
-        eval_after_training=True,
-    ),
     "full": dict(
         corpus_mb=200.0, train_prompts=6000, suite_size=128, corpus_workers=0,
         vocab=8192, tokenizer_mb=40.0,
@@ -129,6 +106,23 @@ PRESETS: dict[str, dict[str, Any]] = {
         train_steps=2000, train_batch=16, num_anchors=128, max_length=768, train_lr=1e-3, chunk_blocks=0,
         eval_limit=128, eval_tokens=256, temperatures="0,1", threads=0, jobs=12, deadline_s=None,
     ),
+}
+
+# The recipe lab (benchmarks/lab/recipe.py reads it; docs/training_recipe.md): the second edition's corpus,
+# target and drafter shape, with 3x the training prompts (9,600 a domain, regenerated in batches of 3,072) and
+# 16 validation prompts a domain set apart; the main pair trained 3x longer (1,800 steps, DSpine on the `ce`
+# recipe) at seeds 0 and 1; and two 600-step DSpine arms, SpecForge's recipe and `ce`, evaluated on the
+# validation prompts too, where the default recipe is chosen. No curve, depth, upgrade or walk-off. Evaluations:
+# one process per drafter and temperature over every suite (eval_suites.py), 12 prompts a suite, 24 on math.
+PRESETS["recipe"] = {
+    **{k: v for k, v in PRESETS["second"].items()
+       if k not in ("curve_steps", "depth_layers", "depth_steps", "upgrade_frac", "grid_temperatures", "walk_off")},
+    "train_prompts": 9600, "val_prompts": 16, "gen_batch": 3072, "data_seconds": 110.0, "train_steps": 1800,
+    "eval_limit": 12, "suite_limits": "math=24", "suites": "math,code,prose,humaneval", "dspine_recipe": "ce",
+    "arms": [{"name": "dspine_specforge_s600", "kind": "dspine", "steps": 600, "flags": ["--recipe", "specforge"],
+              "val": True},
+             {"name": "dspine_ce_s600", "kind": "dspine", "steps": 600, "flags": ["--recipe", "ce"], "val": True}],
+    "val_suites": "code,math,prose", "eval_batched": True, "eval_jobs": 14, "train_jobs": 6,
 }
 
 
