@@ -73,6 +73,20 @@ def plot_serving(path: str) -> str:
     return out
 
 
-if __name__ == "__main__":
-    for p in sys.argv[1:]:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("results", nargs="+", help="an offline lab JSON, or serve_step_cost.py's JSON")
+    args = ap.parse_args(argv)
+    for p in args.results:
+        if not os.path.isfile(p):
+            ap.error(f"{p}: not found")
         print(plot_serving(p) if "repeats" in json.load(open(p)) else plot(p))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

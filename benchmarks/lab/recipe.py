@@ -113,7 +113,8 @@ def summarize(lab: str, report: dict[str, Any]) -> dict[str, Any]:
         # the suites every arm was evaluated on (a deadline can cut the last ones)
         common = [x for x in val_suites if val and all(x in v[tk]["tau"] for v in val.values())]
         used[tk] = common
-        scored = [(statistics.mean(v[tk]["tau"][x] for x in common), v["recipe"]) for v in val.values()] if common else []
+        scored = ([(statistics.mean(v[tk]["tau"][x] for x in common), v["recipe"]) for v in val.values()]
+                  if common else [])
         for (m, _), v in zip(scored, val.values()):
             v[tk]["mean_tau_common"] = _r(m)
         best = max(scored)[0] if len(scored) > 1 else None

@@ -258,16 +258,22 @@ def _set_value(kv: str, old: Any, v: str) -> Any:
     return v if old is None else type(old)(v)
 
 
+def preset_with(name: str, sets: list[str] | None) -> dict[str, Any]:
+    """A preset's values with `--set key=value` overrides (each of the preset value's type)."""
+    p = dict(PRESETS[name])
+    for kv in sets or []:
+        k, _, v = kv.partition("=")
+        if k not in p:
+            raise SystemExit(f"--set {kv}: unknown key; known: {sorted(p)}")
+        p[k] = _set_value(kv, p[k], v)
+    return p
+
+
 # --------------------------------------------------------------------------------------------- stages
 class Lab:
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        self.p = dict(PRESETS[args.preset])
-        for kv in args.set or []:
-            k, _, v = kv.partition("=")
-            if k not in self.p:
-                raise SystemExit(f"--set {kv}: unknown key; known: {sorted(self.p)}")
-            self.p[k] = _set_value(kv, self.p[k], v)
+        self.p = preset_with(args.preset, args.set)
         if args.jobs is not None:
             self.p["jobs"] = args.jobs
         self.out = os.path.abspath(args.out)
@@ -709,8 +715,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--show-preset", action="store_true", help="print the preset's values and exit")
     args = p.parse_args(argv)
     args.argv = argv
-    if args.show_preset:
-        print(json.dumps(PRESETS[args.preset], indent=2))
+    if args.show_preset:  # with the --set values applied
+        print(json.dumps(preset_with(args.preset, args.set), indent=2))
         return 0
     stages = [s for s in args.stages.split(",") if s]
     bad = [s for s in stages if s not in STAGES]
