@@ -2,7 +2,8 @@
 # Set up (first run: a virtualenv with SGLang and the pinned packages, a few minutes) and run the CPU test suite.
 #   bash scripts/test.sh [--sglang VERSION] [PATH[::TEST] ...] [pytest flags]
 # With test paths, runs just those; without, the whole tests/ folder, or, for an import-time environment (below),
-# the tests that import SGLang: the plugin, SGLang-model and checkpoint tests. Other arguments go to pytest.
+# the tests that import SGLang: the plugin, serving-glue, log-prob and checkpoint tests. Other arguments go to
+# pytest.
 # --sglang: one of setup.py's SGLANG_RELEASES (default: the first, the GPU-verified one, in .venv); another
 # release gets its own virtualenv, .venv-VERSION. Every package is installed at the version in
 # locks/sglang-VERSION.txt (scripts/lock.sh refreshes it), so a dependency's new release cannot change the
@@ -40,7 +41,7 @@ if [ -f "locks/sglang-$version.imports" ]; then
     --no-deps -r "$lock"
   PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
     --no-deps -e .
-  all_tests=(tests/test_plugin.py tests/test_logprobs.py tests/test_checkpoint.py)
+  all_tests=(tests/test_plugin.py tests/test_serving_glue.py tests/test_logprobs.py tests/test_checkpoint.py)
 else
   # -c pins what this install resolves.
   PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \

@@ -1,5 +1,6 @@
 """Checkpoint layouts round-trip, and every broken checkpoint is refused with a message naming the field."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,3 +114,84 @@ def test_refuses_a_drafter_for_another_target(tmp_path, dspine, target):
         load_drafter(str(tmp_path), target_head=torch.randn(80, head.shape[1]))
     with pytest.raises(DrafterConfigError, match="hidden_size: expected 32 \\(the target's\\), found 64"):
         load_drafter(str(tmp_path), target_head=torch.randn(head.shape[0], 32))
+
+
+# ------------------------------------------------------------------------------- SpecForge's own layout
+# tests/fixtures/specforge/qwen3-8b-dspine.json is SpecForge's configs/qwen3-8b-dspine.json verbatim
+# (sgl-project/SpecForge at 211b87fc7d707e3a628cb95de5c73340af863c04).
+SPECFORGE_CONFIG = Path(__file__).parent / "fixtures" / "specforge" / "qwen3-8b-dspine.json"
+
+
+def specforge_tensors(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """SpecForge's DSpineDraftModel state dict, name -> shape, written out from its module definitions
+    (specforge/modeling/draft/dflash.py: DFlashDraftModel, Qwen3DFlashDecoderLayer, Qwen3DFlashAttention in GQA
+    mode; dspine.py: AdjacentInjection and the transfer buffers), not from this package's model."""
+    h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    s, n = cfg["dspine_config"], cfg["num_hidden_layers"]
+    r, m = s["transfer_rank"], s["message_size"]
+    out = {"fc.weight": (h, len(cfg["dflash_config"]["target_layer_ids"]) * h), "hidden_norm.weight": (h,),
+           "norm.weight": (h,), "transfer_codes": (cfg["vocab_size"], r), "transfer_ready": (),
+           "injection.message.weight": (m, r), "injection.receiver_gate.weight": (m, r),
+           "injection.predecessor_gate.weight": (m, r), "injection.bias": (m,)}
+    for i in range(n):
+        p = f"layers.{i}."
+        out.update({p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                    p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+                    p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+                    p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                    p + "mlp.down_proj.weight": (h, inter), p + "input_layernorm.weight": (h,),
+                    p + "post_attention_layernorm.weight": (h,),
+                    f"injection.readouts.{i}.weight": (r, h), f"injection.writes.{i}.weight": (h, m)})
+    return out
+
+
+def test_specforge_release_config_and_tensor_names():
+    """SpecForge's own Qwen3-8B DSpine config parses to what it says, and the drafter built from it has exactly
+    SpecForge's tensor names and shapes (a rename on either side would break loading its checkpoints)."""
+    raw = json.loads(SPECFORGE_CONFIG.read_text())
+    cfg = DrafterConfig.from_dict(raw)
+    assert cfg.is_dspine and cfg.is_causal and cfg.block_size == 16 and cfg.num_hidden_layers == 5
+    assert (cfg.hidden_size, cfg.vocab_size, cfg.mask_token_id) == (4096, 151936, 151669)
+    assert cfg.target_layer_ids == [1, 9, 17, 25, 33]
+    s = cfg.dspine
+    assert (s.transfer_rank, s.message_size, s.top_k) == (1024, 512, 16)
+    with torch.device("meta"):
+        state = DSpineDrafter(cfg).state_dict()
+    assert {k: tuple(v.shape) for k, v in state.items()} == specforge_tensors(raw)
+
+
+def write_specforge_checkpoint(path, seed=0):
+    """A tiny drafter in SpecForge's layout: SpecForge's config fields with small sizes, a bf16 model.safetensors
+    with SpecForge's tensor names (random values, unit-norm transfer codes). Returns (config, tensors)."""
+    from safetensors.torch import save_file
+
+    cfg = json.loads(SPECFORGE_CONFIG.read_text())
+    cfg.update(hidden_size=64, intermediate_size=128, head_dim=16, num_attention_heads=4, num_key_value_heads=2,
+               num_hidden_layers=2, max_window_layers=2, layer_types=["full_attention"] * 2, num_target_layers=4,
+               vocab_size=64, block_size=4, bos_token_id=1, eos_token_id=2)
+    cfg["dflash_config"] = {"mask_token_id": 63, "target_layer_ids": [1, 2]}
+    cfg["dspine_config"].update(transfer_rank=16, message_size=8, top_k=4)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, shape in specforge_tensors(cfg).items():
+        tensors[name] = (torch.randn(shape, generator=g) * 0.1).to(torch.bfloat16)
+    tensors["transfer_codes"] = torch.nn.functional.normalize(
+        torch.randn(64, 16, generator=g), dim=-1).to(torch.bfloat16)
+    tensors["transfer_ready"] = torch.tensor(True)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    save_file(tensors, path / "model.safetensors")
+    return cfg, tensors
+
+
+def test_specforge_layout_checkpoint_loads_by_name(tmp_path):
+    """A checkpoint written with SpecForge's names and config fields (not by this package) loads: every tensor
+    of the drafter is the file's tensor of the same name, the settings are the file's."""
+    cfg, tensors = write_specforge_checkpoint(tmp_path)
+    d = load_drafter(str(tmp_path), target_head=torch.randn(64, 64))
+    assert d.cfg.block_size == 4 and d.cfg.dspine.top_k == 4 and d.cfg.target_layer_ids == [1, 2]
+    state = d.state_dict()
+    assert set(state) == set(tensors)
+    for name, t in tensors.items():
+        assert torch.equal(state[name], t.to(state[name].dtype)), name

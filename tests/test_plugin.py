@@ -5,16 +5,15 @@ import subprocess
 import sys
 
 import pytest
+import sglang  # noqa: F401  (SGLang imported for real: a broken install fails these tests, never skips them)
+import sglang_on_cpu
 import torch
 from safetensors.torch import load_file
 
 from sglang_dspine.drafter.checkpoint import init_dspine_transfer, save_drafter
 from sglang_dspine.drafter.model import DSpineDrafter
 from sglang_dspine.drafter.tiny import drafter_config_for, make_target
-
-pytest.importorskip("sglang")
-
-from sglang_dspine.serving.plugin import sglang_version  # noqa: E402
+from sglang_dspine.serving.plugin import sglang_version
 
 
 @pytest.fixture(scope="module")
@@ -57,26 +56,10 @@ ON_0_5_23 = sglang_version() >= (0, 5, 23)
 
 def _args(root, draft, *extra):
     """The server arguments of a launch with this command line, settled and checked as the server does it."""
-    from sglang.srt.server_args import prepare_server_args
-
-    import sglang_dspine.serving.plugin as p
-
-    p.register()
-    args = prepare_server_args(["--model-path", str(root / "target"), "--speculative-algorithm", extra[0] if extra else "DSPINE",
-                                "--speculative-draft-model-path", str(draft), "--device", "cuda", *extra[1:]])
-    if ON_0_5_23:
-        args.resolve_once()
-    args.check_server_args()
-    return args
+    return sglang_on_cpu.server_args(root / "target", draft, *(extra or ["DSPINE"]))
 
 
-def _resolved(args):
-    """What the server reads from settled arguments."""
-    if not ON_0_5_23:
-        return args
-    from sglang.srt.arg_groups.overrides import resolving_view
-
-    return resolving_view(args)
+_resolved = sglang_on_cpu.resolved
 
 
 @pytest.mark.parametrize("extra", [[], ["--enable-mixed-chunk"]], ids=["defaults", "mixed-chunk"])
@@ -323,33 +306,12 @@ def test_unconverted_reference_release_is_refused_then_served_after_export(dirs)
 @pytest.fixture(scope="module")
 def sglang_cpu(dirs):
     """What building SGLang modules on CPU needs: a published config, a one-rank gloo group, CPU RoPE."""
-    import socket
-
-    import sglang.srt.layers.rotary_embedding.base as rope_base
-    from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
-    from sglang.srt.runtime_context import publish
-
     root, _ = dirs
-    publish(_args(root, root / "dspine"), role="test")
-    with socket.socket() as s:  # a free port: other test runs may share the machine
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
-                                 distributed_init_method=f"tcp://127.0.0.1:{port}")
-    if ON_0_5_23:
-        initialize_model_parallel()  # 0.5.23 reads the widths from the published configuration
-    else:
-        initialize_model_parallel(tensor_model_parallel_size=1)
-    rope_base._is_cpu, rope_base._is_cpu_amx_available = True, False
+    sglang_on_cpu.setup(_args(root, root / "dspine"))
     return root
 
 
-def _sglang_model(path):
-    from sglang.srt.utils.hf_transformers_utils import get_config
-
-    from sglang_dspine.serving.sglang_model import DSpineDraftModel
-
-    return DSpineDraftModel(get_config(str(path), trust_remote_code=False))
+_sglang_model = sglang_on_cpu.sglang_model
 
 
 @pytest.mark.parametrize("layout", ["specforge", "release"])
@@ -401,13 +363,6 @@ def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, t
     way the DFlash worker writes it; torch-native attention on CPU) against the plain drafter: two requests
     with different contexts in one flat batch, then its draft step's decoding, as the worker calls it. On the
     kernel path the injection and the decoding run on the Triton kernels (interpreter on CPU)."""
-    from types import SimpleNamespace
-
-    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-
     plain = dspine  # conftest: seed 1, transfer space from the head, random injection
     save_drafter(plain, tmp_path)
     model = _sglang_model(tmp_path).float()
@@ -415,48 +370,16 @@ def test_sglang_model_forward_equals_the_reference(sglang_cpu, tmp_path, path, t
     model.load_weights(iter(load_file(tmp_path / "model.safetensors").items()))
     step = model.draft_step
     assert step.kernels == (path == "kernels")
-    dc, b = plain.cfg, plain.cfg.block_size
+    b = plain.cfg.block_size
     head = target.lm_head.weight.detach()
     step.attach_head(head)
-
-    pool = MHATokenToKVPool(size=256, page_size=1, dtype=torch.float32, head_num=dc.num_key_value_heads,
-                            head_dim=dc.head_dim, layer_num=dc.num_hidden_layers, device="cpu",
-                            enable_memory_saver=False, enable_alt_stream=False)
-    req_to_token = ReqToTokenPool(size=4, max_context_len=128, device="cpu", enable_memory_saver=False)
-    backend = TorchNativeAttnBackend(SimpleNamespace(device="cpu", req_to_token_pool=req_to_token, token_to_kv_pool=pool))
-    g = torch.Generator().manual_seed(3)
     requests = [(7, 5), (4, 11)]  # (context length, anchor)
-    feats, block_locs, next_loc = [], [], 1
     with torch.no_grad():
-        for r, (s, _) in enumerate(requests):
-            f = torch.randn(s, len(dc.target_layer_ids) * dc.hidden_size, generator=g)
-            feats.append(f)
-            locs = torch.arange(next_loc, next_loc + s + b)
-            req_to_token.req_to_token[r, : s + b] = locs.to(req_to_token.req_to_token.dtype)
-            ctx = model.project_target_hidden(f)  # the DFlash worker's per-layer context K/V write
-            for layer in model.layers:
-                attn = layer.self_attn
-                k, v = attn.kv_proj_only(model.prepare_context_hidden_for_kv(layer, ctx))
-                k = attn.apply_k_rope(torch.arange(s), attn.apply_k_norm(k))
-                pool.set_kv_buffer(attn.attn, locs[:s], k.view(s, -1, dc.head_dim), v.view(s, -1, dc.head_dim), 1.0, 1.0)
-            block_locs.append(locs[s:])
-            next_loc += s + b
-        ids = torch.tensor([[a] + [dc.mask_token_id] * (b - 1) for _, a in requests]).view(-1)
-        emb = target.get_input_embeddings()(ids)
-        positions = torch.cat([s + torch.arange(b) for s, _ in requests])
-        fb = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=2, input_ids=ids,
-                          req_pool_indices=torch.tensor([0, 1]), seq_lens=torch.tensor([s + b for s, _ in requests]),
-                          out_cache_loc=torch.cat(block_locs), seq_lens_sum=sum(s + b for s, _ in requests),
-                          positions=positions, extend_prefix_lens=torch.tensor([s for s, _ in requests]),
-                          extend_seq_lens=torch.tensor([b, b]))
-        backend.init_forward_metadata(fb)
-        with forward_context(ForwardContext(attn_backend=backend)):
-            hidden = model.forward(ids, positions, fb, input_embeds=emb).hidden_states.view(2, b, -1)
+        out, _, refs = sglang_on_cpu.draft_forward(model, plain, target, requests)
+        hidden = out.hidden_states.view(2, b, -1)
         served = step.decode(hidden[:, 1:].reshape(-1, hidden.shape[-1]))
         for r, (s, a) in enumerate(requests):
-            kv = plain.context_kv(feats[r][None], torch.arange(s)[None])
-            ref = plain.forward_blocks(emb.view(2, b, -1)[r].view(1, 1, b, -1), (s + torch.arange(b)).view(1, 1, b), kv,
-                                       torch.ones(1, 1, s, dtype=torch.bool), torch.tensor([[a]]))
+            ref = refs[r]
             torch.testing.assert_close(hidden[r], ref.hidden[0, 0], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(step._pre_last.view(2, b, -1)[r], ref.pre_last[0, 0], atol=1e-5, rtol=1e-5)
             assert served[r].tolist() == plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist()

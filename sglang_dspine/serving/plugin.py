@@ -82,6 +82,9 @@ def _dspine_algo_class():
             # records writes; both read the same here. check_drafter_folder has run already, before SGLang's own
             # code read the drafter's config (sglang_patches.check_drafters_first).
             SpeculativeAlgorithm.handle_server_args(self, server_args)
+            from . import sglang_patches
+
+            sglang_patches.check_dflash_hooks()  # the DFlash hooks DSPINE's decoding needs (one line if not)
             check_server_args(server_args)
 
     for name in _TAKEN_FROM_SPECULATIVE_ALGORITHM:
@@ -192,6 +195,7 @@ def _worker_factory(server_args):
     from . import sglang_patches
     from .worker import DSpineLogprobWorker, DSpineWorker
 
+    sglang_patches.check_dflash_hooks()  # checked in the launcher already; this process's SGLang too
     sglang_patches.apply()
     # Where DFlash's own verify step returns log-probs, DSPINE's worker leaves them to it (computing them twice,
     # or hiding the request from it, would be wrong); elsewhere it supplies them.

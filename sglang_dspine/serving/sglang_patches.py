@@ -41,6 +41,13 @@ Patches 3 and 4 are applied at plugin registration, in every SGLang process (`ap
    prints `sglang-dspine: error: MESSAGE` on stderr and exits with code 2, as argparse does for a bad flag,
    instead of a traceback through SGLang's argument code. Code that builds the arguments itself (`sglang.Engine`)
    can catch it as a ValueError. Any other exception reaches the previous hook unchanged.
+
+What DSPINE relies on in SGLang's DFlash code is checked when a DSPINE server starts (`check_dflash_hooks`, from
+the algorithm's server-argument handling in the launcher, and again when the worker is created): the DFlash
+worker methods `worker.DSpineWorker` overrides (its draft decoding: DFlash's argmax sampler builder and eager
+argmax) and the names patch 1 replaces must exist and still be called by DFlash's own code. Otherwise DSPINE
+would run with DFlash's argmax drafting (outputs right, the speedup gone, nothing said), or verify with
+FlashInfer's renormalisation: the server is refused in one line instead (patch 4).
 """
 from __future__ import annotations
 
@@ -57,6 +64,71 @@ def _not_found(name: str) -> RuntimeError:
     """A patch whose target is missing would silently do nothing: refuse instead."""
     return RuntimeError(f"sglang-dspine: {name} not found in the installed SGLang "
                         f"{'.'.join(map(str, sglang_version()))}; the plugin cannot apply its change there")
+
+
+def _names_used(code) -> set[str]:
+    """Every global or attribute name a code object (and the functions defined inside it) refers to."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_names"):
+            names |= _names_used(c)
+    return names
+
+
+def _used_by(namespace: dict, name: str, module: str) -> list[str]:
+    """The functions of `namespace` (a class's or a module's own, defined in `module`) other than `name` that
+    refer to `name`: where DFlash's code still reaches a hook or a patched name."""
+    users = []
+    for key, value in namespace.items():
+        fn = getattr(value, "__func__", value)
+        code = getattr(fn, "__code__", None)
+        if key != name and code is not None and getattr(fn, "__module__", None) == module and \
+                name in _names_used(code):
+            users.append(key)
+    return users
+
+
+# (module, class or None, name, what DSPINE does with it): DFlash's names DSPINE overrides or patches.
+DFLASH_HOOKS = (
+    ("sglang.srt.speculative.dflash_worker_v2", "DFlashWorkerV2", "_maybe_build_draft_sampler",
+     "DSPINE's worker overrides it to fold its candidate decoding into the draft CUDA graph"),
+    ("sglang.srt.speculative.dflash_worker_v2", "DFlashWorkerV2", "_greedy_sample_from_vocab_parallel_head",
+     "DSPINE's worker overrides it to decode eagerly with its transition walk"),
+    ("sglang.srt.speculative.dflash_utils", None, "top_k_renorm_prob",
+     "DSPINE replaces it with SGLang's Triton renormalisation under PyTorch sampling"),
+    ("sglang.srt.speculative.dflash_utils", None, "top_p_renorm_prob",
+     "DSPINE replaces it with SGLang's Triton renormalisation under PyTorch sampling"),
+)
+
+
+def missing_dflash_hooks() -> list[str]:
+    """The DFLASH_HOOKS the installed SGLang lacks, or defines but no longer calls from its own code, one line
+    each ([] when all are in place)."""
+    import importlib
+
+    missing = []
+    for module_name, class_name, name, why in DFLASH_HOOKS:
+        module = importlib.import_module(module_name)
+        owner = getattr(module, class_name) if class_name else module
+        where = f"{module_name}.{class_name + '.' if class_name else ''}{name}"
+        if not hasattr(owner, name):
+            missing.append(f"{where} not found ({why})")
+        elif not _used_by(vars(owner), name, module_name):
+            missing.append(f"{where} is no longer called by SGLang's DFlash code ({why})")
+    return missing
+
+
+def check_dflash_hooks() -> None:
+    """Refuse a DSPINE server whose SGLang lacks a DFlash hook DSPINE needs (a `StartupRefusal`: one line)."""
+    from .plugin import ALGORITHM, StartupRefusal
+
+    missing = missing_dflash_hooks()
+    if missing:
+        raise StartupRefusal(
+            f"{ALGORITHM}: the installed SGLang {'.'.join(map(str, sglang_version()))} does not have what DSPINE "
+            f"needs from DFlash's code: {'; '.join(missing)}; refusing to start rather than serve DFlash's "
+            "decoding under the DSPINE name"
+        )
 
 
 def resolved_sampling_backend() -> str:

@@ -1,0 +1,613 @@
+"""The serving glue with SGLang imported for real (CPU): every DFlash hook DSPINE overrides and every SGLang name it
+patches, called the way SGLang's DFlash code calls it and compared by value with an independent reference.
+
+- the names exist in the installed SGLang, and a DSPINE server whose SGLang lacks a hook (or no longer calls it)
+  is refused at start in one line, instead of serving DFlash's argmax drafting under the DSPINE name;
+- the draft sampler that DFlash's own `_maybe_build_draft_sampler` builds for DSPINE, run through DFlash's
+  capture hook on the SGLang draft model's output, and the eager `_greedy_sample_from_vocab_parallel_head`, draft
+  the plain drafter's tokens from a real `ParallelLMHead` whose vocabulary SGLang pads (the padded rows are
+  poisoned: a sampler that read them would pick them);
+- the verify renormalisation patch: the functions DFlash's verify calls after the patch, called as it calls them
+  (and through its own caller), against an explicit sort-and-renormalise reference with FlashInfer's semantics;
+- lossless sampling through DFlash's verify as DSPINE drives it (T = 0.7 and 1.3, top-k, top-p, a logit bias, a
+  greedy request in the batch): what it emits over many samples against the target's exact distribution;
+- a checkpoint in SpecForge's own layout loaded by SGLang's DSpineDraftModel;
+- tensor parallelism: two ranks under gloo, SGLang's TP group and padded ParallelLMHead, each rank's shard.
+Tests marked `gpu` run the verify with SGLang's CUDA acceptance kernel itself (scripts/device/gpu_tests.sh).
+"""
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import sglang  # noqa: F401  (SGLang imported for real: a broken install fails these tests, never skips them)
+import sglang_on_cpu
+import torch
+from conftest import randomize_injection
+from safetensors.torch import load_file
+
+from sglang_dspine.drafter.checkpoint import init_dspine_transfer, save_drafter
+from sglang_dspine.drafter.model import DSpineDrafter
+from sglang_dspine.drafter.tiny import drafter_config_for, make_target
+from sglang_dspine.serving import sglang_patches
+from sglang_dspine.serving.plugin import StartupRefusal
+
+VOCAB = 50  # SGLang pads a head's vocabulary to a multiple of 64: rows 50..63 are padding
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A target with a vocabulary SGLang pads, a DSpine drafter for it (random injection: its walk leaves the
+    backbone's argmax), the launch's server arguments published, SGLang's parallel state on one rank."""
+    root = tmp_path_factory.mktemp("glue")
+    target = make_target(vocab=VOCAB, seed=5)
+    target.save_pretrained(root / "target")
+    torch.manual_seed(2)
+    plain = DSpineDrafter(drafter_config_for(target)).eval()
+    init_dspine_transfer(plain, target.lm_head.weight)
+    randomize_injection(plain, seed=4, std=0.4)
+    save_drafter(plain, root / "dspine")
+    args = sglang_on_cpu.server_args(root / "target", root / "dspine", "DSPINE", "--sampling-backend", "pytorch")
+    sglang_on_cpu.setup(args)
+    return types.SimpleNamespace(root=root, target=target, plain=plain, args=args)
+
+
+# ------------------------------------------------------------------------------------ hooks exist, or refusal
+def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
+    """Every method DSPINE's worker and draft model override is a method of SGLang's DFlash classes, the worker's
+    draft-decoding overrides are exactly the hooks the start-up check covers, and every SGLang name the patches
+    replace or call is in the installed SGLang."""
+    from sglang.srt.models.dflash import DFlashDraftModel
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_dspine.serving.sglang_model import DSpineDraftModel
+    from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineWorker
+
+    own = {DSpineWorker: {"_vocab_shard"}, DSpineLogprobWorker: {"_logprob_batch"},
+           DSpineDraftModel: {"_check_names", "_set_up_draft_step", "post_load_weights"}}
+    parent = {DSpineWorker: DFlashWorkerV2, DSpineLogprobWorker: DFlashWorkerV2, DSpineDraftModel: DFlashDraftModel}
+    def members(cls):  # what the class body defines (not Python's own entries: dunders, the ABC cache)
+        return {n for n in vars(cls) if not n.startswith("__") and n != "_abc_impl"}
+
+    for cls, names in own.items():
+        overridden = members(cls) - names
+        assert overridden, cls
+        for name in overridden:
+            assert hasattr(parent[cls], name), f"{parent[cls].__name__}.{name}"
+    checked = {name for module, owner, name, _ in sglang_patches.DFLASH_HOOKS if owner == "DFlashWorkerV2"}
+    assert members(DSpineWorker) - own[DSpineWorker] == checked
+    # SGLang's loaders call post_load_weights (how a dummy-loaded drafter sets up its draft step)
+    from sglang.srt.model_loader import loader
+
+    post = loader.post_load_weights if sglang_on_cpu.on_0_5_23() else loader._post_load_weights
+    assert "post_load_weights" in post.__code__.co_names
+    patched = [("sglang.srt.speculative.dflash_utils", "top_k_renorm_prob"),
+               ("sglang.srt.speculative.dflash_utils", "top_p_renorm_prob"),
+               ("sglang.kernels.ops.sampling.renorm_triton", "top_k_renorm_probs_triton"),
+               ("sglang.kernels.ops.sampling.renorm_triton", "top_p_renorm_probs_triton"),
+               ("sglang.srt.runtime_context", "get_exec"),
+               ("sglang.srt.managers.scheduler", "validate_dflash_request"),
+               ("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm")]
+    if sglang_on_cpu.on_0_5_23():
+        patched += [("sglang.srt.arg_groups.resolution_hooks", "register_resolution_hook"),
+                    ("sglang.srt.arg_groups.overrides", "resolving_view"),
+                    ("sglang.srt.layers.logprob_processor", "compute_spec_logprobs")]
+    else:
+        patched += [("sglang.srt.arg_groups.speculative_hook", "handle_speculative_decoding"),
+                    ("sglang.srt.layers.logprob_processor", "compute_spec_v2_logprobs")]
+    for module, name in patched:
+        assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
+    assert sglang_patches.missing_dflash_hooks() == []
+
+
+def _break(monkeypatch, module_name, owner_name, name, how):
+    """Make the installed SGLang lack a hook ("removed") or keep it but stop calling it ("not called": every
+    function of DFlash's that calls it replaced by one that does not)."""
+    module = importlib.import_module(module_name)
+    owner = getattr(module, owner_name) if owner_name else module
+    if how == "removed":
+        monkeypatch.delattr(owner, name)
+        return
+    users = sglang_patches._used_by(vars(owner), name, module_name)
+    assert users, name
+    for user in users:
+        monkeypatch.setattr(owner, user, lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("how", ["removed", "not called"])
+@pytest.mark.parametrize("hook", [h[:3] for h in sglang_patches.DFLASH_HOOKS], ids=lambda h: h[2])
+def test_a_missing_dflash_hook_refuses_the_server_in_one_line(served, monkeypatch, hook, how):
+    """With a hook gone (or no longer called) a DSPINE server is refused when its arguments are handled (in the
+    launcher: one line, exit code 2, test_plugin.test_refused_server_exits_2_with_one_line) and the worker factory
+    refuses too; a DFLASH server of a DFlash drafter is not DSPINE's business."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    module_name, owner, name = hook
+    where = f"{module_name}.{owner + '.' if owner else ''}{name}"
+    _break(monkeypatch, module_name, owner, name, how)
+    with pytest.raises(StartupRefusal) as refusal:
+        sglang_on_cpu.server_args(served.root / "target", served.root / "dspine")
+    message = str(refusal.value)
+    assert "\n" not in message
+    assert message.startswith("DSPINE: the installed SGLang ")
+    assert where + (" not found" if how == "removed" else " is no longer called by SGLang's DFlash code") in message
+    assert message.endswith("refusing to start rather than serve DFlash's decoding under the DSPINE name")
+    with pytest.raises(StartupRefusal, match=f"^DSPINE: the installed SGLang .*{name}"):
+        SpeculativeAlgorithm.from_string("DSPINE").create_worker(served.args)
+
+
+# ---------------------------------------------------------------------------- the draft sampler, on DFlash's path
+def _padded_head(served):
+    """SGLang's ParallelLMHead of the target's head on one rank (rows 50..63: padding, poisoned)."""
+    w = served.target.lm_head.weight.detach()
+    head = sglang_on_cpu.padded_head(w)
+    info = head.shard_indices
+    assert head.weight.shape[0] == 64 and int(info.num_org_elements) == VOCAB
+    assert int(info.org_vocab_start_index) == 0 and int(info.num_added_elements) == 0
+    assert torch.equal(head.weight[:VOCAB], w)
+    return head
+
+
+REQUESTS = [(7, 5), (4, 11), (9, 30)]  # (context length, anchor)
+
+
+@pytest.mark.parametrize("kernels", ["0", "1"])
+@pytest.mark.parametrize("path", ["graph", "eager"])
+def test_dspine_drafts_through_dflash_hooks_from_a_padded_head(served, monkeypatch, path, kernels):
+    """The sampler DFlash's `_maybe_build_draft_sampler` builds for DSPINE, called by DFlash's capture hook on the
+    SGLang draft model's output (`graph`), and DFlash's eager `_greedy_sample_from_vocab_parallel_head` as DFlash's
+    forward calls it (`eager`), draft the plain drafter's tokens from the unpadded head rows; DFlash's argmax
+    would draft other tokens."""
+    from sglang.srt.speculative.draft_worker_common import make_draft_sampler_capture_hook
+
+    from sglang_dspine.serving.worker import DSpineDraftSampler
+
+    monkeypatch.setenv("SGLANG_DSPINE_KERNELS", kernels)
+    model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
+    model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
+    assert model.draft_step.kernels == (kernels == "1")
+    plain, b = served.plain, served.plain.cfg.block_size
+    lm_head = _padded_head(served)
+    worker = sglang_on_cpu.worker_shell(model, lm_head, b)
+    head = served.target.lm_head.weight.detach()
+    with torch.no_grad():
+        out, fb, refs = sglang_on_cpu.draft_forward(model, plain, served.target, REQUESTS)
+        n = len(REQUESTS)
+        if path == "graph":
+            sampler = worker._maybe_build_draft_sampler()
+            assert isinstance(sampler, DSpineDraftSampler)
+            make_draft_sampler_capture_hook(sampler)(None, out, fb, n * b)  # as the draft graph's tail runs it
+            tokens = sampler.out[: n * (b - 1)].view(n, b - 1)
+        else:
+            hidden = out.hidden_states.view(n, b, -1)
+            tokens = worker._greedy_sample_from_vocab_parallel_head(
+                hidden_states=hidden[:, 1:, :].reshape(-1, hidden.shape[-1]), lm_head=lm_head).view(n, b - 1)
+    assert model.draft_step.head.shape[0] == VOCAB and model.draft_step.shard.start == 0
+    want = torch.cat([plain.draft(ref, head, torch.tensor([a])).tokens for ref, (_, a) in zip(refs, REQUESTS)])
+    argmax = torch.cat([(ref.hidden[0, 0, 1:] @ head.T).argmax(-1)[None] for ref in refs])
+    assert tokens.tolist() == want.tolist()
+    assert (want != argmax).any()  # the walk left the argmax: DFlash's own sampler would not pass
+
+
+# ------------------------------------------------------------------------------ verify renormalisation patch
+def _probs_with_ties(rows, vocab, g):
+    """Random distributions whose k-th largest entries tie (k = 3), for the pivot semantics."""
+    logits = torch.randn(rows, vocab, generator=g, dtype=torch.float64) * 2
+    for r in range(rows):
+        order = logits[r].argsort(descending=True)
+        logits[r, order[3]] = logits[r, order[2]]  # ranks 3 and 4 (1-based) tie
+    return torch.softmax(logits, -1).float()
+
+
+def reference_top_k(probs, k):
+    """Keep the entries at least as large as the k-th largest (ties at the pivot kept), renormalise (float64)."""
+    p = probs.double()
+    k = torch.as_tensor(k).expand(p.shape[0]).clamp(1, p.shape[1])
+    pivot = p.sort(-1, descending=True).values.gather(1, (k - 1).view(-1, 1).long())
+    kept = torch.where(p >= pivot, p, 0.0)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def reference_top_p(probs, top_p):
+    """Keep the smallest set of largest entries whose mass reaches top_p (ties at its smallest kept), renormalise."""
+    p = probs.double()
+    top_p = torch.as_tensor(top_p, dtype=torch.float64).expand(p.shape[0])
+    out = torch.zeros_like(p)
+    for r in range(p.shape[0]):
+        values = sorted(p[r].tolist(), reverse=True)
+        total, pivot = 0.0, values[-1]
+        for v in values:
+            total += v
+            if total >= top_p[r].item():
+                pivot = v
+                break
+        out[r] = torch.where(p[r] >= pivot, p[r], 0.0)
+    return out / out.sum(-1, keepdim=True)
+
+
+@pytest.fixture
+def renorm_patched(served, monkeypatch):
+    """DFlash's verify module as a PyTorch-sampling DSPINE server has it: `sglang_patches.apply`'s patch 1 on a
+    fresh copy. SGLang's Triton renormalisations refuse CPU tensors up front; here they run on Triton's
+    interpreter (conftest), with that device check lifted and nothing else changed."""
+    from sglang.kernels.ops.sampling import renorm_triton
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.speculative import dflash_utils
+
+    publish(served.args, role="test")
+    dflash_utils = importlib.reload(dflash_utils)  # the stock module, whatever an earlier test patched
+    assert sglang_patches.verify_renorm_follows_sampling_backend()
+
+    def prepare(probs):
+        if probs.ndim != 2:
+            raise ValueError(f"probs must be 2D, got shape={tuple(probs.shape)}")
+        return probs.float().contiguous()
+
+    monkeypatch.setattr(renorm_triton, "_prepare_probs", prepare)
+    yield dflash_utils
+    importlib.reload(dflash_utils)
+
+
+def test_verify_renormalisation_patch_by_value(renorm_patched):
+    """The two functions DFlash's verify calls after the patch, called with top-k as an int and as one value per
+    row, top-p as a float and per row: the sort-and-renormalise reference with ties at the pivot kept
+    (FlashInfer's semantics, which the patch promises); the result is returned, the input left as it was (DFlash
+    uses the returned tensor)."""
+    dflash_utils = renorm_patched
+    g = torch.Generator().manual_seed(0)
+    probs = _probs_with_ties(6, VOCAB, g)
+    before = probs.clone()
+    for k in (3, torch.tensor([3, 1, 7, 3, VOCAB, 2], dtype=torch.int32)):
+        got = dflash_utils.top_k_renorm_prob(probs, k)
+        torch.testing.assert_close(got.double(), reference_top_k(probs, k), atol=1e-6, rtol=0)
+        assert torch.equal(probs, before)
+    kept = (reference_top_k(probs, 3) > 0).sum(-1)
+    assert (kept == 4).all()  # the tie at the pivot is kept: a plain torch.topk renormalisation keeps 3
+    for p in (0.6, torch.tensor([0.3, 0.95, 0.5, 1.0, 0.75, 0.1])):
+        got = dflash_utils.top_p_renorm_prob(probs, p)
+        torch.testing.assert_close(got.double(), reference_top_p(probs, p), atol=1e-6, rtol=0)
+        assert torch.equal(probs, before)
+
+
+def _sampling_info(params, vocab, device="cpu"):
+    """SGLang's SamplingBatchInfo for requests with these SamplingParams, built by SGLang
+    (`from_schedule_batch`)."""
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    class Batch:  # what from_schedule_batch reads of a ScheduleBatch (the penalizers keep a weak reference)
+        pass
+
+    batch = Batch()
+    batch.device = device
+    batch.reqs = [types.SimpleNamespace(sampling_params=p, custom_logit_processor=None, return_sampling_mask=False,
+                                        origin_input_ids=[1, 2], output_ids=[]) for p in params]
+    return SamplingBatchInfo.from_schedule_batch(batch, vocab)
+
+
+def reference_target_probs(logits, params):
+    """The distribution each request samples its token from without speculation: softmax(logits / T), top-k (ties
+    kept), then top-p, each renormalised; greedy requests: the argmax."""
+    rows = []
+    for row, p in zip(logits, params):
+        if p.top_k == 1:
+            q = torch.zeros(logits.shape[-1], dtype=torch.float64)
+            q[row.argmax()] = 1
+        else:
+            q = torch.softmax(row.double() / p.temperature, -1)[None]
+            q = reference_top_p(reference_top_k(q, min(p.top_k, logits.shape[-1])), p.top_p)[0]
+        rows.append(q)
+    return torch.stack(rows)
+
+
+def served_verify_probs(dflash_utils, logits, info, block):
+    """DFlash's verify distribution, as its worker computes it: `build_*_verify_target_probs` on the verify logits
+    (one row per block position)."""
+    build = getattr(dflash_utils, "build_dflash_verify_target_probs", None) or \
+        dflash_utils.build_speculative_verify_target_probs
+    bs = logits.shape[0] // block
+    return build(next_token_logits=logits, sampling_info=info, draft_token_num=block, bs=bs).view(bs * block, -1)
+
+
+@pytest.mark.parametrize("batch", ["mixed", "all-top-k"])
+def test_dflash_verify_distribution_after_the_patch(renorm_patched, batch):
+    """Through DFlash's own caller: a batch mixing a greedy request, whole-vocabulary requests at T = 0.7 and
+    1.3 and top-k/top-p ones takes the dense path (the patched functions renormalise every row); a batch where
+    every request has a top-k takes the sparse one (top-p renormalised by the patch). Each row is the
+    distribution the request samples from without speculation; ties at a top-k pivot are kept (the stock
+    PyTorch fallback of 0.5.23 would cut them: the patched function is the one DFlash calls)."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    dflash_utils = renorm_patched
+    if batch == "mixed":
+        params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7),
+                  SamplingParams(temperature=1.3, top_k=3), SamplingParams(temperature=0.7, top_p=0.8),
+                  SamplingParams(temperature=1.3, top_k=6, top_p=0.7)]
+    else:
+        params = [SamplingParams(temperature=0.7, top_k=8), SamplingParams(temperature=1.3, top_k=5, top_p=0.6),
+                  SamplingParams(temperature=1.0, top_k=20, top_p=0.9)]
+    block = 4
+    info = _sampling_info(params, VOCAB)
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(len(params) * block, VOCAB, generator=g) * 3
+    if batch == "mixed":  # ties at request 2's top-k pivot (its ranks 3 and 4) in every position
+        for r in range(2 * block, 3 * block):
+            order = logits[r].argsort(descending=True)
+            logits[r, order[3]] = logits[r, order[2]]
+    got = served_verify_probs(dflash_utils, logits.clone(), info, block)
+    want = reference_target_probs(logits, [p for p in params for _ in range(block)])
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=0)
+    if batch == "mixed":
+        assert ((want[2 * block: 3 * block] > 0).sum(-1) == 4).all()
+    assert math.isclose(float(got.sum()), len(params) * block, rel_tol=1e-5)
+
+
+# ------------------------------------------------------------------------- lossless through the served verify
+def chain_target_only(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                      retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                      draft_probs, threshold_single, threshold_acc, deterministic=True):
+    """SGLang's `tree_speculative_sampling_target_only` for a chain, for the CPU: it is a CUDA kernel in both
+    releases (sgl_kernel; a JIT-built one on 0.5.23), so here it is transcribed from its source
+    (sgl_kernel/speculative/sampling.cuh, TreeSpeculativeSamplingTargetOnly), vectorised over requests. The `gpu`
+    test runs the kernel itself. Level j tests draft j against the row of the last accepted token with that
+    token's coin; a rejected token's target mass becomes draft mass; the bonus is drawn from relu(q - p) at the
+    last accepted row (p = 0 after a full acceptance) with the final coin (inverse CDF)."""
+    bs, d = candidates.shape
+    assert (retrive_next_sibling == -1).all() and (retrive_next_token[:, -1] == -1).all()
+    assert torch.equal(retrive_next_token[:, :-1], torch.arange(1, d).expand(bs, -1))  # a chain
+    rows = torch.arange(bs)
+    alive = torch.ones(bs, dtype=torch.bool)
+    n_acc = torch.zeros(bs, dtype=torch.long)
+    cur = torch.zeros(bs, dtype=torch.long)
+    coin = uniform_samples[:, 0].clone()
+    last = retrive_index[:, 0].clone()
+    accept_index[:, 0] = last.to(accept_index.dtype)
+    for j in range(1, d):
+        tok = candidates[:, j]
+        q = target_probs[rows, cur, tok]
+        acc = alive & (q > 0) & ((coin < q / threshold_acc) | (q >= threshold_single))
+        rej = alive & ~acc
+        draft_probs[rows[rej], cur[rej], tok[rej]] = q[rej]
+        predicts[last[acc]] = tok[acc].to(predicts.dtype)
+        n_acc[acc] += 1
+        accept_index[rows[acc], n_acc[acc]] = retrive_index[acc, j].to(accept_index.dtype)
+        last[acc] = retrive_index[acc, j]
+        cur[acc] = j
+        coin[acc] = uniform_samples[acc, j]
+        alive = acc
+    accept_token_num.copy_(n_acc)
+    q = target_probs[rows, cur]
+    p = draft_probs[rows, cur] * (n_acc != d - 1).unsqueeze(-1)
+    relu = (q - p).clamp_min(0)
+    u = uniform_samples_for_final_sampling * relu.sum(-1)
+    sampled = (relu.cumsum(-1) <= u.unsqueeze(-1)).sum(-1).clamp_max(q.shape[-1] - 1)
+    predicts[last] = sampled.to(predicts.dtype)
+
+
+def _draft_input_top_k(params):
+    """DFlashDraftInputV2's max_top_k and uniform_top_k_value for a batch (what DFlash's worker passes its verify)."""
+    ks = [int(p.top_k) for p in params]
+    return max(max(ks), 1), (ks[0] if len(set(ks)) == 1 else None)
+
+
+LOSSLESS_PARAMS = [dict(temperature=0.0), dict(temperature=0.7), dict(temperature=1.3),
+                   dict(temperature=0.7, top_k=5), dict(temperature=1.3, top_k=5),
+                   dict(temperature=0.7, top_p=0.8), dict(temperature=1.3, top_p=0.8),
+                   dict(temperature=1.3, top_k=8, top_p=0.7), dict(temperature=0.7, logit_bias={"7": 2.5})]
+
+
+def _lossless_case(device):
+    """Fixed verify logits for each request of LOSSLESS_PARAMS (B = 4 rows: the target's distribution after the
+    anchor and after each draft token) and a draft chain that is accepted sometimes: at row i the draft is the
+    target's (i % 2 + 1)-th most likely token."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    params = [SamplingParams(**p) for p in LOSSLESS_PARAMS]
+    g = torch.Generator().manual_seed(11)
+    block, bs = 4, len(params)
+    logits = torch.randn(bs, block, VOCAB, generator=g, dtype=torch.float64) * 1.2
+    biased = logits.clone()
+    for n, p in enumerate(params):
+        for tok, v in (p.logit_bias or {}).items():
+            biased[n, :, int(tok)] += v
+    exact_rows = reference_target_probs(biased.view(-1, VOCAB), [p for p in params for _ in range(block)])
+    exact_rows = exact_rows.view(bs, block, VOCAB)
+    # the draft: never the greedy request's argmax; for the others a token of positive target mass
+    order = torch.softmax(biased / torch.tensor([p.temperature for p in params]).view(-1, 1, 1), -1).argsort(
+        -1, descending=True)
+    draft = order[:, :-1, :].gather(-1, (torch.arange(block - 1) % 2 + 1).expand(bs, -1).unsqueeze(-1)).squeeze(-1)
+    anchors = torch.randint(0, VOCAB, (bs, 1), generator=g)
+    candidates = torch.cat([anchors, draft], 1)
+    return params, logits.float().to(device), candidates.to(device), exact_rows
+
+
+def exact_emissions(exact_rows, candidates):
+    """Per request, the exact probability of each (accepted drafts a, bonus y): the target's own sampling one
+    token at a time, P = prod_{i<a} q_i(d_{i+1}) * q_a(y), y != d_{a+1} unless every draft was accepted."""
+    out = []
+    for q, c in zip(exact_rows, candidates.tolist()):
+        block, cells, prefix = q.shape[0], {}, 1.0
+        for a in range(block):
+            for y in range(q.shape[1]):
+                if a < block - 1 and y == c[a + 1]:
+                    continue
+                if prefix * q[a, y] > 0:
+                    cells[(a, y)] = prefix * float(q[a, y])
+            if a < block - 1:
+                prefix *= float(q[a, c[a + 1]])
+        out.append(cells)
+    return out
+
+
+def _served_verify_many(dflash_utils, params, logits, candidates, n, monkeypatch):
+    """DFlash's verify as its worker runs it on a non-greedy batch: logit adjustments in place, then
+    `compute_dflash_sampling_correct_drafts_and_bonus` (target distribution, acceptance, bonus), on n copies of
+    the batch at once. On the CPU the distribution is built once by DFlash's own function on the batch (the
+    patched renormalisation runs on Triton's interpreter, milliseconds a row) and handed to the copies, and the
+    acceptance kernel runs as its transcription."""
+    bs, block = candidates.shape
+    info = _sampling_info(params, VOCAB, logits.device.type)
+    flat = logits.reshape(bs * block, VOCAB).clone()
+    dflash_utils.apply_dflash_verify_logits_adjustments(next_token_logits=flat, sampling_info=info,
+                                                        draft_token_num=block)
+    max_top_k, uniform = _draft_input_top_k(params)
+    if flat.device.type == "cpu":
+        build_name = "build_dflash_verify_target_probs" if hasattr(dflash_utils, "build_dflash_verify_target_probs") \
+            else "build_speculative_verify_target_probs"
+        probs = getattr(dflash_utils, build_name)(next_token_logits=flat, sampling_info=info, draft_token_num=block,
+                                                  bs=bs, max_top_k=max_top_k, uniform_top_k_value=uniform)
+        monkeypatch.setattr(dflash_utils, build_name, lambda **kw: probs.repeat(n, 1, 1))
+        monkeypatch.setattr(dflash_utils, "tree_speculative_sampling_target_only", chain_target_only)
+        monkeypatch.setattr(dflash_utils, "_DFLASH_SAMPLING_VERIFY_AVAILABLE", True)
+        many_info = info  # read by the distribution's builder only
+    else:
+        many_info = _sampling_info(params * n, VOCAB, "cuda")
+    accept_len, bonus = dflash_utils.compute_dflash_sampling_correct_drafts_and_bonus(
+        candidates=candidates.repeat(n, 1), next_token_logits=flat.view(bs, block, VOCAB).repeat(n, 1, 1).view(-1, VOCAB),
+        sampling_info=many_info, max_top_k=max_top_k, uniform_top_k_value=uniform)
+    return accept_len.view(n, bs).cpu(), bonus.view(n, bs).cpu()
+
+
+def _check_lossless(dflash_utils, monkeypatch, device, n):
+    from sampling_stats import chi_square_p
+
+    params, logits, candidates, exact_rows = _lossless_case(device)
+    torch.manual_seed(0)
+    if device == "cuda":
+        torch.cuda.manual_seed(0)
+    accept_len, bonus = _served_verify_many(dflash_utils, params, logits, candidates, n, monkeypatch)
+    exact = exact_emissions(exact_rows, candidates.cpu())
+    results = []
+    for r, p in enumerate(LOSSLESS_PARAMS):
+        counts = {}
+        for a, y in zip(accept_len[:, r].tolist(), bonus[:, r].tolist()):
+            counts[(a, y)] = counts.get((a, y), 0) + 1
+        pval, cells = chi_square_p(counts, exact[r])
+        results.append((p, round(pval, 4), cells))
+    assert all(pval > 1e-3 for _, pval, _ in results), results
+    assert sum(cells for _, _, cells in results) > 60  # most requests have many cells: the test has power
+    assert (accept_len > 0).any() and (accept_len == 0).any()  # both branches ran
+
+
+def test_served_verify_keeps_the_target_distribution(renorm_patched, monkeypatch):
+    """Lossless through the served verify path, as DSPINE drives DFlash's (PyTorch sampling, patched
+    renormalisation): at T = 0.7 and 1.3, with and without top-k / top-p (and a logit bias, and a greedy request
+    in the same batch), what a verify step emits (accepted drafts, then the bonus) over many samples follows the
+    target's own sampling one token at a time, computed independently from the raw logits (chi-square)."""
+    _check_lossless(renorm_patched, monkeypatch, "cpu", n=6000)
+
+
+@pytest.mark.gpu
+def test_gpu_served_verify_keeps_the_target_distribution(renorm_patched, monkeypatch):
+    """The same on the GPU with DFlash's own acceptance kernel and the Triton renormalisation on CUDA, nothing
+    replaced (scripts/device/gpu_tests.sh)."""
+    from sglang.kernels.ops.sampling import renorm_triton
+
+    monkeypatch.undo()  # the real device check of the Triton renormalisation: CUDA tensors pass it
+    assert renorm_triton._prepare_probs.__module__ == renorm_triton.__name__
+    _check_lossless(renorm_patched, monkeypatch, "cuda", n=50000)
+
+
+@pytest.mark.gpu
+def test_gpu_chain_transcription_equals_sglang_kernel(renorm_patched):
+    """The CPU tests' transcription of SGLang's acceptance kernel (`chain_target_only`) decides exactly as the
+    kernel does on the same target distributions, drafts and coins: accept lengths, accepted tokens, bonus."""
+    dflash_utils = renorm_patched
+    g = torch.Generator().manual_seed(5)
+    bs, d = 8192, 4
+    probs = torch.softmax(torch.randn(bs, d, VOCAB, generator=g) * 2, -1)
+    probs = torch.where(probs < 0.01, 0.0, probs)  # zero mass too (as top-k/top-p leave it)
+    probs = probs / probs.sum(-1, keepdim=True)
+    drafts = torch.where(torch.rand(bs, d, generator=g) < 0.7, probs.argmax(-1),
+                         torch.randint(0, VOCAB, (bs, d), generator=g))
+    candidates = torch.cat([torch.randint(0, VOCAB, (bs, 1), generator=g), drafts[:, :-1]], 1)
+    coins, final = torch.rand(bs, d, generator=g), torch.rand(bs, generator=g)
+    results = []
+    for device, fn in (("cuda:0", dflash_utils.tree_speculative_sampling_target_only), ("cpu", chain_target_only)):
+        index, next_token, sibling, predicts, accept_index, accept_num = \
+            dflash_utils._get_or_create_chain_verify_buffers(bs=bs, draft_token_num=d, device=torch.device(device))
+        fn(predicts=predicts, accept_index=accept_index, accept_token_num=accept_num,
+           candidates=candidates.to(device), retrive_index=index, retrive_next_token=next_token,
+           retrive_next_sibling=sibling, uniform_samples=coins.to(device), uniform_samples_for_final_sampling=final.to(
+               device), target_probs=probs.to(device), draft_probs=torch.zeros_like(probs, device=device),
+           threshold_single=1.0, threshold_acc=1.0, deterministic=True)
+        n, rows, chosen = accept_num.long().cpu(), accept_index.long().cpu(), predicts.long().cpu()
+        # the token chosen after each accepted position (entries past the accept length are undefined)
+        results.append((n, [chosen[rows[i, : int(n[i]) + 1]].tolist() for i in range(bs)]))
+    (n_gpu, tokens_gpu), (n_cpu, tokens_cpu) = results
+    assert torch.equal(n_gpu, n_cpu)
+    assert (n_gpu > 0).any() and (n_gpu == 0).any() and (n_gpu == d - 1).any()
+    same = sum(a == b for a, b in zip(tokens_gpu, tokens_cpu))
+    assert same >= bs - 2, bs - same  # the bonus draw may differ only where a coin falls on a CDF step's edge
+
+
+# ------------------------------------------------------------------------------- SpecForge's layout, served
+def test_sglang_model_loads_a_specforge_layout_checkpoint(served, tmp_path):
+    """SGLang's DSpineDraftModel built from SpecForge's own config fields and loaded from SpecForge's tensor names
+    (test_checkpoint.write_specforge_checkpoint: not written by this package) holds the file's tensors, and
+    serves the same draft as the plain drafter loaded from it."""
+    from test_checkpoint import write_specforge_checkpoint
+
+    from sglang_dspine.drafter.checkpoint import load_drafter
+
+    _, tensors = write_specforge_checkpoint(tmp_path)
+    model = sglang_on_cpu.sglang_model(tmp_path).float()
+    model.load_weights(iter(load_file(tmp_path / "model.safetensors").items()))
+    f32 = {k: v.float() for k, v in tensors.items()}
+    assert torch.equal(model.transfer_codes, f32["transfer_codes"]) and bool(model.transfer_ready)
+    for name, p in model.injection.state_dict().items():
+        assert torch.equal(p, f32["injection." + name]), name
+    q = f32["layers.1.self_attn.q_proj.weight"]
+    qkv = model.layers[1].self_attn.qkv_proj.weight
+    assert torch.equal(qkv[: q.shape[0]], q)
+    assert torch.equal(qkv[q.shape[0]:], torch.cat([f32["layers.1.self_attn.k_proj.weight"],
+                                                    f32["layers.1.self_attn.v_proj.weight"]]))
+    assert torch.equal(model.fc.weight, f32["fc.weight"])
+    plain = load_drafter(str(tmp_path)).eval()
+    target = make_target(vocab=64)
+    head = target.lm_head.weight.detach()
+    model.draft_step.attach_head(head)
+    with torch.no_grad():
+        out, _, refs = sglang_on_cpu.draft_forward(model, plain, target, [(6, 3), (5, 40)])
+        b = plain.cfg.block_size
+        hidden = out.hidden_states.view(2, b, -1)
+        served_tokens = model.draft_step.decode(hidden[:, 1:].reshape(-1, hidden.shape[-1]))
+    for r, (ref, (_, a)) in enumerate(zip(refs, [(6, 3), (5, 40)])):
+        torch.testing.assert_close(hidden[r], ref.hidden[0, 0], atol=1e-5, rtol=1e-5)
+        assert served_tokens[r].tolist() == plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist()
+
+
+# --------------------------------------------------------------------------------------- tensor parallelism
+def test_two_rank_tensor_parallel_decoding_from_a_padded_head(served, tmp_path):
+    """With --tp-size 2 (two ranks under gloo, SGLang's own TP group and ParallelLMHead: the vocabulary of 50
+    padded to 64, 32 rows a rank, rank 1's last 14 rows padding and poisoned), each rank's shard comes from SGLang's
+    `shard_indices` (rows 0..31 and 32..49), the draft step leaves the kernels for the PyTorch math across the
+    shards, and both ranks draft what the whole head drafts in one process (the plain reference)."""
+    from sglang_dspine.drafter.decoding import decode_block
+
+    plain, head = served.plain, served.target.lm_head.weight.detach()
+    b, hidden = plain.cfg.block_size, plain.cfg.hidden_size
+    g = torch.Generator().manual_seed(8)
+    bs = 3
+    inputs = dict(head=head, anchors=torch.randint(0, VOCAB, (bs,), generator=g),
+                  pre_last=torch.randn(bs * b, hidden, generator=g), states=torch.randn(bs * (b - 1), hidden, generator=g))
+    with torch.no_grad():
+        want = decode_block((inputs["states"] @ head.T).view(bs, b - 1, -1), inputs["pre_last"].view(bs, b, -1)[:, 1:],
+                            inputs["anchors"], plain.cfg.dspine.top_k, plain.refine_normed, plain.transfer_codes, head)
+    torch.save(inputs, tmp_path / "inputs.pt")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys; sys.path.insert(0, {tests!r}); import sglang_on_cpu; "
+            f"sglang_on_cpu.tp_main({str(served.root)!r}, 2, {str(tmp_path / 'inputs.pt')!r}, {str(tmp_path)!r})")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(r["org_start"], r["org_size"], r["rows"]) for r in ranks] == [(0, 32, 32), (32, 18, 32)]
+    assert [(r["start"], r["size"], r["world"]) for r in ranks] == [(0, 32, 2), (32, 18, 2)]
+    assert all(r["kernels"] and not r["on_kernels"] for r in ranks)
+    for r in ranks:
+        assert r["tokens"] == want.tokens.reshape(-1).tolist()
+    assert (want.candidates < 32).any() and (want.candidates >= 32).any()  # candidates from both shards
+    assert (want.choice != 0).any()  # the walk left the argmax
