@@ -98,7 +98,7 @@ def test_test_sh_runs_just_the_paths_it_is_given(recorder, args, pytest_args):
     assert test == ["-m", "pytest", *pytest_args]
 
 
-SGLANG_TESTS = ["tests/test_plugin.py", "tests/test_logprobs.py", "tests/test_checkpoint.py"]
+SGLANG_TESTS = ["tests/test_plugin.py", "tests/test_serving_glue.py", "tests/test_logprobs.py", "tests/test_checkpoint.py"]
 
 
 @pytest.mark.parametrize("args,pytest_args", [
@@ -150,8 +150,22 @@ def test_supported_sglang_releases_agree_everywhere():
         assert os.path.isfile(os.path.join(REPO, "locks", f"sglang-{r}.imports")), r
 
 
+def _fake_test_sh(log, passed: int, skip_reason: str | None = None) -> str:
+    """A test.sh that records its arguments and writes a JUnit report of `passed` passing tests (and one test
+    skipped with `skip_reason`) where --junitxml asks."""
+    cases = "".join(f'<testcase classname="t" name="p{i}"/>' for i in range(passed))
+    if skip_reason is not None:
+        cases += f'<testcase classname="t" name="s"><skipped type="pytest.skip" message="{skip_reason}"/></testcase>'
+    xml = f"<testsuites><testsuite>{cases}</testsuite></testsuites>"
+    return (f'printf "%s " "$@" >> {shlex.quote(str(log))}; echo >> {shlex.quote(str(log))}\n'
+            f'for a in "$@"; do case "$a" in --junitxml=*) printf %s {shlex.quote(xml)} > "${{a#--junitxml=}}";; '
+            'esac; done\n')
+
+
 def test_ci_runs_every_release(tmp_path):
-    """.ci/run as CI runs it, with test.sh replaced by a recorder: one run per release, the default first."""
+    """.ci/run as CI runs it, with test.sh replaced by a recorder: one run per release, the default first, each
+    leg's JUnit report counted: fewer passes than EXPECTED_TESTS, or a skip that is not a GPU one, fails CI."""
+    import re
     import shutil
 
     repo = tmp_path / "repo"
@@ -159,9 +173,18 @@ def test_ci_runs_every_release(tmp_path):
     (repo / ".ci").mkdir()
     shutil.copy(os.path.join(REPO, "setup.py"), repo / "setup.py")
     shutil.copy(os.path.join(REPO, ".ci", "run"), repo / ".ci" / "run")
+    expected = dict(re.findall(r"\[([\d.]+)\]=(\d+)", open(os.path.join(REPO, ".ci", "run")).read()))
+    most = max(int(v) for v in expected.values())
     log = tmp_path / "calls.txt"
-    (repo / "scripts" / "test.sh").write_text(f'printf "%s " "$@" >> {shlex.quote(str(log))}; echo >> {shlex.quote(str(log))}\n')
-    out = subprocess.run(["bash", str(repo / ".ci" / "run")], capture_output=True, text=True, timeout=60)
+    run = lambda: subprocess.run(["bash", str(repo / ".ci" / "run")], capture_output=True, text=True, timeout=60)
+    (repo / "scripts" / "test.sh").write_text(_fake_test_sh(log, most, "needs a CUDA GPU"))
+    out = run()
     assert out.returncode == 0, out.stderr
-    assert log.read_text().splitlines() == ["--sglang 0.5.17 -q -p no:cacheprovider ",
-                                            "--sglang 0.5.23 -q -p no:cacheprovider "]
+    calls = [re.sub(r"--junitxml=\S+ ", "", x) for x in log.read_text().splitlines()]
+    assert calls == ["--sglang 0.5.17 -q -p no:cacheprovider ", "--sglang 0.5.23 -q -p no:cacheprovider "]
+    (repo / "scripts" / "test.sh").write_text(_fake_test_sh(log, int(expected["0.5.17"]) - 1))
+    out = run()
+    assert out.returncode == 1 and "expected at least" in out.stderr
+    (repo / "scripts" / "test.sh").write_text(_fake_test_sh(log, most, "sglang not importable"))
+    out = run()
+    assert out.returncode == 1 and "1 tests skipped" in out.stderr and "sglang not importable" in out.stderr
