@@ -175,10 +175,12 @@ def speculative_generate(
 @torch.no_grad()
 def evaluate(target, drafter: DSpineDrafter, prompts: list[tuple[str, list[int]]], max_new_tokens: int,
              temperature: float = 0.0, eos_token_ids: set[int] | None = None, decoding: str = "walk",
-             seed: int = 0, reference=None) -> dict:
+             seed: int = 0, reference=None, generate=None, progress=None) -> dict:
     """τ of a drafter over prompts [(id, prompt ids)], as `sglang-dspine eval` reports it: tokens ÷ verify
     rounds over all of them (SpecResult.pooled), acceptance per block position, and one row per prompt.
-    reference: an HFGenerator at T=0, whose greedy output each prompt's is compared with (`matches_target`)."""
+    reference: an HFGenerator at T=0, whose greedy output each prompt's is compared with (`matches_target`).
+    generate(ids, generator) -> SpecResult: another way to draft and verify one prompt (tree_generate's), in
+    place of the chain with `decoding`; progress: called with each prompt's result."""
     import time
 
     if not prompts:
@@ -191,9 +193,13 @@ def evaluate(target, drafter: DSpineDrafter, prompts: list[tuple[str, list[int]]
     per, results = [], []
     t0 = time.time()
     for rid, ids in prompts:
-        # a fresh proposer per prompt: it holds that prompt's drafter context
-        res = speculative_generate(target, DrafterProposer(drafter, target, decoding), ids, max_new_tokens,
-                                   temperature, eos_token_ids, gen)
+        if generate is not None:
+            res = generate(ids, gen)
+        else:  # a fresh proposer per prompt: it holds that prompt's drafter context
+            res = speculative_generate(target, DrafterProposer(drafter, target, decoding), ids, max_new_tokens,
+                                       temperature, eos_token_ids, gen)
+        if progress is not None:
+            progress(res)
         row = {"id": rid, "tau": res.tau, "tokens": len(res.tokens), "rounds": len(res.accept_lengths)}
         if reference is not None:
             row["matches_target"] = reference.generate([ids])[0].output_ids == res.tokens
@@ -201,7 +207,7 @@ def evaluate(target, drafter: DSpineDrafter, prompts: list[tuple[str, list[int]]
         results.append(res)
     b = drafter.cfg.block_size
     overall = SpecResult.pooled(results, b)
-    out = {"tau": overall.tau, "position_acceptance": overall.position_acceptance(),
+    out: dict = {"tau": overall.tau, "position_acceptance": overall.position_acceptance(),
            "rounds": len(overall.accept_lengths), "tokens": sum(r["tokens"] for r in per), "prompts": len(per),
            "kind": drafter.cfg.kind, "decoding": decoding if drafter.cfg.is_dspine else "argmax", "block_size": b,
            "temperature": temperature, "seconds": time.time() - t0, "per_prompt": per}

@@ -1,0 +1,335 @@
+"""Offline τ of draft trees (issue 28, item 1): DSpine's tree over its transition lattice against its chain walk,
+and against DDTree's tree over the DFlash drafter's independent marginals, per suite, tree size N and temperature.
+
+    python benchmarks/tree_offline.py                       # the built-in pair (models/default), CPU, fp32
+    python benchmarks/tree_offline.py --target LAB/target --dspine LAB/drafters/dspine --dflash LAB/drafters/dflash \
+        --suites LAB/corpus/prompts --device cuda --out benchmarks/results/tree_offline_lab.json \
+        --summary benchmarks/results/tree_summary_lab.json
+
+N is the number of tokens the target verifies per round, the anchor included (a tree of N - 1 draft nodes; N = 16
+is the chain's cost at block size 16). τ of a suite is tokens ÷ verify rounds over its prompts (token-weighted,
+as `sglang-dspine eval`). Two stages:
+
+1. calibration (docs/tree.md): the temperature that divides each score before its log-softmax is fitted by
+   cross-entropy (temperature scaling) to what verification accepts, on prompts disjoint from the evaluation's
+   (by default the last 4 of each suite's 16; the evaluation takes the first --limit): the target's greedy
+   token at T=0, the target's softmax(logits / T) at T>0, teacher-forced along the target's greedy continuation.
+   Fitted separately for DSpine's table rows, DSpine's marginals and DFlash's marginals, at each T.
+2. evaluation, per suite and T: the chains (DSpine's walk, DFlash's argmax; generate.evaluate) and, per N,
+   the trees: DSpine lattice (raw: temperature 1; calibrated), DSpine extended lattice (calibrated),
+   DDTree on DFlash (raw; calibrated), and DDTree's rule on DSpine's own marginals (calibrated; an ablation of the
+   table).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == HERE:
+    sys.path.pop(0)  # `python benchmarks/tree_offline.py`: benchmarks/kernels.py would shadow the `kernels` package
+ROOT = os.path.dirname(HERE)
+DEFAULT = os.path.join(ROOT, "models", "default")
+
+# arm -> (drafter, rule, which fitted temperatures it uses: None = raw (1.0))
+ARMS = {
+    "dspine_lattice_raw": ("dspine", "lattice", None),
+    "dspine_lattice": ("dspine", "lattice", "dspine"),
+    "dspine_extended": ("dspine", "extended", "dspine"),
+    "dflash_ddtree_raw": ("dflash", "marginal", None),
+    "dflash_ddtree": ("dflash", "marginal", "dflash"),
+    "dspine_marginal": ("dspine", "marginal", "dspine"),
+}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default=os.path.join(DEFAULT, "target"))
+    ap.add_argument("--dspine", default=os.path.join(DEFAULT, "dspine"))
+    ap.add_argument("--dflash", default=os.path.join(DEFAULT, "dflash"))
+    ap.add_argument("--suites", default=os.path.join(DEFAULT, "suites"), help="folder of SUITE.heldout.jsonl")
+    ap.add_argument("--limit", type=int, default=8, help="evaluation prompts per suite: the first LIMIT")
+    ap.add_argument("--calib-start", type=int, default=12, help="calibration prompts: from this index of each suite")
+    ap.add_argument("--calib-limit", type=int, default=4, help="calibration prompts per suite")
+    ap.add_argument("--calib-tokens", type=int, default=64, help="greedy tokens per calibration prompt")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--sizes", default="16,32,64,128", help="N: tokens verified per round, the anchor included")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"tree arms (of {', '.join(ARMS)})")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device")
+    ap.add_argument("--dtype", help="default: bf16 on GPU, fp32 on CPU")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads (default 1: the models are tiny, and on a shared CPU two threads ran "
+                         "20x slower than one)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "tree_offline_builtin.json"))
+    ap.add_argument("--summary", default=os.path.join(ROOT, "benchmarks", "results", "tree_summary.json"))
+    args = ap.parse_args(argv)
+    args.sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    args.temperatures = [float(x) for x in args.temperatures.split(",") if x.strip()]
+    args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in args.arms if a not in ARMS]
+    if unknown:
+        ap.error(f"--arms: unknown {unknown}")
+    if any(n < 2 for n in args.sizes):
+        ap.error("--sizes: N counts the anchor, so at least 2")
+    if args.calib_start < args.limit:
+        ap.error("--calib-start: calibration prompts must come after the evaluation prompts (disjoint sets)")
+    return args
+
+
+def load(args):
+    import torch
+
+    from sglang_dspine.drafter.checkpoint import load_drafter
+    from sglang_dspine.training.data import eos_ids_of, iter_records, prompt_ids
+    from sglang_dspine.training.target_loading import default_device, load_target, load_tokenizer
+
+    dev = default_device(args.device)
+    target = load_target(args.target, args.dtype, dev)
+    head = target.get_output_embeddings().weight
+    drafters = {}
+    for name in ("dspine", "dflash"):
+        d = load_drafter(getattr(args, name), target_head=head.detach().float().cpu(), dtype=head.dtype, device=dev)
+        d.cfg.check_target(head.shape[1], head.shape[0], target.config.num_hidden_layers)
+        drafters[name] = d.eval()
+    if not drafters["dspine"].cfg.is_dspine or drafters["dflash"].cfg.is_dspine:
+        raise SystemExit("tree_offline: --dspine must be a DSpine drafter and --dflash a DFlash drafter")
+    tokenizer = load_tokenizer(None, args.target)
+    eos = eos_ids_of(tokenizer, target, [])
+    suites, calib = {}, []
+    for f in sorted(os.listdir(args.suites)):
+        if not f.endswith(".heldout.jsonl"):
+            continue
+        name, path = f.split(".")[0], os.path.join(args.suites, f)
+        recs = list(iter_records(path, "train"))
+        suites[name] = [(rid, prompt_ids(rec, tokenizer, where=f"{path} id {rid}")) for rid, rec in recs[: args.limit]]
+        calib += [prompt_ids(rec, tokenizer) for _, rec in recs[args.calib_start: args.calib_start + args.calib_limit]]
+    if not suites:
+        raise SystemExit(f"tree_offline: no *.heldout.jsonl in {args.suites}")
+    torch.set_grad_enabled(False)
+    return target, drafters, eos, suites, calib, dev
+
+
+def calibrate(target, drafters, calib, temperatures, tokens, eos, progress) -> dict:
+    """{str(T): {"dspine": {"row": t, "marginal": t}, "dflash": {"marginal": t}, "cross_entropy": ...}}."""
+    from sglang_dspine.training.tree_generate import calibration_set, fit_temperature
+
+    out = {}
+    for temp in temperatures:
+        entry, ce = {}, {}
+        for name, d in drafters.items():
+            cal = calibration_set(target, d, calib, tokens, temp, eos_token_ids=eos)
+            t_m, ce_m = fit_temperature(cal.marginal, cal.marginal_labels)
+            entry[name] = {"marginal": t_m, "marginal_rows": len(cal.marginal)}
+            ce[f"{name}_marginal"] = {"at_1": ce_m[min(ce_m, key=lambda x: abs(x - 1))], "at_fit": ce_m[t_m]}
+            if cal.rows is not None:
+                t_r, ce_r = fit_temperature(cal.rows, cal.row_labels)
+                entry[name].update(row=t_r, table_rows=len(cal.rows))
+                ce[f"{name}_row"] = {"at_1": ce_r[min(ce_r, key=lambda x: abs(x - 1))], "at_fit": ce_r[t_r]}
+            progress(f"calibration T={temp:g} {name}")
+        entry["cross_entropy"] = ce
+        out[f"{temp:g}"] = entry
+    return out
+
+
+def bootstrap_ratio(rows: list[dict], suites: list[str], temp: float, a: tuple, b: tuple, draws: int = 2000,
+                    seed: int = 0) -> list[float] | None:
+    """95% percentile interval of mean-over-suites τ(a) ÷ τ(b), a and b = (arm, N), resampling each suite's
+    prompts with replacement (the same prompts for both arms: they ran on the same prompts)."""
+    import random
+
+    per = {(r["suite"], r["arm"], r["N"]): r["per_prompt"] for r in rows if r["temperature"] == temp}
+    if any((s, *x) not in per for s in suites for x in (a, b)):
+        return None
+    rng = random.Random(seed)
+    out = []
+    for _ in range(draws):
+        ta = tb = 0.0
+        for s in suites:
+            pa, pb = per[(s, *a)], per[(s, *b)]
+            idx = [rng.randrange(len(pa)) for _ in pa]
+            ta += sum(pa[i][0] for i in idx) / max(sum(pa[i][1] for i in idx), 1)
+            tb += sum(pb[i][0] for i in idx) / max(sum(pb[i][1] for i in idx), 1)
+        out.append(ta / tb)
+    out.sort()
+    return [round(out[int(0.025 * draws)], 4), round(out[int(0.975 * draws) - 1], 4)]
+
+
+def summarize(rows: list[dict], suites: list[str], sizes: list[int], temperatures: list[float]) -> dict:
+    """Ratios of mean τ over the suites (the README's statistic), and per suite; 95% bootstrap intervals over
+    prompts for the headline ratios."""
+    tau = {(r["suite"], r["temperature"], r["arm"], r["N"]): r["tau"] for r in rows}
+
+    def mean(arm, temp, n):
+        vals = [tau.get((s, temp, arm, n)) for s in suites]
+        return sum(vals) / len(vals) if all(v is not None for v in vals) else None
+
+    def ratio(a, b):
+        return round(a / b, 4) if a is not None and b else None
+
+    out: dict = {"tau_mean_over_suites": {}, "tau_tree_over_chain": {}, "tau_tree_over_chain_raw": {},
+                 "tau_tree_over_ddtree": {}, "tau_tree_over_ddtree_raw": {}, "tau_extended_over_chain": {},
+                 "tau_extended_over_ddtree": {}, "tau_ddtree_over_dflash_chain": {},
+                 "tau_lattice_over_dspine_marginal": {}, "bootstrap_95": {}, "per_suite": {}}
+    arms = sorted({r["arm"] for r in rows if r["N"] is not None})
+    for temp in temperatures:
+        key = f"T={temp:g}"
+        ch_s, ch_f = mean("dspine_chain", temp, None), mean("dflash_chain", temp, None)
+        means = {"dspine_chain": ch_s, "dflash_chain": ch_f}
+        for n in sizes:
+            for arm in arms:
+                means[f"{arm}@N={n}"] = mean(arm, temp, n)
+            ln = f"N={n}"
+            out["tau_tree_over_chain"].setdefault(key, {})[ln] = ratio(mean("dspine_lattice", temp, n), ch_s)
+            out["tau_tree_over_chain_raw"].setdefault(key, {})[ln] = ratio(mean("dspine_lattice_raw", temp, n), ch_s)
+            out["tau_tree_over_ddtree"].setdefault(key, {})[ln] = ratio(mean("dspine_lattice", temp, n),
+                                                                         mean("dflash_ddtree", temp, n))
+            out["tau_tree_over_ddtree_raw"].setdefault(key, {})[ln] = ratio(mean("dspine_lattice_raw", temp, n),
+                                                                             mean("dflash_ddtree_raw", temp, n))
+            out["tau_extended_over_chain"].setdefault(key, {})[ln] = ratio(mean("dspine_extended", temp, n), ch_s)
+            out["tau_extended_over_ddtree"].setdefault(key, {})[ln] = ratio(mean("dspine_extended", temp, n),
+                                                                             mean("dflash_ddtree", temp, n))
+            out["tau_ddtree_over_dflash_chain"].setdefault(key, {})[ln] = ratio(mean("dflash_ddtree", temp, n), ch_f)
+            out["tau_lattice_over_dspine_marginal"].setdefault(key, {})[ln] = ratio(mean("dspine_lattice", temp, n),
+                                                                                    mean("dspine_marginal", temp, n))
+            boot = out["bootstrap_95"].setdefault(key, {}).setdefault(ln, {})
+            for label, a, b in (("tree_over_chain", ("dspine_lattice", n), ("dspine_chain", None)),
+                                ("tree_over_ddtree", ("dspine_lattice", n), ("dflash_ddtree", n)),
+                                ("extended_over_chain", ("dspine_extended", n), ("dspine_chain", None)),
+                                ("extended_over_ddtree", ("dspine_extended", n), ("dflash_ddtree", n))):
+                boot[label] = bootstrap_ratio(rows, suites, temp, a, b)
+        out["tau_mean_over_suites"][key] = {k: (round(v, 4) if v is not None else None) for k, v in means.items()}
+        for s in suites:
+            c = tau.get((s, temp, "dspine_chain", None))
+            out["per_suite"].setdefault(key, {})[s] = {
+                f"N={n}": {"tree_over_chain": ratio(tau.get((s, temp, "dspine_lattice", n)), c),
+                           "tree_over_ddtree": ratio(tau.get((s, temp, "dspine_lattice", n)),
+                                                     tau.get((s, temp, "dflash_ddtree", n)))}
+                for n in sizes}
+    t32 = out["tau_tree_over_chain"]
+    out["goals"] = {
+        "tree_N32_over_chain_ge_1.30": {k: (v.get("N=32") is not None and v["N=32"] >= 1.30) for k, v in t32.items()},
+        "tree_above_ddtree_at_every_N": {k: all(x is not None and x > 1 for x in v.values())
+                                         for k, v in out["tau_tree_over_ddtree"].items()},
+        "tree_N_le_64_over_chain_ge_1.2 (item 2's gate)": {
+            k: any(v.get(f"N={n}") is not None and v[f"N={n}"] >= 1.2 for n in sizes if n <= 64)
+            for k, v in t32.items()},
+    }
+    return out
+
+
+def markdown(rows: list[dict], suites: list[str], sizes: list[int], temperatures: list[float], arms: list[str]) -> str:
+    tau = {(r["suite"], r["temperature"], r["arm"], r["N"]): r["tau"] for r in rows}
+    head = ["T", "suite", "N", "DSpine chain", "DFlash chain"] + arms
+    lines = ["| " + " | ".join(head) + " |", "| --- | --- | ---: |" + " ---: |" * (len(head) - 3)]
+    for temp in temperatures:
+        for s in suites + ["mean"]:
+            for n in sizes:
+                def cell(arm, nn, temp=temp, s=s):
+                    vals = [tau.get((x, temp, arm, nn)) for x in (suites if s == "mean" else [s])]
+                    return f"{sum(vals) / len(vals):.2f}" if all(v is not None for v in vals) else "-"
+                lines.append(f"| {temp:g} | {s} | {n} | {cell('dspine_chain', None)} | {cell('dflash_chain', None)} | "
+                             + " | ".join(cell(a, n) for a in arms) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from sglang_dspine.provenance import provenance
+    from sglang_dspine.training.generate import evaluate
+    from sglang_dspine.training.tree_generate import evaluate_tree
+
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t_start = time.time()
+    target, drafters, eos, suites, calib, dev = load(args)
+    names = list(suites)
+    n_evals = len(args.temperatures) * len(names) * (2 + len(args.arms) * len(args.sizes))
+    bar = tqdm(total=2 * len(args.temperatures) + n_evals, desc="tree_offline", dynamic_ncols=True)
+
+    def step(msg):
+        bar.set_postfix_str(msg)
+        bar.update(1)
+
+    calibration = calibrate(target, drafters, calib, args.temperatures, args.calib_tokens, eos, step)
+    prov = provenance(argv if argv is not None else sys.argv)
+    dirty = os.popen(f"git -C {ROOT} status --porcelain 2>/dev/null").read().strip()
+    record = {
+        "what": "offline tau of draft trees (issue 28 item 1): DSpine lattice tree vs chain walk vs DDTree on DFlash",
+        **prov, "device": prov["gpu"] or f"cpu ({torch.get_num_threads()} threads)", "worktree_dirty": bool(dirty),
+        "settings": {k: getattr(args, k) for k in ("target", "dspine", "dflash", "suites", "limit", "calib_start",
+                                                      "calib_limit", "calib_tokens", "max_new_tokens", "sizes",
+                                                      "temperatures", "arms", "seed")},
+        "dtype": str(target.get_output_embeddings().weight.dtype),
+        "N_means": "tokens the target verifies per round, the anchor included (tree of N - 1 draft nodes)",
+        "arms": {a: {"drafter": ARMS[a][0], "rule": ARMS[a][1], "temperature": "fitted" if ARMS[a][2] else 1.0}
+                 for a in args.arms},
+        "calibration": calibration, "rows": [],
+    }
+
+    def save():
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
+
+    for temp in args.temperatures:
+        cal = calibration[f"{temp:g}"]
+        for suite, prompts in suites.items():
+            for name in ("dspine", "dflash"):
+                res = evaluate(target, drafters[name], prompts, args.max_new_tokens, temp, eos, seed=args.seed)
+                record["rows"].append({"suite": suite, "temperature": temp, "arm": f"{name}_chain", "N": 16,
+                                       "chain_N": drafters[name].cfg.block_size, **_brief(res)})
+                record["rows"][-1]["N"] = None
+                step(f"T={temp:g} {suite} {name} chain tau {res['tau']:.2f}")
+                save()
+            for n in args.sizes:
+                for arm in args.arms:
+                    name, rule, fitted = ARMS[arm]
+                    row_t = cal[name].get("row", 1.0) if fitted else 1.0
+                    marg_t = cal[name]["marginal"] if fitted else 1.0
+                    res = evaluate_tree(target, drafters[name], prompts, args.max_new_tokens, n - 1, rule, temp, eos,
+                                        seed=args.seed, row_temperature=row_t, marginal_temperature=marg_t)
+                    record["rows"].append({"suite": suite, "temperature": temp, "arm": arm, "N": n, **_brief(res),
+                                           "mean_tree_nodes": res["mean_tree_nodes"],
+                                           "mean_tree_depth": res["mean_tree_depth"],
+                                           "row_temperature": row_t, "marginal_temperature": marg_t})
+                    step(f"T={temp:g} {suite} {arm} N={n} tau {res['tau']:.2f}")
+                    save()
+    bar.close()
+    record["seconds"] = round(time.time() - t_start, 1)
+    table = markdown(record["rows"], names, args.sizes, args.temperatures, args.arms)
+    record["table_markdown"] = table
+    save()
+    summary = {"what": "issue 28 item 1: tau ratios of mean tau over suites (and per suite); tree = DSpine lattice "
+                       "tree with calibrated temperature; raw = temperature 1; ddtree = DDTree on the DFlash drafter",
+               **{k: record[k] for k in ("command", "commit", "device", "versions", "date", "worktree_dirty",
+                                         "settings", "N_means", "arms")},
+               "source": os.path.relpath(args.out, ROOT), "calibration": calibration,
+               **summarize(record["rows"], names, args.sizes, args.temperatures),
+               "step_cost": "not measured: the SGLang part (issue 28 item 2) was not built",
+               "seconds": record["seconds"]}
+    with open(args.summary, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    print(table)
+    print(json.dumps({k: summary[k] for k in ("tau_tree_over_chain", "tau_tree_over_ddtree", "tau_extended_over_chain",
+                                              "tau_extended_over_ddtree", "goals")}, indent=1))
+    return 0
+
+
+def _brief(res: dict) -> dict:
+    """A result's numbers; per_prompt: [accepted lengths summed, rounds] of each prompt (for the bootstrap)."""
+    return {k: res[k] for k in ("tau", "rounds", "tokens", "prompts", "seconds")} | {
+        "position_acceptance": [round(x, 4) for x in res["position_acceptance"]],
+        "per_prompt": [[round(p["tau"] * p["rounds"]), p["rounds"]] for p in res["per_prompt"]]}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
