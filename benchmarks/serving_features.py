@@ -1083,6 +1083,7 @@ def summarize(res: dict) -> dict:
     return {"servers": out, "load": {"clients": res.get("clients"), "seconds": res.get("load_seconds"),
                                      "mode": res.get("load_mode")},
             "features": list(ALL_FEATURES), "server_flags": FLAGS,
+            "backends": res.get("backends", {"attention": "triton", "sampling": "pytorch"}),
             "commit": prov.get("commit"), "gpu": prov.get("gpu"), "date": prov.get("date"),
             "command": prov.get("command"), "wall_seconds": res.get("wall_seconds")}
 
@@ -1131,8 +1132,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load-seconds", type=float, default=120.0)
     ap.add_argument("--results-dir", default=os.path.join(REPO, "benchmarks", "results"))
     ap.add_argument("--no-prebuild", action="store_true", help="do not build FlashInfer's sampling module first")
+    ap.add_argument("--attention-backend", default="triton",
+                    help="every server's --attention-backend; 'sglang-default': the flag left out (SGLang picks: FA3 "
+                         "on an H200)")
+    ap.add_argument("--sampling-backend", default="pytorch",
+                    help="every server's --sampling-backend; 'sglang-default': the flag left out (FlashInfer)")
+    ap.add_argument("--tag", default="",
+                    help="results named serving_features_TAG*.json instead of serving_features*.json")
     ap.add_argument("--smoke", action="store_true", help="CPU self-test of the pure parts, no servers")
     args = ap.parse_args(argv)
+    backends = {"attention": None if args.attention_backend == "sglang-default" else args.attention_backend,
+                "sampling": None if args.sampling_backend == "sglang-default" else args.sampling_backend}
+    base = _servers.base_args(backends["attention"], backends["sampling"])
+    stem = "serving_features" + (f"_{args.tag}" if args.tag else "")
     names = [n for n in args.servers.split(",") if n]
     if not names or set(names) - set(NAMES):
         raise SystemExit(f"--servers: choose from {','.join(NAMES)}")
@@ -1151,7 +1163,9 @@ def main(argv: list[str] | None = None) -> int:
     target = os.path.join(models, "target")
     ctx = build_inputs(AutoTokenizer.from_pretrained(target), models)
     res = {"provenance": provenance(sys.argv if argv is None else ["serving_features.py", *argv]),
-           "server_names": names, "server_flags": FLAGS, "clients": args.clients, "load_seconds": args.load_seconds,
+           "server_names": names, "server_flags": FLAGS, "base_flags": base,
+           "backends": {k: v or "sglang-default" for k, v in backends.items()},
+           "clients": args.clients, "load_seconds": args.load_seconds,
            "load_mode": "the servers loaded at the same time, one client process each",
            "inputs": {"greedy_prompts": len(ctx["greedy_prompts"]), "long_prompt_tokens": ctx["long_prompt_tokens"],
                       "shared_common_tokens": ctx["shared_common_tokens"], "context_len": ctx["context_len"],
@@ -1166,10 +1180,10 @@ def main(argv: list[str] | None = None) -> int:
         with guard:
             res["wall_seconds"] = round(time.time() - t0, 1)
             summary = summarize(res)
-            json.dump(res, open(os.path.join(args.out, "serving_features.json"), "w"), indent=1)
-            json.dump(summary, open(os.path.join(args.out, "serving_features_summary.json"), "w"), indent=1)
+            json.dump(res, open(os.path.join(args.out, f"{stem}.json"), "w"), indent=1)
+            json.dump(summary, open(os.path.join(args.out, f"{stem}_summary.json"), "w"), indent=1)
             os.makedirs(args.results_dir, exist_ok=True)
-            json.dump(summary, open(os.path.join(args.results_dir, "serving_features_summary.json"), "w"), indent=1)
+            json.dump(summary, open(os.path.join(args.results_dir, f"{stem}_summary.json"), "w"), indent=1)
 
     def stamp(what: str) -> None:
         with guard:
@@ -1225,14 +1239,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         order = [n for n in NAMES if n in names]
         first = order[0]  # plain when it is asked for: alone, so the kernel builds are cached for the others
-        servers[first] = Server(first, PORTS[first], server_args(first), args.out)
+        servers[first] = Server(first, PORTS[first], server_args(first), args.out, base_args=base)
         if not bring_up(first):
             with guard:
                 for n in order[1:]:
                     res["servers"][n] = {"up": False, "error": f"not started: {first} did not start"}
         else:
             for n in order[1:]:
-                servers[n] = Server(n, PORTS[n], server_args(n), args.out)
+                servers[n] = Server(n, PORTS[n], server_args(n), args.out, base_args=base)
             with cf.ThreadPoolExecutor(len(order)) as ex:
                 threads = {n: ex.submit(phase, n) for n in order}
                 for n, t in threads.items():
@@ -1288,7 +1302,7 @@ def main(argv: list[str] | None = None) -> int:
         if prebuild is not None and prebuild.poll() is None:
             os.killpg(prebuild.pid, 15)
         save()
-        archive_logs(args.out, "serving_features_logs.tar.gz")
+        archive_logs(args.out, f"{stem}_logs.tar.gz")
     print_table(summarize(res))
     return 0
 

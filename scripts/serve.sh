@@ -32,14 +32,27 @@ else
     exit 2
   fi
 fi
+# Before any install: serving needs an NVIDIA GPU, and the environment is ~9 GB.
+if ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; } && ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
+  echo "serve.sh: SGLang serving needs a CUDA GPU; none is visible here (no nvidia-smi, no /dev/nvidia0)." >&2
+  exit 2
+fi
 VENV="${VENV:-.venv}"
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 # The tested versions of the GPU-verified SGLang, the first of setup.py's SGLANG_RELEASES (scripts/test.sh installs
-# the same lock); PIP_CONSTRAINT reaches pip's build env too.
+# the same lock); PIP_CONSTRAINT reaches pip's build env too. Installed once, again only when the lock,
+# setup.py or this script change (scripts/env.sh).
 lock="locks/sglang-$(sed -n 's/^SGLANG_RELEASES = \["\([^"]*\)".*/\1/p' setup.py).txt"
-PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir -c "$lock" -e .
+source scripts/env.sh
+key="$(env_key "$lock" setup.py scripts/serve.sh)"
+if ! env_current "$VENV" "$key"; then
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  echo "serve.sh: installing SGLang and this package into $VENV at $lock's versions (first time: ~9 GB, several minutes)" >&2
+  PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install --disable-pip-version-check --no-cache-dir \
+    --progress-bar on -c "$lock" -e .
+  env_mark "$VENV" "$key"
+fi
 if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  echo "serve.sh: SGLang serving needs a CUDA GPU; none is visible here." >&2
+  echo "serve.sh: torch in $VENV sees no CUDA GPU (torch.cuda.is_available() is False)." >&2
   exit 2
 fi
 target="$(realpath "$target")"; drafter="$(realpath "$drafter")"; py="$(cd "$VENV/bin" && pwd)/python"  # not realpath: that would leave the venv

@@ -33,21 +33,34 @@ if [ ! -f "$lock" ]; then
   echo "test.sh: $lock not found; make it with: bash scripts/lock.sh $version" >&2
   exit 2
 fi
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 # --no-cache-dir: a venv of several GB, no second copy in a cache. PIP_CONSTRAINT pins pip's isolated build
-# environment (setuptools), which does not see -c or -r.
+# environment (setuptools), which does not see -c or -r. Installed once, again only when the lock, setup.py or
+# this script change (scripts/env.sh).
+source scripts/env.sh
+key="$(env_key "$lock" "locks/sglang-$version.imports" setup.py scripts/test.sh)"
+fresh=yes
+env_current "$VENV" "$key" && fresh=no
+if [ "$fresh" = yes ]; then
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  echo "test.sh: installing SGLang $version and this package into $VENV at $lock's versions (first time: several minutes)" >&2
+fi
 if [ -f "locks/sglang-$version.imports" ]; then
-  PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
-    --no-deps -r "$lock"
-  PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
-    --no-deps -e .
+  if [ "$fresh" = yes ]; then
+    PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+      --no-deps -r "$lock"
+    PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+      --no-deps -e .
+  fi
   all_tests=(tests/test_plugin.py tests/test_serving_glue.py tests/test_logprobs.py tests/test_checkpoint.py)
 else
   # -c pins what this install resolves.
-  PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
-    -c "$lock" -e ".[test,lab]"
+  if [ "$fresh" = yes ]; then
+    PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+      -c "$lock" -e ".[test,lab]"
+  fi
   all_tests=(tests)
 fi
+[ "$fresh" = yes ] && env_mark "$VENV" "$key"
 # A test path is an argument naming a file or folder under tests/ (optionally with ::TEST), unless it is the
 # value of a pytest option given as a separate argument (-k EXPR, -p PLUGIN, --ignore PATH, ...).
 paths=no

@@ -1,5 +1,6 @@
 """scripts/serve.sh, scripts/test.sh and .ci/run: what they refuse and the commands they end up running. The scripts run for
 real; their virtualenv's `python` is a recorder that writes its arguments down (no GPU or install here)."""
+import glob
 import os
 import shlex
 import subprocess
@@ -24,8 +25,16 @@ def recorder(tmp_path):
     return tmp_path / "venv", calls
 
 
-def run(script, *args, venv=None):
+def run(script, *args, venv=None, gpu=True):
+    """gpu: whether serve.sh's GPU check finds one (an `nvidia-smi` first on PATH that lists one GPU or fails)."""
     env = {**os.environ, **({"VENV": str(venv)} if venv else {})}
+    if venv is not None:
+        fake = venv.parent / "fake-bin"
+        fake.mkdir(exist_ok=True)
+        smi = fake / "nvidia-smi"
+        smi.write_text("#!/usr/bin/env bash\n" + ('echo "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n' if gpu else "exit 9\n"))
+        smi.chmod(0o755)
+        env["PATH"] = f"{fake}:{env['PATH']}"
     return subprocess.run(["bash", os.path.join(REPO, "scripts", script), *map(str, args)], capture_output=True,
                           text=True, timeout=120, env=env)
 
@@ -68,6 +77,34 @@ def test_serve_passes_the_pair_and_extra_arguments(tmp_path, recorder):
     assert str(target) not in argv[-4:] and str(drafter) not in argv[-4:]
     install = [c for c in calls() if c[:3] == ["-m", "pip", "install"]]
     assert install and "-c" in install[0] and install[0][install[0].index("-c") + 1] == "locks/sglang-0.5.17.txt"
+
+
+@pytest.mark.skipif(bool(glob.glob("/dev/nvidia[0-9]*")), reason="a GPU device file is visible here")
+def test_serve_refuses_a_machine_without_a_gpu_before_installing(recorder):
+    venv, calls = recorder
+    out = run("serve.sh", venv=venv, gpu=False)
+    assert out.returncode == 2 and calls() == []
+    assert out.stderr.strip() == ("serve.sh: SGLang serving needs a CUDA GPU; none is visible here "
+                                  "(no nvidia-smi, no /dev/nvidia0).")
+
+
+def _installs(calls):
+    return [c for c in calls() if c[:3] == ["-m", "pip", "install"]]
+
+
+@pytest.mark.parametrize("script,args", [("serve.sh", []), ("test.sh", []), ("test.sh", ["--sglang", "0.5.23"])])
+def test_an_environment_is_installed_once_until_its_lock_changes(recorder, script, args):
+    """The second run starts without pip; a key that no longer matches (another lock, setup.py or script, or an
+    install that never finished) installs again."""
+    venv, calls = recorder
+    assert run(script, *args, venv=venv).returncode == 0
+    first = len(_installs(calls))
+    assert first >= 1 and (venv / ".sglang-dspine-env").is_file()
+    assert run(script, *args, venv=venv).returncode == 0
+    assert len(_installs(calls)) == first  # nothing installed the second time
+    (venv / ".sglang-dspine-env").write_text("an older lock\n")
+    assert run(script, *args, venv=venv).returncode == 0
+    assert len(_installs(calls)) == 2 * first
 
 
 def test_serve_with_only_flags_serves_the_default_pair(recorder):

@@ -2,7 +2,19 @@
 # Source on the GPU machine from the repo root: unpacks the SGLang bundle (.devbundle, carried) and lays this
 # package out as an installed distribution would (sglang_dspine + kernels as sglang_dspine.kernels + a
 # dist-info whose entry point SGLang's plugin loader finds). The machine has no network, so no pip build.
-source .devbundle/sglang-bundle-setup.sh || return 1
+# The bundle travels on a lease's first call; it is kept in /tmp/devbundle so that later calls of the same lease
+# (which carry other things, e.g. pieces of scripts/device/carry.sh, in the 64 MiB) can set up without it.
+if [ -f .devbundle/sglang-bundle.tar.xz ]; then
+  if ! cmp -s .devbundle/sglang-bundle.tar.xz /tmp/devbundle/sglang-bundle.tar.xz; then
+    rm -rf /tmp/devbundle && cp -r .devbundle /tmp/devbundle || return 1
+  fi
+elif [ -f /tmp/devbundle/sglang-bundle.tar.xz ]; then
+  echo "setup.sh: .devbundle not carried; using the copy an earlier call of this lease left in /tmp/devbundle"
+else
+  echo "setup.sh: no .devbundle here and none left by an earlier call: carry .devbundle" >&2
+  return 1
+fi
+source /tmp/devbundle/sglang-bundle-setup.sh /tmp/devbundle/sglang-bundle.tar.xz || return 1
 python3 -m pip uninstall -q -y sglang-dspine >/dev/null 2>&1  # an earlier editable install would shadow this layout
 DSPINE_SITE=/tmp/dspine-site
 rm -rf "$DSPINE_SITE" && mkdir -p "$DSPINE_SITE/sglang_dspine-0.1.0.dist-info"

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Files larger than one device call's 64 MiB reach the GPU machine in pieces over back-to-back calls of one lease
+# (the machine keeps /tmp while it stays warm, ~30 s after a call).
+# Here (repo root):
+#   bash scripts/device/carry.sh pack NAME FILE      # FILE, xz-compressed, in pieces of PIECE_MIB (default 40)
+#                                                    # under .carry-store/NAME/ with sha256 sums of each and all
+#   bash scripts/device/carry.sh stage NAME K        # puts piece K (1-based) and the sums into .carry/ (the only
+#                                                    # thing there): carry ".carry" in the next device call
+# There (repo root, any call of the lease):
+#   bash scripts/device/carry.sh receive             # checks the carried piece's sha256, keeps it in /tmp/carry/
+#   bash scripts/device/carry.sh assemble NAME DEST  # all pieces present and checked: joins, checks the whole
+#                                                    # compressed file, decompresses to DEST
+# Each step prints one line and fails (exit 1) on a missing piece or a wrong hash.
+set -euo pipefail
+store=.carry-store stage=.carry there=/tmp/carry
+sums() { (cd "$1" && sha256sum "${@:2}"); }
+case "${1:-}" in
+  pack)
+    name="${2:?NAME}" file="${3:?FILE}"
+    rm -rf "${store:?}/$name" && mkdir -p "$store/$name"
+    xz -6 -T0 -c "$file" >"$store/$name/$name.xz"
+    (cd "$store/$name" && split -b "$(( ${PIECE_MIB:-40} * 1024 * 1024 ))" -d -a 2 "$name.xz" "$name.xz.part" \
+      && sha256sum "$name.xz" "$name".xz.part* >"$name.sha256" && rm "$name.xz")
+    n=$(ls "$store/$name"/*.part* | wc -l)
+    echo "carry.sh: $file -> $n pieces in $store/$name ($(du -sh "$store/$name" | cut -f1) compressed)"
+    ;;
+  stage)
+    name="${2:?NAME}" k="${3:?K}"
+    piece="$(printf '%s/%s/%s.xz.part%02d' "$store" "$name" "$name" "$((k - 1))")"
+    [ -f "$piece" ] || { echo "carry.sh: no piece $k of $name ($piece)" >&2; exit 1; }
+    rm -rf "$stage" && mkdir -p "$stage"
+    cp "$piece" "$store/$name/$name.sha256" "$stage/"
+    echo "carry.sh: $stage holds piece $k of $name ($(du -h "$piece" | cut -f1)): carry \".carry\" next call"
+    ;;
+  receive)
+    mkdir -p "$there"
+    for piece in "$stage"/*.part*; do
+      [ -f "$piece" ] || { echo "carry.sh: nothing carried in $stage" >&2; exit 1; }
+      base="$(basename "$piece")" name="${base%.xz.part*}"
+      cp "$stage/$name.sha256" "$there/"
+      want="$(awk -v f="$base" '$2 == f {print $1}' "$there/$name.sha256")"
+      got="$(sha256sum "$piece" | cut -d' ' -f1)"
+      [ -n "$want" ] && [ "$want" = "$got" ] || { echo "carry.sh: $base: sha256 $got, expected ${want:-none}" >&2; exit 1; }
+      cp "$piece" "$there/"
+      echo "carry.sh: received $base (sha256 ok); $(ls "$there/$name".xz.part* | wc -l) of $(grep -c part "$there/$name.sha256") pieces of $name here"
+    done
+    ;;
+  assemble)
+    name="${2:?NAME}" dest="${3:?DEST}"
+    [ -f "$there/$name.sha256" ] || { echo "carry.sh: no piece of $name received" >&2; exit 1; }
+    (cd "$there" && sha256sum -c --quiet <(grep part "$name.sha256")) \
+      || { echo "carry.sh: $name: pieces missing or wrong" >&2; exit 1; }
+    cat "$there/$name".xz.part* >"$there/$name.xz"
+    (cd "$there" && sha256sum -c --quiet <(grep -v part "$name.sha256")) \
+      || { echo "carry.sh: $name: the joined file's sha256 is wrong" >&2; exit 1; }
+    mkdir -p "$(dirname "$dest")" && xz -dc "$there/$name.xz" >"$dest.tmp" && mv "$dest.tmp" "$dest"
+    echo "carry.sh: $name assembled into $dest ($(du -h "$dest" | cut -f1))"
+    ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
+esac
