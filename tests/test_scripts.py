@@ -225,3 +225,36 @@ def test_ci_runs_every_release(tmp_path):
     (repo / "scripts" / "test.sh").write_text(_fake_test_sh(log, most, "sglang not importable"))
     out = run()
     assert out.returncode == 1 and "1 tests skipped" in out.stderr and "sglang not importable" in out.stderr
+
+
+def test_carry_brings_a_file_over_in_checked_pieces(tmp_path):
+    """scripts/device/carry.sh: pack here, stage and receive one piece per call, assemble there; the file comes back
+    byte for byte, and a piece altered on the way is refused."""
+    data = os.urandom(3 * 1024 * 1024 + 123)  # random: xz cannot shrink it, so 1 MiB pieces make four
+    (tmp_path / "big.bin").write_bytes(data)
+    env = {**os.environ, "PIECE_MIB": "1", "CARRY_STORE": str(tmp_path / "store"), "CARRY_STAGE": str(tmp_path / "stage"),
+           "CARRY_THERE": str(tmp_path / "there")}
+
+    def carry(*args):
+        return subprocess.run(["bash", os.path.join(REPO, "scripts", "device", "carry.sh"), *map(str, args)],
+                              capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+
+    out = carry("pack", "big", tmp_path / "big.bin")
+    assert out.returncode == 0 and "4 pieces" in out.stdout, out.stderr
+    early = carry("assemble", "big", tmp_path / "early.bin")
+    assert early.returncode == 1 and "no piece of big received" in early.stderr
+    for k in range(1, 5):
+        assert carry("stage", "big", k).returncode == 0
+        if k == 2:  # altered on the way: refused, and the good copy still comes next
+            piece = next((tmp_path / "stage").glob("*.part*"))
+            piece.write_bytes(b"x" + piece.read_bytes()[1:])
+            bad = carry("receive")
+            assert bad.returncode == 1 and "sha256" in bad.stderr
+            assert carry("assemble", "big", tmp_path / "partial.bin").returncode == 1
+            assert carry("stage", "big", k).returncode == 0
+        got = carry("receive")
+        assert got.returncode == 0 and f"{k} of 4 pieces" in got.stdout, got.stderr
+    assert carry("stage", "big", 5).returncode == 1
+    out = carry("assemble", "big", tmp_path / "back" / "big.bin")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "back" / "big.bin").read_bytes() == data

@@ -12,7 +12,7 @@
 #                                                    # compressed file, decompresses to DEST
 # Each step prints one line and fails (exit 1) on a missing piece or a wrong hash.
 set -euo pipefail
-store=.carry-store stage=.carry there=/tmp/carry
+store="${CARRY_STORE:-.carry-store}" stage="${CARRY_STAGE:-.carry}" there="${CARRY_THERE:-/tmp/carry}"
 sums() { (cd "$1" && sha256sum "${@:2}"); }
 case "${1:-}" in
   pack)
