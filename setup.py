@@ -1,7 +1,7 @@
 """sglang-dspine: DSpine speculative decoding for SGLang (serving plugin, trainer, benchmarks)."""
 from setuptools import setup
 
-# The SGLang releases the plugin runs on (sglang_dspine.serving.plugin.SUPPORTED_SGLANG says the same; a test checks).
+# The SGLang releases the plugin runs on (sglang_dspine.serving.versions.SUPPORTED_SGLANG says the same; a test checks).
 # The first is the one verified on the GPU and the default of scripts/test.sh and scripts/lock.sh; each has a
 # lock, locks/sglang-VERSION.txt.
 SGLANG_RELEASES = ["0.5.17", "0.5.23"]

@@ -487,7 +487,7 @@ def section_kernels(bench, model, head, steps, bs, s, res, ceiling, sweep: bool)
          lambda: kinj.injection_delta(h, last, w, anchors, tables.pred_proj, B, recv_out=recv),
          lbytes + eb * (m * H + n * m) + 4 * n * m),
         ("injection_delta torch pass",
-         lambda: kinj.injection_delta(h, 0, w, anchors, tables.pred_proj, B, impl="torch"), lbytes),
+         lambda: kinj.injection_delta(h, 0, w, anchors, tables.pred_proj, B, kernel=False), lbytes),
         # attribution: the cuBLAS GEMMs of injection_delta alone (no gate pass)
         ("injection_delta GEMMs only", lambda: torch.mm(kinj.project(h, 0, w)[1][:, :m], w.writes[0].t()), lbytes),
         # what DraftStep(kernels=False).inject runs

@@ -201,9 +201,10 @@ def main(argv=None) -> int:
     prov = provenance(argv if argv is not None else sys.argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     path = args.path or ("kernel" if device.type == "cuda" else "torch")
-    if path == "kernel" and device.type != "cuda":
-        import triton
-        if not triton.knobs.runtime.interpret:
+    if path == "kernel":
+        from sglang_dspine.kernels.runtime import runs_on
+
+        if not runs_on(device):
             ap.error("--path kernel: needs CUDA (or TRITON_INTERPRET=1)")
     kinds = args.kinds.split(",")
     for kind in kinds:

@@ -6,6 +6,7 @@ Each kernel has a plain PyTorch reference with the same signature next to it (`*
   transition.py       transition scoring + walk from per-token tables (TransitionTables, transition_walk)
   top_k.py            top-K of the draft logits in one streaming pass (topk)
   vocab_objective.py  the training objective's per-row CE, argmax, L1 to the teacher and their gradient (vocab_loss)
+  runtime.py          where the kernels run: CUDA, or the CPU under Triton's interpreter (runs_on)
 """
 from .injection import InjectionWeights, gate_message, gate_message_torch, injection_delta
 from .top_k import topk, topk_torch

@@ -201,15 +201,15 @@ def project(h: torch.Tensor, layer: int, w: InjectionWeights) -> tuple[torch.Ten
 
 def injection_delta(h: torch.Tensor, layer: int, w: InjectionWeights, anchors: torch.Tensor,
                     pred_proj: torch.Tensor, block_size: int, recv_out: torch.Tensor | None = None,
-                    impl: str = "triton") -> tuple[torch.Tensor, torch.Tensor | None]:
+                    kernel: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What the injection after `layer` adds to flat states h [bs·B, H]: delta = msg U_lᵀ (GEMMs + fused pass).
 
     anchors [bs]; pred_proj: the per-token table `TransitionTables.pred_proj`. recv_out [bs·B, m]: optional
-    G_r φ of each row (the transition scoring uses the last layer's). impl: "triton" or "torch" (the reference
-    pass). Returns (delta, uh): uh = h U_L for the last layer, else None.
+    G_r φ of each row (the transition scoring uses the last layer's). kernel: the Triton pass, else the
+    PyTorch reference. Returns (delta, uh): uh = h U_L for the last layer, else None.
     """
     z, y, uh = project(h, layer, w)
     msg = torch.empty(h.shape[0], w.message_size, dtype=h.dtype, device=h.device)
-    fn = gate_message if impl == "triton" else gate_message_torch
+    fn = gate_message if kernel else gate_message_torch
     fn(h, z, y, anchors, pred_proj, w.bias, block_size, msg, recv_out)
     return torch.mm(msg, w.writes[layer].t()), uh

@@ -44,6 +44,7 @@ from sglang_dspine.drafter.decoding import predecessor_tokens, walk  # the refer
 from sglang_dspine.drafter.injection import NORMALIZE_EPS
 
 from .injection import InjectionWeights
+from .runtime import interpreting
 
 
 # ------------------------------------------------------------------------------------------- tables
@@ -201,10 +202,6 @@ def _finish_walk_kernel(
 
 
 
-def _interpreting() -> bool:
-    return triton.knobs.runtime.interpret
-
-
 # (BLOCK_H, message column chunk, num_warps) of the per-position kernel: from the H200 sweep at Qwen3-8B shapes
 # (benchmarks/kernels_notes.md)
 POSITION_CONFIG = (512, 512, 8)
@@ -233,7 +230,7 @@ def transition_scores_walk(pre, recv, uh, cand, anchors, pred_proj, head_proj, h
         raise ValueError("pre: last axis must be contiguous")
     cand = cand.contiguous()
     kp = max(16, triton.next_power_of_2(k))
-    if _interpreting() or rfac.dtype == torch.float32:
+    if interpreting() or rfac.dtype == torch.float32:
         # fp32 operands: exact ("ieee") products; the interpreter also needs fp32 (its bf16 dot is wrong)
         dot_dt, prec = tl.float32, "ieee"
     else:
@@ -294,14 +291,14 @@ def receiver_terms(pre: torch.Tensor, w: InjectionWeights) -> torch.Tensor:
 def transition_walk(pre: torch.Tensor, cand: torch.Tensor, anchors: torch.Tensor, w: InjectionWeights,
                     tables: TransitionTables, head: torch.Tensor, norm_weight: torch.Tensor, norm_eps: float,
                     recv: torch.Tensor | None = None, uh: torch.Tensor | None = None,
-                    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, impl: str = "triton",
+                    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, kernel: bool = True,
                     position_config: tuple[int, int, int] | None = None):
     """Candidate decoding of one block per request from the top-K candidates (decode_block's result).
 
     pre [bs, P, H]: the last layer's pre-injection states of positions 1..B-1; cand [bs, P, K]; anchors [bs];
     head [V, H]; norm_weight/norm_eps: the drafter's final RMSNorm. recv (G_r φ_L(pre)) and uh (pre U_L) are
-    recomputed when not given. out: optional (scores, choice, tokens) buffers to write. Returns (tokens [bs, P],
-    choice [bs, P], scores [bs, P, K, K]).
+    recomputed when not given. out: optional (scores, choice, tokens) buffers to write. kernel: the Triton
+    kernels, else their PyTorch reference. Returns (tokens [bs, P], choice [bs, P], scores [bs, P, K, K]).
     """
     if not tables.head_ready:
         raise RuntimeError("transition_walk before TransitionTables.fill_head")
@@ -315,7 +312,7 @@ def transition_walk(pre: torch.Tensor, cand: torch.Tensor, anchors: torch.Tensor
         out = (torch.empty(bs, npos, k, k, dtype=torch.float32, device=pre.device),
                torch.empty(bs, npos, dtype=torch.long, device=pre.device),
                torch.empty(bs, npos, dtype=cand.dtype, device=pre.device))
-    fn = transition_scores_walk if impl == "triton" else transition_scores_walk_torch
+    fn = transition_scores_walk if kernel else transition_scores_walk_torch
     scores, choice, tokens = fn(pre, recv, uh, cand, anchors, tables.pred_proj, tables.head_proj, head, norm_weight,
                                 w.bias, tables.rfac, norm_eps, *out, position_config=position_config)
     return tokens, choice, scores

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .runtime import runs_on
+
 
 def launch_settings(v: int, block_v: int | None = None) -> tuple[int, int]:
     """(vocabulary tile, warps): 4096-wide tiles at 8 warps for large vocabularies (16 elements per thread and
@@ -219,7 +221,7 @@ def vocab_loss(z: torch.Tensor, labels: torch.Tensor, y: torch.Tensor | None = N
     returned). kernel: True runs the Triton kernels (CUDA, or Triton's interpreter), False the PyTorch math;
     the caller decides by device. ce and l1 are differentiable in z, float32."""
     _check(z, labels, y, y_index)
-    if kernel and z.device.type != "cuda" and not triton.knobs.runtime.interpret:
+    if kernel and not runs_on(z.device):
         raise ValueError(f"vocab_loss: the Triton kernels need CUDA tensors (z is on {z.device}); "
                          "run the PyTorch math (kernel=False) there")
     if y is not None:

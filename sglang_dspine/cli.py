@@ -74,7 +74,7 @@ def _add_prompt_args(p: argparse.ArgumentParser) -> None:
     _add_chat_args(p)
     p.add_argument("--system-prompt", help="a system message put in front of every chat")
     p.add_argument("--split", default="train", help="split of a datasets dataset (default: train)")
-    p.add_argument("--limit", type=int, help="use only the first N prompts")
+    p.add_argument("--limit", type=int, help="use only the first N prompts (default: all)")
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -96,16 +96,17 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=2048)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the reference regenerates greedily)")
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-prompt-len", type=int, help="skip prompts longer than this many tokens")
+    p.add_argument("--max-prompt-len", type=int, help="skip prompts longer than this many tokens (default: no limit)")
     p.add_argument("--batch-size", type=int, default=256, help="prompts per engine call (written after each)")
     p.add_argument("--eos-token-id", type=_int_list, default=[], help="extra end tokens, comma-separated")
     p.add_argument("--tp-size", type=int, default=1, help="SGLang tensor parallel size")
     p.add_argument("--dp-size", type=int, default=1, help="SGLang data parallel size")
-    p.add_argument("--mem-fraction-static", type=float, help="SGLang static memory fraction")
+    p.add_argument("--mem-fraction-static", type=float, help="SGLang static memory fraction (default: SGLang's)")
     p.add_argument("--dtype", help="target dtype (default: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--device", help="device for the transformers backend (default: cuda if present)")
     p.add_argument("--max-seconds", type=float,
-                   help="start no new batch after this many seconds (a rerun resumes where it stopped)")
+                   help="start no new batch after this many seconds (a rerun resumes where it stopped; default: no "
+                        "limit)")
     p.add_argument("--hf-batch-size", type=int, default=1,
                    help="transformers backend: prompts generated at once, left-padded (1: one at a time, exact)")
     p.add_argument("--seed", type=int, default=0)
@@ -211,7 +212,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="loss on the last assistant turn only (default: on every assistant turn)")
     g = p.add_argument_group("fresh drafter (defaults fit the target)")
     g.add_argument("--num-draft-layers", type=int, help="default: 5, at most half the target's layers")
-    g.add_argument("--block-size", type=int, default=d.block_size)
+    g.add_argument("--block-size", type=int, default=d.block_size, help="block size B: tokens drafted per round")
     g.add_argument("--target-layer-ids", type=_int_list,
                    help="comma-separated (default: DFlash's spread over the target's layers, one per drafter layer)")
     g.add_argument("--mask-token-id", type=int,
@@ -226,8 +227,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                         "SpecForge's reference values exactly (0.1 CE + 0.9 L1 to the target's distribution); "
                         "any DSpine flag below overrides the recipe's value")
     for f in fields(DSpineSettings):
+        # default None: an absent flag leaves the value to the recipe (or to a DSpine --init)
         g.add_argument(f"--{f.name.replace('_', '-')}", dest=f"dspine_{f.name}", metavar=f.name.upper(),
-                       type=int if f.type in (int, "int") else float, default=None)
+                       type=int if f.type in (int, "int") else float, default=None, help=_recipe_default(f.name))
     g = p.add_argument_group("objective")
     g.add_argument("--num-anchors", type=int, default=d.num_anchors, help="blocks per sequence")
     g.add_argument("--gamma", type=float, help="position decay γ (default: 7 for B=16, scaled with B as DFlash)")
@@ -242,13 +244,21 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                         "at large vocabularies); 0: one chunk, much faster where memory allows (the lab's 8k "
                         "vocabulary: 4.9x per DSpine step on an H200, benchmarks/train_step.py)")
     g = p.add_argument_group("optimisation")
+    helps = {"lr": "peak learning rate", "min_lr_ratio": "the cosine decay's last learning rate, a fraction of --lr",
+             "warmup_ratio": "linear warm-up over this fraction of the steps", "init_std": "normal init of a fresh "
+             "backbone's linear weights", "batch_size": "sequences per micro-batch per rank",
+             "grad_accum": "micro-batches per optimizer step", "max_length": "tokens per sequence (longer ones are "
+             "cut)", "log_every": "optimizer steps between metrics lines", "save_every": "optimizer steps between "
+             "checkpoints (0: at the end only)", "keep_checkpoints": "newest checkpoints kept in --output-dir"}
     for name in ("lr", "min_lr_ratio", "warmup_ratio", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm",
                  "epochs", "init_std"):
-        g.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
+        g.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name), help=helps.get(name))
     for name in ("batch_size", "grad_accum", "max_length", "seed", "log_every", "save_every", "keep_checkpoints"):
-        g.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
-    g.add_argument("--max-steps", type=int, help="stop after this many optimizer steps (overrides --epochs)")
-    g.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+        g.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name), help=helps.get(name))
+    g.add_argument("--max-steps", type=int,
+                   help="stop after this many optimizer steps (default: none, --epochs decides; overrides --epochs)")
+    g.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="auto: bf16 on GPU, fp32 on CPU")
     g.add_argument("--device", help="default: cuda:LOCAL_RANK if present, else cpu")
     g.add_argument("--no-resume", dest="resume", action="store_false", help="ignore checkpoints in --output-dir")
     g.add_argument("--no-save", dest="save", action="store_false",
@@ -259,6 +269,20 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="no TensorBoard event files in --output-dir/tensorboard")
     g.add_argument("--wandb-project", help="also log to this Weights & Biases project (needs wandb installed)")
     g.add_argument("--run-name", help="the Weights & Biases run name")
+
+
+def _recipe_default(name: str) -> str:
+    """What a DSpine setting is when its flag is not given, by recipe."""
+    from .drafter.config import DSpineSettings
+    from .training.train_config import DEFAULT_RECIPE, RECIPES
+
+    scaled = {"transfer_rank": "the target's hidden size / 4, at most 1024",
+              "message_size": "the transfer rank / 2, at most 512"}
+    if name in scaled:  # fitted to the target in every recipe (drafter.config.fresh_settings)
+        return f"default: {scaled[name]}"
+    value = {r: _shown(RECIPES[r].get(name, getattr(DSpineSettings, name))) for r in RECIPES}
+    others = [f"{r}: {v}" for r, v in value.items() if r != DEFAULT_RECIPE and v != value[DEFAULT_RECIPE]]
+    return f"default: {value[DEFAULT_RECIPE]}" + (f" (recipe {DEFAULT_RECIPE}; {'; '.join(others)})" if others else "")
 
 
 def train_config_from_args(args: argparse.Namespace):
@@ -296,6 +320,8 @@ def _train_run(args: argparse.Namespace) -> int:
             raise CLIError(f"--init {tc.init}: no config.json there")
         check_drafter_dir(tc.init)  # before the target is loaded
     check_model_dir("--target", args.target)
+    if tc.tokenizer:  # a bad one is refused before the target loads (the trainer loads it again)
+        load_tokenizer(tc.tokenizer, None)
     if tc.wandb_project:
         try:
             import wandb  # noqa: F401
@@ -377,7 +403,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-greedy", action="store_true",
                    help="at temperature 0, also generate with the target alone and report exact matches")
     p.add_argument("--dtype", help="target and drafter dtype (default: bf16 on GPU, fp32 on CPU)")
-    p.add_argument("--device")
+    p.add_argument("--device", help="default: cuda if present, else cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=_path, help="write the JSON result here (always printed too)")
 
@@ -397,13 +423,13 @@ def _eval_run(args: argparse.Namespace) -> int:
     if args.decoding == "argmax" and not (cfg.is_dspine or args.as_dspine):
         raise CLIError(f"--decoding argmax: drafter {src} is a DFlash drafter, which always drafts the argmax "
                        "(the walk-off ablation is for DSpine drafters)")
+    tokenizer = load_tokenizer(args.tokenizer, args.target)  # before the target: a bad --tokenizer fails fast
     dev = default_device(args.device)
     target = load_target(args.target, args.dtype, dev)
     head = target.get_output_embeddings().weight
     drafter = load_drafter(src, as_dspine=args.as_dspine, target_head=head.detach().float().cpu(),
                            dtype=head.dtype, device=dev)
     drafter.cfg.check_target(head.shape[1], head.shape[0], target.config.num_hidden_layers)
-    tokenizer = load_tokenizer(args.tokenizer, args.target)
     eos = eos_ids_of(tokenizer, target, args.eos_token_id)
     prompts = []
     for i, (rid, rec) in enumerate(iter_records(args.prompts, args.split)):
@@ -436,6 +462,24 @@ register_command("eval", "offline acceptance length τ of a drafter with the tar
 
 
 # ---------------------------------------------------------------------------------------------- main
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Append `(default: VALUE)` to every option whose help does not say it already. Switches (the flag's
+    presence is its meaning) and None defaults (their help says what happens) are left as written."""
+    for action in parser._actions:
+        v = action.default
+        if action.required or v is None or isinstance(v, bool) or v == [] or v is argparse.SUPPRESS:
+            continue
+        shown = ",".join(map(str, v)) if isinstance(v, list) else _shown(v)
+        text = action.help or ""
+        if f"default: {shown}" not in text:
+            # argparse %-formats help strings
+            action.help = f"{text} (default: {shown.replace('%', '%%')})".lstrip()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="sglang-dspine", description="DSpine drafters: data, training, export, eval")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -443,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     for cmd in COMMANDS.values():
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
         cmd.add_arguments(p)
+        show_defaults(p)
         p.set_defaults(_run=cmd.run)
     return parser
 

@@ -270,3 +270,44 @@ def test_a_failed_regeneration_leaves_no_empty_output(ws, tmp_path):
     with pytest.raises(DataError):
         regenerate(str(prompts), str(out), Unused(), tokenizer=None, progress=False)
     assert out.exists()
+
+
+def test_help_shows_every_default(capsys):
+    """Each subcommand's --help gives every option's default value, and the DSpine settings' values under the
+    default recipe (with the other recipe's where it differs)."""
+    from sglang_dspine.cli import COMMANDS, build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    texts = {}
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as e:
+            main([name, "--help"])
+        assert e.value.code == 0
+        texts[name] = text = " ".join(capsys.readouterr().out.split())
+        for action in sub[name]._actions:
+            v = action.default
+            if action.required or v is None or isinstance(v, bool) or v == [] or v == "==SUPPRESS==":
+                continue
+            shown = f"{v:g}" if isinstance(v, float) else str(v)
+            assert f"default: {shown}" in text, (name, action.option_strings, shown)
+    train = texts["train"]
+    assert "--num-anchors NUM_ANCHORS blocks per sequence (default: 512)" in train
+    assert "--lr LR peak learning rate (default: 0.0006)" in train
+    assert "--ce-weight CE_WEIGHT default: 1 (recipe ce; specforge: 0.1)" in train
+    assert "--top-k TOP_K default: 16 " in train
+    assert "--transfer-rank TRANSFER_RANK default: the target's hidden size / 4, at most 1024" in train
+    assert "(default: None)" not in train and "(default: False)" not in train
+
+
+@pytest.mark.parametrize("command", ["data", "train", "eval"])
+def test_a_tokenizer_that_does_not_load_is_one_line(ws, capsys, monkeypatch, command):
+    """One tokenizer loader behind every subcommand: a --tokenizer that is not one is refused the same way, before
+    the target loads."""
+    import sglang_dspine.cli as cli
+
+    def never(*a, **k):
+        raise AssertionError("the target was loaded before the tokenizer was checked")
+
+    monkeypatch.setattr(cli, "load_target", never)
+    rc, err = run(capsys, commands(ws)[command] + ["--tokenizer", ws / "a_file"])
+    assert_one_line(rc, err, f"sglang-dspine {command}: error: --tokenizer {ws / 'a_file'}: cannot load a tokenizer")

@@ -133,8 +133,8 @@ def test_gate_message_kernel_matches_reference(dtype, with_recv):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("impl", ["triton", "torch"])
-def test_injection_delta_matches_module(dtype, impl):
+@pytest.mark.parametrize("kernel", [True, False], ids=["triton", "torch"])
+def test_injection_delta_matches_module(dtype, kernel):
     """state + injection_delta on flat [bs·B, H] states == AdjacentInjection.forward on [bs, B, H] (the drafter's
     math); the last layer's uh is state·U_L and its receiver terms are G_r φ_L."""
     bs, B, H, r, m, layers, V = 3, 5, 64, 32, 16, 2, 40
@@ -150,14 +150,14 @@ def test_injection_delta_matches_module(dtype, impl):
     for layer in range(layers):
         last = layer == layers - 1
         recv = torch.full((bs * B, m), float("nan"), device=DEVICE) if last else None
-        delta, uh = kinj.injection_delta(h, layer, w, anchors, table, B, recv_out=recv, impl=impl)
+        delta, uh = kinj.injection_delta(h, layer, w, anchors, table, B, recv_out=recv, kernel=kernel)
         assert not delta.isnan().any()
         assert (delta.view(bs, B, H)[:, 0] == 0).all()  # position 0 untouched
         ref = inj32(layer, h.float().view(bs, B, H), codes[anchors]).view(bs * B, H)
         want = ref - h.float()
         assert rel_err(delta, want) < INJECTION_TOL[dtype]
         no_bias = dataclasses.replace(w, bias=torch.zeros_like(w.bias))  # a kernel that drops the gate bias
-        assert rel_err(kinj.injection_delta(h, layer, no_bias, anchors, table, B, impl=impl)[0], want) > \
+        assert rel_err(kinj.injection_delta(h, layer, no_bias, anchors, table, B, kernel=kernel)[0], want) > \
             3 * INJECTION_TOL[dtype]
         if dtype == torch.float32:  # and the module itself, in its own dtype
             got = h + delta
@@ -317,10 +317,10 @@ def test_transition_walk_matches_decode_block(dspine, target):
     logits = randn(bs, B - 1, V, g=g, scale=3.0)
     anchors = torch.randint(0, V, (bs,), generator=g).to(DEVICE)
     ref = decode_block(logits, pre, anchors, topk, d.refine_normed, d.transfer_codes, head)
-    for impl in ("triton", "torch"):
+    for kernel in (True, False):
         out = poisoned_outputs(bs, B - 1, topk)
         tokens, choice, scores = ktr.transition_walk(pre, ref.candidates, anchors, w, tables, head,
-                                                     d.norm.weight, d.norm.eps, out=out, impl=impl)
+                                                     d.norm.weight, d.norm.eps, out=out, kernel=kernel)
         assert rel_err(scores, ref.scores) < 1e-5
         assert torch.equal(choice, ref.choice) and torch.equal(tokens, ref.tokens)
 
@@ -417,7 +417,7 @@ def test_gpu_injection_delta_qwen_shapes():
     inj32.load_state_dict({k: v.bfloat16().float() for k, v in inj.state_dict().items()})
     for layer in range(2):
         delta, _ = kinj.injection_delta(h, layer, w, anchors, table, B)
-        delta_t, _ = kinj.injection_delta(h, layer, w, anchors, table, B, impl="torch")
+        delta_t, _ = kinj.injection_delta(h, layer, w, anchors, table, B, kernel=False)
         want = inj32(layer, h.float().view(bs, B, H), codes[anchors]).view(bs * B, H) - h.float()
         scale = want.double().norm()
         assert not delta.isnan().any()

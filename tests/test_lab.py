@@ -95,6 +95,21 @@ def test_tiny_pipeline_resumes(tiny_lab):
         assert f"{st}: exists, skipped" in log, st
 
 
+def test_results_stay_in_the_lab_folder_unless_asked(tiny_lab, tmp_path):
+    """Without --results the report goes into --out: a lab run writes nothing into the source tree."""
+    import shutil
+
+    out, _, _, _ = tiny_lab
+    lab = tmp_path / "lab"
+    shutil.copytree(out, lab)
+    tree = os.path.join(os.path.dirname(LAB), "results")
+    before = {f: os.path.getmtime(os.path.join(tree, f)) for f in os.listdir(tree)}
+    assert lab_module("run").main(["--tiny", "--out", str(lab), "--stages", "report"]) == 0
+    res = json.load(open(lab / "lab_tiny.json"))
+    assert res["eval"]["t0"] and json.load(open(lab / "results.json")) == res
+    assert {f: os.path.getmtime(os.path.join(tree, f)) for f in os.listdir(tree)} == before
+
+
 def test_suites_local_files(tmp_path, monkeypatch):
     suites = lab_module("suites")
     (tmp_path / "gsm8k.jsonl").write_text(json.dumps({"question": "Tom has 3 pens and buys 2. How many?", "answer": "5"}) + "\n"

@@ -1,10 +1,11 @@
 """The lab pipeline, stage by stage: corpus -> tokenizer -> target -> data -> train -> export -> eval -> report.
 
 Each stage is one command (printed as it runs), skips itself when its output exists (`--force STAGE` redoes
-it) and prints a short summary. Everything lands under `--out` (default `lab_out/`); the results JSON goes to
-`--results` (default `benchmarks/results/`), and `--pack DIR` writes the built models (target + tokenizer,
-the two exported drafters, the suites' prompts, the results) as `lab_models.tar.gz`, split into parts of at
-most 15 MB (`cat lab_models.tar.gz.part* | tar xz` puts them back together).
+it) and prints a short summary. Everything lands under `--out` (default `lab_out/`), the results JSON too
+unless `--results DIR` puts it elsewhere (e.g. `benchmarks/results/`, to commit it), and `--pack DIR` writes
+the built models (target + tokenizer, the two exported drafters, the suites' prompts, the results) as
+`lab_models.tar.gz`, split into parts of at most 15 MB (`cat lab_models.tar.gz.part* | tar xz` puts them back
+together).
 
   stage      command                                                   output
   corpus     benchmarks/lab/corpus.py                                  OUT/corpus (train/held-out, suites)
@@ -14,7 +15,7 @@ most 15 MB (`cat lab_models.tar.gz.part* | tar xz` puts them back together).
   train      sglang-dspine train --kind dflash / --kind dspine          OUT/runs/{dflash,dspine}
   export     sglang-dspine export (bf16)                               OUT/drafters/{dflash,dspine}
   eval       sglang-dspine eval, per drafter × suite × temperature     OUT/eval/*.json (offline τ)
-  report     results JSON (+ --pack)                                   RESULTS/lab_<preset>.json
+  report     results JSON (+ --pack)                                   OUT/lab_<preset>.json (or --results)
 
 Presets: `tiny` (CPU, tests: < 3 minutes on 2 cores), `budget` (one H200; run detached by
 `scripts/device/lab_gpu.sh`), `full` (one H200, stage by stage: the target gets its 7 minutes, more data and
@@ -51,7 +52,6 @@ from typing import Any
 from sglang_dspine.source_files import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 STAGES = ["corpus", "tokenizer", "target", "data", "train", "export", "eval", "report"]
 KINDS = ("dflash", "dspine")
 SUITES = ("code", "math", "prose")
@@ -704,7 +704,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", dest="preset", action="store_const", const="tiny", help="same as --preset tiny")
     p.add_argument("--budget", dest="preset", action="store_const", const="budget", help="same as --preset budget")
     p.add_argument("--out", default="lab_out", help="working and model directory (default lab_out/)")
-    p.add_argument("--results", default=os.path.join(REPO, "benchmarks", "results"), help="where the results JSON goes")
+    p.add_argument("--results", help="where the results JSON goes (default: --out; nothing is written into the "
+                                      "source tree unless this names a folder there)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     p.add_argument("--force", help="comma-separated stages to redo even if their output exists")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a preset value (repeatable)")
@@ -715,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--show-preset", action="store_true", help="print the preset's values and exit")
     args = p.parse_args(argv)
     args.argv = argv
+    args.results = args.results or args.out
     if args.show_preset:  # with the --set values applied
         print(json.dumps(preset_with(args.preset, args.set), indent=2))
         return 0

@@ -27,15 +27,6 @@ from ..env import ENV
 logger = logging.getLogger(__name__)
 
 
-def kernels_available(device: torch.device) -> bool:
-    """The Triton kernels run on CUDA, and on the CPU only under Triton's interpreter (the tests)."""
-    if device.type == "cuda":
-        return True
-    import triton
-
-    return bool(triton.knobs.runtime.interpret)
-
-
 class DraftStep:
     def __init__(self, model, kernels: bool):
         """model: the SGLang DSpineDraftModel, weights loaded (its injection, codes, final norm, block size)."""
@@ -138,7 +129,12 @@ class DraftStep:
 
 def choose(model, weights_from: str) -> DraftStep:
     """The draft step for a model whose weights just arrived (`weights_from`: 'files' or 'dummy'), logged."""
-    kernels = ENV.kernels and kernels_available(model.transfer_codes.device)
+    if ENV.kernels:
+        from ..kernels.runtime import runs_on
+
+        kernels = runs_on(model.transfer_codes.device)
+    else:
+        kernels = False
     step = DraftStep(model, kernels)
     why = "" if kernels else (" (SGLANG_DSPINE_KERNELS=0)" if not ENV.kernels else " (no CUDA)")
     logger.info("DSPINE draft step on %s%s; drafter weights from %s", step.describe(), why, weights_from)

@@ -33,11 +33,12 @@ Patches 3 and 4 are applied at plugin registration, in every SGLang process (`ap
    malformed config.json or a truncated weight file surfaced as a traceback from transformers or the weight
    loader. The step is wrapped (0.5.23: through SGLang's `register_resolution_hook`, made for this; 0.5.17 has
    none, so the module attribute its caller imports is replaced) so that first, under DSPINE, the drafter
-   folder is checked whole (`plugin.check_drafter_folder`), and under DFLASH a DSpine drafter is refused
-   (`plugin.check_not_a_dspine_drafter`): DFLASH would decode it with its argmax, ignoring the injection and
-   walk it was trained for. Servers of other algorithms, and DFLASH servers of DFlash drafters, are untouched.
+   folder is checked whole (`startup_checks.check_drafter_folder`), and under DFLASH a DSpine drafter is
+   refused (`startup_checks.check_not_a_dspine_drafter`): DFLASH would decode it with its argmax, ignoring
+   the injection and walk it was trained for. Servers of other algorithms, and DFLASH servers of DFlash
+   drafters, are untouched.
 4. A start-up refusal ends the launcher with one line.
-   An uncaught `plugin.StartupRefusal` (raised only by the checks above and DSPINE's own argument checks)
+   An uncaught `startup_checks.StartupRefusal` (raised only by the checks above and DSPINE's own argument checks)
    prints `sglang-dspine: error: MESSAGE` on stderr and exits with code 2, as argparse does for a bad flag,
    instead of a traceback through SGLang's argument code. Code that builds the arguments itself (`sglang.Engine`)
    can catch it as a ValueError. Any other exception reaches the previous hook unchanged.
@@ -55,7 +56,8 @@ import functools
 import logging
 import sys
 
-from .plugin import dflash_returns_logprobs, sglang_version
+from .startup_checks import ALGORITHM, StartupRefusal, check_drafter_folder, check_not_a_dspine_drafter
+from .versions import dflash_returns_logprobs, sglang_version
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +122,6 @@ def missing_dflash_hooks() -> list[str]:
 
 def check_dflash_hooks() -> None:
     """Refuse a DSPINE server whose SGLang lacks a DFlash hook DSPINE needs (a `StartupRefusal`: one line)."""
-    from .plugin import ALGORITHM, StartupRefusal
-
     missing = missing_dflash_hooks()
     if missing:
         raise StartupRefusal(
@@ -181,13 +181,11 @@ def apply() -> None:
 
 
 def _check_drafter_first(algorithm, draft_path) -> None:
-    from . import plugin
-
     algo = (algorithm or "").upper()
-    if algo == plugin.ALGORITHM:
-        plugin.check_drafter_folder(draft_path)
+    if algo == ALGORITHM:
+        check_drafter_folder(draft_path)
     elif algo == "DFLASH":
-        plugin.check_not_a_dspine_drafter(draft_path)
+        check_not_a_dspine_drafter(draft_path)
 
 
 _resolution_hook_registered = False
@@ -230,8 +228,6 @@ def check_drafters_first() -> None:
 
 def refusals_end_the_launcher_in_one_line() -> None:
     """Patch 4 (see the module docstring). Idempotent."""
-    from .plugin import StartupRefusal
-
     previous = sys.excepthook
     if getattr(previous, "_dspine_refusals", False):
         return

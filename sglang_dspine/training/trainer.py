@@ -30,10 +30,10 @@ from .batching import Schedule, TokenData
 from .blocks import make_blocks, sample_anchors
 from .distributed import all_reduce, barrier, local_rank, setup_distributed, train_device
 from .drafter_setup import build_drafter, recipe_line, trainable_parameters
-from .jsonl import DataError
 from .metrics import MetricsSink
 from .objective import TERM_NAMES, DrafterObjective, ObjectiveSwitches, assemble_loss
 from .schedules import alignment_beta, default_gamma, lr_factor, replacement_probability
+from .target_loading import load_tokenizer
 from .teacher import TargetTeacher
 from .train_config import TrainConfig
 
@@ -157,21 +157,6 @@ def train(tc: TrainConfig, target=None, on_step=None, single_process: bool = Fal
         return Trainer(tc, target, single_process).run(on_step)
 
 
-def load_tokenizer(tc: TrainConfig):
-    """The tokenizer of `--tokenizer`, else of the target's folder (None where that folder holds none)."""
-    path = tc.tokenizer or tc.target
-    if not path:
-        return None
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError, TypeError) as e:
-        if tc.tokenizer:
-            raise DataError(f"--tokenizer {path}: cannot load a tokenizer ({e})") from None
-        return None
-
-
 class Trainer:
     """One training run: built from a TrainConfig (and optionally a loaded target), run once."""
 
@@ -196,7 +181,7 @@ class Trainer:
         self.teacher = TargetTeacher(target)
 
         os.makedirs(tc.output_dir, exist_ok=True)
-        self.tokenizer = load_tokenizer(tc)
+        self.tokenizer = load_tokenizer(tc.tokenizer, tc.target)
         # the data before the drafter: a bad file fails fast, before a large head's transfer space is computed
         self.data = TokenData(tc.data, tc.max_length, self.tokenizer, tc.chat_template, tc.enable_thinking,
                               tc.last_turn_only, vocab_size=int(self.teacher.config.vocab_size),

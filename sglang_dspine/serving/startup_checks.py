@@ -1,0 +1,109 @@
+"""What must hold before a DSPINE (or DFLASH) server starts: the drafter folder, the drafter against the target
+and the server arguments. A failure is a `StartupRefusal`, one line naming what is wrong.
+
+Called by the plugin (DSPINE's server-argument handling) and by `sglang_patches` (the drafter checked before
+SGLang reads it); this module imports neither.
+"""
+from __future__ import annotations
+
+import os
+
+ALGORITHM = "DSPINE"
+
+
+class StartupRefusal(ValueError):
+    """A server that must not start as asked. In the launcher process it ends the process with one line on
+    stderr and exit code 2 (sglang_patches.refusals_end_the_launcher_in_one_line)."""
+
+
+def check_drafter_folder(draft_path) -> None:
+    """What must hold before SGLang reads the drafter's files: a local folder holding a DSpine drafter whose
+    config.json parses and validates and whose weight files are complete, and not the reference release's own
+    config (wrapped, or without `dspine_config`), which SGLang would build the wrong model from."""
+    from ..drafter.checkpoint import check_drafter_dir, is_unconverted_release
+    from ..drafter.config import DrafterConfigError
+
+    if not draft_path or not os.path.isdir(draft_path):
+        raise StartupRefusal(f"{ALGORITHM}: --speculative-draft-model-path must be a local directory, "
+                             f"found {draft_path!r}")
+    try:
+        unconverted = is_unconverted_release(draft_path)
+    except DrafterConfigError as e:  # no config.json, or not JSON: the message names the file
+        raise StartupRefusal(f"{ALGORITHM}: refusing the drafter: {e}") from None
+    if unconverted:
+        raise StartupRefusal(
+            f"{ALGORITHM}: refusing drafter {draft_path}: this is the reference release's own layout (config.json "
+            f"without `dspine_config`), which SGLang cannot build a DSpine drafter from; convert it once with "
+            f"`sglang-dspine export --checkpoint {draft_path} --output NEW_DIR` and serve NEW_DIR"
+        )
+    try:
+        cfg = check_drafter_dir(draft_path)
+    except DrafterConfigError as e:  # the message names the folder or file
+        raise StartupRefusal(f"{ALGORITHM}: refusing the drafter: {e}") from None
+    if not cfg.is_dspine:
+        raise StartupRefusal(
+            f"{ALGORITHM}: refusing drafter {draft_path}: it is a {cfg.kind} drafter (architectures "
+            f"{cfg.raw.get('architectures')}); serve it with --speculative-algorithm DFLASH, or start a DSpine drafter "
+            f"from it with `sglang-dspine train --init {draft_path} --kind dspine ...`"
+        )
+
+
+def check_not_a_dspine_drafter(draft_path) -> None:
+    """A DFLASH server given a DSpine drafter would decode it with DFlash's argmax, ignoring the injection
+    and the transition walk it was trained for: refused. Anything else is left to SGLang's own checks."""
+    from ..drafter.checkpoint import raw_config
+    from ..drafter.config import DSPINE_ARCH, DrafterConfigError
+
+    try:
+        raw, _, _ = raw_config(draft_path)
+    except DrafterConfigError:  # not a folder, or no usable config.json: SGLang's own checks say so
+        return
+    archs = raw.get("architectures") or []
+    if DSPINE_ARCH in archs or "dspine_config" in raw:
+        raise StartupRefusal(
+            f"DFLASH: refusing drafter {draft_path}: it is a DSpine drafter (architectures {archs}); serve it with "
+            f"--speculative-algorithm {ALGORITHM} (DFLASH would ignore its injection and transition walk)"
+        )
+
+
+def check_server_args(server_args) -> None:
+    """DSpine's own start-up checks, after DFlash's: the drafter must fit this target and these arguments."""
+    from ..drafter.config import DrafterConfig, DrafterConfigError
+
+    draft_path = server_args.speculative_draft_model_path  # check_drafter_folder has passed
+    try:
+        cfg = DrafterConfig.from_file(draft_path)
+        target = _target_text_config(server_args)
+        cfg.check_target(target_hidden_size=int(target.hidden_size), target_vocab_size=int(target.vocab_size),
+                         target_num_layers=int(target.num_hidden_layers))
+        block = int(server_args.speculative_num_draft_tokens)
+        if block != cfg.block_size:
+            raise DrafterConfigError(
+                f"drafter block_size {cfg.block_size} but "
+                "--speculative-num-draft-tokens/--speculative-dflash-block-size "
+                f"is {block}; they must be equal"
+            )
+        if server_args.speculative_draft_load_format != "dummy":
+            _check_codes_present(draft_path)
+    except DrafterConfigError as e:
+        raise StartupRefusal(f"{ALGORITHM}: refusing drafter {draft_path}: {e}") from None
+
+
+def _target_text_config(server_args):
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    cfg = get_config(server_args.model_path, trust_remote_code=server_args.trust_remote_code,
+                     revision=server_args.revision)
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def _check_codes_present(draft_path: str) -> None:
+    """Cheap start-up check (file headers only) that the transfer codes exist; values are checked at load."""
+    from ..drafter.checkpoint import CODES_KEY, RELEASE_CODES, TRANSFER_FILE, has_transfer_codes
+    from ..drafter.config import DrafterConfigError
+
+    if not has_transfer_codes(draft_path):
+        raise DrafterConfigError(
+            f"no transfer codes: expected tensor `{CODES_KEY}` in the model files "
+            f"or `{RELEASE_CODES}` in {TRANSFER_FILE}"
+        )
