@@ -14,7 +14,10 @@ WAIT="${1:-300}"
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 source scripts/device/setup.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
-rm -rf .venv && python3 -m venv --system-site-packages .venv || exit 1
+rm -rf .venv && python3 -m venv .venv || exit 1
+# python3 there is itself a virtualenv (/opt/torch/.venv): its packages (torch, numpy, ...) reach the new one by a .pth
+python3 -c "import site; print(site.getsitepackages()[0])" \
+  >"$(.venv/bin/python -c "import site; print(site.getsitepackages()[0])")/machine-packages.pth" || exit 1
 source scripts/env.sh
 lock="locks/sglang-$(sed -n 's/^SGLANG_RELEASES = \["\([^"]*\)".*/\1/p' setup.py).txt"
 env_mark .venv "$(env_key "$lock" setup.py scripts/serve.sh)"
