@@ -412,3 +412,32 @@ def test_dummy_weights_run_the_same_draft_step_as_loaded_ones(sglang_cpu, dirs, 
                for r in caplog.records), [r.getMessage() for r in caplog.records]
     _post_load_weights(loaded)  # a loader calling both: the step is set up once
     assert loaded.draft_step is not None
+
+
+@pytest.mark.parametrize("algorithm", ["DSPINE", "DFLASH"])
+def test_request_rows_hold_the_decode_reservation(dirs, algorithm):
+    """Patch 5: a DSPINE server's req_to_token rows reach past the context length by at least DFlash's decode
+    reservation (2 × block slots), through the caller that sizes them; stock DFLASH keeps SGLang's width, which
+    is narrower (the reason for the patch: a request near the context length writes into the next row)."""
+    from sglang.srt.mem_cache import allocation_sizing, kv_cache_configurator
+    from sglang.srt.runtime_context import publish
+
+    from sglang_dspine.serving import sglang_patches
+    from sglang_dspine.serving.versions import sglang_version
+
+    root, _ = dirs
+    # a block of 16, as served: the fixtures' block of 4 fits SGLang's rows (4 + 4 = 2 × 4)
+    draft = _variant(root, "block16", edit_config=lambda c: c.update(block_size=16)) if algorithm == "DSPINE" \
+        else root / "dflash"
+    args = _args(root, draft, algorithm)
+    publish(args, role="test")
+    sglang_patches.rows_hold_the_decode_reservation()  # registration applied it already; idempotent
+    call = (lambda f: f(args)) if sglang_version() < (0, 5, 23) else (lambda f: f())
+    width = call(kv_cache_configurator.get_req_to_token_extra_context_len)
+    stock = call(allocation_sizing.get_req_to_token_extra_context_len.__wrapped__)
+    block = _resolved(args).speculative_num_draft_tokens
+    assert stock == 4 + block  # SGLang's own (page size 1)
+    if algorithm == "DSPINE":
+        assert block == 16 and stock == 20 and width == 2 * block  # 32: what DFlash's decode step reserves
+    else:
+        assert width == stock

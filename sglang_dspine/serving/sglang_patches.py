@@ -24,7 +24,7 @@ when the DSPINE worker is created.
    scheduling), worded for DSPINE. 0.5.23's scheduler admits them itself (its DFlash worker returns them) and
    is left alone.
 
-Patches 3 and 4 are applied at plugin registration, in every SGLang process (`apply_at_registration`):
+Patches 3 to 5 are applied at plugin registration, in every SGLang process (`apply_at_registration`):
 
 3. Drafters are checked before SGLang reads them.
    SGLang's speculative argument handling (the resolution step `handle_speculative_decoding`, run in the
@@ -42,6 +42,16 @@ Patches 3 and 4 are applied at plugin registration, in every SGLang process (`ap
    prints `sglang-dspine: error: MESSAGE` on stderr and exits with code 2, as argparse does for a bad flag,
    instead of a traceback through SGLang's argument code. Code that builds the arguments itself (`sglang.Engine`)
    can catch it as a ValueError. Any other exception reaches the previous hook unchanged.
+5. A DSPINE server's request-to-token rows hold DFlash's decode reservation (SGLang 0.5.17 and 0.5.23).
+   DFlash's decode step (which DSPINE reuses) reserves KV slots up to `committed + 2 × block` for every request
+   (`DFlashDraftInputV2.prepare_for_decode`), but a row of `req_to_token` is only the context length plus
+   `4 + block` wide (`allocation_sizing.get_req_to_token_extra_context_len`; at page size 1). A request within
+   `block - 4` tokens of the context length then writes its reservation past its row, into the next row (another
+   request's slot table), and frees only what fits in its row when it finishes: on the H200 a stock DFLASH and a
+   DSPINE server (built-in pair, 4,096-token context, a prompt of 4,046 tokens + 48 new) both lost 10-16 KV slots
+   and SGLang's idle check ended the server ("pool memory leak detected"). The row width's one caller
+   (`kv_cache_configurator`) gets, for DSPINE servers only, at least `2 × block + page_size - 1`: 12 more int32
+   per request row. Stock DFLASH keeps SGLang's width (the baseline is SGLang's own).
 
 What DSPINE relies on in SGLang's DFlash code is checked when a DSPINE server starts (`check_dflash_hooks`, from
 the algorithm's server-argument handling in the launcher, and again when the worker is created): the DFlash
@@ -242,6 +252,45 @@ def refusals_end_the_launcher_in_one_line() -> None:
     sys.excepthook = excepthook
 
 
+def dspine_row_headroom(stock_headroom: int, block: int, page_size: int) -> int:
+    """Patch 5's width: a row's headroom beyond the context length that holds DFlash's decode reservation
+    (2 × block, rounded up to whole pages)."""
+    return max(stock_headroom, 2 * block + page_size - 1)
+
+
+def rows_hold_the_decode_reservation() -> None:
+    """Patch 5 (see the module docstring). Idempotent. The row width is read through the module attribute its one
+    caller imported; a caller imported later takes the wrapped function from `allocation_sizing`."""
+    from sglang.srt.mem_cache import allocation_sizing
+
+    stock = getattr(allocation_sizing, "get_req_to_token_extra_context_len", None)
+    if stock is None:
+        raise _not_found("sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len")
+    if getattr(stock, "_dspine_rows", False):
+        return
+
+    @functools.wraps(stock)
+    def get_req_to_token_extra_context_len(*args, **kwargs) -> int:
+        from sglang.srt.runtime_context import get_spec
+
+        headroom = stock(*args, **kwargs)
+        spec = get_spec()
+        if (spec.speculative_algorithm or "").upper() != ALGORITHM:
+            return headroom
+        # 0.5.17 passes the server arguments; 0.5.23 reads the published configuration
+        page_size = args[0].page_size if args else allocation_sizing.get_alloc_page_size()
+        return dspine_row_headroom(headroom, int(spec.speculative_num_draft_tokens), int(page_size or 1))
+
+    get_req_to_token_extra_context_len._dspine_rows = True
+    allocation_sizing.get_req_to_token_extra_context_len = get_req_to_token_extra_context_len
+    configurator = sys.modules.get("sglang.srt.mem_cache.kv_cache_configurator")
+    if configurator is not None:
+        if getattr(configurator, "get_req_to_token_extra_context_len", None) is not stock:
+            raise _not_found("sglang.srt.mem_cache.kv_cache_configurator.get_req_to_token_extra_context_len")
+        configurator.get_req_to_token_extra_context_len = get_req_to_token_extra_context_len
+
+
 def apply_at_registration() -> None:
     check_drafters_first()
     refusals_end_the_launcher_in_one_line()
+    rows_hold_the_decode_reservation()

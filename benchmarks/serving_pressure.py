@@ -1,0 +1,1085 @@
+#!/usr/bin/env python3
+"""SGLang servers without speculation ("plain"), with DFLASH and with DSPINE under memory and load pressure (GPU).
+
+The built-in pair (models/default) served side by side on one GPU, every server with `servers.BASE_ARGS` and
+FLAGS below: a KV pool of POOL_TOKENS tokens, an optimistic admission (--schedule-conservativeness), CUDA graphs
+only up to batch 8, 64-token prefill chunks, the radix cache on. One configuration serves every scenario, so each
+server starts once: plain first, alone (the kernel builds are cached), then DFLASH and DSPINE together while the
+plain server runs its scenarios. Servers on one GPU share its time, not their numerics: every comparison is
+within one server (a request under load against the same request alone on that server).
+
+Scenarios, each isolated (an exception is recorded and the run goes on):
+  kv_exhaustion   48 clients, ~300-token prompts, 128 greedy tokens each (ignore_eos): more than the pool holds,
+                  so SGLang retracts and re-admits requests ("KV cache pool is full. Retract requests." in the log,
+                  meta_info.num_retractions per request). Every request completes with 128 tokens, its tokens equal
+                  the same request run alone (after a cache flush) except at near-ties, the accept length of the
+                  retracted requests equals theirs alone (within ACCEPT_TOL), the pool's free tokens when idle after
+                  the load equal those before.
+  graph_overflow  64 requests at once, twice (greedy, T=1 with sampling parameters, regex, JSON schema, log-probs),
+                  more than the largest captured decode graph (8): no error, valid answers, greedy tokens equal alone.
+  long_prompts    4 prompts of 8+ prefill chunks and 2 that end at the context limit, concurrently and alone; 32
+                  clients sharing a 450-token prefix (radix-cache hits, meta_info.cached_tokens), warm against cold
+                  (a cache flush before each request): equal tokens and accept length.
+  disconnects     24 clients of the mixed request load (serving_features' kinds) for 20 s while a stream of 1024
+                  tokens is opened and closed after 3 chunks every second: no error, the server answers after,
+                  the pool drains to its start (no leak).
+  soak            (--soak-seconds > 0) the mixed load for that long: requests/s, p50/p99 latency and errors per
+                  minute, the pool's used tokens and the GPU's memory per minute, the leak at the end.
+
+A near-tie: the server's own top-2 log-probs at the first differing position (the prompt plus the reference
+tokens before it fed as the prompt, one token asked) hold both tokens and differ by at most NEAR_TIE_MARGIN.
+DFLASH refuses log-prob requests, so its margins come from the plain server (same target weights).
+
+Usage on the GPU machine (repo root, carry .devbundle): `GIT_COMMIT=<hash> bash scripts/device/serving_pressure.sh`;
+the 20-minute soak on its own: `... serving_pressure.sh --servers dspine --scenarios soak --soak-seconds 1200`.
+Results: $OUT/serving_pressure.json (everything), $OUT/serving_pressure_summary.json (also written to
+benchmarks/results/), the servers' logs in $OUT/serving_pressure_logs.tar.gz.
+`--smoke` (CPU, no servers): the inputs from the real tokenizer, every request body against SGLang's request
+models, the flags through SGLang's parser, the log, load and accept-length readers on SGLang's own formats, the
+mismatch, leak and per-minute arithmetic, and the summary.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+
+from sglang_dspine.provenance import provenance
+from sglang_dspine.source_files import OUTSIDE_REPO, load_file
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sf = load_file(os.path.join(_HERE, "serving_features.py"))
+_servers = load_file(os.path.join(_HERE, "servers.py"))
+BASE_ARGS, Server, archive_logs, graph_use, spec_args = (
+    _servers.BASE_ARGS, _servers.Server, _servers.archive_logs, _servers.graph_use, _servers.spec_args
+)
+
+REPO = os.path.dirname(_HERE)
+NAMES = ("plain", "dflash", "dspine")
+PORTS = {"plain": 31011, "dflash": 31012, "dspine": 31013}
+SCENARIOS = ("kv_exhaustion", "graph_overflow", "long_prompts", "disconnects", "soak")
+CHUNK = 64
+GRAPH_MAX_BS = 8
+# 48 x (300 + 128) tokens is 3.3x this pool, and it still holds a request at the context limit (4096 + drafts).
+POOL_TOKENS = 6144
+# Admission charges running requests init_ratio (0.7 x this) of their remaining tokens: 0.1 over-admits (0.3 gave
+# one retraction on the H200), so the pool runs out during decode and SGLang retracts (schedule_batch.retract_decode).
+CONSERVATIVENESS = 0.1
+FLAGS = ["--grammar-backend", "xgrammar", "--chunked-prefill-size", str(CHUNK),
+         "--cuda-graph-max-bs-decode", str(GRAPH_MAX_BS), "--max-total-tokens", str(POOL_TOKENS),
+         "--schedule-conservativeness", str(CONSERVATIVENESS), "--mem-fraction-static", "0.1",
+         "--disable-prefill-cuda-graph", "--enable-cache-report", "--constrained-json-disable-any-whitespace"]
+KV_CLIENTS, KV_PROMPT_TOKENS, KV_NEW = 48, 300, 128
+BURST_CLIENTS, BURST_ROUNDS, BURST_GREEDY_NEW = 64, 2, 48
+LONG_PROMPTS, LONG_MIN_TOKENS, LONG_NEW = 4, 8 * CHUNK, 32
+NEAR_PROMPTS, NEAR_NEW = 2, 48
+SHARED_CLIENTS, SHARED_PREFIX_TOKENS, SHARED_NEW = 32, 448, 48
+DISCONNECT_SECONDS, DISCONNECT_CLIENTS, DISCONNECT_TOKENS, DISCONNECT_CHUNKS = 20.0, 24, 1024, 3
+SOAK_CLIENTS, SOAK_BUCKET_S, SOAK_SAMPLE_S = 48, 60.0, 15.0
+# The largest top-2 gap that batch shape flipped on this pair in bf16 (0.0625, two ulps of its logits), rounded up.
+NEAR_TIE_MARGIN = 0.07
+# Relative accept-length difference allowed between a request set under pressure and the same set alone/cold:
+# the drafts see bf16 target features of another batch shape; a lost per-request state drops it toward 1.
+ACCEPT_TOL = 0.05
+REQUEST_TIMEOUT = 60.0  # seconds for one request under a 64-client burst on a 6144-token pool
+IDLE_TIMEOUT = 90.0
+RETRACT_RE = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+)")
+RUNNING_RE = re.compile(r"Decode batch.*?#running-req: (\d+)")
+LEAK_MARK = "memory leak detected"
+
+
+def error_text(e: BaseException) -> str:
+    return sf.error_text(e)
+
+
+# ------------------------------------------------------------------------------------------- inputs
+def chat_frame(tokenizer) -> tuple[list[int], list[int]]:
+    """The chat template's ids before and after a user message (the pair was trained on chat prompts)."""
+    mark = "\u2063MARK\u2063"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False,
+                                         add_generation_prompt=True)
+    head, tail = text.split(mark)
+    enc = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return enc(head), enc(tail)
+
+
+def _body(ids_of, texts: list[str], start: int, n: int) -> list[int]:
+    """n ids of the texts joined from texts[start] on (cycling)."""
+    out: list[int] = []
+    k = start
+    while len(out) < n:
+        out += ids_of(texts[k % len(texts)] + "\n\n")
+        k += 1
+    return out[:n]
+
+
+def build_inputs(tokenizer, models: str) -> dict:
+    """serving_features' inputs (the mixed-load kinds, grammars and vocabulary use them) and this run's prompts as
+    token ids: KV_CLIENTS distinct ~300-token prompts, short burst prompts, long prompts, a filler for prompts at
+    the context limit and SHARED_CLIENTS prompts sharing a prefix."""
+    ctx = sf.build_inputs(tokenizer, models)
+    suites = sf.read_suites(os.path.join(models, "suites"))
+    ids_of = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    head, tail = chat_frame(tokenizer)
+    names = sorted(suites)
+    texts = [suites[s][i] for i in range(max(map(len, suites.values()))) for s in names if i < len(suites[s])]
+    frame = len(head) + len(tail)
+    kv = [head + _body(ids_of, texts, i, KV_PROMPT_TOKENS - frame + (i % 5 - 2) * 8) + tail for i in range(KV_CLIENTS)]
+    burst = [head + ids_of(t) + tail for t in texts[:16]]
+    long = [head + _body(ids_of, texts, 7 * i, LONG_MIN_TOKENS + 40 + 16 * i) + tail for i in range(LONG_PROMPTS)]
+    short = [t for t in texts if len(ids_of(t)) <= 130]
+    if len(short) < SHARED_CLIENTS:
+        raise SystemExit(f"{models}/suites: {len(short)} prompts of 130 tokens or fewer, want {SHARED_CLIENTS}")
+    prefix = head + _body(ids_of, list(reversed(texts)), 0, SHARED_PREFIX_TOKENS)
+    shared = [prefix + ids_of("\n\n" + q) + tail for q in short[:SHARED_CLIENTS]]
+    ctx.update(kv_prompts=kv, burst_prompts=burst, long_prompts=long, shared_prompts_ids=shared,
+               shared_common=min(sf.common_prefix_len(shared[0], s) for s in shared[1:]),
+               filler=ids_of("\n\n".join(texts)), pressure_context_len=ctx["context_len"])
+    return ctx
+
+
+def near_context_input_len(max_req_input_len: int, context_len: int, new: int) -> int:
+    """The longest prompt that still gets exactly `new` tokens: SGLang caps max_new_tokens at
+    max_req_len - input - 1 (max_req_len = max_req_input_len + 5, scheduler.init_req_max_new_tokens), refuses
+    input + new above the context (tokenizer_manager._validate_one_request) and inputs >= max_req_input_len."""
+    max_req_len = max_req_input_len + 5
+    n = min(max_req_len - 1 - new, context_len - new, max_req_input_len - 1)
+    if n <= 0:
+        raise ValueError(f"no prompt fits {new} new tokens (max_req_input_len {max_req_input_len}, "
+                         f"context {context_len})")
+    return n
+
+
+def near_context_prompts(ctx: dict, input_len: int) -> list[list[int]]:
+    f = ctx["filler"]
+    return [[f[(997 * k + i) % len(f)] for i in range(input_len)] for k in range(NEAR_PROMPTS)]
+
+
+# ----------------------------------------------------------------------------------------- requests
+def greedy_req(ids: list[int], new: int) -> dict:
+    """A greedy /generate request of exactly `new` tokens (ignore_eos: every client holds its KV to the end)."""
+    return sf.generate_req(ids, new, ignore_eos=True)
+
+
+def burst_requests(ctx: dict) -> list[dict]:
+    """BURST_CLIENTS requests of every kind for one batch: 16 greedy, 16 T=1 with sampling parameters, 8 regex,
+    8 JSON-schema chats, 16 log-prob requests (half greedy); each labelled with its kind."""
+    bp = ctx["burst_prompts"]
+    variants = [v for v in sf.SAMPLING_VARIANTS.values() if v["temperature"] > 0]
+    out = []
+    for i in range(16):
+        out.append({"kind": "greedy", "index": i, **greedy_req(bp[i], BURST_GREEDY_NEW)})
+        out.append({"kind": "sampled", **sf.generate_req(bp[i], 48, **{"temperature": 1.0,
+                                                                         **variants[i % len(variants)]})})
+        out.append({"kind": "logprobs", "greedy": i % 2 == 0,
+                    **sf.generate_req(bp[i], sf.LP_MAX, temperature=float(i % 2), logprobs=True)})
+    for i in range(8):
+        out.append({"kind": "regex", **sf.generate_req(ctx["regex_prompt"], 64, temperature=float(i % 2),
+                                                       regex=sf.REGEX)})
+        out.append({"kind": "json", **sf.chat_req(ctx["json_messages"], 128, temperature=float(i % 2),
+                                                  response_format=sf.RESPONSE_FORMAT)})
+    return out
+
+
+def unsupported(msg: str) -> bool:
+    """An HTTP 400 refusing a feature (stock DFLASH: "... does not support return_logprob yet.")."""
+    return msg.startswith("HTTP 400") and "does not support" in msg
+
+
+def check_burst_answer(req: dict, answer, vocab_text: list[str]) -> list[int] | None:
+    """Check one burst answer by kind; the emitted ids of a greedy request (None for the others)."""
+    kind = req["kind"]
+    body = req["body"]
+    if kind == "json":
+        c = sf.check_openai(sf.dump(answer), body["max_tokens"], chat=True)[0]
+        sf.validate_json(c["message"]["content"])
+        return None
+    new = body["sampling_params"]["max_new_tokens"]
+    r = sf.check_generate(answer, new, exact=bool(body["sampling_params"].get("ignore_eos")))
+    if kind == "regex":
+        sf.check_regex(r["text"])
+    elif kind == "logprobs":
+        sf.entries_generate(r, sf.TOP_K, req["greedy"])
+    return r["output_ids"] if kind == "greedy" else None
+
+
+# -------------------------------------------------------------------------------- comparing outputs
+def greedy_mismatches(ref: list[list[int]], got: list[list[int]]) -> list[dict]:
+    """Pairs of token lists that differ: index and first differing position (None when one is a prefix)."""
+    out = []
+    for i, (a, b) in enumerate(zip(ref, got)):
+        if a is None or b is None or a == b:
+            continue
+        j = sf.common_prefix_len(a, b)
+        out.append({"index": i, "position": j if j < min(len(a), len(b)) else None,
+                    "ref_len": len(a), "got_len": len(b)})
+    return out
+
+
+def tie_margins(api, prompts: list[list[int]], ref: list[list[int]], got: list[list[int]],
+                mismatches: list[dict]) -> None:
+    """Top-2 at each mismatch's first differing position, into the mismatch record: serving_features'
+    divergence_margins on the prompt plus the reference tokens before it (so one token is asked, at the very
+    context where the two outputs part)."""
+    for m in mismatches:
+        j, i = m["position"], m["index"]
+        if j is None:
+            continue
+        try:
+            rec = sf.divergence_margins(api, {"greedy_prompts": [prompts[i] + ref[i][:j]]}, [ref[i][j:]],
+                                        [got[i][j:]])[0]
+            m.update({k: rec[k] for k in ("top1", "top2", "margin", "replayed_prefix_equal")})
+            m["ref_token"], m["got_token"] = ref[i][j], got[i][j]
+        except Exception as e:  # noqa: BLE001 - an unexplained mismatch, with the reason
+            m["margin_error"] = error_text(e)
+
+
+def is_near_tie(m: dict, tol: float = NEAR_TIE_MARGIN) -> bool:
+    """Both tokens are the server's top-2 there and their log-probs differ by at most tol."""
+    if m.get("margin") is None:
+        return False
+    return {m["top1"][0], m["top2"][0]} == {m["ref_token"], m["got_token"]} and m["margin"] <= tol
+
+
+def mismatch_counts(mismatches: list[dict], total: int) -> dict:
+    near = sum(is_near_tie(m) for m in mismatches)
+    return {"compared": total, "mismatches": len(mismatches), "near_tie": near,
+            "unexplained": len(mismatches) - near, "details": mismatches}
+
+
+def compare(api, prompts, ref, got) -> dict:
+    mm = greedy_mismatches(ref, got)
+    if api is not None:
+        tie_margins(api, prompts, ref, got, mm)
+    return mismatch_counts(mm, sum(a is not None and b is not None for a, b in zip(ref, got)))
+
+
+# ------------------------------------------------------------------------------------ accept length
+def accept_stats(metas: list[dict]) -> dict | None:
+    """Accept length over requests, from /generate meta_info (tokenizer_manager._calculate_spec_decoding_metrics):
+    tokens per verify step, the prefill's token and one per re-admission after a retraction left out
+    (a retracted request's re-prefill emits a token without a verify step); SGLang's own
+    completion_tokens / spec_verify_ct beside it. None without spec counters."""
+    metas = [m for m in metas if m and m.get("spec_verify_ct")]
+    if not metas:
+        return None
+    steps = sum(m["spec_verify_ct"] for m in metas)
+    done = sum(m["completion_tokens"] for m in metas)
+    verified = sum(m["completion_tokens"] - 1 - (m.get("num_retractions") or 0) for m in metas)
+    return {"requests": len(metas), "verify_steps": steps, "accept_length": verified / steps,
+            "sglang_accept_length": done / steps}
+
+
+def accept_check(under: dict | None, ref: dict | None, tol: float = ACCEPT_TOL) -> dict | None:
+    if not under or not ref:
+        return None
+    ratio = under["accept_length"] / ref["accept_length"]
+    return {"accept_length": under["accept_length"], "reference": ref["accept_length"], "ratio": ratio,
+            "tolerance": tol, "ok": abs(ratio - 1) <= tol}
+
+
+def readmission_check(metas: list, ref_metas: list, got: list, ref: list, retracted: list[int],
+                      tol: float = ACCEPT_TOL) -> dict | None:
+    """Whether re-admitted requests draft as well as the others. Only requests whose greedy output equals their
+    run alone are compared (a near-tie flip changes the text, and with it the acceptance); each one's accept
+    length under load over alone. The same load changes every request's batch arithmetic, so the retracted ones
+    pass when their pooled ratio is at least the lower of 1 - tol and the smallest ratio of a request that was
+    not retracted: a lost per-request state would show as retracted requests alone falling below that."""
+    same = [i for i in range(len(metas)) if got[i] is not None and got[i] == ref[i]]
+    back = [i for i in retracted if i in same]
+    pooled = accept_check(accept_stats([metas[i] for i in back]), accept_stats([ref_metas[i] for i in back]), tol)
+    others = [accept_check(accept_stats([metas[i]]), accept_stats([ref_metas[i]]), tol)
+              for i in same if i not in retracted]
+    others = [c["ratio"] for c in others if c]
+    if pooled is None:
+        return None
+    floor = min([1 - tol, *others])
+    return {**pooled, "retracted_equal_output": len(back), "retracted": len(retracted),
+            "others_ratio_min": min(others, default=None), "others_ratio_median": sorted(others)[len(others) // 2]
+            if others else None, "floor": floor, "ok": pooled["ratio"] >= floor}
+
+
+# ---------------------------------------------------------------------------------- log and memory
+def log_stats(text: str) -> dict:
+    """From a window of a server log: retraction events and requests (scheduler.update_running_batch's warning),
+    decode lines, the largest running batch and graph use, SGLang's idle leak warnings, tracebacks."""
+    retracts = [int(m.group(1)) for m in RETRACT_RE.finditer(text)]
+    running = [int(m.group(1)) for m in RUNNING_RE.finditer(text)]
+    return {"retract_events": len(retracts), "retracted_reqs": sum(retracts),
+            "max_running_req": max(running, default=0), **graph_use(text), "leak_warnings": text.count(LEAK_MARK),
+            "tracebacks": text.count("Traceback (most recent call")}
+
+
+def free_tokens(load: dict) -> int:
+    """Tokens the pool can give (free + evictable radix-cache tokens): max_total_num_tokens - num_used_tokens of
+    /v1/loads (pool_stats_observer: num_used = total - available - evictable)."""
+    return int(load["max_total_num_tokens"]) - int(load["num_used_tokens"])
+
+
+def is_idle(load: dict) -> bool:
+    """No running or waiting request (the queue counters of /v1/loads' sections are only refreshed by decode logs)."""
+    return load.get("num_running_reqs", 0) == 0 and load.get("num_waiting_reqs", 0) == 0
+
+
+def leaked(start: dict | None, checkpoints: list[dict]) -> int | None:
+    """Tokens missing from the pool at idle checkpoints against the idle start (the worst); None unmeasured."""
+    if start is None or not checkpoints:
+        return None
+    return max(free_tokens(start) - free_tokens(c) for c in checkpoints)
+
+
+def no_leak(tokens: int | None) -> bool | None:
+    """The leak check: None when the pool could not be read."""
+    return None if tokens is None else tokens == 0
+
+
+def get_load(api) -> dict | None:
+    status, body = api.get("/v1/loads?include=core")
+    if status != 200:
+        return None
+    loads = json.loads(body).get("loads") or []
+    return loads[0] if loads else None
+
+
+def wait_idle(api, timeout: float = IDLE_TIMEOUT) -> dict | None:
+    """The load snapshot once the scheduler is idle (two idle readings in a row: the idle loop republishes it),
+    None when /v1/loads gives nothing; raises if the server stays busy."""
+    t, streak = time.time(), 0
+    while time.time() - t < timeout:
+        load = get_load(api)
+        if load is None:
+            return None
+        streak = streak + 1 if is_idle(load) else 0
+        if streak >= 2:
+            load["idle_after_s"] = round(time.time() - t, 2)
+            return load
+        time.sleep(0.3)
+    raise TimeoutError(f"server not idle after {timeout:.0f} s: {load}")
+
+
+def flush(api) -> None:
+    status, body = api.get("/flush_cache")
+    if status != 200:
+        raise sf.Malformed(f"/flush_cache answered {status}: {body[:200]}")
+
+
+def gpu_memory_mib() -> int | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=20)
+        return int(out.stdout.strip().splitlines()[0])
+    except Exception:  # noqa: BLE001 - no nvidia-smi: memory unmeasured
+        return None
+
+
+# --------------------------------------------------------------------------------- running requests
+def burst(api, reqs: list[dict]) -> list[tuple]:
+    """All requests at once (a barrier), each (answer, error text, seconds)."""
+    bar = threading.Barrier(len(reqs))
+
+    def one(req):
+        try:
+            bar.wait(timeout=30)
+        except threading.BrokenBarrierError:
+            pass
+        t = time.time()
+        try:
+            return api.call(req), None, time.time() - t
+        except Exception as e:  # noqa: BLE001 - recorded per request
+            return None, error_text(e), time.time() - t
+
+    with cf.ThreadPoolExecutor(len(reqs)) as ex:
+        return list(ex.map(one, reqs))
+
+
+def alone(api, reqs: list[dict]) -> list[tuple]:
+    """One at a time, after a cache flush (no KV computed under load is reused)."""
+    flush(api)
+    out = []
+    for req in reqs:
+        t = time.time()
+        try:
+            out.append((api.call(req), None, time.time() - t))
+        except Exception as e:  # noqa: BLE001 - recorded per request
+            out.append((None, error_text(e), time.time() - t))
+    return out
+
+
+def greedy_results(results: list[tuple], new: int) -> tuple[list, list, list[str]]:
+    """Output ids and meta_info of greedy /generate answers checked for exactly `new` tokens; the errors."""
+    ids, metas, errors = [], [], []
+    for ans, err, _ in results:
+        if err is None:
+            try:
+                sf.check_generate(ans, new, exact=True)
+            except sf.Malformed as e:
+                err = f"Malformed: {e}"
+        if err is not None:
+            errors.append(err)
+            ids.append(None)
+            metas.append(None)
+        else:
+            ids.append(ans["output_ids"])
+            metas.append(ans["meta_info"])
+    return ids, metas, errors
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile."""
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, math.ceil(q / 100 * len(v)) - 1))]
+
+
+def buckets(records: list[tuple], width: float) -> list[dict]:
+    """Per `width` seconds of (start second, latency, kind, outcome) records: requests, errors, requests/s,
+    p50/p99 latency of the answered ones."""
+    out: dict[int, list] = {}
+    for r in records:
+        out.setdefault(int(r[0] // width), []).append(r)
+    rows = []
+    for b in range(max(out, default=-1) + 1):
+        rs = out.get(b, [])
+        lat = [r[1] for r in rs if r[3] in ("ok", "expected_400")]
+        rows.append({"bucket": b, "requests": len(rs), "errors": sum(r[3] == "errors" for r in rs),
+                     "unsupported": sum(r[3] == "unsupported" for r in rs), "rps": round(len(rs) / width, 2),
+                     "p50_s": percentile(lat, 50), "p99_s": percentile(lat, 99)})
+    return rows
+
+
+def mixed_load(api, ctx: dict, seconds: float, clients: int, seed: int = 0, refusable: bool = False) -> dict:
+    """serving_features' request kinds from `clients` threads for `seconds`, every answer checked; per request
+    (start second, latency, kind, outcome). With `refusable`, a refused feature (unsupported) is counted apart
+    from errors."""
+    kinds = sorted(sf.LOAD_KINDS)
+    records: list[tuple] = []
+    samples: dict[str, list[str]] = {}
+    lock = threading.Lock()
+    t0 = time.time()
+    deadline = t0 + seconds
+
+    def client(i: int) -> None:
+        rng = random.Random(seed * 1000 + i)
+        while time.time() < deadline:
+            kind = rng.choice(kinds)
+            t, msg = time.time(), None
+            try:
+                outcome = sf.LOAD_KINDS[kind](api, ctx, rng)
+            except Exception as e:  # noqa: BLE001 - counted and sampled
+                msg = error_text(e)
+                outcome = "unsupported" if refusable and unsupported(msg) else "errors"
+            with lock:
+                records.append((t - t0, time.time() - t, kind, outcome))
+                if outcome == "errors" and len(samples.setdefault(kind, [])) < 3:
+                    samples[kind].append(msg)
+
+    with cf.ThreadPoolExecutor(clients) as ex:
+        list(ex.map(client, range(clients)))
+    by_kind: dict[str, dict] = {}
+    for _, _, kind, outcome in records:
+        d = by_kind.setdefault(kind, {"requests": 0, "errors": 0, "unsupported": 0})
+        d["requests"] += 1
+        d[outcome] = d.get(outcome, 0) + 1
+    return {"clients": clients, "seconds": round(time.time() - t0, 1), "requests": len(records),
+            "errors": sum(r[3] == "errors" for r in records),
+            "unsupported": sum(r[3] == "unsupported" for r in records), "by_kind": by_kind,
+            "error_samples": samples, "records": records}
+
+
+# ---------------------------------------------------------------------------------------- scenarios
+class AfterEvent:
+    """Another server's API used only once `event` is set (that server's own scenarios are done: a request from
+    here must not join its alone runs or block its cache flushes)."""
+
+    def __init__(self, api, event: threading.Event, timeout: float = 900.0):
+        self.api, self.event, self.timeout = api, event, timeout
+
+    def call(self, req: dict):
+        if not self.event.wait(self.timeout):
+            raise TimeoutError("the reference server's scenarios did not finish")
+        return self.api.call(req)
+
+
+class Session:
+    """One server as the scenarios see it."""
+
+    def __init__(self, name: str, server, ctx: dict, margin_api=None):
+        self.name, self.server, self.ctx = name, server, ctx
+        self.api = sf.Api(server.url, REQUEST_TIMEOUT)
+        self.spec = name != "plain"
+        self.refusable = name == "dflash"  # stock DFLASH refuses log-prob requests (HTTP 400); DSPINE must not
+        self.margin_api = margin_api or self.api  # a server that returns log-probs, for the near-tie rule
+
+    def log_from(self, offset: int) -> str:
+        return self.server.text()[offset:]
+
+
+def s_kv_exhaustion(s: Session) -> dict:
+    prompts = s.ctx["kv_prompts"]
+    start = wait_idle(s.api)
+    off = len(s.server.text())
+    loaded = burst(s.api, [greedy_req(p, KV_NEW) for p in prompts])
+    got, metas, errors = greedy_results(loaded, KV_NEW)
+    idle = wait_idle(s.api)
+    log = log_stats(s.log_from(off))
+    ref, ref_metas, ref_errors = greedy_results(alone(s.api, [greedy_req(p, KV_NEW) for p in prompts]), KV_NEW)
+    cmp = compare(s.margin_api, prompts, ref, got)
+    retracted = [i for i, m in enumerate(metas) if m and m.get("num_retractions")]
+    rec = {"requests": len(prompts), "errors": len(errors), "error_samples": errors[:3],
+           "alone_errors": len(ref_errors), "greedy": cmp, "retracted_requests": len(retracted),
+           "num_retractions": sum((m or {}).get("num_retractions") or 0 for m in metas), "log": log,
+           "free_tokens_start": free_tokens(start) if start else None, "idle_after_s": (idle or {}).get("idle_after_s"),
+           "leaked_tokens": leaked(start, [idle] if idle else []),
+           "pool_tokens": start.get("max_total_num_tokens") if start else None,
+           "latency_s_max": max(x[2] for x in loaded)}
+    if s.spec:
+        rec["accept_retracted"] = readmission_check(metas, ref_metas, got, ref, retracted)
+        rec["accept_all"] = accept_check(accept_stats(metas), accept_stats(ref_metas))
+    rec["checks"] = {"no_errors": not errors and not ref_errors, "retraction_seen": len(retracted) > 0,
+                     "greedy_equal_or_near_tie": cmp["unexplained"] == 0, "no_leak": no_leak(rec["leaked_tokens"])}
+    if s.spec:
+        rec["checks"]["accept_after_readmission"] = bool(rec["accept_retracted"] and rec["accept_retracted"]["ok"])
+    return rec
+
+
+def s_graph_overflow(s: Session) -> dict:
+    reqs = burst_requests(s.ctx)
+    greedy_idx = [r["index"] for r in reqs if r["kind"] == "greedy"]
+    prompts = [s.ctx["burst_prompts"][i] for i in greedy_idx]
+    start = wait_idle(s.api)
+    off = len(s.server.text())
+    errors, refused, rounds = [], 0, []
+    for _ in range(BURST_ROUNDS):
+        ids = []
+        for req, (ans, err, _) in zip(reqs, burst(s.api, [{"endpoint": r["endpoint"], "body": r["body"]}
+                                                           for r in reqs])):
+            if err is None:
+                try:
+                    out = check_burst_answer(req, ans, s.ctx["vocab_text"])
+                except Exception as e:  # noqa: BLE001 - a malformed answer is an error
+                    err = f"{req['kind']}: {error_text(e)}"
+                    out = None
+            elif s.refusable and unsupported(err):
+                refused += 1
+                err = None
+                out = None
+            else:
+                err, out = f"{req['kind']}: {err}", None
+            if err:
+                errors.append(err)
+            if req["kind"] == "greedy":
+                ids.append(out)
+        rounds.append(ids)
+    idle = wait_idle(s.api)
+    log = log_stats(s.log_from(off))
+    ref, _, ref_errors = greedy_results(alone(s.api, [greedy_req(p, BURST_GREEDY_NEW) for p in prompts]),
+                                        BURST_GREEDY_NEW)
+    cmps = [compare(s.margin_api, prompts, ref, got) for got in rounds]
+    cmp = {k: sum(c[k] for c in cmps) for k in ("compared", "mismatches", "near_tie", "unexplained")}
+    cmp["details"] = [d for c in cmps for d in c["details"]]
+    rec = {"requests": len(reqs) * BURST_ROUNDS, "errors": len(errors), "error_samples": errors[:5],
+           "unsupported": refused, "alone_errors": len(ref_errors), "greedy": cmp, "log": log,
+           "kinds": sorted({r["kind"] for r in reqs}), "leaked_tokens": leaked(start, [idle] if idle else [])}
+    rec["checks"] = {"no_errors": not errors and not ref_errors, "greedy_equal_or_near_tie": cmp["unexplained"] == 0,
+                     "batch_above_graphs": log["max_running_req"] > GRAPH_MAX_BS,
+                     "no_leak": no_leak(rec["leaked_tokens"])}
+    return rec
+
+
+def s_long_prompts(s: Session) -> dict:
+    ctx, api = s.ctx, s.api
+    start = wait_idle(api)
+    checkpoints, errors = [], []
+    info = s.server.info()
+    models = json.loads(api.get("/v1/models")[1])["data"]
+    context_len = int(models[0].get("max_model_len") or ctx["pressure_context_len"])
+    # scheduler_info's max_req_input_len: min(context - 1, pool - 1) - 5 (tp_worker.get_worker_info)
+    max_input = info.get("max_req_input_len") or min(context_len - 1, int(info["max_total_num_tokens"]) - 1) - 5
+    near_len = near_context_input_len(int(max_input), context_len, NEAR_NEW)
+    near = near_context_prompts(ctx, near_len)
+    off = len(s.server.text())
+    parts = {}
+    for label, prompts, new in (("long", ctx["long_prompts"], LONG_NEW), ("near_context", near, NEAR_NEW)):
+        got, metas, e1 = greedy_results(burst(api, [greedy_req(p, new) for p in prompts]), new)
+        checkpoints.append(wait_idle(api))
+        ref, ref_metas, e2 = greedy_results(alone(api, [greedy_req(p, new) for p in prompts]), new)
+        errors += e1 + e2
+        parts[label] = {"prompt_tokens": [len(p) for p in prompts], "greedy": compare(s.margin_api, prompts, ref, got),
+                        "accept": accept_check(accept_stats(metas), accept_stats(ref_metas)) if s.spec else None}
+    # shared prefix: cold (a flush before each request) against warm (primed, then all clients at once)
+    shared = ctx["shared_prompts_ids"]
+    checkpoints.append(wait_idle(api))  # before the flushes, which would hide a leak
+    cold = []
+    for p in shared:
+        cold += alone(api, [greedy_req(p, SHARED_NEW)])
+    ref, ref_metas, e3 = greedy_results(cold, SHARED_NEW)
+    api.call(greedy_req(shared[0], 1))
+    got, metas, e4 = greedy_results(burst(api, [greedy_req(p, SHARED_NEW) for p in shared]), SHARED_NEW)
+    checkpoints.append(wait_idle(api))
+    errors += e3 + e4
+    cached = [(m or {}).get("cached_tokens") for m in metas]
+    cold_cached = [(m or {}).get("cached_tokens") for m in ref_metas]
+    hits = sum((c or 0) >= ctx["shared_common"] // 2 for c in cached)
+    cmp = compare(s.margin_api, shared, ref, got)
+    parts["shared_prefix"] = {"common_tokens": ctx["shared_common"], "cached_tokens": cached,
+                              "cold_cached_tokens": cold_cached, "hits": hits, "greedy": cmp,
+                              "retracted_requests": sum(bool((m or {}).get("num_retractions")) for m in metas)}
+    if s.spec:
+        same = [i for i in range(len(shared)) if got[i] is not None and got[i] == ref[i]]
+        parts["shared_prefix"]["accept"] = accept_check(accept_stats([metas[i] for i in same]),
+                                                        accept_stats([ref_metas[i] for i in same]))
+        parts["shared_prefix"]["accept_all"] = accept_check(accept_stats(metas), accept_stats(ref_metas))
+    log = log_stats(s.log_from(off))
+    checkpoints = [c for c in checkpoints if c]
+    unexplained = sum(p["greedy"]["unexplained"] for p in parts.values())
+    rec = {"requests": 2 * (LONG_PROMPTS + NEAR_PROMPTS + SHARED_CLIENTS) + 1, "errors": len(errors),
+           "error_samples": errors[:3], "near_context_input_tokens": near_len, "context_len": context_len,
+           "max_req_input_len": info.get("max_req_input_len"), "parts": parts, "log": log,
+           "leaked_tokens": leaked(start, checkpoints)}
+    rec["greedy"] = {k: sum(p["greedy"][k] for p in parts.values()) for k in ("compared", "mismatches", "near_tie",
+                                                                               "unexplained")}
+    rec["checks"] = {"no_errors": not errors, "greedy_equal_or_near_tie": unexplained == 0,
+                     # under this pool a few clients may find the prefix evicted or be retracted
+                     "radix_hits": hits >= SHARED_CLIENTS * 3 // 4 and not any(cold_cached),
+                     "no_leak": no_leak(rec["leaked_tokens"])}
+    if s.spec:
+        acc = parts["shared_prefix"]["accept"]
+        rec["checks"]["accept_warm_equals_cold"] = bool(acc and acc["ok"])
+    return rec
+
+
+def s_disconnects(s: Session) -> dict:
+    api, ctx = s.api, s.ctx
+    start = wait_idle(api)
+    off = len(s.server.text())
+    done = threading.Event()
+    closes: list[dict] = []
+
+    def disconnect(k: int) -> None:
+        try:
+            stream = api.call(sf.completion_req(ctx["greedy_prompts"][k % len(ctx["greedy_prompts"])],
+                                                DISCONNECT_TOKENS, stream=True, ignore_eos=True))
+            closes.append({"chunks": sf.close_after(stream, DISCONNECT_CHUNKS)})
+        except Exception as e:  # noqa: BLE001 - recorded
+            closes.append({"error": error_text(e)})
+
+    def every_second() -> None:  # one new client a second, however long the earlier ones wait for chunks
+        threads, k = [], 0
+        while not done.wait(1.0 if k else 0.0):
+            threads.append(threading.Thread(target=disconnect, args=(k,), daemon=True))
+            threads[-1].start()
+            k += 1
+        for t in threads:
+            t.join(REQUEST_TIMEOUT)
+
+    th = threading.Thread(target=every_second, daemon=True)
+    th.start()
+    try:
+        load = mixed_load(api, ctx, DISCONNECT_SECONDS, DISCONNECT_CLIENTS, seed=7, refusable=s.refusable)
+    finally:
+        done.set()
+        th.join(REQUEST_TIMEOUT + 5)
+    idle = wait_idle(api)
+    after = sf.serves_after_load(api, ctx)
+    log = log_stats(s.log_from(off))
+    bad_closes = [c for c in closes if "error" in c or c["chunks"] < DISCONNECT_CHUNKS]
+    load.pop("records")
+    rec = {"requests": load["requests"] + len(closes), "errors": load["errors"] + len(bad_closes),
+           "disconnects": len(closes), "bad_disconnects": bad_closes[:3], "load": load, "after_load": after,
+           "idle_after_s": (idle or {}).get("idle_after_s"), "log": log,
+           "leaked_tokens": leaked(start, [idle] if idle else [])}
+    rec["checks"] = {"no_errors": rec["errors"] == 0, "disconnects_every_second": len(closes) >= DISCONNECT_SECONDS - 2,
+                     "no_leak": no_leak(rec["leaked_tokens"])}
+    return rec
+
+
+def s_soak(s: Session, seconds: float) -> dict:
+    api, ctx = s.api, s.ctx
+    start = wait_idle(api)
+    off = len(s.server.text())
+    samples: list[dict] = []
+    done = threading.Event()
+    t0 = time.time()
+
+    def sampler():
+        while not done.is_set():
+            try:
+                load = get_load(api) or {}
+            except Exception:  # noqa: BLE001 - a missed sample
+                load = {}
+            samples.append({"t": round(time.time() - t0, 1), "used_tokens": load.get("num_used_tokens"),
+                            "running": load.get("num_running_reqs"), "gpu_mib": gpu_memory_mib()})
+            done.wait(SOAK_SAMPLE_S)
+
+    th = threading.Thread(target=sampler, daemon=True)
+    th.start()
+    try:
+        load = mixed_load(api, ctx, seconds, SOAK_CLIENTS, seed=11, refusable=s.refusable)
+    finally:
+        done.set()
+        th.join(60)
+    idle = wait_idle(api)
+    rows = buckets(load.pop("records"), SOAK_BUCKET_S)
+    for row in rows:
+        inside = [x for x in samples if row["bucket"] * SOAK_BUCKET_S <= x["t"] < (row["bucket"] + 1) * SOAK_BUCKET_S]
+        row["used_tokens_max"] = max((x["used_tokens"] for x in inside if x["used_tokens"] is not None), default=None)
+        row["gpu_mib_max"] = max((x["gpu_mib"] for x in inside if x["gpu_mib"] is not None), default=None)
+    gpu = [r["gpu_mib_max"] for r in rows if r["gpu_mib_max"] is not None]
+    rec = {"requests": load["requests"], "errors": load["errors"], "unsupported": load["unsupported"],
+           "load": load, "per_minute": rows, "samples": samples, "log": log_stats(s.log_from(off)),
+           "gpu_mib_first_last": [gpu[0], gpu[-1]] if gpu else None,
+           "leaked_tokens": leaked(start, [idle] if idle else [])}
+    rec["checks"] = {"no_errors": load["errors"] == 0, "no_leak": no_leak(rec["leaked_tokens"]),
+                     "gpu_memory_flat": (gpu[-1] - gpu[0] <= 256) if gpu else None}
+    return rec
+
+
+SCENARIO_FNS = {"kv_exhaustion": s_kv_exhaustion, "graph_overflow": s_graph_overflow,
+                "long_prompts": s_long_prompts, "disconnects": s_disconnects}
+
+
+def run_scenario(s: Session, name: str, soak_seconds: float = 0.0) -> dict:
+    t = time.time()
+    try:
+        rec = s_soak(s, soak_seconds) if name == "soak" else SCENARIO_FNS[name](s)
+    except Exception as e:  # noqa: BLE001 - a failing scenario is recorded and the run goes on
+        rec = {"error": error_text(e), "checks": {"completed": False}}
+    rec["server_alive"] = s.server.proc.poll() is None
+    rec["checks"]["server_alive"] = rec["server_alive"]
+    rec["ok"] = all(v is not False for v in rec["checks"].values())
+    rec["seconds"] = round(time.time() - t, 1)
+    return rec
+
+
+# ------------------------------------------------------------------------------------------ summary
+def summarize(res: dict) -> dict:
+    """Per server and scenario: requests, errors, mismatches (near-ties among them), leaked tokens, accept length
+    (the pressured set and its reference), retractions, failed checks."""
+    out = {}
+    for name in res.get("server_names", []):
+        srv = res.get("servers", {}).get(name, {})
+        rows = {}
+        for sc, r in res.get("scenarios", {}).get(name, {}).items():
+            g = r.get("greedy") or {}
+            acc = r.get("accept_retracted") or (r.get("parts", {}).get("shared_prefix", {}).get("accept")) \
+                or r.get("accept_all")
+            rows[sc] = {"ok": r.get("ok", False), "requests": r.get("requests"), "errors": r.get("errors"),
+                        "refused_unsupported": r.get("unsupported", (r.get("load") or {}).get("unsupported")),
+                        "mismatches": g.get("mismatches"), "mismatches_near_tie": g.get("near_tie"),
+                        "leaked_tokens": r.get("leaked_tokens"),
+                        "accept_length": acc["accept_length"] if acc else None,
+                        "accept_length_reference": acc["reference"] if acc else None,
+                        "retracted_requests": r.get("retracted_requests", (r.get("log") or {}).get("retracted_reqs")),
+                        "failed_checks": sorted(k for k, v in r.get("checks", {}).items() if v is False),
+                        "error": r.get("error")}
+        out[name] = {"up": srv.get("up", False), "start_error": srv.get("error"), "scenarios": rows,
+                     "accept_length_server": srv.get("accept_length")}
+    prov = res.get("provenance", {})
+    return {"servers": out, "server_flags": FLAGS, "near_tie_margin": NEAR_TIE_MARGIN, "accept_tolerance": ACCEPT_TOL,
+            "commit": prov.get("commit"), "gpu": prov.get("gpu"), "date": prov.get("date"),
+            "command": prov.get("command"), "wall_seconds": res.get("wall_seconds")}
+
+
+def _f(v, fmt="{}"):
+    return "-" if v is None else fmt.format(v)
+
+
+def print_table(summary: dict) -> None:
+    print(f"\n{'server':7} {'scenario':15} {'ok':>3} {'reqs':>6} {'errs':>5} {'mism(tie)':>10} {'leak':>5} "
+          f"{'accept/ref':>12} {'retracted':>9}")
+    for name, srv in summary["servers"].items():
+        if not srv["up"]:
+            print(f"{name:7} did not start: {(srv.get('start_error') or '')[:200]}")
+        for sc, r in srv["scenarios"].items():
+            acc = (f"{r['accept_length']:.2f}/{r['accept_length_reference']:.2f}"
+                   if r["accept_length"] is not None else "-")
+            mm = f"{_f(r['mismatches'])}({_f(r['mismatches_near_tie'])})"
+            print(f"{name:7} {sc:15} {'yes' if r['ok'] else 'NO':>3} {_f(r['requests']):>6} {_f(r['errors']):>5} "
+                  f"{mm:>10} {_f(r['leaked_tokens']):>5} {acc:>12} {_f(r['retracted_requests']):>9}")
+    for name, srv in summary["servers"].items():
+        for sc, r in srv["scenarios"].items():
+            if r["failed_checks"] or r["error"]:
+                print(f"  {name} {sc}: failed {r['failed_checks']} {(r['error'] or '')[:240]}")
+
+
+# --------------------------------------------------------------------------------------------- main
+def server_args(name: str, models: str) -> list[str]:
+    target = os.path.join(models, "target")
+    if name == "plain":
+        return ["--model-path", target, *FLAGS]
+    algo = {"dflash": "DFLASH", "dspine": "DSPINE"}[name]
+    return spec_args(target, algo, os.path.join(models, name), *FLAGS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=os.path.join(REPO, "models", "default"),
+                    help="folder with target/, dflash/, dspine/ and suites/")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    ap.add_argument("--servers", default=",".join(NAMES))
+    ap.add_argument("--scenarios", default=None,
+                    help=f"comma-separated of {','.join(SCENARIOS)} (default: all; soak only with --soak-seconds)")
+    ap.add_argument("--soak-seconds", type=float, default=0.0, help="0: no soak; 1200 for 20 minutes")
+    ap.add_argument("--results-dir", default=os.path.join(REPO, "benchmarks", "results"))
+    ap.add_argument("--no-prebuild", action="store_true", help="do not build FlashInfer's sampling module first")
+    ap.add_argument("--smoke", action="store_true", help="CPU self-test of the pure parts, no servers")
+    args = ap.parse_args(argv)
+    names = [n for n in args.servers.split(",") if n]
+    if not names or set(names) - set(NAMES):
+        raise SystemExit(f"--servers: choose from {','.join(NAMES)}")
+    scenarios = [x for x in (args.scenarios or ",".join(SCENARIOS)).split(",") if x]
+    if set(scenarios) - set(SCENARIOS):
+        raise SystemExit(f"--scenarios: choose from {','.join(SCENARIOS)}")
+    if args.soak_seconds <= 0:
+        if args.scenarios and "soak" in scenarios:
+            raise SystemExit("--scenarios soak needs --soak-seconds > 0")
+        scenarios = [x for x in scenarios if x != "soak"]
+    models = os.path.abspath(args.models)
+    for sub in ("target", "suites", *[n for n in names if n != "plain"]):
+        if not os.path.isdir(os.path.join(models, sub)):
+            raise SystemExit(f"--models {models}: no {sub}/")
+    if args.smoke:
+        return smoke(models)
+
+    from transformers import AutoTokenizer
+
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    ctx = build_inputs(AutoTokenizer.from_pretrained(os.path.join(models, "target")), models)
+    res = {"provenance": provenance(sys.argv if argv is None else ["serving_pressure.py", *argv]),
+           "server_names": names, "scenario_names": scenarios, "server_flags": FLAGS,
+           "soak_seconds": args.soak_seconds, "near_tie_margin": NEAR_TIE_MARGIN, "accept_tolerance": ACCEPT_TOL,
+           "inputs": {"kv_prompt_tokens": [len(p) for p in ctx["kv_prompts"]],
+                      "long_prompt_tokens": [len(p) for p in ctx["long_prompts"]],
+                      "shared_common_tokens": ctx["shared_common"], "context_len": ctx["context_len"]},
+           "servers": {}, "scenarios": {}, "timeline": {}}
+    guard = threading.RLock()  # every change to `res` and every save: the servers' phases run in threads
+
+    def save() -> None:
+        with guard:
+            res["wall_seconds"] = round(time.time() - t0, 1)
+            summary = summarize(res)
+            json.dump(res, open(os.path.join(args.out, "serving_pressure.json"), "w"), indent=1)
+            for d in (args.out, args.results_dir):
+                os.makedirs(d, exist_ok=True)
+                json.dump(summary, open(os.path.join(d, "serving_pressure_summary.json"), "w"), indent=1)
+
+    def stamp(what: str) -> None:
+        with guard:
+            res["timeline"][what] = round(time.time() - t0, 1)
+            save()
+        print(f"[{time.time() - t0:6.1f} s] {what}", flush=True)
+
+    prebuild = None
+    if "dflash" in names and not args.no_prebuild:
+        prebuild = subprocess.Popen([sys.executable, "-c", sf.PREBUILD], cwd=OUTSIDE_REPO, start_new_session=True,
+                                    stdout=open(os.path.join(args.out, "flashinfer_prebuild.log"), "w"),
+                                    stderr=subprocess.STDOUT)
+    servers: dict = {}
+
+    def bring_up(name: str) -> bool:
+        s = servers[name]
+        ok = s.wait(timeout=480)
+        rec = {"up": ok, "start_seconds": s.up_after, "args": s.cmd[3:]}
+        if not ok:
+            rec["error"] = "did not start: " + s.tail(30)[-1500:]
+        with guard:
+            res["servers"][name] = rec
+        stamp(f"{name} up after {s.up_after:.0f} s" if ok else f"{name} did NOT start:\n{s.tail(40)}")
+        return ok
+
+    done = {n: threading.Event() for n in NAMES}
+
+    def phase(name: str) -> None:
+        try:
+            _phase(name)
+        finally:
+            done[name].set()
+
+    def _phase(name: str) -> None:
+        if not res["servers"].get(name, {}).get("up") and not bring_up(name):
+            return
+        try:
+            warm = {"warm_up_seconds": sf.warm_up(servers[name].url, ctx)}
+        except Exception as e:  # noqa: BLE001 - recorded; the scenarios still run
+            warm = {"warm_up_error": error_text(e)}
+        with guard:
+            res["servers"][name].update(warm)
+        margin_api = None
+        if name == "dflash" and "plain" in servers:  # DFLASH refuses log-probs
+            margin_api = AfterEvent(sf.Api(servers["plain"].url, REQUEST_TIMEOUT), done["plain"])
+        sess = Session(name, servers[name], ctx, margin_api)
+        for sc in scenarios:
+            if servers[name].proc.poll() is not None:
+                rec = {"error": "skipped: the server exited", "checks": {"server_alive": False}, "ok": False}
+            else:
+                rec = run_scenario(sess, sc, args.soak_seconds)
+            with guard:
+                res["scenarios"].setdefault(name, {})[sc] = rec
+            stamp(f"{name} {sc}: {'ok' if rec['ok'] else 'FAILED'} ({rec.get('seconds', 0)} s)"
+                  + (f" {rec['error'][:300]}" if rec.get("error") else ""))
+        try:
+            info = servers[name].info()
+            with guard:
+                res["servers"][name]["accept_length"] = next((x.get("avg_spec_accept_length")
+                                                              for x in info.get("internal_states", [])), None)
+                res["servers"][name]["server_info"] = {k: info.get(k) for k in (
+                    "max_total_num_tokens", "max_req_input_len", "chunked_prefill_size", "cuda_graph_max_bs",
+                    "schedule_conservativeness", "speculative_algorithm", "speculative_num_draft_tokens")}
+                res["servers"][name]["memory"] = servers[name].memory()
+        except Exception as e:  # noqa: BLE001 - information only
+            with guard:
+                res["servers"][name]["server_info_error"] = error_text(e)
+
+    try:
+        order = [n for n in NAMES if n in names]
+        first = order[0]  # alone, so the kernel builds are cached for the others
+        servers[first] = Server(first, PORTS[first], server_args(first, models), args.out)
+        if not bring_up(first):
+            with guard:
+                for n in order[1:]:
+                    res["servers"][n] = {"up": False, "error": f"not started: {first} did not start"}
+        else:
+            for n in order[1:]:
+                servers[n] = Server(n, PORTS[n], server_args(n, models), args.out)
+            with cf.ThreadPoolExecutor(len(order)) as ex:
+                futs = {n: ex.submit(phase, n) for n in order}
+                for n, f in futs.items():
+                    try:
+                        f.result()
+                    except Exception as e:  # noqa: BLE001 - one server's fault leaves the others
+                        with guard:
+                            res["servers"].setdefault(n, {})["phase_error"] = error_text(e)
+                        stamp(f"{n} phase FAILED: {error_text(e)}")
+        for n, s in servers.items():
+            with guard:
+                res["servers"].setdefault(n, {})["log_totals"] = log_stats(s.text())
+    finally:
+        for s in servers.values():
+            s.stop()
+        if prebuild is not None and prebuild.poll() is None:
+            os.killpg(prebuild.pid, 15)
+        save()
+        archive_logs(args.out, "serving_pressure_logs.tar.gz")
+    print_table(summarize(res))
+    return 0
+
+
+# -------------------------------------------------------------------------------------- CPU self-test
+RETRACT_SOURCE = ('"KV cache pool is full. Retract requests. "',
+                  'f"#retracted_reqs: {len(retracted_reqs)}, #new_tokens_gained: {new_token_gained}"')
+
+
+def retract_line(n: int, gained: int = 300) -> str:
+    """A retraction warning as scheduler.update_running_batch writes it (its pieces: RETRACT_SOURCE)."""
+    return (f"[2026-01-01 00:00:00] WARNING scheduler.py:3450: KV cache pool is full. Retract requests. "
+            f"#retracted_reqs: {n}, #new_tokens_gained: {gained}, #new_token_ratio: 0.2100 -> 0.9000")
+
+
+def check_sglang_formats() -> None:
+    """The SGLang text this run parses is still what 0.5.17 writes: the retraction warning, the leak warning, the
+    decode line's running count, and /v1/loads' core keys from its LoadSnapshot."""
+    import inspect
+
+    from sglang.srt.managers import scheduler
+    from sglang.srt.managers.load_snapshot import LoadSnapshot
+    from sglang.srt.managers.scheduler_components import invariant_checker, metrics_reporter
+
+    src = inspect.getsource(scheduler.Scheduler.update_running_batch)
+    for piece in RETRACT_SOURCE:
+        assert piece in src, f"scheduler.update_running_batch no longer writes {piece}"
+    assert f'f"{{pool_name}} {LEAK_MARK}!' in inspect.getsource(invariant_checker), "leak warning changed"
+    assert 'f"Decode batch{iter_msg}, #running-req: {num_running_reqs}' in inspect.getsource(metrics_reporter)
+    d = LoadSnapshot(num_used_tokens=10, max_total_num_tokens=POOL_TOKENS).to_dict({"core"})
+    assert free_tokens(d) == POOL_TOKENS - 10 and is_idle(d)
+
+
+def check_flags(models: str) -> None:
+    """Every server's command line parses with SGLang's parser (DSPINE registers at server start, so its line is
+    parsed with DFLASH's name)."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    for name in NAMES:
+        line = [a if a != "DSPINE" else "DFLASH" for a in server_args(name, models)]
+        p = parser.parse_args([*BASE_ARGS, "--port", "1", *line])
+        assert (p.max_total_tokens, p.cuda_graph_max_bs_decode, p.chunked_prefill_size) == (
+            POOL_TOKENS, GRAPH_MAX_BS, CHUNK), p
+        assert p.schedule_conservativeness == CONSERVATIVENESS and p.enable_cache_report
+
+
+def spec_meta(completion: int, verify: int, correct: int, retractions: int = 0, draft_tokens: int = 16) -> dict:
+    """meta_info of a finished request as SGLang's tokenizer manager fills it (its own spec-metrics code)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    meta = {"completion_tokens": completion, "num_retractions": retractions}
+    recv = SimpleNamespace(spec_verify_ct=[verify], spec_num_correct_drafts=[correct], completion_tokens=[completion],
+                           spec_correct_drafts_histogram=None)
+    me = SimpleNamespace(server_args=SimpleNamespace(speculative_num_draft_tokens=draft_tokens))
+    TokenizerManager._calculate_spec_decoding_metrics(me, meta, recv, 0)
+    return meta
+
+
+def smoke(models: str) -> int:
+    from transformers import AutoTokenizer
+
+    t = time.time()
+    ctx = build_inputs(AutoTokenizer.from_pretrained(os.path.join(models, "target")), models)
+    kv = [len(p) for p in ctx["kv_prompts"]]
+    assert len(set(map(tuple, ctx["kv_prompts"]))) == KV_CLIENTS and 270 <= min(kv) and max(kv) <= 330, kv
+    assert KV_CLIENTS * (sum(kv) / len(kv) + KV_NEW) > 3 * POOL_TOKENS
+    assert min(map(len, ctx["long_prompts"])) >= LONG_MIN_TOKENS and ctx["shared_common"] >= SHARED_PREFIX_TOKENS
+    near = near_context_input_len(ctx["context_len"] - 6, ctx["context_len"], NEAR_NEW)
+    assert near + NEAR_NEW <= ctx["context_len"] and near + NEAR_NEW + 32 < POOL_TOKENS
+    print(f"inputs: {KV_CLIENTS} prompts of {min(kv)}-{max(kv)} tokens, long {[len(p) for p in ctx['long_prompts']]}, "
+          f"shared prefix {ctx['shared_common']} tokens x {SHARED_CLIENTS}, near-context prompt {near} tokens")
+    vocab = len(ctx["vocab_text"])
+    reqs = [greedy_req(ctx["kv_prompts"][0], KV_NEW), greedy_req(near_context_prompts(ctx, near)[0], NEAR_NEW)]
+    reqs += [{"endpoint": r["endpoint"], "body": r["body"]} for r in burst_requests(ctx)]
+    for r in reqs:
+        sf.validate_request(r, vocab)
+    print(f"requests: {len(reqs)} bodies valid for SGLang's request models")
+    check_flags(models)
+    check_sglang_formats()
+    print("flags parse with SGLang's parser; SGLang's log and load formats are the ones read here")
+    log = "\n".join([retract_line(3), retract_line(2), "Decode batch, #running-req: 40, #token: 9, token usage: "
+                     "0.50, cuda graph: False, gen throughput (token/s): 1.00, #queue-req: 0"])
+    st = log_stats(log)
+    assert (st["retract_events"], st["retracted_reqs"], st["max_running_req"], st["cuda_graph_false"]) == (2, 5, 40, 1)
+    m = spec_meta(128, 64, 60, retractions=1)
+    a = accept_stats([m])
+    assert a["accept_length"] == (128 - 2) / 64 and a["sglang_accept_length"] == 2.0
+    ref, got = [[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]]
+    mm = greedy_mismatches(ref, got)
+    mm[0].update(top1=[5, -0.50], top2=[9, -0.53], margin=0.03, ref_token=5, got_token=9)
+    assert mismatch_counts(mm, 2)["near_tie"] == 1
+    load = {"max_total_num_tokens": POOL_TOKENS, "num_used_tokens": 0}
+    assert leaked(load, [{**load, "num_used_tokens": 17}]) == 17
+    rows = buckets([(0.5, 1.0, "greedy", "ok"), (61.0, 2.0, "greedy", "errors")], 60)
+    assert [r["errors"] for r in rows] == [0, 1]
+    res = {"server_names": list(NAMES), "provenance": {"commit": "smoke"}, "servers": {n: {"up": True} for n in NAMES},
+           "scenarios": {n: {"kv_exhaustion": {"ok": True, "requests": 48, "errors": 0, "leaked_tokens": 0,
+                                               "greedy": mismatch_counts(mm, 48), "retracted_requests": 9,
+                                               "accept_retracted": accept_check(a, a), "checks": {}}}
+                         for n in NAMES}}
+    s = summarize(res)
+    assert s["servers"]["dspine"]["scenarios"]["kv_exhaustion"]["mismatches_near_tie"] == 1
+    print_table(s)
+    print(f"smoke ok in {time.time() - t:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
