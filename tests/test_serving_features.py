@@ -252,3 +252,31 @@ def test_divergence_margins(sf):
     assert m[1]["margin"] == pytest.approx(1.5) and not m[1]["other_token_is_second"]
     assert all(r["replayed_prefix_equal"] for r in m)
     assert m[0]["plain_token"] == 3 and m[0]["other_token"] == 30
+
+
+@pytest.mark.parametrize("finish,text,outcome", [
+    ("length", "x = f(a, b)", "sglang_length_before_stop"),  # SGLang ends by length before it checks stop strings
+    ("stop", "x = f(a, b)", "Malformed"),  # a stop that ended the request must not stay in the text
+    ("length", "xyz", "ok"),
+])
+def test_load_stop_counts_sglangs_length_before_stop_apart(sf, ctx, finish, text, outcome):
+    """The mixed load's stop-string request: an answer that keeps a stop string is an error unless SGLang ended
+    it by length (its order: max_tokens first, Req.update_finish_state). Answers built by SGLang's own response
+    classes and read through the OpenAI client's types."""
+    import random
+
+    ret = sf._ret_item(list(range(48)), [f"t{i}" for i in range(64)], 5, 0, True)
+    ret["text"], ret["meta_info"]["finish_reason"] = text, {"type": finish}
+
+    class Answers:  # what the server would answer, for any request
+        def call(self, req):
+            assert req["body"]["stop"] and req["endpoint"] == "/v1/completions"
+            return sf.openai_answers(ret, chat=False)
+
+    rng = random.Random(0)
+    rng.choice = lambda seq: "," if seq == sf.LOAD_STOPS else seq[0]
+    if outcome == "Malformed":
+        with pytest.raises(sf.Malformed, match="finish_reason 'stop'"):
+            sf._load_stop(Answers(), ctx, rng)
+    else:
+        assert sf._load_stop(Answers(), ctx, rng) == outcome

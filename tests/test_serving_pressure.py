@@ -148,12 +148,19 @@ def test_mismatches_and_the_near_tie_rule(sp):
     assert not sp.is_near_tie({**mm[0], "top2": [11, -0.64]})  # the other token is not the runner-up
     assert sp.is_near_tie({**mm[0], "top1": [9, -0.60], "top2": [5, -0.64]})  # the reference is the odd one
     assert not sp.is_near_tie(mm[1])  # a length difference has no margin
+    # with the top 5 recorded: a three-way tie (the H200's prompt 30: 711 / 86 / 497 within 0.07) counts,
+    # a token further down or absent does not
+    three = {**mm[0], "ref_token": 711, "got_token": 497, "margin": 0.031,
+             "top": [[711, -4.129], [86, -4.160], [497, -4.18], [3, -4.5], [4, -4.6]]}
+    assert sp.is_near_tie(three)
+    assert not sp.is_near_tie({**three, "got_token": 3})  # 0.371 below the best
+    assert not sp.is_near_tie({**three, "got_token": 99})  # not among the top
     c = sp.mismatch_counts(mm, 4)
     assert (c["compared"], c["mismatches"], c["near_tie"], c["unexplained"]) == (4, 3, 1, 2)
 
 
 def test_tie_margins_ask_one_token_after_the_reference_prefix(sp, ctx):
-    """The replay is the prompt plus the reference tokens before the difference, one token, top-2 log-probs."""
+    """The replay is the prompt plus the reference tokens before the difference, one token, its top log-probs."""
     sent = []
 
     class Replay:
@@ -163,7 +170,7 @@ def test_tie_margins_ask_one_token_after_the_reference_prefix(sp, ctx):
             ans = sp.sf._ret_item([42], ctx["vocab_text"], 2, 0, greedy=True)
             mi = ans["meta_info"]
             mi["output_top_logprobs"] = [[(-0.50, 42, "a"), (-0.52, 17, "b")]]
-            assert body["sampling_params"]["max_new_tokens"] == 1 and body["top_logprobs_num"] == 2
+            assert body["sampling_params"]["max_new_tokens"] == 1 and body["top_logprobs_num"] == sp.sf.TOP_K
             return ans
 
     prompts, ref, got = [[9, 9], [8, 8]], [[1, 2, 3], [1, 42, 5]], [[1, 2, 3], [1, 17, 5]]
