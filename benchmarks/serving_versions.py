@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""The SGLang release × backend matrix of what DSPINE was run on, on the GPU: one row per (release, attention,
+sampling), each with the request-conformance result (features ok / total, greedy agreement with the server
+without speculation, mixed-load errors) and the per-step cost against DFLASH at Qwen3-8B geometry, read from
+the measured result files named in the row (no number is typed here). A release or backend that was not run
+has a row saying so and why. Writes benchmarks/results/serving_versions_summary.json.
+
+    python benchmarks/serving_versions.py [--results-dir benchmarks/results]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (release, attention, sampling) -> the result files of its GPU runs (None: not run, with why)
+ROWS = [
+    {"sglang": "0.5.17", "attention": "triton", "sampling": "pytorch",
+     "features": "serving_features_summary.json", "step_cost": "serving_scale_summary.json"},
+    {"sglang": "0.5.17", "attention": "fa3 (SGLang's default on an H200)", "sampling": "flashinfer (SGLang's default)",
+     "features": "serving_features_sglang_default_backends_summary.json", "step_cost": None,
+     "step_cost_not_run": "the per-step cost under FA3 was not measured (FA3's kernel library reaches the GPU "
+                          "machine in four pieces; that lease ran the conformance run only)"},
+    {"sglang": "0.5.23", "attention": None, "sampling": None, "features": None, "step_cost": None,
+     "not_run": "SGLang 0.5.23 needs torch 2.14.1; the GPU machine has torch 2.11 and no network, and the "
+                "0.5.23 environment has not been carried there yet (scripts/device/bundle_0523.sh builds it "
+                "in pieces)"},
+]
+
+
+def features_row(summary: dict) -> dict:
+    out = {"commit": summary.get("commit"), "gpu": summary.get("gpu"), "date": summary.get("date"),
+           "backends": summary.get("backends", {"attention": "triton", "sampling": "pytorch"}), "servers": {}}
+    for name, r in summary["servers"].items():
+        out["servers"][name] = {"up": r.get("up"), "features_ok": r.get("features_ok"),
+                                "features_total": r.get("features_total"),
+                                "greedy_vs_plain": (r.get("text_agreement_vs_plain") or {}).get("greedy_completions"),
+                                "logprob_max_abs_diff_vs_plain": r.get("logprob_max_abs_diff_vs_plain"),
+                                "mixed_load_requests": r.get("mixed_load_requests"),
+                                "mixed_load_errors": r.get("mixed_load_errors"),
+                                "mixed_load_errors_by_kind": r.get("mixed_load_errors_by_kind")}
+    return out
+
+
+def build(results: str) -> dict:
+    rows = []
+    for spec in ROWS:
+        row = {k: v for k, v in spec.items() if k not in ("features", "step_cost")}
+        if spec["features"]:
+            row["features_file"] = spec["features"]
+            row["features"] = features_row(json.load(open(os.path.join(results, spec["features"]))))
+        if spec["step_cost"]:
+            s = json.load(open(os.path.join(results, spec["step_cost"])))
+            row["step_cost_file"] = spec["step_cost"]
+            row["dspine_over_dflash_step"] = {"by_clients": s["step_ratio_by_clients"], "commit": s.get("commit"),
+                                              "date": s.get("date"), "command": s.get("command")}
+        rows.append(row)
+    return {"rows": rows, "dflash2_beside_dspine": None,
+            "dflash2_not_run": "DFlash2 ships in SGLang 0.5.23, not run on the GPU (see the 0.5.23 row)"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--results-dir", default=os.path.join(REPO, "benchmarks", "results"))
+    args = ap.parse_args(argv)
+    out = build(args.results_dir)
+    path = os.path.join(args.results_dir, "serving_versions_summary.json")
+    json.dump(out, open(path, "w"), indent=1)
+    for r in out["rows"]:
+        f = r.get("features", {}).get("servers", {}).get("dspine", {})
+        steps = (r.get("dspine_over_dflash_step") or {}).get("by_clients", {}).get("T0")
+        print(f"{r['sglang']:7} {str(r['attention']):36} {str(r['sampling']):30} "
+              f"features {f.get('features_ok')}/{f.get('features_total')} greedy {f.get('greedy_vs_plain')} "
+              f"step/DFLASH {steps}" + (f"  NOT RUN: {r['not_run']}" if r.get("not_run") else ""))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

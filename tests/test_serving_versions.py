@@ -1,0 +1,17 @@
+"""benchmarks/serving_versions.py: the committed release × backend matrix is what the measured result files say."""
+import json
+import os
+
+from sglang_dspine.source_files import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+
+
+def test_the_committed_matrix_is_rebuilt_from_the_result_files():
+    sv = load_file(os.path.join(ROOT, "benchmarks", "serving_versions.py"))
+    built = json.loads(json.dumps(sv.build(RESULTS)))
+    assert built == json.load(open(os.path.join(RESULTS, "serving_versions_summary.json")))
+    default = next(r for r in built["rows"] if r["sglang"] == "0.5.17" and r["attention"].startswith("fa3"))
+    assert default["features"]["backends"] == {"attention": "sglang-default", "sampling": "sglang-default"}
+    assert all(r.get("features") or r.get("not_run") for r in built["rows"])  # no row claims without a run
