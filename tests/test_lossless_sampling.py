@@ -24,7 +24,7 @@ class CachedTarget:
     """Random logits per prefix, drawn once (seeded by the prefix) and kept."""
 
     def __init__(self, seed: int):
-        self.seed, self.rows = seed, {}
+        self.seed, self.rows, self.blocks = seed, {}, {}
 
     def logits(self, prefix: tuple) -> torch.Tensor:
         if prefix not in self.rows:
@@ -40,14 +40,21 @@ class CachedTarget:
             out.append(int(self.logits(prefix + tuple(out)).argsort(descending=True)[i % 2]))
         return out
 
+    def block(self, prefix: tuple) -> tuple[list[int], torch.Tensor]:
+        """The draft after `prefix` and the target's logits at each of its positions (what one verify round
+        reads), built once per prefix: the samples revisit the same few prefixes thousands of times."""
+        if prefix not in self.blocks:
+            draft = self.draft(prefix)
+            self.blocks[prefix] = draft, torch.stack([self.logits(prefix + tuple(draft[:i])) for i in range(BLOCK)])
+        return self.blocks[prefix]
+
 
 def sample_tokens(target: CachedTarget, temperature: float, g: torch.Generator) -> tuple[tuple, list[int]]:
     """The first DEPTH tokens of speculative sampling from an empty prefix; and each verify round's number of
     accepted drafts."""
     seq, accepted = (), []
     while len(seq) < DEPTH:
-        draft = target.draft(seq)
-        rows = torch.stack([target.logits(seq + tuple(draft[:i])) for i in range(BLOCK)])
+        draft, rows = target.block(seq)
         n, nxt = generate.verify(rows, draft, temperature, g)
         assert 0 <= n <= len(draft) and 0 <= nxt < VOCAB
         seq += tuple(draft[:n]) + (int(nxt),)

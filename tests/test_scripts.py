@@ -218,7 +218,8 @@ def test_ci_runs_every_release(tmp_path):
     out = run()
     assert out.returncode == 0, out.stderr
     calls = [re.sub(r"--junitxml=\S+ ", "", x) for x in log.read_text().splitlines()]
-    assert calls == ["--sglang 0.5.17 -q -p no:cacheprovider ", "--sglang 0.5.23 -q -p no:cacheprovider "]
+    assert calls == ["--sglang 0.5.17 -q -p no:cacheprovider --durations=20 ",
+                     "--sglang 0.5.23 -q -p no:cacheprovider --durations=20 "]
     (repo / "scripts" / "test.sh").write_text(_fake_test_sh(log, int(expected["0.5.17"]) - 1))
     out = run()
     assert out.returncode == 1 and "expected at least" in out.stderr
