@@ -529,7 +529,9 @@ def test_recipe_grid_arms_validation_and_summary(tiny_lab, tmp_path):
     """The recipe preset's machinery at toy size on the tiny lab: arms with their own `--recipe`, validation
     suites for the arms that ask, one evaluation process per drafter and temperature (eval_suites.py, equal to
     `sglang-dspine eval` prompt by prompt), and recipe.py's summary: the paper's statistic recomputed here from
-    the evaluation files, the choice on the validation suites."""
+    the evaluation files, the choice on the validation suites (the main pair's DSpine drafters among the
+    candidates with main_val, a recipe scored by the mean over its runs), and the cross: each run's ratio to the
+    DFlash run of its length and seed."""
     import shutil
 
     out, _, _, _ = tiny_lab
@@ -543,12 +545,12 @@ def test_recipe_grid_arms_validation_and_summary(tiny_lab, tmp_path):
     for d in ("tokenizer", "target", "data", "tokens"):
         (lab / d).symlink_to(out / d)
     results = tmp_path / "results"
-    arms = [{"name": "dspine_sf", "kind": "dspine", "steps": 4, "flags": ["--recipe", "specforge"], "val": True},
+    arms = [{"name": "dspine_sf", "kind": "dspine", "steps": 6, "flags": ["--recipe", "specforge"], "val": True},
             {"name": "dspine_ce", "kind": "dspine", "steps": 4, "flags": ["--recipe", "ce"], "val": True}]
     args = ["--tiny", "--out", str(lab), "--results", str(results), "--set", "train_steps=6", "--set", "seeds=1",
             "--set", f"arms={json.dumps(arms)}", "--set", "val_suites=code,math,prose", "--set", "eval_batched=true",
             "--set", "dspine_recipe=ce", "--set", "suite_limits=math=3", "--set", "eval_limit=2",
-            "--set", "eval_tokens=12", "--set", "temperatures=0,1"]
+            "--set", "eval_tokens=12", "--set", "temperatures=0,1", "--set", "main_val=true"]
     assert lab_module("run").main(args) == 0, open(lab / "logs_run.txt").read()[-3000:]
     cfg = lambda n: json.load(open(lab / "drafters" / n / "config.json"))
     assert cfg("dspine_sf")["training_recipe"]["name"] == "specforge" and cfg("dspine_sf")["dspine_config"]["ce_weight"] == 0.1
@@ -557,7 +559,8 @@ def test_recipe_grid_arms_validation_and_summary(tiny_lab, tmp_path):
     assert log.count("eval_suites.py") == 12 and "sglang-dspine eval" not in log  # 6 drafters x 2 temperatures
     ev = lambda name: json.load(open(lab / "eval" / f"{name}.json"))
     assert ev("dspine_sf_math_val_t1")["prompts"] == 2 and ev("dspine_math_t0")["prompts"] == 3
-    assert not (lab / "eval" / "dspine_code_val_t0.json").exists()  # only the arms that ask
+    assert (lab / "eval" / "dspine_seed1_code_val_t0.json").exists()  # main_val: the main pair's DSpine too
+    assert not (lab / "eval" / "dflash_code_val_t0.json").exists()  # never DFlash
     # eval_suites.py computes what `sglang-dspine eval` does, prompt by prompt
     from sglang_dspine.cli import main as cli
 
@@ -580,13 +583,21 @@ def test_recipe_grid_arms_validation_and_summary(tiny_lab, tmp_path):
         assert s[f"tau_ratio_of_means_t{t}_per_seed"] == {"0": pytest.approx(per[0], abs=1e-4),
                                                          "1": pytest.approx(per[1], abs=1e-4)}
         assert s[f"tau_ratio_of_means_t{t}"] == pytest.approx(sum(per) / 2, abs=1e-4)
-        val = {n: sum(ev(f"{n}_{x}_val_t{t}")["tau"] for x in suites) / 3 for n in ("dspine_sf", "dspine_ce")}
-        want = {1: "specforge", -1: "ce", 0: None}[(val["dspine_sf"] > val["dspine_ce"]) - (val["dspine_sf"] < val["dspine_ce"])]
+        val = {n: sum(ev(f"{n}_{x}_val_t{t}")["tau"] for x in suites) / 3
+               for n in ("dspine_sf", "dspine_ce", "dspine", "dspine_seed1")}
+        ce = (val["dspine_ce"] + val["dspine"] + val["dspine_seed1"]) / 3  # the ce recipe's three runs
+        want = {1: "specforge", -1: "ce", 0: None}[(val["dspine_sf"] > ce) - (val["dspine_sf"] < ce)]
         assert s["recipe" if t == "0" else "recipe_t1_winner"] == want
     assert s["validation_suites_used"]["t0"] == ["code_val", "math_val", "prose_val"]
-    assert s["ratio_of_means_to_specforge_recipe"]["dspine_ce"]["t0"] == pytest.approx(
-        mean("dspine_ce", "0") / mean("dspine_sf", "0"), abs=1e-4)
+    assert s["ratio_of_means_to_specforge_recipe"]["dspine"]["t0"] == pytest.approx(  # same length and seed
+        mean("dspine", "0") / mean("dspine_sf", "0"), abs=1e-4)
     assert s["missing_evaluations"] == [] and (tmp_path / "lab_recipe_positions.png").is_file()
+    # the cross: runs of the main pair's length against the DFlash run of their seed; dspine_ce (4 steps) has none
+    assert s["cross"]["dspine_sf"]["t0"] == pytest.approx(mean("dspine_sf", "0") / mean("dflash", "0"), abs=1e-4)
+    assert s["cross"]["dspine_seed1"]["reference"] == "dflash_seed1" and "dspine_ce" not in s["cross"]
+    both = [mean("dspine", "1") / mean("dflash", "1"), mean("dspine_seed1", "1") / mean("dflash_seed1", "1")]
+    assert s["cross_mean_over_seeds"]["dspine"]["runs"] == 2
+    assert s["cross_mean_over_seeds"]["dspine"]["t1"] == pytest.approx(sum(both) / 2, abs=2e-4)
     assert s["steps"] == 6 and set(s["training_curves"]) == {"dflash", "dspine", "dflash_seed1", "dspine_seed1",
                                                             "dspine_sf", "dspine_ce"}
     # a deadline that cut a validation suite: the choice uses the suites every arm has

@@ -4,6 +4,8 @@ Variants (each a full training run with its own cosine schedule; names are folde
   dflash, dspine            the main pair: `draft_layers` layers, `train_steps` steps, seed 0
   KIND_sN                   the training-length curve: N steps for each N in `curve_steps` (T in grid_temperatures)
   KIND_seedK                the main pair again with seed K, for each K in `seeds` (all temperatures)
+                            (with `main_val`, the DSpine drafters of these pairs are also evaluated on the
+                            validation suites: a recipe candidate that needs no arm of its own)
   KIND_lD                   depth ablation: D layers for each D in `depth_layers`, `depth_steps` steps (default
                             train_steps; else one of curve_steps, whose pair it is compared with)
   NAME (an arm)              one of the preset's `arms`: {"name", "kind", "steps", "seed", "flags", "val"}, a
@@ -118,14 +120,16 @@ def variants(p: dict[str, Any]) -> list[Variant]:
     steps, layers = int(p["train_steps"]), int(p["draft_layers"])
     all_t = temps_of(p["temperatures"])
     grid_t = grid_temps(p)
-    out = [Variant(k, k, layers, steps, 0, "main", all_t) for k in KINDS]
+    main_val = bool(p.get("main_val"))
+    out = [Variant(k, k, layers, steps, 0, "main", all_t, val=main_val and k == "dspine") for k in KINDS]
     out += arms_of(p, layers, all_t)
     for n in _ints(p.get("curve_steps")):
         if n != steps:
             out += [Variant(f"{k}_s{n}", k, layers, n, 0, "curve", grid_t) for k in KINDS]
     for s in _ints(p.get("seeds")):
         if s != 0:
-            out += [Variant(f"{k}_seed{s}", k, layers, steps, s, "seed", all_t) for k in KINDS]
+            out += [Variant(f"{k}_seed{s}", k, layers, steps, s, "seed", all_t, val=main_val and k == "dspine")
+                    for k in KINDS]
     depth_steps = int(p.get("depth_steps") or 0) or steps
     if _ints(p.get("depth_layers")) and depth_steps != steps and depth_steps not in _ints(p.get("curve_steps")):
         raise ValueError(f"depth_steps {depth_steps}: expected train_steps or one of curve_steps (the "

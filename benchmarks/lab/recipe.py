@@ -7,8 +7,8 @@ The decision rule, fixed before the run:
   1. choice: the DSpine arms trained at the same length and seed on the same data differ only in the recipe
      (`--recipe`). On the validation prompts (drawn from the training split, never trained on, never the
      held-out suites) the default recipe is the one with the higher mean τ over the validation suites at T=0
-     (over those evaluated for every arm, where a deadline cut some: `validation_suites_used` names them; a
-     tie chooses nothing);
+     (over those evaluated for every candidate, where a deadline cut some: `validation_suites_used` names them;
+     a recipe trained at several seeds scores the mean over its seeds; a tie chooses nothing);
      the T=1 winner is reported beside it (if it differs, the choice depends on temperature, and says so);
   2. report, on the held-out suites only: the paper's statistic, the ratio of mean τ over the suites of DSpine
      (trained on the chosen recipe) to DFlash (CE, its own best recipe), per seed and the mean over seeds, at T=0
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 from typing import Any
@@ -98,25 +99,32 @@ def summarize(lab: str, report: dict[str, Any]) -> dict[str, Any]:
         out["data"]["epochs_at_steps"] = round(int(p["train_steps"]) * int(p["train_batch"])
                                                / out["data"]["sequences"], 3)
 
-    # 1. the choice, on validation prompts
+    # 1. the choice, on validation prompts: the DSpine arms that ask, and the main pair's (and seeds') DSpine
+    # drafters with main_val
+    candidates = [(a["name"], a.get("steps"), a.get("seed", 0)) for a in arms
+                  if a.get("kind") == "dspine" and a.get("val")]
+    if p.get("main_val"):
+        candidates += [(pr[1], int(p["train_steps"]), s) for s, pr in pairs.items()]
     val: dict[str, Any] = {}
-    for a in arms:
-        if a.get("kind") == "dspine" and a.get("val"):
-            val[a["name"]] = {"recipe": recipe_of(lab, a["name"]), "steps": a.get("steps"), "seed": a.get("seed", 0)}
-            for tk in TEMPS:
-                rows = suite_results(lab, a["name"], val_suites, tk)
-                val[a["name"]][tk] = {"tau": {s: _r(r["tau"]) for s, r in rows.items()},
-                                      "mean_tau": _r(mean_tau(rows, val_suites))}
+    for name, steps, seed in candidates:
+        val[name] = {"recipe": recipe_of(lab, name), "steps": steps, "seed": seed}
+        for tk in TEMPS:
+            rows = suite_results(lab, name, val_suites, tk)
+            val[name][tk] = {"tau": {s: _r(r["tau"]) for s, r in rows.items()},
+                             "mean_tau": _r(mean_tau(rows, val_suites))}
     out["validation"] = val
     chosen, used = {}, {}
     for tk in TEMPS:
-        # the suites every arm was evaluated on (a deadline can cut the last ones)
+        # the suites every candidate was evaluated on (a deadline can cut the last ones)
         common = [x for x in val_suites if val and all(x in v[tk]["tau"] for v in val.values())]
         used[tk] = common
-        scored = ([(statistics.mean(v[tk]["tau"][x] for x in common), v["recipe"]) for v in val.values()]
-                  if common else [])
-        for (m, _), v in zip(scored, val.values()):
-            v[tk]["mean_tau_common"] = _r(m)
+        by_recipe: dict[str, list[float]] = {}
+        for v in val.values():
+            if common:
+                v[tk]["mean_tau_common"] = _r(statistics.mean(v[tk]["tau"][x] for x in common))
+                by_recipe.setdefault(v["recipe"], []).append(statistics.mean(v[tk]["tau"][x] for x in common))
+        scored = [(statistics.mean(ms), r) for r, ms in by_recipe.items()]
+        out.setdefault("validation_mean_tau_by_recipe", {})[tk] = {r: _r(m) for m, r in scored}
         best = max(scored)[0] if len(scored) > 1 else None
         winners = [r for m, r in scored if m == best]
         chosen[tk] = winners[0] if len(winners) == 1 else None  # a tie chooses nothing
@@ -182,6 +190,23 @@ def summarize(lab: str, report: dict[str, Any]) -> dict[str, Any]:
             if r[tk]["mean_tau"] and table[ref[r["steps"], r["seed"]]][tk]["mean_tau"] else None for tk in TEMPS}
         for n, r in table.items()
         if r["kind"] == "dspine" and r["recipe"] != "specforge" and (r["steps"], r["seed"]) in ref}
+    # the cross: every run's ratio of mean τ to the DFlash run (CE, the main pair's) of its length and seed, and
+    # each run's mean over the seeds it was trained at
+    dflash_ref = {(table[pr[0]]["steps"], s): pr[0] for s, pr in pairs.items()}
+    cross = {}
+    for n, r in table.items():
+        ref_name = dflash_ref.get((r["steps"], r["seed"]))
+        if ref_name:
+            cross[n] = {"reference": ref_name, **{tk: _r(r[tk]["mean_tau"] / table[ref_name][tk]["mean_tau"])
+                                                  if r[tk]["mean_tau"] and table[ref_name][tk]["mean_tau"] else None
+                                                  for tk in TEMPS}}
+    out["cross"] = cross
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for n, v in cross.items():
+        groups.setdefault(re.sub(r"_seed\d+$", "", n), []).append(v)
+    out["cross_mean_over_seeds"] = {
+        g: {"runs": len(vs), **{tk: _r(statistics.mean(v[tk] for v in vs)) if all(v[tk] is not None for v in vs)
+                                else None for tk in TEMPS}} for g, vs in groups.items()}
     out["training_curves"] = {n: curve(lab, n) for n in names}
     missing = [n for n, r in table.items() for tk in TEMPS if r[tk]["mean_tau"] is None]
     out["missing_evaluations"] = sorted(set(missing))

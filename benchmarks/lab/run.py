@@ -126,6 +126,25 @@ PRESETS["recipe"] = {
 }
 
 
+# The objective cross of the recipe lab, replicated: every arm at 600 steps and seeds 0 and 1, at T=0 and T=1
+# (the cross of the recipe issue was one seed, T=0). The main pair is DFlash (CE, its own best; arm A) and DSpine on
+# the `ce` recipe (C), both at seeds 0 and 1; the arms: B SpecForge's recipe, D SpecForge's without alignment,
+# E `ce` with the injection alone (no alignment, refinement or replacement), F DFlash on SpecForge's 0.1·CE +
+# 0.9·L1 mix. The recipe choice: the main DSpine (ce) against B on the validation prompts, both seeds
+# (`main_val`). 12 trainings of 600 steps, 6 at once; recipe.py's summary adds each run's ratio to the DFlash
+# run of its seed (`cross`).
+_CROSS_ARMS = [("dspine_specforge", "dspine", ["--recipe", "specforge"], True),
+               ("dspine_specforge_noalign", "dspine", ["--recipe", "specforge", "--no-alignment-loss"], False),
+               ("dspine_ce_injection_only", "dspine", ["--recipe", "ce", "--no-alignment-loss", "--no-refinement-loss",
+                                                       "--no-replacement"], False),
+               ("dflash_mix", "dflash", ["--dflash-ce-weight", "0.1"], False)]
+PRESETS["recipe_cross"] = {
+    **PRESETS["recipe"], "train_steps": 600, "seeds": "1", "main_val": True,
+    "arms": [{"name": f"{name}_seed{seed}", "kind": kind, "steps": 600, "seed": seed, "flags": flags, "val": val}
+             for seed in (0, 1) for name, kind, flags, val in _CROSS_ARMS],
+}
+
+
 # Keys every preset has (the grid's, grid.py; off unless a preset or --set turns them on).
 # train_jobs: trainings of the grid in flight at once (0: all); step_threads: CPU threads of each step run as a
 # subprocess (OMP_NUM_THREADS; 0: torch's default, one per core, which oversubscribes the cores when many steps
@@ -136,12 +155,12 @@ PRESETS["recipe"] = {
 # suites `val_suites` (DOMAIN_val) an arm with "val" is also evaluated on; suite_limits: prompts of a suite other
 # than eval_limit ("math=24"); eval_batched: one evaluation process per drafter and temperature over all its
 # suites (eval_suites.py) instead of one per suite; dspine_recipe: `--recipe` of the DSpine trainings (None: the
-# trainer's default).
+# trainer's default); main_val: the main (and seed) DSpine drafters are evaluated on the validation suites too.
 GRID_DEFAULTS: dict[str, Any] = dict(suites="code,math,prose", curve_steps="", seeds="", depth_layers="",
                                      depth_steps=0, upgrade_frac=0.0, grid_temperatures="0", eval_jobs=0,
                                      train_jobs=0, step_threads=0, eval_after_training=False, walk_off="",
                                      arms=[], val_prompts=0, val_suites="", suite_limits="", eval_batched=False,
-                                     dspine_recipe=None)
+                                     dspine_recipe=None, main_val=False)
 # target_steps: train the target for this many steps instead of target_seconds (the tiny preset: the same target
 # on a fast or a loaded machine, so its tests do not depend on how busy the CPU is).
 for _p in PRESETS.values():
