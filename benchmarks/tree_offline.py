@@ -160,8 +160,8 @@ def bootstrap_ratio(rows: list[dict], suites: list[str], temp: float, a: tuple, 
 
 
 def summarize(rows: list[dict], suites: list[str], sizes: list[int], temperatures: list[float]) -> dict:
-    """Ratios of mean τ over the suites (the README's statistic), and per suite; 95% bootstrap intervals over
-    prompts for the headline ratios."""
+    """Ratios of mean τ over the suites (the paper's statistic, docs/results.md), and per suite; 95% bootstrap
+    intervals over prompts for the headline ratios."""
     tau = {(r["suite"], r["temperature"], r["arm"], r["N"]): r["tau"] for r in rows}
 
     def mean(arm, temp, n):

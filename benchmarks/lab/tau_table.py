@@ -1,4 +1,4 @@
-"""The README's offline τ table of a drafter pair, from its folder: `sglang-dspine eval` of the DFlash and the
+"""docs/results.md's offline τ table of a drafter pair, from its folder: `sglang-dspine eval` of the DFlash and the
 DSpine drafter on each held-out suite at each temperature, with the lab's eval settings (the first 12 prompts
 of each suite, 96 new tokens, seed 0; what benchmarks/results/lab_cpu_pair.json records), then the table.
 
