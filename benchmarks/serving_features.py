@@ -1140,7 +1140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--servers", default=",".join(NAMES))
     ap.add_argument("--clients", type=int, default=48)
     ap.add_argument("--load-seconds", type=float, default=120.0)
-    ap.add_argument("--results-dir", default=os.path.join(REPO, "benchmarks", "results"))
+    ap.add_argument("--results-dir", default=None,
+                    help="also write the summary there (benchmarks/results for the committed one); default: --out only")
     ap.add_argument("--no-prebuild", action="store_true", help="do not build FlashInfer's sampling module first")
     ap.add_argument("--attention-backend", default="triton",
                     help="every server's --attention-backend; 'sglang-default': the flag left out (SGLang picks: FA3 "
@@ -1192,8 +1193,9 @@ def main(argv: list[str] | None = None) -> int:
             summary = summarize(res)
             json.dump(res, open(os.path.join(args.out, f"{stem}.json"), "w"), indent=1)
             json.dump(summary, open(os.path.join(args.out, f"{stem}_summary.json"), "w"), indent=1)
-            os.makedirs(args.results_dir, exist_ok=True)
-            json.dump(summary, open(os.path.join(args.results_dir, f"{stem}_summary.json"), "w"), indent=1)
+            if args.results_dir:
+                os.makedirs(args.results_dir, exist_ok=True)
+                json.dump(summary, open(os.path.join(args.results_dir, f"{stem}_summary.json"), "w"), indent=1)
 
     def stamp(what: str) -> None:
         with guard:

@@ -835,7 +835,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default=None,
                     help=f"comma-separated of {','.join(SCENARIOS)} (default: all; soak only with --soak-seconds)")
     ap.add_argument("--soak-seconds", type=float, default=0.0, help="0: no soak; 1200 for 20 minutes")
-    ap.add_argument("--results-dir", default=os.path.join(REPO, "benchmarks", "results"))
+    ap.add_argument("--results-dir", default=None,
+                    help="also write the summary there (benchmarks/results for the committed one); default: --out only")
     ap.add_argument("--no-prebuild", action="store_true", help="do not build FlashInfer's sampling module first")
     ap.add_argument("--smoke", action="store_true", help="CPU self-test of the pure parts, no servers")
     args = ap.parse_args(argv)
@@ -875,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
             res["wall_seconds"] = round(time.time() - t0, 1)
             summary = summarize(res)
             json.dump(res, open(os.path.join(args.out, "serving_pressure.json"), "w"), indent=1)
-            for d in (args.out, args.results_dir):
+            for d in [args.out] + ([args.results_dir] if args.results_dir else []):
                 os.makedirs(d, exist_ok=True)
                 json.dump(summary, open(os.path.join(d, "serving_pressure_summary.json"), "w"), indent=1)
 

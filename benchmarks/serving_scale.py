@@ -300,7 +300,9 @@ def main() -> None:
     ap.add_argument("--backends", default="",
                     help="after phase 3: DSPINE alone with these ATTENTION/SAMPLING backend pairs, e.g. "
                          "'default/default,flashinfer/flashinfer' (default = SGLang's own choice)")
-    ap.add_argument("--results-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--results-dir", default=None,
+                    help="also write the results there (benchmarks/results for the committed ones); "
+                         "default: --out only")
     ap.add_argument("--smoke", action="store_true", help="CPU: make tiny models and check the summary")
     args = ap.parse_args()
     backends = [tuple(b.split("/")) for b in args.backends.split(",") if b]
@@ -332,11 +334,10 @@ def main() -> None:
         return
 
     def save():
-        json.dump(res, open(os.path.join(args.out, "serving_scale.json"), "w"), indent=1)
-        os.makedirs(args.results_dir, exist_ok=True)
-        json.dump(res, open(os.path.join(args.results_dir, "serving_scale.json"), "w"), indent=1)
-        json.dump(summarize(res), open(os.path.join(args.results_dir, "serving_scale_summary.json"), "w"), indent=1)
-        json.dump(summarize(res), open(os.path.join(args.out, "serving_scale_summary.json"), "w"), indent=1)
+        for d in [args.out] + ([args.results_dir] if args.results_dir else []):
+            os.makedirs(d, exist_ok=True)
+            json.dump(res, open(os.path.join(d, "serving_scale.json"), "w"), indent=1)
+            json.dump(summarize(res), open(os.path.join(d, "serving_scale_summary.json"), "w"), indent=1)
 
     prompts = random_prompts(64, args.prompt_len, geometry["vocab_size"])
     servers: dict[str, Server] = {}

@@ -33,6 +33,7 @@ import time
 import torch
 
 from sglang_dspine.cli import _int_list
+from sglang_dspine.provenance import default_output
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REGIONS = ("train.data", "train.target", "train.blocks", "train.forward", "train.backward", "train.optimizer")
@@ -148,7 +149,8 @@ def main() -> int:
                     help="blocks per chunk of the vocabulary-sized loss work (the trainer's default 128; 0: one chunk)")
     ap.add_argument("--device", help="default: cuda if present, else cpu")
     ap.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "train_step.json"))
+    ap.add_argument("--out", default=default_output("train_step.json"),
+                    help="results JSON (default: $OUT or a temporary folder)")
     args = ap.parse_args()
     if sum(map(bool, (args.target, args.random_target, args.tiny))) != 1:
         ap.error("give one of --target DIR, --random-target, --tiny")

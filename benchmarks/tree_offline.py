@@ -28,6 +28,8 @@ import os
 import sys
 import time
 
+from sglang_dspine.provenance import default_output
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 if sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == HERE:
     sys.path.pop(0)  # `python benchmarks/tree_offline.py`: benchmarks/kernels.py would shadow the `kernels` package
@@ -65,8 +67,11 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (default 1: the models are tiny, and on a shared CPU two threads ran "
                          "20x slower than one)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "tree_offline_builtin.json"))
-    ap.add_argument("--summary", default=os.path.join(ROOT, "benchmarks", "results", "tree_summary.json"))
+    ap.add_argument("--out", default=default_output("tree_offline_builtin.json"),
+                    help="results JSON (default: $OUT or a temporary folder; the committed one: "
+                         "benchmarks/results/tree_offline_builtin.json)")
+    ap.add_argument("--summary", default=default_output("tree_summary.json"),
+                    help="summary JSON (the committed one: benchmarks/results/tree_summary.json)")
     args = ap.parse_args(argv)
     args.sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     args.temperatures = [float(x) for x in args.temperatures.split(",") if x.strip()]
@@ -316,6 +321,7 @@ def main(argv=None) -> int:
                **summarize(record["rows"], names, args.sizes, args.temperatures),
                "step_cost": "not measured: the SGLang part (issue 28 item 2) was not built",
                "seconds": record["seconds"]}
+    os.makedirs(os.path.dirname(os.path.abspath(args.summary)), exist_ok=True)
     with open(args.summary, "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     print(table)

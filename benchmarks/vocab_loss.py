@@ -35,7 +35,8 @@ import time
 import torch
 from torch.utils.checkpoint import checkpoint
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from sglang_dspine.provenance import default_output
+
 CE_WEIGHT = {"dspine": 0.1, "dflash": 1.0}
 POSITIONS = 15  # supervised positions of a block of 16
 
@@ -194,7 +195,9 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", help="default: cuda if present, else cpu")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "vocab_loss.json"))
+    ap.add_argument("--out", default=default_output("vocab_loss.json"),
+                    help="results JSON (default: $OUT or a temporary folder; the committed one: "
+                         "benchmarks/results/vocab_loss.json)")
     args = ap.parse_args(argv)
     from sglang_dspine.provenance import provenance
 

@@ -38,3 +38,12 @@ def provenance(argv: list[str] | None = None) -> dict:
         "versions": versions,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def default_output(name: str) -> str:
+    """Where a benchmark writes when no destination is given: $OUT (the GPU machine's results folder) or a
+    folder under the system's temporary directory, never the source tree (the committed results under
+    benchmarks/results are written only when asked for by path)."""
+    import tempfile
+
+    return os.path.join(os.environ.get("OUT") or os.path.join(tempfile.gettempdir(), "sglang-dspine-results"), name)

@@ -1,8 +1,8 @@
 """Offline tau against training steps for one CPU pair: the pair's own run and `cpu_steps.sh`'s retrains of its
 drafters (same target, data, suites and settings but the step count). Writes a JSON and a plot.
 
-    # writes benchmarks/results/lab_cpu_steps.{json,png}
-    python benchmarks/lab/steps_summary.py /tmp/labcpu /tmp/lab_cpu_steps
+    python benchmarks/lab/steps_summary.py /tmp/labcpu /tmp/lab_cpu_steps --out benchmarks/results/lab_cpu_steps.json
+    # writes that JSON and its .png (without --out: into $OUT or a temporary folder)
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from sglang_dspine.provenance import provenance  # noqa: E402
+from sglang_dspine.provenance import default_output, provenance  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("pair", help="the CPU pair's output folder (cpu_pair.sh OUT)")
     p.add_argument("steps", help="cpu_steps.sh's output folder")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmarks", "results",
-                                                 "lab_cpu_steps.json"))
+    p.add_argument("--out", default=default_output("lab_cpu_steps.json"),
+                   help="results JSON (default: $OUT or a temporary folder; the committed one: "
+                        "benchmarks/results/lab_cpu_steps.json)")
     args = p.parse_args(argv)
     # run.py leaves its report in every run folder as results.json
     files = glob.glob(os.path.join(args.pair, "results.json"))
