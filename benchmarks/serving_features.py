@@ -1132,6 +1132,19 @@ print(f"FlashInfer sampling module built and run in {time.time() - t:.1f} s", fl
 """
 
 
+def servers_and_models(servers: str, models: str) -> tuple[list[str], str]:
+    """--servers (a comma list of NAMES) and --models (a folder with target/, suites/ and each drafter's folder),
+    refused in one line before anything starts."""
+    names = [n for n in servers.split(",") if n]
+    if not names or set(names) - set(NAMES):
+        raise SystemExit(f"--servers: choose from {','.join(NAMES)}")
+    models = os.path.abspath(models)
+    for sub in ("target", "suites", *[n for n in names if n != "plain"]):
+        if not os.path.isdir(os.path.join(models, sub)):
+            raise SystemExit(f"--models {models}: no {sub}/")
+    return names, models
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=os.path.join(REPO, "models", "default"),
@@ -1156,13 +1169,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sampling": None if args.sampling_backend == "sglang-default" else args.sampling_backend}
     base = _servers.base_args(backends["attention"], backends["sampling"])
     stem = "serving_features" + (f"_{args.tag}" if args.tag else "")
-    names = [n for n in args.servers.split(",") if n]
-    if not names or set(names) - set(NAMES):
-        raise SystemExit(f"--servers: choose from {','.join(NAMES)}")
-    models = os.path.abspath(args.models)
-    for sub in ("target", "suites", *[n for n in names if n != "plain"]):
-        if not os.path.isdir(os.path.join(models, sub)):
-            raise SystemExit(f"--models {models}: no {sub}/")
+    names, models = servers_and_models(args.servers, args.models)
     if args.smoke:
         return smoke(models)
 

@@ -840,9 +840,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-prebuild", action="store_true", help="do not build FlashInfer's sampling module first")
     ap.add_argument("--smoke", action="store_true", help="CPU self-test of the pure parts, no servers")
     args = ap.parse_args(argv)
-    names = [n for n in args.servers.split(",") if n]
-    if not names or set(names) - set(NAMES):
-        raise SystemExit(f"--servers: choose from {','.join(NAMES)}")
+    names, models = sf.servers_and_models(args.servers, args.models)
     scenarios = [x for x in (args.scenarios or ",".join(SCENARIOS)).split(",") if x]
     if set(scenarios) - set(SCENARIOS):
         raise SystemExit(f"--scenarios: choose from {','.join(SCENARIOS)}")
@@ -850,10 +848,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.scenarios and "soak" in scenarios:
             raise SystemExit("--scenarios soak needs --soak-seconds > 0")
         scenarios = [x for x in scenarios if x != "soak"]
-    models = os.path.abspath(args.models)
-    for sub in ("target", "suites", *[n for n in names if n != "plain"]):
-        if not os.path.isdir(os.path.join(models, sub)):
-            raise SystemExit(f"--models {models}: no {sub}/")
     if args.smoke:
         return smoke(models)
 
