@@ -19,6 +19,14 @@ and `loss_diff_{N}gpu_vs_1gpu` (largest |loss| difference over the steps: both r
     python benchmarks/train_scale.py --out $OUT/train_scale_summary.json          # one GPU
     torchrun --nproc_per_node 2 benchmarks/train_scale.py --out ...                 # 2 GPUs, with the 1-GPU run
     python benchmarks/train_scale.py --smoke --out /tmp/ts.json                     # toy geometry on CPU (a check)
+
+`--profile` (one process): instead of the timing runs, each kind trains `--warmup` + `--profile-steps` steps under
+torch.profiler and the last `--profile-steps` are read: time and launches per part of a step and per kernel,
+DSpine minus DFlash per part (benchmarks/train_profile.py says how kernels are charged to parts); JSON to --out
+(default $OUT or a temporary folder), `--trace-dir` adds gzipped chrome traces (dropped over 16 MiB),
+and the comparison table is printed last.
+
+    python benchmarks/train_scale.py --profile --trace-dir $OUT --out $OUT/train_profile.json
 """
 from __future__ import annotations
 
@@ -32,6 +40,9 @@ import sys
 import time
 
 import torch
+
+from sglang_dspine.provenance import default_output
+from sglang_dspine.training.train_config import DEFAULT_RECIPE, RECIPES
 
 QWEN3_8B = dict(hidden=4096, layers=36, vocab=151936, heads=32, kv_heads=8, head_dim=128, intermediate=12288,
                 rope_theta=1_000_000.0)
@@ -72,15 +83,9 @@ def run_kind(args, kind: str, target, data: str, out_dir: str, device: torch.dev
     """Train one kind through the trainer; its timing, memory and per-step losses (read from the metrics log,
     which rank 0 writes: the other ranks return nothing)."""
     from sglang_dspine.training.jsonl import read_jsonl
-    from sglang_dspine.training.train_config import TrainConfig
     from sglang_dspine.training.trainer import train
 
-    tc = TrainConfig(data=data, output_dir=out_dir, kind=kind, num_draft_layers=args.layers,
-                     block_size=args.block_size, num_anchors=args.num_anchors, batch_size=args.batch_size,
-                     grad_accum=grad_accum, max_length=args.seq_len, max_steps=args.warmup + args.steps,
-                     objective_chunk_blocks=args.objective_chunk_blocks, lr=6e-4, log_every=1, save=False,
-                     progress=False, resume=False, tensorboard=False, device=str(device),
-                     precision="bf16" if device.type == "cuda" else "fp32", seed=0)
+    tc = train_config(args, kind, data, out_dir, device, grad_accum, args.warmup + args.steps)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -108,6 +113,48 @@ def run_kind(args, kind: str, target, data: str, out_dir: str, device: torch.dev
     return res
 
 
+def train_config(args, kind: str, data: str, out_dir: str, device: torch.device, grad_accum: int, steps: int):
+    from sglang_dspine.training.train_config import TrainConfig
+
+    return TrainConfig(data=data, output_dir=out_dir, kind=kind, num_draft_layers=args.layers,
+                       block_size=args.block_size, num_anchors=args.num_anchors, batch_size=args.batch_size,
+                       grad_accum=grad_accum, max_length=args.seq_len, max_steps=steps,
+                       objective_chunk_blocks=args.objective_chunk_blocks, lr=6e-4, log_every=1, save=False,
+                       progress=False, resume=False, tensorboard=False, device=str(device),
+                       precision="bf16" if device.type == "cuda" else "fp32", seed=0, recipe=args.recipe)
+
+
+def profile_kinds(args, kinds: list[str], target, data: str, device: torch.device) -> dict:
+    """The --profile mode: each kind's profiled steps, and DSpine minus DFlash."""
+    from sglang_dspine.source_files import load_file
+    from sglang_dspine.training.jsonl import read_jsonl
+    from sglang_dspine.training.trainer import train
+
+    tp = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_profile.py"))
+    per_kind: dict[str, dict] = {}
+    for kind in kinds:
+        out_dir = os.path.join(args.work, f"{kind}_profile")
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tc = train_config(args, kind, data, out_dir, device, args.grad_accum, args.warmup + args.profile_steps)
+        trace = os.path.join(args.trace_dir, f"train_profile_{kind}.json.gz") if args.trace_dir else None
+        t0 = time.time()
+        res = tp.profile_kind(train, tc, target, args.warmup, args.profile_steps, device, trace)
+        recs = read_jsonl(os.path.join(out_dir, "metrics.jsonl"))[-args.profile_steps:]
+        res["wall_ms_per_step"] = round(1000 * sum(r["interval_seconds"] for r in recs) / len(recs), 1)
+        res["profiled_steps"] = [{k: r.get(k) for k in ("step", "beta", "replacement_p", "loss")} for r in recs]
+        res["seconds_total"] = round(time.time() - t0, 1)
+        per_kind[kind] = res
+        print(f"profile {kind}: {res['total_ms']:.1f} ms of {res['device']} per step, wall "
+              f"{res['wall_ms_per_step']:.1f} ms (profiled), {res['seconds_total']} s", file=sys.stderr)
+    out: dict = {"method": " ".join(tp.__doc__.split("\n\n", 1)[1].split()), "per_kind": per_kind}
+    if {"dflash", "dspine"} <= set(per_kind):
+        out["dspine_minus_dflash"] = tp.difference(per_kind["dflash"], per_kind["dspine"])
+        out["table"] = tp.table(per_kind, out["dspine_minus_dflash"])
+    for v in per_kind.values():
+        v.pop("_kernels_all", None)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -124,16 +171,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="steps before the timed ones")
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--no-compare", action="store_true", help="under torchrun, skip the one-GPU run")
+    ap.add_argument("--recipe", choices=sorted(RECIPES), help=f"DSpine's training recipe (default {DEFAULT_RECIPE})")
+    ap.add_argument("--profile", action="store_true", help="profile each kind instead of timing it (one process)")
+    ap.add_argument("--profile-steps", type=int, default=2, help="with --profile: steps recorded after --warmup")
+    ap.add_argument("--trace-dir", help="with --profile: write gzipped chrome traces here")
     ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "train_scale_work"),
                     help="scratch folder (data, run folders)")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                  "train_scale_summary.json"))
+    ap.add_argument("--out", help="results JSON (default: train_scale_summary.json, --profile: train_profile.json, in "
+                                  "$OUT or a temporary folder; the committed one: benchmarks/results/...)")
     args = ap.parse_args(argv)
+    args.recipe = args.recipe or DEFAULT_RECIPE  # recorded by name in the results
+    args.out = args.out or default_output("train_profile.json" if args.profile else "train_scale_summary.json")
     geom = dict(QWEN3_8B)
     if args.smoke:
         geom = dict(TOY)
         args.seq_len, args.batch_size, args.num_anchors = min(args.seq_len, 96), min(args.batch_size, 2), 16
         args.layers, args.warmup, args.steps = min(args.layers, 2), min(args.warmup, 1), min(args.steps, 2)
+        args.profile_steps = min(args.profile_steps, 1)
 
     from sglang_dspine.provenance import provenance
     from sglang_dspine.training.distributed import setup_distributed
@@ -148,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
     rank, world, local = setup_distributed()
+    if args.profile and world > 1:
+        ap.error("--profile runs in one process (not under torchrun)")
 
     device = torch.device("cuda", local) if torch.cuda.is_available() and not args.smoke else torch.device("cpu")
     if device.type == "cuda":
@@ -168,8 +224,27 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.work, exist_ok=True)
     # every rank writes the same data to its own file (no shared file system needed)
     data = os.path.join(args.work, f"data_rank{rank}.jsonl")
-    n_seq = args.batch_size * args.grad_accum * world * (args.warmup + args.steps)
+    n_seq = args.batch_size * args.grad_accum * world * (args.warmup + max(args.steps, args.profile_steps))
     write_data(data, n_seq, args.seq_len, geom["vocab"])
+    head = {
+        "what": __doc__.split("\n\n")[0].replace("\n", " "),
+        "geometry": {**geom, "preset": "toy (smoke)" if args.smoke else "Qwen3-8B"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work", "trace_dir")},
+        "precision": "bf16 autocast, float32 master weights" if dtype == torch.bfloat16 else "float32",
+        "device": str(device), "world_size": world, "target_build_seconds": target_build_s,
+        "target_parameters": sum(p.numel() for p in target.parameters()),
+        **provenance(argv if argv is not None else sys.argv),
+    }
+    if args.profile:
+        prof = profile_kinds(args, kinds, target, data, device)
+        table = prof.pop("table", None)
+        what = ("A profile of drafter training steps at a real target's geometry (train_scale.py --profile): "
+                "device time and launches per part of a step and per kernel, DSpine minus DFlash.")
+        res = {**head, "what": what, **prof, "seconds": round(time.time() - t_start, 1)}
+        _write(args.out, res)
+        print(table or json.dumps({k: v["total_ms"] for k, v in prof["per_kind"].items()}))
+        print("->", args.out)
+        return 0
 
     per_kind: dict[str, dict] = {}
     compare = world > 1 and not args.no_compare
@@ -189,16 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         per_kind[kind] = row
     if rank != 0:
         return 0
-    res: dict = {
-        "what": __doc__.split("\n\n")[0].replace("\n", " "),
-        "geometry": {**geom, "preset": "toy (smoke)" if args.smoke else "Qwen3-8B"},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "work")},
-        "precision": "bf16 autocast, float32 master weights" if dtype == torch.bfloat16 else "float32",
-        "device": str(device), "world_size": world, "target_build_seconds": target_build_s,
-        "target_parameters": sum(p.numel() for p in target.parameters()),
-        **provenance(argv if argv is not None else sys.argv),
-        "per_kind": per_kind,
-    }
+    res: dict = {**head, "per_kind": per_kind}
     if device.type == "cuda":
         res["target_weights_gb"] = round(sum(p.numel() * p.element_size() for p in target.parameters()) / 1e9, 2)
     run = {k: v["run"] for k, v in per_kind.items()}
@@ -213,12 +279,16 @@ def main(argv: list[str] | None = None) -> int:
             if key in v:
                 res.setdefault(key, {})[k] = v[key]
     res["seconds"] = round(time.time() - t_start, 1)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    _write(args.out, res)
     print(json.dumps({k: res[k] for k in ("ms_per_step", "tokens_per_s", "peak_mem_gb", "dspine_over_dflash_step")
                       if k in res}), "->", args.out)
     return 0
+
+
+def _write(path: str, res: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":

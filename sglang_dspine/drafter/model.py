@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..profiling import region
 from .config import DrafterConfig
 from .decoding import BlockDraft, decode_block
 from .injection import AdjacentInjection
@@ -103,8 +104,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, positions, ctx_kv, mask):
-        x = x + self.self_attn(self.input_layernorm(x), positions, ctx_kv, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        with region("drafter.attention"):
+            x = x + self.self_attn(self.input_layernorm(x), positions, ctx_kv, mask)
+        with region("drafter.mlp"):
+            return x + self.mlp(self.post_attention_layernorm(x))
 
 
 @dataclass
@@ -173,7 +176,8 @@ class DSpineDrafter(nn.Module):
         (training's predecessor replacement); override_blocks: [N, nb] bool, the blocks the override applies
         to (default: all); the others keep their feature predecessors."""
         n, nb, b, h = block_embeds.shape
-        mask = self.block_mask(ctx_visible)
+        with region("drafter.mask"):
+            mask = self.block_mask(ctx_visible)
         x = block_embeds.reshape(n, nb * b, h)
         pos = block_positions.reshape(n, nb * b)
         anchor_codes = self.transfer_codes[anchors] if self.injection is not None else None
@@ -184,9 +188,13 @@ class DSpineDrafter(nn.Module):
                 pre_last = x.view(n, nb, b, h)
             if self.injection is not None:
                 override = predecessor_override[l] if predecessor_override is not None else None
-                x = self.injection(l, x.view(n, nb, b, h), anchor_codes, override, override_blocks).view(n, nb * b, h)
+                with region("drafter.injection"):
+                    x = self.injection(l, x.view(n, nb, b, h), anchor_codes, override,
+                                       override_blocks).view(n, nb * b, h)
             states.append(x.view(n, nb, b, h))
-        return BlockOutput(hidden=self.norm(x).view(n, nb, b, h), pre_last=pre_last, layer_states=states)
+        with region("drafter.norm"):
+            hidden = self.norm(x).view(n, nb, b, h)
+        return BlockOutput(hidden=hidden, pre_last=pre_last, layer_states=states)
 
     def refine_normed(self, pre_last: torch.Tensor, pred_codes: torch.Tensor) -> torch.Tensor:
         """norm(refine(h̃, a)) for K predecessor codes: [..., H], [..., K, r] -> [..., K, H]."""

@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..drafter.model import DSpineDrafter
 from ..env import ENV
+from ..profiling import region
 from .blocks import Blocks
 from .teacher import TargetTeacher
 
@@ -88,13 +89,17 @@ class DrafterObjective(nn.Module):
         d = self.drafter
         n, s = features.shape[:2]
         pos = torch.arange(s, device=features.device).expand(n, s)
-        ctx_kv = d.context_kv(features, pos)
-        embeds = self.teacher.embed(blocks.block_ids).to(torch.float32)
-        # the CE prepass sees the same replacement as the graded pass: it must compute the same CE
-        override = self.replacement_override(blocks, embeds.dtype)
+        with region("obj.context_kv"):
+            ctx_kv = d.context_kv(features, pos)
+        with region("obj.embed"):
+            embeds = self.teacher.embed(blocks.block_ids).to(torch.float32)
+            # the CE prepass sees the same replacement as the graded pass: it must compute the same CE
+            override = self.replacement_override(blocks, embeds.dtype)
         anchor_tokens = blocks.labels[..., 0]
-        out = d.forward_blocks(embeds, blocks.positions, ctx_kv, blocks.ctx_visible, anchor_tokens,
-                               predecessor_override=override, override_blocks=blocks.replace if override else None)
+        with region("obj.drafter"):
+            out = d.forward_blocks(embeds, blocks.positions, ctx_kv, blocks.ctx_visible, anchor_tokens,
+                                   predecessor_override=override,
+                                   override_blocks=blocks.replace if override else None)
         b = d.cfg.block_size
         m = n * blocks.anchors.shape[1]
         flat = lambda t: t[..., 1:, :].reshape(m, b - 1, t.shape[-1])  # noqa: E731
@@ -110,15 +115,16 @@ class DrafterObjective(nn.Module):
         if self.is_dspine and not ce_only:
             extras = [flat(out.pre_last)] + [flat(x) for x in out.layer_states]
         # blocks without supervision cost nothing: drop them before the vocabulary-sized work
-        live = sup[:, 0].nonzero().squeeze(-1)
-        args = [hidden, labels, prev, weights, sup, t_pos] + extras
-        args = [a.index_select(0, live) for a in args]
+        with region("obj.select"):
+            live = sup[:, 0].nonzero().squeeze(-1)
+            args = select_rows([hidden, labels, prev, weights, sup, t_pos] + extras, live)
         t_logits = None
         if self._teacher_use(ce_only)[1] and len(live):
             # The teacher's logits once per distinct position (overlapping blocks share them: 512 anchors × 15
             # positions in 2048 tokens read each ~4 times) and outside the checkpoint (no gradient: nothing
             # to recompute); args[5] becomes each position's row in them.
-            t_logits, args[5] = teacher_logits(last_hidden.reshape(n * s, -1), args[5], self.teacher.head)
+            with region("obj.teacher_logits"):
+                t_logits, args[5] = teacher_logits(last_hidden.reshape(n * s, -1), args[5], self.teacher.head)
         total: dict[str, torch.Tensor] = {}
         step = self.chunk_blocks if self.chunk_blocks and self.chunk_blocks > 0 else max(len(live), 1)
         for start in range(0, len(live), step):
@@ -156,9 +162,10 @@ class DrafterObjective(nn.Module):
         return f"the PyTorch math ({why})"
 
     def _teacher_use(self, ce_only: bool) -> tuple[bool, bool]:
-        """(the backbone's L1 is computed, the teacher is needed at all)."""
+        """(the backbone's L1 is computed, the teacher is needed at all): only the L1 halves read it, and at
+        ce_weight 1 both have weight 0."""
         want_l1 = not ce_only and self.switches.backbone and self.ce_weight < 1
-        return want_l1, want_l1 or (not ce_only and self.is_dspine and self.switches.refinement)
+        return want_l1, want_l1 or (not ce_only and self.is_dspine and self.switches.refinement and self.ce_weight < 1)
 
     def _terms(self, hidden, labels, prev, weights, sup, t_rows, *extras, ce_only: bool = False,
                t_logits: torch.Tensor | None = None):
@@ -169,10 +176,11 @@ class DrafterObjective(nn.Module):
         cw = self.ce_weight
         want_l1, _ = self._teacher_use(ce_only)
         k = None if ce_only else (self.drafter.cfg.dspine.top_k if self.is_dspine else self.coverage_k)
-        v = vocab_terms(hidden, head, labels, k, want_l1, kernel=self.vocab_on_kernel(hidden.device),
-                        t_logits=t_logits, t_rows=t_rows if t_logits is not None else None)
-        res = {"ce": (v.ce * weights).sum()}
-        with torch.no_grad():
+        with region("obj.vocab"):
+            v = vocab_terms(hidden, head, labels, k, want_l1, kernel=self.vocab_on_kernel(hidden.device),
+                            t_logits=t_logits, t_rows=t_rows if t_logits is not None else None)
+            res = {"ce": (v.ce * weights).sum()}
+        with torch.no_grad(), region("obj.metrics"):
             correct = (v.argmax == labels) & sup
             res["correct_pos"] = correct.sum(0).float()
             res["count_pos"] = sup.sum(0).float()
@@ -189,28 +197,33 @@ class DrafterObjective(nn.Module):
         with torch.no_grad():
             res["coverage"] = (covered.any(-1) & sup).sum().float()
         if self.is_dspine and sw.refinement:
-            d = self.drafter
-            pre_last = extras[0]
-            refined = d.refine_normed(pre_last, d.transfer_codes[prev].unsqueeze(-2)).squeeze(-2)
-            rows = F.embedding(cand, head)  # [M, P, K, H]
-            if not torch.is_autocast_enabled():
-                refined = refined.to(rows.dtype)
-            scores = torch.matmul(rows, refined.unsqueeze(-1)).squeeze(-1).float()
-            q = scores.log_softmax(-1)
-            rce = -(q * covered).sum(-1)
-            t_cand = v.teacher_cand
-            mass = t_cand.sum(-1)
-            t_cand = t_cand / mass.unsqueeze(-1).clamp_min(1e-30)
-            rl1 = (q.exp() - t_cand).abs().sum(-1) * (mass > d.cfg.dspine.candidate_mass_threshold)
-            res["refinement"] = ((cw * rce + (1 - cw) * rl1) * weights).sum()
+            with region("obj.refinement"):
+                d = self.drafter
+                pre_last = extras[0]
+                refined = d.refine_normed(pre_last, d.transfer_codes[prev].unsqueeze(-2)).squeeze(-2)
+                rows = F.embedding(cand, head)  # [M, P, K, H]
+                if not torch.is_autocast_enabled():
+                    refined = refined.to(rows.dtype)
+                scores = torch.matmul(rows, refined.unsqueeze(-1)).squeeze(-1).float()
+                q = scores.log_softmax(-1)
+                rce = -(q * covered).sum(-1)
+                ref = cw * rce
+                if v.teacher_cand is not None:  # the L1 half (weight 1 - cw; _teacher_use)
+                    t_cand = v.teacher_cand
+                    mass = t_cand.sum(-1)
+                    t_cand = t_cand / mass.unsqueeze(-1).clamp_min(1e-30)
+                    rl1 = (q.exp() - t_cand).abs().sum(-1) * (mass > d.cfg.dspine.candidate_mass_threshold)
+                    ref = ref + (1 - cw) * rl1
+                res["refinement"] = (ref * weights).sum()
         if self.is_dspine and sw.alignment:
-            d = self.drafter
-            target_codes = d.transfer_codes[labels].float()
-            align = 0.0
-            for l, state in enumerate(extras[1:]):
-                feat = d.injection.feature(l, state).float()
-                align = align + (1 - F.cosine_similarity(feat, target_codes, dim=-1))
-            res["alignment"] = (align * weights).sum()
+            with region("obj.alignment"):
+                d = self.drafter
+                target_codes = d.transfer_codes[labels].float()
+                align = 0.0
+                for l, state in enumerate(extras[1:]):
+                    feat = d.injection.feature(l, state).float()
+                    align = align + (1 - F.cosine_similarity(feat, target_codes, dim=-1))
+                res["alignment"] = (align * weights).sum()
         return res
 
 
@@ -252,6 +265,14 @@ def vocab_terms(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, 
                 t_cand = (t_logits[y_index.unsqueeze(-1), cand].float() - lse_y.unsqueeze(-1)).exp().view(*rows, kk)
         cand = cand.view(*rows, kk)
     return VocabTerms(ce.view(rows), l1v.view(rows) if l1v is not None else None, amax.view(rows), cand, t_cand)
+
+
+def select_rows(tensors: list[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
+    """tensors[rows] along the first axis; when rows are all of them (every block live, the usual case) the
+    tensors themselves: the selection would copy each and its backward scatter each gradient back."""
+    if len(rows) == len(tensors[0]):  # rows come sorted (nonzero): all of them is 0..n-1
+        return list(tensors)
+    return [t.index_select(0, rows) for t in tensors]
 
 
 def teacher_logits(positions_hidden: torch.Tensor, t_pos: torch.Tensor, head: torch.Tensor

@@ -26,6 +26,7 @@ from torch import nn
 from ..drafter.checkpoint import load_drafter, save_drafter
 from ..drafter.config import DrafterConfigError
 from ..drafter.model import DSpineDrafter
+from ..profiling import region
 from .batching import Schedule, TokenData
 from .blocks import make_blocks, sample_anchors
 from .distributed import all_reduce, barrier, local_rank, setup_distributed, train_device
@@ -269,7 +270,6 @@ class Trainer:
         """Inputs of every micro-batch of a step: the target's outputs and the blocks (anchors, replacement);
         and the number of response tokens they hold."""
         tc, cfg, device = self.tc, self.cfg, self.device
-        region = torch.profiler.record_function  # named parts of a step in a profile; nothing otherwise
         micro, tokens = [], 0
         for j in range(tc.grad_accum):
             # seeded by the micro-batch's place in the global batch: N ranks draw the blocks that one
@@ -291,8 +291,20 @@ class Trainer:
 
     def _train_step(self, step: int, acc: dict[str, torch.Tensor]) -> tuple[float, float, float, Any, int]:
         """One optimizer step; adds its terms to `acc`. Returns (β, replacement p, lr, grad norm, tokens)."""
-        tc, cfg, world = self.tc, self.cfg, self.world
-        region = torch.profiler.record_function
+        beta, p_rep, tokens = self._gradients(step, acc)
+        with region("train.optimizer"):
+            max_norm = self.tc.max_grad_norm
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm) if max_norm > 0 else None
+            lr_now = self.opt.param_groups[0]["lr"]
+            self.opt.step()
+            self.lr_sched.step()
+            self.opt.zero_grad(set_to_none=True)
+        return beta, p_rep, lr_now, grad_norm, tokens
+
+    def _gradients(self, step: int, acc: dict[str, torch.Tensor]) -> tuple[float, float, int]:
+        """The gradients of one optimizer step (all micro-batches); adds its terms to `acc`. Returns (β,
+        replacement p, tokens)."""
+        cfg, world = self.cfg, self.world
         s_settings = cfg.dspine
         beta = alignment_beta(step, s_settings) if cfg.is_dspine and self.switches.alignment else 0.0
         p_rep = (replacement_probability(step, self.total_steps, s_settings)
@@ -301,12 +313,13 @@ class Trainer:
         micro, tokens = self._micro_batches(step, p_rep)
         denom = self._reduce(torch.stack([b.denominator for *_, b in micro]).sum().detach().clone())
         scale = world / denom.clamp_min(1.0)
-        # 2. the global mean CE that scales the alignment term (a no-grad prepass when accumulating)
+        # 2. the global mean CE scales the alignment term, so it is needed before the first backward: the
+        # first micro-batch's CE comes from its graded pass, the others' from a no-grad pass before it
         mean_ce: torch.Tensor | float = 0.0
-        if beta > 0 and tc.grad_accum > 1:
-            with torch.no_grad(), _autocast(self.device, self.bf16):
-                ce_sum = sum(self.objective(f, h, b, ce_only=True)["ce"] for f, h, b in micro)
-            mean_ce = self._reduce(ce_sum.detach().float().clone()) / denom.clamp_min(1.0)
+        later_ce: list[torch.Tensor] = []
+        if beta > 0 and len(micro) > 1:
+            with torch.no_grad(), _autocast(self.device, self.bf16), region("train.ce_prepass"):
+                later_ce = [self.objective(f, h, b, ce_only=True)["ce"] for f, h, b in micro[1:]]
         # 3. graded passes
         self.model.train()
         for j, (feats, last_hidden, blocks) in enumerate(micro):
@@ -315,8 +328,11 @@ class Trainer:
             with ctx:
                 with _autocast(self.device, self.bf16), region("train.forward"):
                     terms = self.model(feats, last_hidden, blocks)
-                if beta > 0 and tc.grad_accum == 1:
-                    mean_ce = self._reduce(terms["ce"].detach().float().clone()) / denom.clamp_min(1.0)
+                if beta > 0 and j == 0:
+                    ce_sum = terms["ce"].detach().float()
+                    for c in later_ce:  # in micro-batch order, as one sum over them all would add
+                        ce_sum = ce_sum + c.float()
+                    mean_ce = self._reduce(ce_sum.clone()) / denom.clamp_min(1.0)
                 num = assemble_loss(terms, self.objective.ce_weight, self.switches, cfg.is_dspine, beta, mean_ce)
                 with region("train.backward"):
                     (num * scale).backward()
@@ -324,13 +340,7 @@ class Trainer:
                 v = v.detach().float()
                 acc[k] = acc[k] + v if k in acc else v.clone()
             acc["loss_num"] = acc.get("loss_num", 0.0) + num.detach().float()
-        with region("train.optimizer"):
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, tc.max_grad_norm) if tc.max_grad_norm > 0 else None
-            lr_now = self.opt.param_groups[0]["lr"]
-            self.opt.step()
-            self.lr_sched.step()
-            self.opt.zero_grad(set_to_none=True)
-        return beta, p_rep, lr_now, grad_norm, tokens
+        return beta, p_rep, tokens
 
     # ------------------------------------------------------------------------------------------- the run
     def run(self, on_step=None) -> dict[str, Any]:

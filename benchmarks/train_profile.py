@@ -1,0 +1,190 @@
+"""The profile mode of benchmarks/train_scale.py (`--profile`): torch.profiler over a few training steps of each
+drafter kind after a warm-up, the time of every named part of a step, DSpine minus DFlash per part.
+
+The parts are the `region(...)` names of the trainer, the objective and the drafter (sglang_dspine/profiling.py):
+train.* (data, target, blocks, ce_prepass, forward, backward, optimizer) around obj.* (context_kv, embed,
+drafter, select, teacher_logits, vocab, metrics, refinement, alignment) around drafter.* (mask, attention, mlp,
+injection, norm). Each kernel (on the CPU: each operator's self time) is charged to a row:
+  * `TOP/LEAF`: forward work, TOP the outermost train.* region, LEAF the innermost region;
+  * `train.backward/LEAF`: a backward node's work, LEAF the region of the forward operator that made the node
+    (matched by autograd's sequence number, as the profiler records it); `(accumulate_grad)` the gradient sums;
+  * `train.backward/recompute/LEAF`: forward work re-run inside backward (the checkpointed loss chunks);
+  * `(outside regions)`: the rest (metrics, the loss's assembly).
+Times are per optimizer step (the mean over the profiled steps); on a GPU the kernels' device time, with
+launches the number of kernels (memcpy and memset included); on the CPU the operators' self CPU time, with
+launches the number of aten operator calls.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+from collections import defaultdict
+
+import torch
+
+EVAL = "autograd::engine::evaluate_function: "
+REGION_PREFIXES = ("train.", "obj.", "drafter.")
+OUTSIDE = "(outside regions)"
+TRACE_CAP_BYTES = 16 * 2**20  # what a device call can bring back per file
+
+
+def _is_region(name: str) -> bool:
+    return name.startswith(REGION_PREFIXES)
+
+
+def attribute(events, on_device: bool) -> dict:
+    """Rows {name: [microseconds, launches]} and kernels {name: [microseconds, count]} from a profile's events
+    (`prof.events()`), for the whole profiled window (not per step)."""
+    from torch.autograd import DeviceType
+
+    cpu = [e for e in events if e.device_type == DeviceType.CPU]
+    cpu.sort(key=lambda e: (e.time_range.start, -e.time_range.end))  # parents before their children
+    state: dict[int, tuple[str, str | None, str | None]] = {}  # id(event) -> (phase, top, leaf)
+    made_by: dict[int, tuple[list[int], list[str]]] = defaultdict(lambda: ([], []))  # thread -> (seqs, leaves)
+    rows: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+
+    def forward_leaf(thread: int, seq: int) -> str:
+        if thread not in made_by and len(made_by) == 1:  # a thread id the profiler did not carry over
+            thread = next(iter(made_by))
+        seqs, leaves = made_by[thread]
+        i = bisect.bisect_right(seqs, seq) - 1
+        return leaves[i] if i >= 0 else "(unattributed)"
+
+    for e in cpu:
+        parent = state.get(id(e.cpu_parent)) if e.cpu_parent is not None else None
+        phase, top, leaf = parent or ("fwd", None, None)
+        if e.name.startswith(EVAL):
+            node = e.name[len(EVAL):]
+            leaf = "(accumulate_grad)" if "AccumulateGrad" in node else (
+                forward_leaf(e.fwd_thread, e.sequence_nr) if e.sequence_nr >= 0 else "(unattributed)")
+            phase, top = "bwd", "train.backward"
+        elif _is_region(e.name):
+            if phase == "fwd":
+                top = top or e.name
+                leaf = e.name
+            else:  # a region entered inside backward: the checkpoint's recomputation
+                phase, leaf = "recompute", e.name
+        state[id(e)] = (phase, top, leaf)
+        if phase == "fwd" and e.sequence_nr >= 0:
+            seqs, leaves = made_by[e.thread]
+            if seqs and seqs[-1] == e.sequence_nr:  # the last operator with a number is the node's maker
+                leaves[-1] = leaf or OUTSIDE
+            elif not seqs or e.sequence_nr > seqs[-1]:
+                seqs.append(e.sequence_nr)
+                leaves.append(leaf or OUTSIDE)
+        if top is None:
+            row = OUTSIDE
+        elif phase == "recompute":
+            row = f"train.backward/recompute/{leaf}"
+        else:
+            row = top if leaf == top else f"{top}/{leaf}"
+        if on_device:
+            for k in e.kernels:
+                rows[row][0] += k.duration
+                rows[row][1] += 1
+                kernels[k.name][0] += k.duration
+                kernels[k.name][1] += 1
+        else:
+            rows[row][0] += e.self_cpu_time_total
+            rows[row][1] += e.name.startswith("aten::")
+    return {"rows": dict(rows), "kernels": dict(kernels)}
+
+
+def summarise(att: dict, steps: int, top_kernels: int = 25) -> dict:
+    """Per optimizer step: rows (ms, launches), totals per top-level region, the largest kernels."""
+    rows = {k: {"ms": round(v[0] / 1000 / steps, 3), "launches": round(v[1] / steps, 1)}
+            for k, v in sorted(att["rows"].items(), key=lambda kv: -kv[1][0])}
+    tops: dict[str, dict] = defaultdict(lambda: {"ms": 0.0, "launches": 0.0})
+    for k, v in rows.items():
+        t = tops[k.split("/", 1)[0]]
+        t["ms"] = round(t["ms"] + v["ms"], 3)
+        t["launches"] = round(t["launches"] + v["launches"], 1)
+    kern = sorted(att["kernels"].items(), key=lambda kv: -kv[1][0])
+    return {"total_ms": round(sum(v["ms"] for v in rows.values()), 3),
+            "total_launches": round(sum(v["launches"] for v in rows.values()), 1),
+            "tops": dict(tops), "rows": rows,
+            "kernels_top": [{"name": n[:200], "ms": round(v[0] / 1000 / steps, 3), "count": round(v[1] / steps, 1)}
+                            for n, v in kern[:top_kernels]],
+            "_kernels_all": {n[:200]: v[0] / 1000 / steps for n, v in kern}}
+
+
+def difference(a: dict, b: dict, top_kernels: int = 20) -> dict:
+    """b minus a (DSpine minus DFlash) for every row, top-level region and kernel either has."""
+    def diff(x: dict, y: dict) -> dict:
+        keys = set(x) | set(y)
+        out = {k: {"ms": round(y.get(k, {}).get("ms", 0.0) - x.get(k, {}).get("ms", 0.0), 3),
+                   "launches": round(y.get(k, {}).get("launches", 0.0) - x.get(k, {}).get("launches", 0.0), 1)}
+               for k in keys}
+        return dict(sorted(out.items(), key=lambda kv: -abs(kv[1]["ms"])))
+
+    ka, kb = a["_kernels_all"], b["_kernels_all"]
+    kd = sorted(((n, kb.get(n, 0.0) - ka.get(n, 0.0)) for n in set(ka) | set(kb)), key=lambda t: -abs(t[1]))
+    return {"total_ms": round(b["total_ms"] - a["total_ms"], 3),
+            "total_launches": round(b["total_launches"] - a["total_launches"], 1),
+            "tops": diff(a["tops"], b["tops"]), "rows": diff(a["rows"], b["rows"]),
+            "kernels": [{"name": n, "ms": round(d, 3)} for n, d in kd[:top_kernels]]}
+
+
+def profile_kind(train_fn, tc, target, warmup: int, steps: int, device: torch.device,
+                 trace_path: str | None = None) -> dict:
+    """Train `warmup + steps` steps of `tc` under torch.profiler, the last `steps` recorded; a summary of
+    them. trace_path: also a gzipped chrome trace of them, dropped if over TRACE_CAP_BYTES."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    on_device = device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
+    got: dict = {}
+
+    def ready(prof) -> None:
+        got["att"] = attribute(prof.events(), on_device)
+        if trace_path:
+            os.makedirs(os.path.dirname(os.path.abspath(trace_path)), exist_ok=True)
+            prof.export_chrome_trace(trace_path)
+            size = os.path.getsize(trace_path)
+            got["trace"] = {"file": os.path.basename(trace_path), "bytes": size}
+            if size > TRACE_CAP_BYTES:
+                os.remove(trace_path)
+                got["trace"]["dropped"] = f"over {TRACE_CAP_BYTES // 2**20} MiB"
+
+    # the first period holds the trainer's set-up and step 0: skipped, like the rest of the warm-up
+    sched = schedule(wait=max(warmup - 1, 0), warmup=min(warmup, 1), active=steps, repeat=1)
+    if on_device:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    with profile(activities=acts, schedule=sched, on_trace_ready=ready) as prof:
+        train_fn(tc, target=target, on_step=lambda _s: prof.step())
+    if "att" not in got:
+        raise RuntimeError(f"the profile recorded nothing ({warmup} + {steps} steps)")
+    res = summarise(got["att"], steps)
+    res["device"] = "gpu kernels" if on_device else "cpu operators"
+    if on_device:
+        res["peak_mem_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
+    if "trace" in got:
+        res["trace"] = got["trace"]
+    return res
+
+
+def table(per_kind: dict, diff: dict, rows: int = 40) -> str:
+    """The comparison as text: totals, then the rows with the largest |difference|."""
+    a, b = per_kind["dflash"], per_kind["dspine"]
+    unit = "GPU ms" if a["device"] == "gpu kernels" else "CPU ms"
+    lines = [f"{'per optimizer step, ' + unit:<58} {'DFlash':>9} {'DSpine':>9} {'diff':>9} {'launches':>15}"]
+
+    def line(name: str, x: dict, y: dict, d: dict) -> str:
+        la, lb = x.get("launches", 0), y.get("launches", 0)
+        return (f"{name[:58]:<58} {x.get('ms', 0.0):>9.2f} {y.get('ms', 0.0):>9.2f} {d['ms']:>+9.2f} "
+                f"{la:>7.0f}/{lb:<7.0f}")
+
+    lines.append(line("TOTAL (kernel time)", {"ms": a["total_ms"], "launches": a["total_launches"]},
+                      {"ms": b["total_ms"], "launches": b["total_launches"]}, {"ms": diff["total_ms"]}))
+    if "wall_ms_per_step" in a:
+        lines.append(f"{'wall per step (profiled)':<58} {a['wall_ms_per_step']:>9.1f} {b['wall_ms_per_step']:>9.1f} "
+                     f"{b['wall_ms_per_step'] - a['wall_ms_per_step']:>+9.1f}")
+    lines.append("-- by top-level region")
+    for k, d in diff["tops"].items():
+        lines.append(line(k, a["tops"].get(k, {}), b["tops"].get(k, {}), d))
+    lines.append(f"-- rows by |diff| (first {rows} of {len(diff['rows'])})")
+    for k, d in list(diff["rows"].items())[:rows]:
+        lines.append(line(k, a["rows"].get(k, {}), b["rows"].get(k, {}), d))
+    return "\n".join(lines)
