@@ -1,0 +1,333 @@
+"""Helper of scripts/device/bundle_0523.sh (stdlib only): unpacks the locked wheels into one site folder, moves
+the optional parts out of it, trims what SGLang 0.5.23's imports never touch, and writes the manifest.
+
+  python3 scripts/device/bundle_0523.py unpack SITE LOCK WHEELDIR
+  python3 scripts/device/bundle_0523.py trim SITE OPTDIR LOCK MANIFEST [KEEP_SM]
+  python3 scripts/device/bundle_0523.py prune-sass FILE KEEP_SM      # e.g. 90: see prune_sass
+
+trim moves each optional part to OPTDIR/<part>/<same relative path> (tarred and carried separately, unpacked into
+the same site on the device), deletes the rest of the TRIM table, strips debug sections of shared libraries, and
+writes MANIFEST: every pin with its wheel's sha256, and every trim with its size and reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+# (glob relative to the site folder, what happens, why). "drop": deleted; "jit"/"fa3": moved to that optional
+# part; globs without a match are reported as such in the manifest (a new wheel moved something: look again).
+TRIM: list[tuple[str, str, str]] = [
+    # ---- optional parts (own tar each, unpacked into the same site if carried) ----
+    ("sgl_kernel/flash_ops.abi3.so", "fa3",
+     "FA3 kernels (sm90); only --attention-backend fa3 (SGLang's default on an H200) and vision FA3 import it"),
+    ("flashinfer/data", "jit",
+     "FlashInfer JIT sources/headers (cutlass, cccl, csrc, include, spdlog): only FlashInfer JIT builds, e.g. "
+     "--sampling-backend flashinfer or the flashinfer attention backend"),
+    ("torch/include", "jit",
+     "C++ headers of torch: only torch.utils.cpp_extension builds (--enable-symm-mem's allocator, inductor's "
+     "cpp_wrapper); SGLang's own JIT kernels build against tvm-ffi's headers"),
+    # ---- sgl_kernel ----
+    ("sgl_kernel/flashmla_ops.abi3.so", "drop", "FlashMLA (DeepSeek MLA backends only); import is guarded"),
+    ("sgl_kernel/infllm_ops.*.so", "drop", "InfLLM-v2 sparse attention (MiniCPM4 only); loaded lazily on call"),
+    ("sgl_kernel/sm100", "drop", "Blackwell build of common_ops; an H200 (cc 9.0) loads sm90/"),
+    # ---- torch ----
+    ("torch/lib/libtorch_cuda_linalg.so", "drop",
+     "CUDA linear algebra (torch.linalg on GPU: cusolver/magma), dlopened lazily on the first such op"),
+    ("torch/bin/protoc*", "drop", "protobuf compiler, a build tool"),
+    # ---- triton ----
+    ("triton/backends/nvidia/lib/cupti", "drop", "CUPTI for Triton's Proton profiler only (ncu is on the machine)"),
+    ("triton/backends/nvidia/lib/cupti-blackwell", "drop", "CUPTI for Proton on Blackwell"),
+    ("triton/_C/libproton.so", "drop", "Proton profiler library, imported only by triton.profiler"),
+    ("triton/backends/nvidia/bin/ptxas-blackwell", "drop", "ptxas for cc >= 10.0 only; an H200 (9.0) uses ptxas"),
+    ("triton/instrumentation/libGPUInstrumentationTestLib.so", "drop", "Triton's instrumentation test library"),
+    # ---- sglang ----
+    ("sglang/multimodal_gen", "drop", "diffusion server (sglang serve falls back to LLM on ImportError)"),
+    ("sglang/srt/rust_extensions/_server.*.so", "drop",
+     "Rust API server, only with SGLANG_RUST_SERVER=1 (default off)"),
+    ("sglang/srt/rust_extensions/_grpc.*.so", "drop", "native gRPC server, only with --grpc-port"),
+    ("sglang/srt/rust_extensions/_bench.*.so", "drop", "Rust benchmark client (bench_serving --rust-client)"),
+    ("tools", "drop", "build helper at top level, not imported"),
+    # ---- others ----
+    ("mistral_common/data", "drop", "Mistral tokenizer files used only by MistralTokenizer.vN() factories"),
+    ("pycountry/locales", "drop", "gettext translations of country names; databases/ kept"),
+    ("torch_memory_saver_hook_mode_*cu12.abi3.so", "drop", "CUDA 12 builds; the machine has CUDA 13 (cu13 kept)"),
+    ("torch_memory_saver_hook_mode_preload.abi3.so", "drop", "ROCm build"),
+    ("torch_memory_saver_hook_mode_torch.abi3.so", "drop", "ROCm build"),
+    ("build_backend.py", "drop", "flashinfer packaging leftover at top level"),
+    ("build_utils.py", "drop", "flashinfer packaging leftover at top level"),
+    ("bin", "drop", "console scripts with this host's shebang"),
+    ("share", "drop", "man pages"),
+    ("**/*.pyi", "drop", "type stubs, never imported"),
+    ("**/__pycache__", "drop", "byte code of this host (rebuilt there)"),
+    ("**/*.a", "drop", "static libraries, never loaded by Python"),
+]
+
+
+def size(p: Path) -> int:
+    if p.is_symlink() or p.is_file():
+        return p.lstat().st_size
+    return sum(f.lstat().st_size for f in p.rglob("*") if f.is_file() or f.is_symlink())
+
+
+def read_lock(lock: Path) -> dict[str, str]:
+    pins = {}
+    for line in lock.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            pin, _, h = line.partition(" --hash=sha256:")
+            pins[pin.strip()] = h.strip()
+    return pins
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name.lower())
+
+
+def lock_wheels(lock: Path, wheeldir: Path) -> list[Path]:
+    """The one wheel of each pin in WHEELDIR, its sha256 checked against the lock."""
+    files = list(wheeldir.glob("*.whl"))
+    out = []
+    for pin, want in read_lock(lock).items():
+        name, version = pin.split("==")
+        cands = [f for f in files if norm(f.name.split("-")[0]) == norm(name) and f.name.split("-")[1] == version]
+        if len(cands) != 1:
+            sys.exit(f"bundle_0523.py: {pin}: {len(cands)} wheels in {wheeldir}")
+        got = hashlib.sha256(cands[0].read_bytes()).hexdigest()
+        if got != want:
+            sys.exit(f"bundle_0523.py: {cands[0].name}: sha256 {got}, the lock says {want}")
+        out.append(cands[0])
+    return out
+
+
+def unpack(site: Path, lock: Path, wheeldir: Path) -> None:
+    """Lays the locked wheels out as pip --target would (purelib/platlib of .data into the site; scripts, headers
+    and data left out and reported), keeping the executable bit (Triton's ptxas)."""
+    site.mkdir(parents=True, exist_ok=True)
+    for whl in lock_wheels(lock, wheeldir):
+        with zipfile.ZipFile(whl) as z:
+            for info in z.infolist():
+                if info.filename.endswith("/"):
+                    continue
+                parts = info.filename.split("/")
+                if parts[0].endswith(".data"):
+                    if parts[1] not in ("purelib", "platlib"):
+                        print(f"unpack: left out {info.filename} of {whl.name}")
+                        continue
+                    parts = parts[2:]
+                dest = site.joinpath(*parts)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with z.open(info) as src, open(dest, "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                os.chmod(dest, 0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
+
+
+def matches(site: Path, pattern: str) -> list[Path]:
+    if pattern.startswith("**/"):
+        tail = pattern[3:]
+        return sorted({p for p in site.rglob(tail)}, key=lambda p: len(p.parts))
+    return sorted(site.glob(pattern))
+
+
+def strip_libs(site: Path, rows: list[str]) -> None:
+    """strip --strip-debug on every shared library with debug sections: keeps .symtab and .dynsym and every
+    loaded section (code, data, CUDA fatbins); only DWARF goes."""
+    for f in sorted(site.rglob("*.so*")):
+        if not f.is_file() or f.is_symlink():
+            continue
+        with open(f, "rb") as fh:
+            if fh.read(4) != b"\x7fELF":
+                continue
+        out = subprocess.run(["readelf", "-SW", str(f)], capture_output=True, text=True).stdout
+        if ".debug_" not in out:
+            continue
+        before = f.stat().st_size
+        subprocess.run(["strip", "--strip-debug", str(f)], check=True)
+        after = f.stat().st_size
+        if before - after > 64 * 1024:
+            rows.append(f"{(before - after) / 1e6:8.1f} MB  {f.relative_to(site)}  -- strip --strip-debug "
+                        f"({before // 1024}K -> {after // 1024}K)")
+
+
+FATBIN_MAGICS = (0xBA55ED50, 0x466243B1)
+
+
+def fatbin_section(path: Path) -> tuple[int, int] | None:
+    """File offset and size of the .nv_fatbin section, if any."""
+    out = subprocess.run(["readelf", "-SW", str(path)], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        p = line.replace("[ ", "[").split()
+        if len(p) > 6 and p[1] == ".nv_fatbin":
+            return int(p[4], 16), int(p[5], 16)
+    return None
+
+
+ZSTD_MAGIC = 0xFD2FB528
+ZSTD_SKIPPABLE = 0x184D2A50
+
+
+def zero_frame(n: int, size: int) -> bytes | None:
+    """A zstd stream of exactly SIZE bytes that decompresses to N zero bytes: one frame of RLE blocks (and a raw
+    block to make the length come out exact), then a skippable frame of zeros for the rest."""
+    import struct
+
+    for k in range(0, 64):
+        if k > n:
+            break
+        rle = n - k
+        blocks = b"".join(struct.pack("<I", (min(131072, rle - i) << 3) | 0b010)[:3] + b"\0"
+                          for i in range(0, rle, 131072))
+        raw = (struct.pack("<I", (k << 3) | 0b000)[:3] + bytes(k)) if k else b""
+        body = blocks + raw
+        if not body:
+            body = struct.pack("<I", 0b001)[:3]  # one empty last raw block
+        else:  # mark the last block as last
+            last = len(body) - (3 + k if k else 4)
+            body = body[:last] + bytes([body[last] | 1]) + body[last + 1:]
+        frame = struct.pack("<IBQ", ZSTD_MAGIC, 0b11100000, n) + body  # single segment, 8-byte content size
+        rest = size - len(frame)
+        if rest == 0:
+            return frame
+        if rest >= 8:
+            return frame + struct.pack("<II", ZSTD_SKIPPABLE, rest - 8) + bytes(rest - 8)
+    return None
+
+
+def prune_sass(path: Path, keep_sm: int) -> tuple[int, int, dict[int, int]]:
+    """Replaces, in place, every zstd-compressed cubin (ELF entry) of the .nv_fatbin section built for another SM
+    than KEEP_SM by a stream of the same length that decompresses to as many zero bytes (an RLE frame, then a
+    skippable frame of zeros), keeping every entry header, size and offset: the fatbin parses as before, the KEEP_SM
+    cubins (sm_90 and sm_90a for 90) and any PTX stay byte for byte the same, and cubins that a cc 9.0 GPU can
+    never load (SASS runs only on its own major version) become zeros, which the compressor removes. Returns (bytes
+    replaced, bytes kept, {sm: cubin bytes}). Layout: the public reverse-engineered one (16-byte container header:
+    u32 magic, u16 version, u16 header size, u64 size of what follows; entry: u16 kind, u32 entry size at 4, u32
+    padded payload at 8, u32 payload at 16, u32 sm at 28); cuobjdump --extract-elf checks it (bundle_0523.sh)."""
+    import mmap
+    import struct
+
+    sec = fatbin_section(path)
+    if sec is None:
+        return 0, 0, {}
+    start, length = sec
+    zeroed = kept = 0
+    per_sm: dict[int, int] = {}
+    with open(path, "r+b") as fh, mmap.mmap(fh.fileno(), 0) as m:
+        o, end = start, start + length
+        while o + 16 <= end:
+            magic, _ver, hsize, body = struct.unpack_from("<IHHQ", m, o)
+            if magic not in FATBIN_MAGICS:
+                o += 8  # containers are 8-aligned; skip padding between them
+                continue
+            if hsize != 16:
+                raise SystemExit(f"prune_sass: {path}: container at {o:#x} has header size {hsize}")
+            cend = o + 16 + body
+            if cend > end:
+                raise SystemExit(f"prune_sass: {path}: container at {o:#x} runs past the section")
+            e = o + 16
+            while e + 64 <= cend:
+                kind, _v, esize, padded = struct.unpack_from("<HHII", m, e)
+                dsize = struct.unpack_from("<I", m, e + 16)[0]
+                sm = struct.unpack_from("<I", m, e + 28)[0]
+                if esize < 64 or dsize > padded or e + esize + padded > cend:
+                    raise SystemExit(f"prune_sass: {path}: bad entry at {e:#x} (size {esize}, payload {padded})")
+                d = e + esize
+                if kind in (2, 0x10):
+                    per_sm[sm] = per_sm.get(sm, 0) + padded
+                if kind in (2, 0x10) and sm != keep_sm and struct.unpack_from("<I", m, d)[0] == ZSTD_MAGIC:
+                    fhd = m[d + 4]
+                    fcs_len = {0: 1 if fhd & 0x20 else 0, 1: 2, 2: 4, 3: 8}[fhd >> 6]
+                    if fcs_len in (4, 8) and not fhd & 0x03:  # content size present, no dictionary id
+                        off = d + 5 + (0 if fhd & 0x20 else 1)
+                        n = int.from_bytes(m[off:off + fcs_len], "little")
+                        frame = zero_frame(n, dsize)
+                        if frame is not None:
+                            m[d:d + dsize] = frame
+                            zeroed += dsize
+                            e += esize + padded
+                            continue
+                kept += padded
+                e += esize + padded
+            if e != cend:
+                raise SystemExit(f"prune_sass: {path}: entries end at {e:#x}, container at {cend:#x}")
+            o = cend
+        m.flush()
+    return zeroed, kept, per_sm
+
+
+def trim(site: Path, optdir: Path, lock: Path, manifest: Path, keep_sm: int = 0) -> None:
+    rows: list[str] = []
+    moved: dict[str, int] = {}
+    for pattern, action, why in TRIM:
+        found = [p for p in matches(site, pattern) if p.exists() or p.is_symlink()]
+        if not found:
+            rows.append(f"{'-':>8}     {pattern}  -- no match in this build ({why})")
+            continue
+        total = 0
+        for p in found:
+            if not (p.exists() or p.is_symlink()):
+                continue  # inside an earlier match
+            n = size(p)
+            total += n
+            if action == "drop":
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            else:
+                dest = optdir / action / p.relative_to(site)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(p), str(dest))
+                moved[action] = moved.get(action, 0) + n
+        where = "left out" if action == "drop" else f"moved to the optional part '{action}'"
+        label = pattern if len(found) == 1 or "*" not in pattern else f"{pattern} ({len(found)} paths)"
+        rows.append(f"{total / 1e6:8.1f} MB  {label}  -- {where}: {why}")
+    strip_libs(site, rows)
+    strip_libs(optdir, rows)
+    if keep_sm:
+        for f in sorted([*site.rglob("*.so*"), *optdir.rglob("*.so*")]):
+            if f.is_file() and not f.is_symlink():
+                zeroed, kept, per_sm = prune_sass(f, keep_sm)
+                if zeroed:
+                    rel = f.relative_to(site) if f.is_relative_to(site) else f.relative_to(optdir)
+                    archs = ", ".join(f"sm_{k} {v / 1e6:.1f}" for k, v in sorted(per_sm.items()))
+                    rows.append(f"{zeroed / 1e6:8.1f} MB  {rel}  -- cubins for other GPUs than sm_{keep_sm} "
+                                f"zeroed in place (headers kept; {kept / 1e6:.1f} MB unchanged; MB per SM: {archs})")
+
+    wheels = read_lock(lock)
+    tops = sorted(((size(p), p.name) for p in site.iterdir()), reverse=True)
+    with open(manifest, "w") as out:
+        out.write("sglang 0.5.23 device bundle for CPython 3.12 x86_64 (H200 image: torch 2.11.0+cu130, triton 3.6.0, "
+                  "CUDA 13.0, driver 580)\nmade by scripts/device/bundle_0523.sh build from "
+                  f"{lock.name}; nvidia libraries other than NCCL come from the machine's own torch install\n\n")
+        out.write("## packages (name==version  wheel sha256)\n")
+        for pin, h in wheels.items():
+            out.write(f"{pin:40s} {h}\n")
+        out.write("\n## trimmed (size, path, why)\n")
+        out.write("\n".join(rows) + "\n")
+        out.write("\n## optional parts (uncompressed)\n")
+        for part in sorted(moved):
+            out.write(f"{size(optdir / part) / 1e6:8.1f} MB  {part}\n")
+        out.write("\n## top-level entries in the core bundle (uncompressed)\n")
+        out.write(f"{sum(s for s, _ in tops) / 1e6:8.1f} MB  (all)\n")
+        for s, name in tops:
+            if s >= 100_000:
+                out.write(f"{s / 1e6:8.1f} MB  {name}\n")
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+    if cmd == "unpack":
+        unpack(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
+    elif cmd == "trim":
+        trim(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]),
+             int(sys.argv[6]) if len(sys.argv) > 6 else 0)
+    elif cmd == "prune-sass":
+        z, k, per = prune_sass(Path(sys.argv[2]), int(sys.argv[3]))
+        print(f"prune-sass: {sys.argv[2]}: zeroed {z / 1e6:.1f} MB, kept {k / 1e6:.1f} MB; "
+              + ", ".join(f"sm_{a} {b / 1e6:.1f}" for a, b in sorted(per.items())))
+    else:
+        print(__doc__)
+        sys.exit(2)
