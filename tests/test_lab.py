@@ -623,3 +623,25 @@ def test_corpus_validation_prompts_are_not_training_prompts(tmp_path):
         assert read(a / f"{d}.train.jsonl") == read(b / f"{d}.train.jsonl")
         assert not (a / f"{d}.val.jsonl").exists()
     assert json.load(open(tmp_path / "b" / "manifest.json"))["prompts.math.val"] == 3
+
+
+def test_recipe_cross_preset_is_the_objective_cross_at_two_seeds():
+    """run.py --preset recipe_cross: the cross's six runs (A DFlash CE, B SpecForge's recipe, C ce, D SpecForge's
+    without alignment, E ce with the injection alone, F DFlash on SpecForge's mix) at 600 steps for seeds 0 and
+    1, the DSpine recipe candidates (B and C) evaluated on the validation prompts, the main pairs trained first."""
+    p = lab_module("run").PRESETS["recipe_cross"]
+    grid = lab_module("grid")
+    vs = grid.variants(p)
+    assert len(vs) == 12 and {v.steps for v in vs} == {600} and sorted(v.seed for v in vs) == [0] * 6 + [1] * 6
+    by = {v.name: v for v in vs}
+    for s in (0, 1):
+        a, c = (("dflash", "dspine") if s == 0 else (f"dflash_seed{s}", f"dspine_seed{s}"))
+        assert by[a].flags == [] and by[c].flags == [] and by[c].val and not by[a].val  # A and C: p's recipe, ce
+        assert by[f"dspine_specforge_seed{s}"].flags == ["--recipe", "specforge"] and by[f"dspine_specforge_seed{s}"].val
+        assert by[f"dspine_specforge_noalign_seed{s}"].flags == ["--recipe", "specforge", "--no-alignment-loss"]
+        assert by[f"dspine_ce_injection_only_seed{s}"].flags == ["--recipe", "ce", "--no-alignment-loss",
+                                                                  "--no-refinement-loss", "--no-replacement"]
+        assert by[f"dflash_mix_seed{s}"].kind == "dflash" and by[f"dflash_mix_seed{s}"].flags == ["--dflash-ce-weight",
+                                                                                                   "0.1"]
+    assert p["dspine_recipe"] == "ce" and p["temperatures"] == "0,1"
+    assert [v.name for v in grid.by_priority(vs)][:4] == ["dflash", "dspine", "dflash_seed1", "dspine_seed1"]

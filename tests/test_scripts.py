@@ -3,6 +3,7 @@ real; their virtualenv's `python` is a recorder that writes its arguments down (
 import glob
 import os
 import shlex
+import shutil
 import subprocess
 
 import pytest
@@ -259,3 +260,12 @@ def test_carry_brings_a_file_over_in_checked_pieces(tmp_path):
     out = carry("assemble", "big", tmp_path / "back" / "big.bin")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "back" / "big.bin").read_bytes() == data
+    # cut again at another size (the tree that travels beside each piece grew): the same file comes back
+    env["PIECE_MIB"] = "2"
+    out = carry("resplit", "big")
+    assert out.returncode == 0 and "2 pieces" in out.stdout, out.stderr
+    shutil.rmtree(tmp_path / "there")
+    for k in (1, 2):
+        assert carry("stage", "big", k).returncode == 0 and carry("receive").returncode == 0
+    assert carry("assemble", "big", tmp_path / "again.bin").returncode == 0
+    assert (tmp_path / "again.bin").read_bytes() == data

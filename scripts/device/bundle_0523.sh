@@ -107,7 +107,7 @@ _b23_build() {
   # The piece size that still fits one call beside the working tree (64 MiB in all).
   tree=$(_b23_tree_bytes)
   fit=$(( (64 * 1048576 - tree - 16384) / 1048576 ))  # 16 KiB: the sums file beside the piece
-  mib="${PIECE_MIB:-40}"
+  mib="${PIECE_MIB:-$fit}"  # default: the largest that fits
   [ "$mib" -le "$fit" ] || echo "build: WARNING the working tree is $((tree / 1000)) kB: a ${mib} MiB piece does not fit one call; use PIECE_MIB=$fit" >&2
   for part in $parts; do
     (cd "$repo" && PIECE_MIB="$mib" bash scripts/device/carry.sh pack "$part" "$work/$part.tar") || return 1

@@ -2,8 +2,10 @@
 # Files larger than one device call's 64 MiB reach the GPU machine in pieces over back-to-back calls of one lease
 # (the machine keeps /tmp while it stays warm, ~30 s after a call).
 # Here (repo root):
-#   bash scripts/device/carry.sh pack NAME FILE      # FILE, xz-compressed, in pieces of PIECE_MIB (default 40)
+#   bash scripts/device/carry.sh pack NAME FILE      # FILE, xz-compressed, in pieces of PIECE_MIB (default 38: a call carries 64 MiB, the tree ~25 MB of it)
 #                                                    # under .carry-store/NAME/ with sha256 sums of each and all
+#   bash scripts/device/carry.sh resplit NAME        # the same compressed file cut again at PIECE_MIB (when the
+#                                                    # tree that travels with each piece grew), no recompression
 #   bash scripts/device/carry.sh stage NAME K        # puts piece K (1-based) and the sums into .carry/ (the only
 #                                                    # thing there): carry ".carry" in the next device call
 # There (repo root, any call of the lease):
@@ -13,16 +15,26 @@
 # Each step prints one line and fails (exit 1) on a missing piece or a wrong hash.
 set -euo pipefail
 store="${CARRY_STORE:-.carry-store}" stage="${CARRY_STAGE:-.carry}" there="${CARRY_THERE:-/tmp/carry}"
-sums() { (cd "$1" && sha256sum "${@:2}"); }
 case "${1:-}" in
   pack)
     name="${2:?NAME}" file="${3:?FILE}"
     rm -rf "${store:?}/$name" && mkdir -p "$store/$name"
     xz -6 -T0 -c "$file" >"$store/$name/$name.xz"
-    (cd "$store/$name" && split -b "$(( ${PIECE_MIB:-40} * 1024 * 1024 ))" -d -a 2 "$name.xz" "$name.xz.part" \
+    (cd "$store/$name" && split -b "$(( ${PIECE_MIB:-38} * 1024 * 1024 ))" -d -a 2 "$name.xz" "$name.xz.part" \
       && sha256sum "$name.xz" "$name".xz.part* >"$name.sha256" && rm "$name.xz")
     n=$(ls "$store/$name"/*.part* | wc -l)
     echo "carry.sh: $file -> $n pieces in $store/$name ($(du -sh "$store/$name" | cut -f1) compressed)"
+    ;;
+  resplit)
+    name="${2:?NAME}"
+    [ -f "$store/$name/$name.sha256" ] || { echo "carry.sh: nothing packed as $name in $store" >&2; exit 1; }
+    (cd "$store/$name" && sha256sum -c --quiet <(grep part "$name.sha256")) \
+      || { echo "carry.sh: $name: pieces missing or wrong" >&2; exit 1; }
+    (cd "$store/$name" && cat "$name".xz.part* >"$name.xz" && sha256sum -c --quiet <(grep -v part "$name.sha256") \
+      && rm "$name".xz.part* && split -b "$(( ${PIECE_MIB:-38} * 1024 * 1024 ))" -d -a 2 "$name.xz" "$name.xz.part" \
+      && sha256sum "$name.xz" "$name".xz.part* >"$name.sha256" && rm "$name.xz") \
+      || { echo "carry.sh: $name: resplit failed" >&2; exit 1; }
+    echo "carry.sh: $name cut again into $(ls "$store/$name"/*.part* | wc -l) pieces of ${PIECE_MIB:-38} MiB"
     ;;
   stage)
     name="${2:?NAME}" k="${3:?K}"
@@ -56,5 +68,5 @@ case "${1:-}" in
     mkdir -p "$(dirname "$dest")" && xz -dc "$there/$name.xz" >"$dest.tmp" && mv "$dest.tmp" "$dest"
     echo "carry.sh: $name assembled into $dest ($(du -h "$dest" | cut -f1))"
     ;;
-  *) sed -n '2,15p' "$0"; exit 2 ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
 esac
