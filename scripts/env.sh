@@ -2,13 +2,17 @@
 # from changed (the lock, setup.py, the calling script), so a second run starts at once instead of re-running pip.
 # The key is written after a successful install; an interrupted install leaves none and runs again.
 
-# env_key FILE...: one hash of the files' contents (a missing file counts as empty, e.g. an optional .imports)
+# env_key FILE...: one hash of the files' contents (a missing file counts as empty, e.g. an optional .imports) and
+# of this checkout's path (the editable install points at it: a virtualenv copied from elsewhere installs again)
 env_key() {
   local f
-  for f in "$@"; do
-    printf '%s\n' "$f"
-    [ -f "$f" ] && cat "$f"
-  done | sha256sum | cut -d' ' -f1
+  {
+    pwd -P
+    for f in "$@"; do
+      printf '%s\n' "$f"
+      [ -f "$f" ] && cat "$f"
+    done
+  } | sha256sum | cut -d' ' -f1
 }
 
 # env_current VENV KEY: true when VENV holds an install made under KEY

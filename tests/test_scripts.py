@@ -269,3 +269,21 @@ def test_carry_brings_a_file_over_in_checked_pieces(tmp_path):
         assert carry("stage", "big", k).returncode == 0 and carry("receive").returncode == 0
     assert carry("assemble", "big", tmp_path / "again.bin").returncode == 0
     assert (tmp_path / "again.bin").read_bytes() == data
+
+
+def test_a_virtualenv_from_another_checkout_installs_again(tmp_path):
+    """The install key holds the checkout's path besides the files' contents: the editable install points at the
+    checkout, so a virtualenv made for another copy of the repository is installed again rather than trusted."""
+    def key(folder):
+        out = subprocess.run(["bash", "-c", f"source {shlex.quote(REPO)}/scripts/env.sh && env_key lock.txt"],
+                             capture_output=True, text=True, cwd=folder)
+        assert out.returncode == 0 and len(out.stdout.split()) == 1, out  # one hash, nothing else
+        return out.stdout
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "lock.txt").write_text("torch==2.11.0\n")
+    before = key(a)
+    assert key(a) == before and before != key(b)  # the same files in another checkout: another key
+    (a / "lock.txt").write_text("torch==2.14.1\n")
+    assert key(a) != before  # another lock: another key
