@@ -81,6 +81,15 @@ class Server:
     def text(self) -> str:
         return open(self.log, errors="ignore").read()
 
+    def start_record(self, timeout: float = 480) -> dict:
+        """Waits for the server (`wait`); its start as a result record: up, seconds, arguments, and the log's
+        tail when it did not start."""
+        ok = self.wait(timeout=timeout)
+        rec = {"up": ok, "start_seconds": self.up_after, "args": self.cmd[3:]}
+        if not ok:
+            rec["error"] = "did not start: " + self.tail(30)[-1500:]
+        return rec
+
     def tail(self, n: int = 40) -> str:
         return "".join(self.text().splitlines(keepends=True)[-n:])
 

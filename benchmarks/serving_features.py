@@ -1132,6 +1132,12 @@ print(f"FlashInfer sampling module built and run in {time.time() - t:.1f} s", fl
 """
 
 
+def start_prebuild(out: str) -> subprocess.Popen:
+    """FlashInfer's sampling module built in its own process (PREBUILD), its log in `out`."""
+    return subprocess.Popen([sys.executable, "-c", PREBUILD], cwd=OUTSIDE_REPO, start_new_session=True,
+                            stdout=open(os.path.join(out, "flashinfer_prebuild.log"), "w"), stderr=subprocess.STDOUT)
+
+
 def servers_and_models(servers: str, models: str) -> tuple[list[str], str]:
     """--servers (a comma list of NAMES) and --models (a folder with target/, suites/ and each drafter's folder),
     refused in one line before anything starts."""
@@ -1212,9 +1218,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prebuild = None
     if "dflash" in names and not args.no_prebuild:
-        prebuild = subprocess.Popen([sys.executable, "-c", PREBUILD], cwd=OUTSIDE_REPO, start_new_session=True,
-                                    stdout=open(os.path.join(args.out, "flashinfer_prebuild.log"), "w"),
-                                    stderr=subprocess.STDOUT)
+        prebuild = start_prebuild(args.out)
     drafters = {"dflash": ("DFLASH", os.path.join(models, "dflash")),
                 "dspine": ("DSPINE", os.path.join(models, "dspine"))}
 
@@ -1227,10 +1231,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def bring_up(name: str) -> bool:
         s = servers[name]
-        ok = s.wait(timeout=480)
-        rec = {"up": ok, "start_seconds": s.up_after, "args": s.cmd[3:]}
-        if not ok:
-            rec["error"] = "did not start: " + s.tail(30)[-1500:]
+        rec = s.start_record(480)
+        ok = rec["up"]
         with guard:
             res["servers"][name] = rec
         if not ok:

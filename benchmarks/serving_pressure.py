@@ -53,7 +53,7 @@ import threading
 import time
 
 from sglang_dspine.provenance import provenance
-from sglang_dspine.source_files import OUTSIDE_REPO, load_file
+from sglang_dspine.source_files import load_file
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sf = load_file(os.path.join(_HERE, "serving_features.py"))
@@ -882,17 +882,13 @@ def main(argv: list[str] | None = None) -> int:
 
     prebuild = None
     if "dflash" in names and not args.no_prebuild:
-        prebuild = subprocess.Popen([sys.executable, "-c", sf.PREBUILD], cwd=OUTSIDE_REPO, start_new_session=True,
-                                    stdout=open(os.path.join(args.out, "flashinfer_prebuild.log"), "w"),
-                                    stderr=subprocess.STDOUT)
+        prebuild = sf.start_prebuild(args.out)
     servers: dict = {}
 
     def bring_up(name: str) -> bool:
         s = servers[name]
-        ok = s.wait(timeout=480)
-        rec = {"up": ok, "start_seconds": s.up_after, "args": s.cmd[3:]}
-        if not ok:
-            rec["error"] = "did not start: " + s.tail(30)[-1500:]
+        rec = s.start_record(480)
+        ok = rec["up"]
         with guard:
             res["servers"][name] = rec
         stamp(f"{name} up after {s.up_after:.0f} s" if ok else f"{name} did NOT start:\n{s.tail(40)}")
