@@ -1,4 +1,4 @@
-"""The summaries the issues ask for, computed from the GPU runs' result files (nothing typed in by hand).
+"""The serving summary files, computed from the GPU runs' result files (nothing typed in by hand).
 
     python benchmarks/serving_summary.py      # rewrites benchmarks/results/{serving_e2e,tp2,lab}_summary.json
 

@@ -1,4 +1,4 @@
-"""Offline τ of draft trees (issue 28, item 1): DSpine's tree over its transition lattice against its chain walk,
+"""Offline τ of draft trees: DSpine's tree over its transition lattice against its chain walk,
 and against DDTree's tree over the DFlash drafter's independent marginals, per suite, tree size N and temperature.
 
     python benchmarks/tree_offline.py                       # the built-in pair (models/default), CPU, fp32
@@ -267,7 +267,7 @@ def main(argv=None) -> int:
     prov = provenance(argv if argv is not None else sys.argv)
     dirty = os.popen(f"git -C {ROOT} status --porcelain 2>/dev/null").read().strip()
     record = {
-        "what": "offline tau of draft trees (issue 28 item 1): DSpine lattice tree vs chain walk vs DDTree on DFlash",
+        "what": "offline tau of draft trees: DSpine lattice tree vs chain walk vs DDTree on DFlash",
         **prov, "device": prov["gpu"] or f"cpu ({torch.get_num_threads()} threads)", "worktree_dirty": bool(dirty),
         "settings": {k: getattr(args, k) for k in ("target", "dspine", "dflash", "suites", "limit", "calib_start",
                                                       "calib_limit", "calib_tokens", "max_new_tokens", "sizes",
@@ -313,13 +313,13 @@ def main(argv=None) -> int:
     table = markdown(record["rows"], names, args.sizes, args.temperatures, args.arms)
     record["table_markdown"] = table
     save()
-    summary = {"what": "issue 28 item 1: tau ratios of mean tau over suites (and per suite); tree = DSpine lattice "
+    summary = {"what": "draft trees offline: ratios of mean tau over suites (and per suite); tree = DSpine lattice "
                        "tree with calibrated temperature; raw = temperature 1; ddtree = DDTree on the DFlash drafter",
                **{k: record[k] for k in ("command", "commit", "device", "versions", "date", "worktree_dirty",
                                          "settings", "N_means", "arms")},
                "source": os.path.relpath(args.out, ROOT), "calibration": calibration,
                **summarize(record["rows"], names, args.sizes, args.temperatures),
-               "step_cost": "not measured: the SGLang part (issue 28 item 2) was not built",
+               "step_cost": "not measured: tree verification in SGLang is not built",
                "seconds": record["seconds"]}
     os.makedirs(os.path.dirname(os.path.abspath(args.summary)), exist_ok=True)
     with open(args.summary, "w", encoding="utf-8") as f:
