@@ -15,6 +15,22 @@ env_key() {
   } | sha256sum | cut -d' ' -f1
 }
 
+# sglang_releases: setup.py's SGLANG_RELEASES, space-separated; the first is the GPU-verified one, the default
+sglang_releases() {
+  sed -n 's/^SGLANG_RELEASES = \[\(.*\)\]/\1/p' setup.py | tr -d '",'
+}
+
+# serve_lock, serve_env_key: the lock scripts/serve.sh installs .venv from (the default release's) and the key it
+# marks that install with
+serve_lock() {
+  local releases
+  releases="$(sglang_releases)"
+  printf 'locks/sglang-%s.txt\n' "${releases%% *}"
+}
+serve_env_key() {
+  env_key "$(serve_lock)" setup.py scripts/serve.sh
+}
+
 # env_current VENV KEY: true when VENV holds an install made under KEY
 env_current() {
   [ -x "$1/bin/python" ] && [ -f "$1/.sglang-dspine-env" ] && [ "$(cat "$1/.sglang-dspine-env")" = "$2" ]

@@ -41,9 +41,9 @@ VENV="${VENV:-.venv}"
 # The tested versions of the GPU-verified SGLang, the first of setup.py's SGLANG_RELEASES (scripts/test.sh installs
 # the same lock); PIP_CONSTRAINT reaches pip's build env too. Installed once, again only when the lock,
 # setup.py or this script change (scripts/env.sh).
-lock="locks/sglang-$(sed -n 's/^SGLANG_RELEASES = \["\([^"]*\)".*/\1/p' setup.py).txt"
 source scripts/env.sh
-key="$(env_key "$lock" setup.py scripts/serve.sh)"
+lock="$(serve_lock)"
+key="$(serve_env_key)"
 if ! env_current "$VENV" "$key"; then
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   echo "serve.sh: installing SGLang and this package into $VENV at $lock's versions (first time: ~9 GB, several minutes)" >&2

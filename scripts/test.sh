@@ -12,7 +12,8 @@
 # pytest's "no tests collected" (exit 5) fails like any error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-releases="$(sed -n 's/^SGLANG_RELEASES = \[\(.*\)\]/\1/p' setup.py | tr -d '",')"
+source scripts/env.sh
+releases="$(sglang_releases)"
 default="${releases%% *}"
 version="$default"
 if [ "${1:-}" = "--sglang" ]; then
@@ -36,31 +37,27 @@ fi
 # --no-cache-dir: a venv of several GB, no second copy in a cache. PIP_CONSTRAINT pins pip's isolated build
 # environment (setuptools), which does not see -c or -r. Installed once, again only when the lock, setup.py or
 # this script change (scripts/env.sh).
-source scripts/env.sh
 key="$(env_key "$lock" "locks/sglang-$version.imports" setup.py scripts/test.sh)"
-fresh=yes
-env_current "$VENV" "$key" && fresh=no
-if [ "$fresh" = yes ]; then
+if ! env_current "$VENV" "$key"; then
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   echo "test.sh: installing SGLang $version and this package into $VENV at $lock's versions (first time: several minutes)" >&2
-fi
-if [ -f "locks/sglang-$version.imports" ]; then
-  if [ "$fresh" = yes ]; then
+  if [ -f "locks/sglang-$version.imports" ]; then
     PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
       --no-deps -r "$lock"
     PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
       --no-deps -e .
-  fi
-  all_tests=(tests/test_plugin.py tests/test_serving_glue.py tests/test_logprobs.py tests/test_checkpoint.py)
-else
-  # -c pins what this install resolves.
-  if [ "$fresh" = yes ]; then
+  else
+    # -c pins what this install resolves.
     PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
       -c "$lock" -e ".[test,lab]"
   fi
+  env_mark "$VENV" "$key"
+fi
+if [ -f "locks/sglang-$version.imports" ]; then
+  all_tests=(tests/test_plugin.py tests/test_serving_glue.py tests/test_logprobs.py tests/test_checkpoint.py)
+else
   all_tests=(tests)
 fi
-[ "$fresh" = yes ] && env_mark "$VENV" "$key"
 # A test path is an argument naming a file or folder under tests/ (optionally with ::TEST), unless it is the
 # value of a pytest option given as a separate argument (-k EXPR, -p PLUGIN, --ignore PATH, ...).
 paths=no

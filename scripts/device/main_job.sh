@@ -19,8 +19,7 @@ rm -rf .venv && python3 -m venv .venv || exit 1
 python3 -c "import site; print(site.getsitepackages()[0])" \
   >"$(.venv/bin/python -c "import site; print(site.getsitepackages()[0])")/machine-packages.pth" || exit 1
 source scripts/env.sh
-lock="locks/sglang-$(sed -n 's/^SGLANG_RELEASES = \["\([^"]*\)".*/\1/p' setup.py).txt"
-env_mark .venv "$(env_key "$lock" setup.py scripts/serve.sh)"
+env_mark .venv "$(serve_env_key)"
 .venv/bin/python -c "import sglang, sglang_dspine, torch; print('venv:', sglang.__version__, torch.__version__, torch.cuda.is_available())" || exit 1
 
 python3 - "$OUT" <<'PY'
