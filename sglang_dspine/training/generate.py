@@ -122,6 +122,19 @@ class DrafterProposer:
         return (drafted.tokens if isinstance(drafted, BlockDraft) else drafted)[0].tolist()
 
 
+def prefill(target, proposer, prompt_ids: list[int], temperature: float, generator: torch.Generator | None):
+    """The prompt through `target` into a fresh KV cache, its hidden states handed to the proposer, and the first
+    token (the first block's anchor) drawn: (cache, anchor)."""
+    from transformers import DynamicCache
+
+    device = target.get_output_embeddings().weight.device
+    cache = DynamicCache()
+    out = target(input_ids=torch.tensor([prompt_ids], device=device), past_key_values=cache, use_cache=True,
+                 output_hidden_states=True)
+    proposer.extend(out.hidden_states, 0, len(prompt_ids))
+    return cache, _pick(out.logits[0, -1], temperature, generator)
+
+
 @torch.no_grad()
 def speculative_generate(
     target,
@@ -138,18 +151,13 @@ def speculative_generate(
     `drafter` is a DSpineDrafter or any object with `extend(hidden_states, start, count)` and
     `propose(sequence) -> list[int]` (block_size then says the block length).
     """
-    from transformers import DynamicCache
 
     proposer = DrafterProposer(drafter, target) if isinstance(drafter, DSpineDrafter) else drafter
     b = block_size or proposer.drafter.cfg.block_size
     device = target.get_output_embeddings().weight.device
     eos = eos_token_ids or set()
 
-    cache = DynamicCache()
-    out = target(input_ids=torch.tensor([prompt_ids], device=device), past_key_values=cache, use_cache=True,
-                 output_hidden_states=True)
-    proposer.extend(out.hidden_states, 0, len(prompt_ids))
-    anchor = _pick(out.logits[0, -1], temperature, generator)
+    cache, anchor = prefill(target, proposer, prompt_ids, temperature, generator)
     result = SpecResult(tokens=[anchor], block_size=b)
 
     while len(result.tokens) < max_new_tokens and anchor not in eos:

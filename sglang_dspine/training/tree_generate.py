@@ -35,7 +35,7 @@ from ..drafter.tree import (
     tree_attention_mask,
     tree_positions,
 )
-from .generate import DrafterProposer, SpecResult, _pick
+from .generate import DrafterProposer, SpecResult, prefill
 
 RULES = ("lattice", "extended", "marginal", "chain")
 
@@ -144,18 +144,13 @@ def tree_generate(target, proposer, prompt_ids: list[int], max_new_tokens: int, 
 
     `proposer`: a TreeProposer, or any object with `extend(hidden_states, start, count)` (hidden states of the
     tokens to add, in order, at positions start..start+count-1) and `propose_tree(sequence) -> DraftTree`."""
-    from transformers import DynamicCache
 
     b = block_size or proposer.drafter.cfg.block_size
     device = target.get_output_embeddings().weight.device
     dtype = target.get_output_embeddings().weight.dtype
     eos = eos_token_ids or set()
 
-    cache = DynamicCache()
-    out = target(input_ids=torch.tensor([prompt_ids], device=device), past_key_values=cache, use_cache=True,
-                 output_hidden_states=True)
-    proposer.extend(out.hidden_states, 0, len(prompt_ids))
-    anchor = _pick(out.logits[0, -1], temperature, generator)
+    cache, anchor = prefill(target, proposer, prompt_ids, temperature, generator)
     result = TreeResult(tokens=[anchor], block_size=b)
 
     while len(result.tokens) < max_new_tokens and anchor not in eos:
