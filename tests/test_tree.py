@@ -89,12 +89,17 @@ def test_lattice_tree_is_the_best_paths_of_the_transition_table(temperature):
             all_paths[tuple(cand[i][j] for i, j in enumerate(slots))] = score
     assert len(all_paths) == 3 + 9 + 27 + 81
     for budget in (1, 2, 5, 13, 40, 119, 120, 500):
-        tree = lattice_tree(draft, budget, temperature=temperature)
-        assert len(tree) == min(budget, len(all_paths))
-        _check_shape(tree)
-        got, want = _tree_paths(tree), _top_paths(all_paths, budget)
-        assert set(got) == set(want)
-        assert all(abs(got[q] - want[q]) < 1e-5 for q in want)
+        _assert_best_paths(lattice_tree(draft, budget, temperature=temperature), all_paths, budget)
+
+
+def _assert_best_paths(tree, all_paths: dict, budget: int) -> None:
+    """`tree` holds `budget` nodes (all paths, where there are fewer), well formed, and its paths are the
+    `budget` best of `all_paths` with their scores."""
+    assert len(tree) == min(budget, len(all_paths))
+    _check_shape(tree)
+    got, want = _tree_paths(tree), _top_paths(all_paths, budget)
+    assert set(got) == set(want)
+    assert all(abs(got[q] - want[q]) < 1e-5 for q in want)
 
 
 def test_marginal_tree_is_the_best_paths_of_independent_marginals():
@@ -106,12 +111,7 @@ def test_marginal_tree_is_the_best_paths_of_independent_marginals():
     all_paths = {seq: sum(lp[i][t] for i, t in enumerate(seq))
                  for depth in range(1, p + 1) for seq in itertools.product(range(v), repeat=depth)}
     for budget in (1, 3, 6, 10, 33, 100):
-        tree = marginal_tree(logits, budget)
-        assert len(tree) == budget
-        _check_shape(tree)
-        got, want = _tree_paths(tree), _top_paths(all_paths, budget)
-        assert set(got) == set(want)
-        assert all(abs(got[q] - want[q]) < 1e-5 for q in want)
+        _assert_best_paths(marginal_tree(logits, budget), all_paths, budget)
 
 
 def test_extended_lattice_tree_is_the_best_paths_of_its_distribution():
@@ -135,12 +135,8 @@ def test_extended_lattice_tree_is_the_best_paths_of_its_distribution():
         for seq in itertools.product(range(v), repeat=depth):
             all_paths[seq] = sum(step(i, seq[i - 1] if i else None, t) for i, t in enumerate(seq))
     for budget in (1, 4, 12, 40, 150):
-        tree = extended_lattice_tree(draft, logits, budget, row_temperature=t_row, marginal_temperature=t_marg)
-        assert len(tree) == budget
-        _check_shape(tree)
-        got, want = _tree_paths(tree), _top_paths(all_paths, budget)
-        assert set(got) == set(want)
-        assert all(abs(got[s] - want[s]) < 1e-5 for s in want)
+        _assert_best_paths(extended_lattice_tree(draft, logits, budget, row_temperature=t_row,
+                                                 marginal_temperature=t_marg), all_paths, budget)
 
 
 def test_fit_temperature_recovers_the_temperature_of_the_labels():
