@@ -192,7 +192,7 @@ _BOOL_SWITCHES = {"backbone_loss", "refinement_loss", "alignment_loss", "replace
 
 def _train_args(p: argparse.ArgumentParser) -> None:
     from .drafter.config import DSpineSettings
-    from .training.train_config import DEFAULT_RECIPE, RECIPES, TrainConfig
+    from .training.train_config import ALIGNMENT_DECAYS, DEFAULT_RECIPE, RECIPES, TrainConfig
 
     d = TrainConfig()
     p.add_argument("--target", type=_path, required=True,
@@ -223,7 +223,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                              "keeps its own unless --recipe or a flag is given)")
     g.add_argument("--recipe", choices=sorted(RECIPES),
                    help=f"how a DSpine drafter is trained (default: {DEFAULT_RECIPE}): ce = CE on the true next "
-                        "token for the backbone and the refinement (what the lab measured best); specforge = "
+                        "token for the backbone and the refinement (what the lab measured best); ce_anneal = ce with "
+                        "the alignment term faded out by a cosine over the run; specforge = "
                         "SpecForge's reference values exactly (0.1 CE + 0.9 L1 to the target's distribution); "
                         "any DSpine flag below overrides the recipe's value")
     for f in fields(DSpineSettings):
@@ -236,6 +237,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     for name in sorted(_BOOL_SWITCHES):
         g.add_argument(f"--no-{name.replace('_', '-')}", dest=name, action="store_false",
                        help=f"switch off the {name.replace('_', ' ')} term")
+    g.add_argument("--alignment-decay", choices=ALIGNMENT_DECAYS,
+                   help="DSpine alignment term over the run: none (constant after its warm-up) or cosine (faded "
+                        "to 0 as the learning rate; default: the recipe's, cosine for ce_anneal, else none)")
     g.add_argument("--dflash-ce-weight", type=float, default=d.dflash_ce_weight,
                    help="DFlash objective: weight of CE against L1 to the teacher (1 = CE only)")
     g.add_argument("--freeze-backbone", action="store_true", help="train only the DSpine injection weights")

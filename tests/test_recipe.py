@@ -26,7 +26,7 @@ def test_recipes_set_the_backbone_weight_and_flags_win(target):
     assert DEFAULT_RECIPE == "ce" and RECIPES["specforge"] == {}
     d = _build(target, dspine=dict(SMALL))
     assert d.cfg.dspine.ce_weight == 1.0  # the default recipe: CE
-    assert d.cfg.raw[RECIPE_KEY] == {"name": "ce", "overrides": SMALL}
+    assert d.cfg.raw[RECIPE_KEY] == {"name": "ce", "overrides": SMALL, "alignment_decay": "none"}
     sf = _build(target, recipe="specforge", dspine=dict(SMALL))
     ref = DSpineSettings()
     assert sf.cfg.dspine.ce_weight == ref.ce_weight == 0.1  # SpecForge's reference value, untouched
@@ -38,8 +38,16 @@ def test_recipes_set_the_backbone_weight_and_flags_win(target):
     assert "recipe ce" in recipe_line(mixed.cfg) and "ce_weight 0.4" in recipe_line(mixed.cfg)
     # a DFlash drafter has no recipe record (its objective is --dflash-ce-weight)
     assert RECIPE_KEY not in _build(target, kind="dflash").cfg.raw
-    with pytest.raises(ValueError, match="--recipe bogus: expected 'ce' or 'specforge'"):
+    # ce_anneal: ce's settings, the alignment faded out (recorded, printed); --alignment-decay wins over it
+    an = _build(target, recipe="ce_anneal", dspine=dict(SMALL))
+    assert an.cfg.dspine == d.cfg.dspine and an.cfg.raw[RECIPE_KEY]["alignment_decay"] == "cosine"
+    assert "faded out by a cosine" in recipe_line(an.cfg) and "faded" not in recipe_line(d.cfg)
+    assert _build(target, recipe="ce_anneal", alignment_decay="none").cfg.raw[RECIPE_KEY]["alignment_decay"] == "none"
+    assert _build(target, alignment_decay="cosine").cfg.raw[RECIPE_KEY]["alignment_decay"] == "cosine"
+    with pytest.raises(ValueError, match="--recipe bogus: expected 'ce' or 'ce_anneal' or 'specforge'"):
         TrainConfig(recipe="bogus").validate()
+    with pytest.raises(ValueError, match="--alignment-decay linear: expected 'none' or 'cosine'"):
+        TrainConfig(alignment_decay="linear").validate()
 
 
 def test_recipe_record_survives_save_and_init(target, tmp_path):
@@ -53,9 +61,15 @@ def test_recipe_record_survives_save_and_init(target, tmp_path):
     assert kept.cfg.dspine.ce_weight == 0.1 and kept.cfg.raw[RECIPE_KEY]["name"] == "specforge"
     flagged = _build(target, init=str(tmp_path / "sf"), dspine={"alignment_weight": 0.25})
     assert flagged.cfg.dspine.ce_weight == 0.1 and flagged.cfg.raw[RECIPE_KEY] == {
-        "name": "specforge", "overrides": {**SMALL, "alignment_weight": 0.25}}
+        "name": "specforge", "overrides": {**SMALL, "alignment_weight": 0.25}, "alignment_decay": "none"}
     switched = _build(target, init=str(tmp_path / "sf"), recipe="ce")
-    assert switched.cfg.dspine.ce_weight == 1.0 and switched.cfg.raw[RECIPE_KEY] == {"name": "ce", "overrides": {}}
+    assert switched.cfg.dspine.ce_weight == 1.0 and switched.cfg.raw[RECIPE_KEY] == {
+        "name": "ce", "overrides": {}, "alignment_decay": "none"}
+    # an annealed drafter trained on keeps its schedule, unless --alignment-decay says otherwise
+    save_drafter(_build(target, recipe="ce_anneal", dspine=dict(SMALL)), str(tmp_path / "an"))
+    assert _build(target, init=str(tmp_path / "an")).cfg.raw[RECIPE_KEY]["alignment_decay"] == "cosine"
+    assert _build(target, init=str(tmp_path / "an"), alignment_decay="none").cfg.raw[RECIPE_KEY][
+        "alignment_decay"] == "none"
     save_drafter(_build(target, kind="dflash"), str(tmp_path / "df"))
     warm = _build(target, kind="dspine", init=str(tmp_path / "df"), dspine=dict(SMALL))
     assert warm.cfg.dspine.ce_weight == 1.0 and warm.cfg.raw[RECIPE_KEY]["name"] == "ce"
@@ -73,12 +87,14 @@ def test_training_runs_the_recipe_objective(target, tmp_path):
     base = dict(data=str(data), num_draft_layers=2, block_size=4, num_anchors=4, target_layer_ids=[1, 2],
                 batch_size=2, max_steps=2, log_every=1, progress=False, tensorboard=False, dspine=dict(SMALL))
     last = {}
-    for recipe in ("ce", "specforge"):
+    for recipe in ("ce", "ce_anneal", "specforge"):
         out = tmp_path / recipe
         train(TrainConfig(output_dir=str(out), recipe=recipe, **base), target=target)
         last[recipe] = [json.loads(x) for x in open(out / "metrics.jsonl") if x.strip()][-1]
         assert load_drafter(str(out / "final")).cfg.raw[RECIPE_KEY]["name"] == recipe
     assert "l1" in last["specforge"] and "l1" not in last["ce"]
+    # ce_anneal's β at the last of 2 steps: ce's times the cosine at half the run, ½(1 + cos(π/2)) = ½
+    assert last["ce"]["beta"] > 0 and last["ce_anneal"]["beta"] == pytest.approx(last["ce"]["beta"] / 2)
 
 
 def _verify_one_position_at_a_time(logits, draft, temperature, generator):

@@ -309,6 +309,12 @@ def test_schedules():
     s = DSpineSettings(alignment_weight=0.5, alignment_warmup_steps=100, replacement_probability=0.5,
                        replacement_hold_ratio=1 / 6, replacement_end_ratio=1 / 3)
     assert [alignment_beta(t, s) for t in (0, 50, 100, 1000)] == pytest.approx([0, 0.25, 0.5, 0.5])
+    # the ce_anneal recipe's fade: the warm-up times a cosine from 1 at step 0 to 0 at the run's end
+    assert [alignment_beta(t, s, 400, "cosine") for t in (50, 100, 200, 300, 400)] == pytest.approx(
+        [0.25 * (1 + math.cos(math.pi / 8)) / 2, 0.5 * (1 + math.cos(math.pi / 4)) / 2, 0.25,
+         0.5 * (1 - math.cos(math.pi / 4)) / 2, 0.0], abs=1e-12)
+    with pytest.raises(ValueError, match="needs the run's total steps"):
+        alignment_beta(10, s, None, "cosine")
     # the reference's test values: hold 0.5 until 1/6, linear to 0 at 1/3
     assert [replacement_probability(t, 600, s) for t in (0, 100, 150, 200, 500)] == pytest.approx([0.5, 0.5, 0.25, 0, 0])
     assert replacement_probability(10, None, s) == 0.0

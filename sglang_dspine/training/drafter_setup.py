@@ -31,7 +31,7 @@ from ..drafter.config import (
 )
 from ..drafter.model import DSpineDrafter
 from .teacher import TargetTeacher
-from .train_config import DEFAULT_RECIPE, TrainConfig, flag
+from .train_config import DEFAULT_RECIPE, TrainConfig, alignment_decay_of, flag
 
 MASK_TOKEN = "<|MASK|>"
 RECIPE_KEY = "training_recipe"
@@ -149,17 +149,23 @@ def build_drafter(tc: TrainConfig, teacher: TargetTeacher, tokenizer=None) -> tu
 
 
 def record_recipe(cfg: DrafterConfig, tc: TrainConfig, dspine_init: bool = False) -> None:
-    """The recipe a DSpine drafter is trained with, kept in its config.json (`training_recipe`: the name and
-    the flags given over it; dspine_config holds the resulting values) through checkpoints and export. A DSpine
-    --init trained on without --recipe keeps its record (its name is "unrecorded" where it had none), with
-    the flags given now added."""
+    """The recipe a DSpine drafter is trained with, kept in its config.json (`training_recipe`: the name, the
+    flags given over it, the alignment schedule; dspine_config holds the resulting values) through checkpoints
+    and export. A DSpine --init trained on without --recipe keeps its record (its name is "unrecorded" where it
+    had none), with the flags given now added."""
     old = cfg.raw.get(RECIPE_KEY) if dspine_init and not tc.recipe else None
+    old = old if isinstance(old, dict) else {}
     if dspine_init and not tc.recipe:
-        name = old.get("name", "unrecorded") if isinstance(old, dict) else "unrecorded"
-        before = old.get("overrides", {}) if isinstance(old, dict) else {}
+        name, before = old.get("name", "unrecorded"), old.get("overrides", {})
     else:
         name, before = tc.recipe or DEFAULT_RECIPE, {}
-    cfg.raw[RECIPE_KEY] = {"name": name, "overrides": {**before, **tc.dspine}}
+    decay = tc.alignment_decay or old.get("alignment_decay") or alignment_decay_of(tc, name)
+    cfg.raw[RECIPE_KEY] = {"name": name, "overrides": {**before, **tc.dspine}, "alignment_decay": decay}
+
+
+def recipe_alignment_decay(cfg: DrafterConfig) -> str:
+    """The alignment schedule recorded for a DSpine drafter's training (record_recipe)."""
+    return (cfg.raw.get(RECIPE_KEY) or {}).get("alignment_decay", "none")
 
 
 def recipe_line(cfg: DrafterConfig) -> str:
@@ -170,8 +176,9 @@ def recipe_line(cfg: DrafterConfig) -> str:
            "specforge": " (SpecForge's reference values)"}.get(name, "")
     s = cfg.dspine
     over = f", flags over it: {rec['overrides']}" if rec.get("overrides") else ""
+    fade = ", faded out by a cosine over the run" if recipe_alignment_decay(cfg) == "cosine" else ""
     return (f"recipe {name}{why}{over}: ce_weight {s.ce_weight}, alignment {s.alignment_weight} over "
-            f"{s.alignment_warmup_steps} warm-up steps, replacement in {s.replacement_layers} layers")
+            f"{s.alignment_warmup_steps} warm-up steps{fade}, replacement in {s.replacement_layers} layers")
 
 
 def trainable_parameters(model: DSpineDrafter, freeze_backbone: bool) -> list[nn.Parameter]:

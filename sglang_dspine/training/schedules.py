@@ -29,11 +29,18 @@ def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor
     return torch.exp(-k / gamma) if gamma and gamma > 0 else torch.ones_like(k)
 
 
-def alignment_beta(step: int, s: DSpineSettings) -> float:
-    """β = alignment_weight · min(step / alignment_warmup_steps, 1)."""
-    if s.alignment_warmup_steps <= 0:
-        return float(s.alignment_weight)
-    return float(s.alignment_weight) * min(step / s.alignment_warmup_steps, 1.0)
+def alignment_beta(step: int, s: DSpineSettings, total_steps: int | None = None, decay: str = "none") -> float:
+    """β = alignment_weight · min(step / alignment_warmup_steps, 1), times ½(1 + cos(π · step / total_steps))
+    with decay "cosine" (the alignment fades out as the learning rate does)."""
+    warm = 1.0 if s.alignment_warmup_steps <= 0 else min(step / s.alignment_warmup_steps, 1.0)
+    fade = 1.0
+    if decay == "cosine":
+        if not total_steps or total_steps <= 0:
+            raise ValueError("alignment decay 'cosine' needs the run's total steps")
+        fade = 0.5 * (1.0 + math.cos(math.pi * min(step / total_steps, 1.0)))
+    elif decay != "none":
+        raise ValueError(f"alignment decay {decay!r}: expected 'none' or 'cosine'")
+    return float(s.alignment_weight) * warm * fade
 
 
 def replacement_probability(step: int, total_steps: int | None, s: DSpineSettings) -> float:

@@ -6,14 +6,21 @@ from typing import Any
 
 from ..drafter.config import DSpineSettings
 
-# DSpine training recipes: the DSpine settings a fresh drafter is trained with, under any --FLAG given. Both
+# DSpine training recipes: the DSpine settings a fresh drafter is trained with, under any --FLAG given. All
 # keep the reference's architecture, alignment, refinement and replacement; they differ in how the backbone
-# and the refinement are fitted (docs/training_recipe.md has the measurements):
+# and the refinement are fitted and in how long the alignment term lasts (docs/training_recipe.md has the
+# measurements):
 #   ce         CE on the true next token (ce_weight 1), as DFlash's own objective: the default, since on the
 #              lab's objective cross SpecForge's mix lost to it in DSpine and in DFlash alike
+#   ce_anneal  `ce` with the alignment term faded out over the run (β times a cosine from 1 to 0, as the
+#              learning rate): the alignment speeds early learning; the end of the run fits CE alone, as DFlash
 #   specforge  SpecForge's reference values exactly (`DSpineConfig`): 0.1·CE + 0.9·L1 to the target's
 #              distribution, the weights it tuned for ~66k-step runs
-RECIPES: dict[str, dict[str, Any]] = {"ce": {"ce_weight": 1.0}, "specforge": {}}
+RECIPES: dict[str, dict[str, Any]] = {"ce": {"ce_weight": 1.0}, "ce_anneal": {"ce_weight": 1.0}, "specforge": {}}
+# The alignment schedule of each recipe (`--alignment-decay` overrides it): a training setting, not part of
+# dspine_config (SpecForge's format); the exported config records it in `training_recipe`.
+ALIGNMENT_DECAYS = ("none", "cosine")
+RECIPE_ALIGNMENT_DECAY: dict[str, str] = {"ce_anneal": "cosine"}
 DEFAULT_RECIPE = "ce"
 
 
@@ -44,6 +51,7 @@ class TrainConfig:
     alignment_loss: bool = True
     replacement: bool = True
     dflash_ce_weight: float = 1.0  # the DFlash objective: CE (1.0) or CE/L1 mix
+    alignment_decay: str | None = None  # ALIGNMENT_DECAYS; None: the recipe's (alignment_decay_of)
     coverage_k: int = 16  # candidate coverage metric for DFlash drafters (DSpine uses top_k)
     objective_chunk_blocks: int = 128  # 0: no chunking (logits of all blocks at once)
     init_std: float = 0.02  # normal init of a fresh backbone's linear weights
@@ -97,6 +105,8 @@ class TrainConfig:
             bad("warmup_ratio", "in [0, 1)")
         if not 0 <= self.dflash_ce_weight <= 1:
             bad("dflash_ce_weight", "in [0, 1]")
+        if self.alignment_decay is not None and self.alignment_decay not in ALIGNMENT_DECAYS:
+            bad("alignment_decay", " or ".join(repr(d) for d in ALIGNMENT_DECAYS))
         if self.precision not in ("auto", "bf16", "fp32"):
             bad("precision", "'auto', 'bf16' or 'fp32'")
         if self.freeze_backbone and self.kind != "dspine":
@@ -128,6 +138,12 @@ class TrainConfig:
     def recipe_settings(self) -> dict[str, Any]:
         """The DSpine settings the recipe sets, with the given flags over them."""
         return {**RECIPES[self.recipe or DEFAULT_RECIPE], **self.dspine}
+
+
+def alignment_decay_of(tc: TrainConfig, recipe: str | None) -> str:
+    """The alignment schedule a run uses: --alignment-decay where given, else the recipe's (the recorded one of a
+    DSpine --init trained on without --recipe), else none."""
+    return tc.alignment_decay or RECIPE_ALIGNMENT_DECAY.get(recipe or "", "none")
 
 
 def flag(name: str) -> str:

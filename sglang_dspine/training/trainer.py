@@ -30,7 +30,7 @@ from ..profiling import region
 from .batching import Schedule, TokenData
 from .blocks import make_blocks, sample_anchors
 from .distributed import all_reduce, barrier, local_rank, setup_distributed, train_device
-from .drafter_setup import build_drafter, recipe_line, trainable_parameters
+from .drafter_setup import build_drafter, recipe_alignment_decay, recipe_line, trainable_parameters
 from .metrics import MetricsSink
 from .objective import TERM_NAMES, DrafterObjective, ObjectiveSwitches, assemble_loss
 from .schedules import alignment_beta, default_gamma, lr_factor, replacement_probability
@@ -306,7 +306,8 @@ class Trainer:
         replacement p, tokens)."""
         cfg, world = self.cfg, self.world
         s_settings = cfg.dspine
-        beta = alignment_beta(step, s_settings) if cfg.is_dspine and self.switches.alignment else 0.0
+        beta = (alignment_beta(step, s_settings, self.total_steps, recipe_alignment_decay(cfg))
+                if cfg.is_dspine and self.switches.alignment else 0.0)
         p_rep = (replacement_probability(step, self.total_steps, s_settings)
                  if cfg.is_dspine and self.switches.replacement else 0.0)
         # 1. inputs of every micro-batch of this step
