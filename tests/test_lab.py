@@ -600,10 +600,59 @@ def test_recipe_grid_arms_validation_and_summary(tiny_lab, tmp_path):
     assert s["cross_mean_over_seeds"]["dspine"]["t1"] == pytest.approx(sum(both) / 2, abs=2e-4)
     assert s["steps"] == 6 and set(s["training_curves"]) == {"dflash", "dspine", "dflash_seed1", "dspine_seed1",
                                                             "dspine_sf", "dspine_ce"}
+    assert s["headline_recipe"] == "ce" and s["headline_runs"] == {"0": ["dflash", "dspine"],
+                                                                  "1": ["dflash_seed1", "dspine_seed1"]}
+    # a recipe that wins on validation at every seed with runs of the main length: the headline is its runs
+    # (a specforge run at seed 1 made from dspine_sf's files, its validation τ set high)
+    shutil.copytree(lab / "drafters" / "dspine_sf", lab / "drafters" / "dspine_sf_seed1")
+    for f in (lab / "eval").glob("dspine_sf_*_t*.json"):
+        r = json.load(open(f))
+        if "_val_" in f.name:
+            r["tau"] = 100.0
+        json.dump(r, open(lab / "eval" / f.name.replace("dspine_sf_", "dspine_sf_seed1_", 1), "w"))
+    rep = json.load(open(report))
+    rep["settings"]["arms"] = arms + [{**arms[0], "name": "dspine_sf_seed1", "seed": 1}]
+    report2 = tmp_path / "lab_recipe2.json"
+    json.dump(rep, open(report2, "w"))
+    assert lab_module("recipe").main(["--lab", str(lab), "--report", str(report2), "--out", str(summary_path)]) == 0
+    s2 = json.load(open(summary_path))
+    assert s2["recipe"] == "specforge" and s2["headline_recipe"] == "specforge"
+    assert s2["headline_runs"] == {"0": ["dflash", "dspine_sf"], "1": ["dflash_seed1", "dspine_sf_seed1"]}
+    assert s2["tau_ratio_of_means_t0_per_seed"]["0"] == pytest.approx(mean("dspine_sf", "0") / mean("dflash", "0"),
+                                                                      abs=1e-4)
     # a deadline that cut a validation suite: the choice uses the suites every arm has
     os.remove(lab / "eval" / "dspine_ce_prose_val_t0.json")
     assert lab_module("recipe").main(["--lab", str(lab), "--report", str(report), "--out", str(summary_path)]) == 0
     assert json.load(open(summary_path))["validation_suites_used"]["t0"] == ["code_val", "math_val"]
+
+
+def test_recipe_long_preset_is_the_candidate_at_the_main_length(tmp_path):
+    """run.py --preset recipe_long: the main pair (DFlash CE, DSpine ce) and DSpine on ce_anneal, all at 1,800 steps
+    and seeds 0 and 1, every DSpine run on the validation prompts at T=0 only, the recipe preset's data, under
+    MPS; the main pairs first."""
+    import argparse
+
+    run = lab_module("run")
+    p, base = run.PRESETS["recipe_long"], run.PRESETS["recipe"]
+    vs = lab_module("grid").variants(p)
+    by = {v.name: v for v in vs}
+    assert sorted(by) == ["dflash", "dflash_seed1", "dspine", "dspine_ce_anneal_seed0", "dspine_ce_anneal_seed1",
+                          "dspine_seed1"]
+    assert {v.steps for v in vs} == {1800} and p["dspine_recipe"] == "ce" and p["temperatures"] == "0,1"
+    for s in (0, 1):
+        arm = by[f"dspine_ce_anneal_seed{s}"]
+        assert arm.seed == s and arm.flags == ["--recipe", "ce_anneal"] and arm.val
+    assert by["dspine"].val and by["dspine_seed1"].val and not by["dflash"].val
+    assert {k: p[k] for k in ("train_prompts", "val_prompts", "train_batch", "suites")} == {
+        k: base[k] for k in ("train_prompts", "val_prompts", "train_batch", "suites")}
+    assert [v.name for v in lab_module("grid").by_priority(vs)][:4] == ["dflash", "dspine", "dflash_seed1",
+                                                                        "dspine_seed1"]
+    assert p["mps"] and p["val_temperatures"] == "0" and not base["mps"]
+    lab = run.Lab(argparse.Namespace(preset="recipe_long", set=[], jobs=None, out=str(tmp_path), force=None))
+    steps = {name: args for name, _, args in lab.eval_steps("dspine", [0.0, 1.0], val=True)}
+    suites = {n: [a.split("=")[0] for a in args[args.index("--suite"):] if "=" in a] for n, args in steps.items()}
+    assert suites == {"eval_dspine_t0": ["code_val", "math_val", "prose_val", "math", "code", "prose", "humaneval"],
+                      "eval_dspine_t1": ["math", "code", "prose", "humaneval"]}
 
 
 def test_corpus_validation_prompts_are_not_training_prompts(tmp_path):

@@ -152,6 +152,25 @@ def variants(p: dict[str, Any]) -> list[Variant]:
 
 # --------------------------------------------------------------------------------------------- running
 def run(lab, todo: list[Variant]) -> dict[str, str]:
+    """_schedule under the preset's `mps`: the grid's processes (several at once) as clients of one CUDA MPS
+    daemon (mps.py; where none can start, time-sliced as without it, and the log says why)."""
+    if lab.runner.jobs < 2 or not lab.p.get("mps"):
+        return _schedule(lab, todo)
+    from sglang_dspine.source_files import load_file
+
+    mps = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "mps.py"), "dspine_lab_mps")
+    mps_env = mps.start(lab.path("mps"), lab.log)
+    if mps_env:
+        lab.runner.env = {**(lab.runner.env or os.environ), **mps_env}
+    try:
+        return _schedule(lab, todo)
+    finally:
+        if mps_env:
+            mps.stop(mps_env)
+            lab.runner.env = {k: v for k, v in lab.runner.env.items() if k not in mps_env}
+
+
+def _schedule(lab, todo: list[Variant]) -> dict[str, str]:
     """Train, export and evaluate every variant (skipping what exists); returns {variant: error} of the failed.
 
     Trainings start in priority order (by_priority), at most `train_jobs` at once: a training starts only when

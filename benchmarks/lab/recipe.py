@@ -11,8 +11,9 @@ The decision rule, fixed before the run:
      a recipe trained at several seeds scores the mean over its seeds; a tie chooses nothing);
      the T=1 winner is reported beside it (if it differs, the choice depends on temperature, and says so);
   2. report, on the held-out suites only: the paper's statistic, the ratio of mean τ over the suites of DSpine
-     (trained on the chosen recipe) to DFlash (CE, its own best recipe), per seed and the mean over seeds, at T=0
-     and T=1; per-suite ratios beside it, acceptance per block position, the training curves.
+     (trained on the chosen recipe, at the main pair's length: the main pair's DSpine runs, or the arms trained
+     on that recipe as long, seed by seed) to DFlash (CE, its own best recipe), per seed and the mean over seeds,
+     at T=0 and T=1; per-suite ratios beside it, acceptance per block position, the training curves.
 
     python benchmarks/lab/recipe.py --lab LAB --report benchmarks/results/lab_recipe.json \
         --out benchmarks/results/lab_recipe_summary.json
@@ -135,12 +136,27 @@ def summarize(lab: str, report: dict[str, Any]) -> dict[str, Any]:
                                             if None not in (chosen["t0"], chosen["t1"]) else None)
     out["main_pair_recipe"] = recipe_of(lab, "dspine")
 
-    # 2. held-out: the paper's statistic per seed and temperature
+    # 2. held-out: the paper's statistic per seed and temperature, for the DSpine runs on the chosen recipe at the
+    # main length (the main pair's where it was trained on it, else an arm's; the main pair's where none was)
+    main_len = int(p["train_steps"])
+
+    def run_on(recipe: str | None, seed: int) -> str | None:
+        if recipe is None or recipe_of(lab, pairs[seed][1]) == recipe:
+            return pairs[seed][1]
+        return next((a["name"] for a in arms if a.get("kind") == "dspine" and recipe_of(lab, a["name"]) == recipe
+                     and int(a.get("steps") or main_len) == main_len and int(a.get("seed") or 0) == seed), None)
+
+    head_runs = {s: run_on(chosen["t0"], s) for s in seeds}
+    if None in head_runs.values():  # the chosen recipe was not trained at the main length at every seed
+        head_runs = {s: pr[1] for s, pr in pairs.items()}
+    head_pairs = {s: (pairs[s][0], head_runs[s]) for s in seeds}
+    out["headline_recipe"] = recipe_of(lab, head_runs[seeds[0]])
+    out["headline_runs"] = {str(s): list(pr) for s, pr in head_pairs.items()}
     per_seed: dict[str, dict[str, Any]] = {}
     positions: dict[str, Any] = {}
     for tk in TEMPS:
         row: dict[str, Any] = {}
-        for s, (a, b) in pairs.items():
+        for s, (a, b) in head_pairs.items():
             ra, rb = suite_results(lab, a, suites, tk), suite_results(lab, b, suites, tk)
             ma, mb = mean_tau(ra, suites), mean_tau(rb, suites)
             common = [x for x in suites if x in ra and x in rb]

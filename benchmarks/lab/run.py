@@ -145,6 +145,22 @@ PRESETS["recipe_cross"] = {
 }
 
 
+# The recipe at the longer length (the recipe issue's item 2): the recipe preset's corpus, data and 1,800-step
+# main pair (DFlash CE and DSpine `ce` at seeds 0 and 1, main_val), against one candidate trained as long at both
+# seeds, `ce_anneal` (the alignment term faded out over the run: at 1,800 steps DFlash had caught up with `ce`,
+# so the auxiliary term's share of the end of the run is the suspect). The default recipe is the one with the
+# higher mean validation τ over both seeds. Six 1,800-step trainings at once do not fit the lease beside the
+# recipe preset's 480-s target: the target trains 300 s here (every drafter of the run on the same target), the
+# validation suites are evaluated at T=0 only (where the choice is made), and the six trainings run under CUDA MPS
+# (mps.py: side by side without it, six gave ~11.5 steps/s together at 320944e, four ~15.5).
+PRESETS["recipe_long"] = {
+    **PRESETS["recipe"], "target_seconds": 300.0, "seeds": "1", "main_val": True, "val_temperatures": "0",
+    "mps": True,
+    "arms": [{"name": f"dspine_ce_anneal_seed{seed}", "kind": "dspine", "seed": seed,
+              "flags": ["--recipe", "ce_anneal"], "val": True} for seed in (0, 1)],
+}
+
+
 # Keys every preset has (the grid's, grid.py; off unless a preset or --set turns them on).
 # train_jobs: trainings of the grid in flight at once (0: all); step_threads: CPU threads of each step run as a
 # subprocess (OMP_NUM_THREADS; 0: torch's default, one per core, which oversubscribes the cores when many steps
@@ -155,12 +171,14 @@ PRESETS["recipe_cross"] = {
 # suites `val_suites` (DOMAIN_val) an arm with "val" is also evaluated on; suite_limits: prompts of a suite other
 # than eval_limit ("math=24"); eval_batched: one evaluation process per drafter and temperature over all its
 # suites (eval_suites.py) instead of one per suite; dspine_recipe: `--recipe` of the DSpine trainings (None: the
-# trainer's default); main_val: the main (and seed) DSpine drafters are evaluated on the validation suites too.
+# trainer's default); main_val: the main (and seed) DSpine drafters are evaluated on the validation suites too;
+# val_temperatures: the temperatures the validation suites are evaluated at ("": every evaluation temperature);
+# mps: the grid's trainings and evaluations run as clients of one CUDA MPS daemon (mps.py).
 GRID_DEFAULTS: dict[str, Any] = dict(suites="code,math,prose", curve_steps="", seeds="", depth_layers="",
                                      depth_steps=0, upgrade_frac=0.0, grid_temperatures="0", eval_jobs=0,
                                      train_jobs=0, step_threads=0, eval_after_training=False, walk_off="",
                                      arms=[], val_prompts=0, val_suites="", suite_limits="", eval_batched=False,
-                                     dspine_recipe=None, main_val=False)
+                                     dspine_recipe=None, main_val=False, val_temperatures="", mps=False)
 # target_steps: train the target for this many steps instead of target_seconds (the tiny preset: the same target
 # on a fast or a loaded machine, so its tests do not depend on how busy the CPU is).
 for _p in PRESETS.values():
@@ -535,8 +553,9 @@ class Lab:
         common = ["--target", self.path("target"), "--drafter", self.path("drafters", name),
                   "--max-new-tokens", str(self.p["eval_tokens"]), "--seed", "0"]
         common += ["--decoding", decoding] if decoding != "walk" else []
+        val_temps = _lab_module("grid").temps_of(self.p["val_temperatures"]) if self.p["val_temperatures"] else None
         for t in temps:
-            todo = [(s, f, n) for s, f, n in self.suite_prompts(val)
+            todo = [(s, f, n) for s, f, n in self.suite_prompts(val and (val_temps is None or t in val_temps))
                     if not self.done("eval", self.path("eval", f"{label}_{s}_t{t:g}.json"))]
             if todo and self.p["eval_batched"]:
                 steps.append((f"eval_{label}_t{t:g}", "eval_suites", common + [

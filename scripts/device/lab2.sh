@@ -38,6 +38,22 @@ LAB_BY="${LAB_BY:-1690}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 plan() {
+  [ "$PRESET" = recipe_long ] && { cat <<'EOF'
+recipe_long lab plan (lease seconds on one H200; PRESET=recipe_long)
+  stage                                                          plan   cumulative
+  machine start and transfer (36-115 s seen)                       90      90
+  setup, corpus (9,600 prompts a domain + 16 validation), tokenizer 45     135
+  target: the second edition's shape, 300 s of training            355     490
+  data: 28,800 prompts regenerated (110 s cap; 135 s seen)         135     625
+  6 trainings at once, 1,800 steps each: DFlash, DSpine ce and
+    DSpine ce_anneal at seeds 0 and 1 (10,800 steps at the ~11.5
+    steps/s six trainings gave side by side)                       950    1575
+  evaluations, one process per drafter and T (seen 150-165 s)     165    1740
+    (deadline: lease LAB_BY; set LAB_BY=1750)
+  recipe.py summary + archive                                       15    1755   (of 1800)
+device calls, none longer than ~540 s: `start && wait 510`, `wait 540`, `wait 540`, `wait` until DONE
+EOF
+  return; }
   [ "$PRESET" = recipe ] && { cat <<'EOF'
 recipe lab plan (lease seconds on one H200; PRESET=recipe)
   stage                                                          plan   cumulative
