@@ -556,7 +556,8 @@ def test_recipe_grid_arms_validation_and_summary(tiny_lab, tmp_path):
     assert cfg("dspine_sf")["training_recipe"]["name"] == "specforge" and cfg("dspine_sf")["dspine_config"]["ce_weight"] == 0.1
     assert cfg("dspine")["training_recipe"]["name"] == "ce" and cfg("dspine_seed1")["dspine_config"]["ce_weight"] == 1.0
     log = open(lab / "logs_run.txt").read()
-    assert log.count("eval_suites.py") == 12 and "sglang-dspine eval" not in log  # 6 drafters x 2 temperatures
+    # 6 drafters x 2 temperatures, and the validation suites of the 4 DSpine drafters in processes of their own
+    assert log.count("eval_suites.py") == 20 and "sglang-dspine eval" not in log
     ev = lambda name: json.load(open(lab / "eval" / f"{name}.json"))
     assert ev("dspine_sf_math_val_t1")["prompts"] == 2 and ev("dspine_math_t0")["prompts"] == 3
     assert (lab / "eval" / "dspine_seed1_code_val_t0.json").exists()  # main_val: the main pair's DSpine too
@@ -651,7 +652,8 @@ def test_recipe_long_preset_is_the_candidate_at_the_main_length(tmp_path):
     lab = run.Lab(argparse.Namespace(preset="recipe_long", set=[], jobs=None, out=str(tmp_path), force=None))
     steps = {name: args for name, _, args in lab.eval_steps("dspine", [0.0, 1.0], val=True)}
     suites = {n: [a.split("=")[0] for a in args[args.index("--suite"):] if "=" in a] for n, args in steps.items()}
-    assert suites == {"eval_dspine_t0": ["code_val", "math_val", "prose_val", "math", "code", "prose", "humaneval"],
+    assert suites == {"eval_dspine_val_t0": ["code_val", "math_val", "prose_val"],
+                      "eval_dspine_t0": ["math", "code", "prose", "humaneval"],
                       "eval_dspine_t1": ["math", "code", "prose", "humaneval"]}
 
 

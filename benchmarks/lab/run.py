@@ -155,7 +155,7 @@ PRESETS["recipe_cross"] = {
 # (mps.py: side by side without it, six gave ~11.5 steps/s together at 320944e, four ~15.5).
 PRESETS["recipe_long"] = {
     **PRESETS["recipe"], "target_seconds": 300.0, "seeds": "1", "main_val": True, "val_temperatures": "0",
-    "mps": True,
+    "mps": True, "eval_jobs": 16,
     "arms": [{"name": f"dspine_ce_anneal_seed{seed}", "kind": "dspine", "seed": seed,
               "flags": ["--recipe", "ce_anneal"], "val": True} for seed in (0, 1)],
 }
@@ -557,10 +557,13 @@ class Lab:
         for t in temps:
             todo = [(s, f, n) for s, f, n in self.suite_prompts(val and (val_temps is None or t in val_temps))
                     if not self.done("eval", self.path("eval", f"{label}_{s}_t{t:g}.json"))]
-            if todo and self.p["eval_batched"]:
-                steps.append((f"eval_{label}_t{t:g}", "eval_suites", common + [
-                    "--label", label, "--temperature", f"{t:g}", "--out-dir", self.path("eval")]
-                    + [a for s, f, n in todo for a in ("--suite", f"{s}={f}:{n}")]))
+            if todo and self.p["eval_batched"]:  # the validation suites in a process of their own, queued first
+                for part, group in (("_val", [x for x in todo if x[0].endswith("_val")]),
+                                    ("", [x for x in todo if not x[0].endswith("_val")])):
+                    if group:
+                        steps.append((f"eval_{label}{part}_t{t:g}", "eval_suites", common + [
+                            "--label", label, "--temperature", f"{t:g}", "--out-dir", self.path("eval")]
+                            + [a for s, f, n in group for a in ("--suite", f"{s}={f}:{n}")]))
                 continue
             for suite, f, n in todo:
                 out = self.path("eval", f"{label}_{suite}_t{t:g}.json")
