@@ -275,12 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lab", required=True, help="the lab folder run.py --preset recipe built")
     ap.add_argument("--report", required=True, help="run.py's results JSON of that lab (lab_recipe.json)")
     ap.add_argument("--out", required=True, help="the summary JSON (lab_recipe_summary.json)")
-    ap.add_argument("--plot", help="the plot (default: next to --out, lab_recipe_positions.png)")
+    ap.add_argument("--plot", help="the plot (default: next to --out, named after it: lab_X_summary.json -> "
+                                   "lab_X_positions.png)")
     args = ap.parse_args(argv)
     summary = summarize(args.lab, json.load(open(args.report)))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    stem = re.sub(r"(_summary)?\.json$", "", os.path.basename(args.out))
     summary["plot"] = os.path.basename(plot(summary, args.plot or os.path.join(
-        os.path.dirname(os.path.abspath(args.out)), "lab_recipe_positions.png")))
+        os.path.dirname(os.path.abspath(args.out)), f"{stem}_positions.png")))
     with open(args.out, "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps({k: summary[k] for k in ("recipe", "recipe_t1_winner", "tau_ratio_of_means_t0",
