@@ -222,11 +222,11 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                              "transfer rank hidden/4 capped at 1024 and message size half of it; a DSpine --init "
                              "keeps its own unless --recipe or a flag is given)")
     g.add_argument("--recipe", choices=sorted(RECIPES),
-                   help=f"how a DSpine drafter is trained (default: {DEFAULT_RECIPE}): ce = CE on the true next "
-                        "token for the backbone and the refinement (what the lab measured best); ce_anneal = ce with "
-                        "the alignment term faded out by a cosine over the run; specforge = "
-                        "SpecForge's reference values exactly (0.1 CE + 0.9 L1 to the target's distribution); "
-                        "any DSpine flag below overrides the recipe's value")
+                   help=f"how a DSpine drafter is trained (default: {DEFAULT_RECIPE}): ce_anneal = CE on the "
+                        "true next token for the backbone and the refinement, the alignment term faded out by a "
+                        "cosine over the run (chosen on the lab's validation prompts); ce = the same with the "
+                        "alignment constant; specforge = SpecForge's reference values exactly (0.1 CE + 0.9 L1 "
+                        "to the target's distribution); any DSpine flag below overrides the recipe's value")
     for f in fields(DSpineSettings):
         # default None: an absent flag leaves the value to the recipe (or to a DSpine --init)
         g.add_argument(f"--{f.name.replace('_', '-')}", dest=f"dspine_{f.name}", metavar=f.name.upper(),
@@ -239,7 +239,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                        help=f"switch off the {name.replace('_', ' ')} term")
     g.add_argument("--alignment-decay", choices=ALIGNMENT_DECAYS,
                    help="DSpine alignment term over the run: none (constant after its warm-up) or cosine (faded "
-                        "to 0 as the learning rate; default: the recipe's, cosine for ce_anneal, else none)")
+                        "to 0 as the learning rate) (default: the recipe's: cosine for ce_anneal, else none)")
     g.add_argument("--dflash-ce-weight", type=float, default=d.dflash_ce_weight,
                    help="DFlash objective: weight of CE against L1 to the teacher (1 = CE only)")
     g.add_argument("--freeze-backbone", action="store_true", help="train only the DSpine injection weights")

@@ -293,7 +293,7 @@ def test_help_shows_every_default(capsys):
     train = texts["train"]
     assert "--num-anchors NUM_ANCHORS blocks per sequence (default: 512)" in train
     assert "--lr LR peak learning rate (default: 0.0006)" in train
-    assert "--ce-weight CE_WEIGHT default: 1 (recipe ce; specforge: 0.1)" in train
+    assert "--ce-weight CE_WEIGHT default: 1 (recipe ce_anneal; specforge: 0.1)" in train
     assert "--alignment-decay {none,cosine}" in train and "cosine for ce_anneal" in train
     assert "--top-k TOP_K default: 16 " in train
     assert "--transfer-rank TRANSFER_RANK default: the target's hidden size / 4, at most 1024" in train

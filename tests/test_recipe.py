@@ -23,9 +23,11 @@ def _build(target, **kw):
 
 
 def test_recipes_set_the_backbone_weight_and_flags_win(target):
-    assert DEFAULT_RECIPE == "ce" and RECIPES["specforge"] == {}
-    d = _build(target, dspine=dict(SMALL))
-    assert d.cfg.dspine.ce_weight == 1.0  # the default recipe: CE
+    assert DEFAULT_RECIPE == "ce_anneal" and RECIPES["specforge"] == {}
+    default = _build(target, dspine=dict(SMALL))
+    assert default.cfg.dspine.ce_weight == 1.0  # the default recipe: CE, the alignment faded out
+    assert default.cfg.raw[RECIPE_KEY] == {"name": "ce_anneal", "overrides": SMALL, "alignment_decay": "cosine"}
+    d = _build(target, recipe="ce", dspine=dict(SMALL))
     assert d.cfg.raw[RECIPE_KEY] == {"name": "ce", "overrides": SMALL, "alignment_decay": "none"}
     sf = _build(target, recipe="specforge", dspine=dict(SMALL))
     ref = DSpineSettings()
@@ -43,7 +45,8 @@ def test_recipes_set_the_backbone_weight_and_flags_win(target):
     assert an.cfg.dspine == d.cfg.dspine and an.cfg.raw[RECIPE_KEY]["alignment_decay"] == "cosine"
     assert "faded out by a cosine" in recipe_line(an.cfg) and "faded" not in recipe_line(d.cfg)
     assert _build(target, recipe="ce_anneal", alignment_decay="none").cfg.raw[RECIPE_KEY]["alignment_decay"] == "none"
-    assert _build(target, alignment_decay="cosine").cfg.raw[RECIPE_KEY]["alignment_decay"] == "cosine"
+    assert _build(target, recipe="ce", alignment_decay="cosine").cfg.raw[RECIPE_KEY]["alignment_decay"] == "cosine"
+    assert _build(target, alignment_decay="none").cfg.raw[RECIPE_KEY]["alignment_decay"] == "none"
     with pytest.raises(ValueError, match="--recipe bogus: expected 'ce' or 'ce_anneal' or 'specforge'"):
         TrainConfig(recipe="bogus").validate()
     with pytest.raises(ValueError, match="--alignment-decay linear: expected 'none' or 'cosine'"):
@@ -72,7 +75,7 @@ def test_recipe_record_survives_save_and_init(target, tmp_path):
         "alignment_decay"] == "none"
     save_drafter(_build(target, kind="dflash"), str(tmp_path / "df"))
     warm = _build(target, kind="dspine", init=str(tmp_path / "df"), dspine=dict(SMALL))
-    assert warm.cfg.dspine.ce_weight == 1.0 and warm.cfg.raw[RECIPE_KEY]["name"] == "ce"
+    assert warm.cfg.dspine.ce_weight == 1.0 and warm.cfg.raw[RECIPE_KEY]["name"] == "ce_anneal"
 
 
 def test_training_runs_the_recipe_objective(target, tmp_path):

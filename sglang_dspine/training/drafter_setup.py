@@ -172,7 +172,7 @@ def recipe_line(cfg: DrafterConfig) -> str:
     """The recipe a DSpine drafter trains with, in words (the trainer prints it)."""
     rec = cfg.raw.get(RECIPE_KEY) or {}
     name = rec.get("name", "unrecorded")
-    why = {DEFAULT_RECIPE: " (the default: CE measured best on the lab)",
+    why = {DEFAULT_RECIPE: " (the default: chosen on the lab's validation prompts)",
            "specforge": " (SpecForge's reference values)"}.get(name, "")
     s = cfg.dspine
     over = f", flags over it: {rec['overrides']}" if rec.get("overrides") else ""
