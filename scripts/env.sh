@@ -1,6 +1,7 @@
-# Sourced by scripts/serve.sh and scripts/test.sh: a virtualenv is (re)installed only when what it is installed
-# from changed (the lock, setup.py, the calling script), so a second run starts at once instead of re-running pip.
-# The key is written after a successful install; an interrupted install leaves none and runs again.
+# Sourced by scripts/serve.sh, scripts/test.sh, scripts/lock.sh and .ci/run: setup.py's release list
+# (sglang_releases), and a virtualenv (re)installed only when what it is installed from changed (the lock,
+# setup.py, the calling script), so a second run starts at once instead of re-running pip. The key is written
+# after a successful install; an interrupted install leaves none and runs again.
 
 # env_key FILE...: one hash of the files' contents (a missing file counts as empty, e.g. an optional .imports) and
 # of this checkout's path (the editable install points at it: a virtualenv copied from elsewhere installs again)

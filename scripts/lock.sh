@@ -11,7 +11,8 @@
 #   do not fit the machines it is tested on; test.sh installs exactly the lock and runs the SGLang tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-releases="$(sed -n 's/^SGLANG_RELEASES = \[\(.*\)\]/\1/p' setup.py | tr -d '",')"
+source scripts/env.sh  # sglang_releases: setup.py's list, read in one place
+releases="$(sglang_releases)"
 version="${1:-${releases%% *}}"
 case " $releases " in
   *" $version "*) ;;
