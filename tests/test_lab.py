@@ -694,5 +694,5 @@ def test_recipe_cross_preset_is_the_objective_cross_at_two_seeds():
                                                                   "--no-refinement-loss", "--no-replacement"]
         assert by[f"dflash_mix_seed{s}"].kind == "dflash" and by[f"dflash_mix_seed{s}"].flags == ["--dflash-ce-weight",
                                                                                                    "0.1"]
-    assert p["dspine_recipe"] == "ce" and p["temperatures"] == "0,1"
+    assert p["dspine_recipe"] == "ce" and p["temperatures"] == "0,1" and p["mps"] and p["train_jobs"] == 6
     assert [v.name for v in grid.by_priority(vs)][:4] == ["dflash", "dspine", "dflash_seed1", "dspine_seed1"]

@@ -31,27 +31,44 @@ JOB=/tmp/job_lab2
 SERVE_BY="${SERVE_BY:-1400}"    # lease second by which the lab stage ends (run.py's deadline) and serving starts
 SERVE_END="${SERVE_END:-1720}"  # lease second after which serve_bench starts no new run
 SERVE_ARGS="${SERVE_ARGS:-}"    # more serve_bench.py arguments (a rehearsal: --clients 48)
-# PRESET=recipe: the recipe lab instead (run.py --preset recipe; no SGLang servers): its lab stage ends at lease
-# second LAB_BY, then benchmarks/lab/recipe.py writes lab_recipe_summary.json and its plot
+# PRESET=recipe (or recipe_long, recipe_cross): a recipe lab instead (run.py --preset PRESET; no SGLang servers):
+# its lab stage ends at lease second LAB_BY, then benchmarks/lab/recipe.py writes lab_PRESET_summary.json and its
+# plot
 PRESET="${PRESET:-second}"
 LAB_BY="${LAB_BY:-1690}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 plan() {
   [ "$PRESET" = recipe_long ] && { cat <<'EOF'
-recipe_long lab plan (lease seconds on one H200; PRESET=recipe_long)
+recipe_long lab plan (lease seconds on one H200; PRESET=recipe_long; "seen": the f462d5c lease, whose job
+started at lease second ~53 and was done at ~1,440)
   stage                                                          plan   cumulative
-  machine start and transfer (36-115 s seen)                       90      90
-  setup, corpus (9,600 prompts a domain + 16 validation), tokenizer 45     135
-  target: the second edition's shape, 300 s of training            355     490
-  data: 28,800 prompts regenerated (110 s cap; 135 s seen)         135     625
-  6 trainings at once, 1,800 steps each: DFlash, DSpine ce and
-    DSpine ce_anneal at seeds 0 and 1 (10,800 steps at the ~11.5
-    steps/s six trainings gave side by side)                       950    1575
-  evaluations, one process per drafter and T (seen 150-165 s)     165    1740
-    (deadline: lease LAB_BY; set LAB_BY=1750)
-  recipe.py summary + archive                                       15    1755   (of 1800)
-device calls, none longer than ~540 s: `start && wait 510`, `wait 540`, `wait 540`, `wait` until DONE
+  machine start and transfer (36-115 s seen; 53 at f462d5c)        90      90
+  setup, corpus (9,600 prompts a domain + 16 validation),
+    tokenizer (seen 48)                                             45     135
+  target: the second edition's shape, 300 s of training (seen 357) 360     495
+  data: 28,800 prompts regenerated (110 s cap; seen 130)           135     630
+  6 trainings at once under CUDA MPS, 1,800 steps each: DFlash,
+    DSpine ce and DSpine ce_anneal at seeds 0 and 1 (seen 570 s
+    DFlash, 683-694 s DSpine: 15.6 steps/s together)               710    1340
+  evaluations, 16 processes: held-out per drafter and T, the
+    validation suites at T=0 apart (seen 73-130 s)                 135    1475
+    (deadline: lease LAB_BY; 1745 at f462d5c)
+  recipe.py summary + archive (seen 3 s)                            15    1490   (of 1800)
+device calls, none longer than ~540 s: `start && wait 470`, `wait 530`, `wait` until DONE
+EOF
+  return; }
+  [ "$PRESET" = recipe_cross ] && { cat <<'EOF'
+recipe_cross lab plan (lease seconds on one H200; PRESET=recipe_cross; not run yet)
+  stage                                                          plan   cumulative
+  machine start, setup, corpus, tokenizer                          135     135
+  target: the second edition's (46M, 480 s of training)            535     670
+  data: 28,800 prompts regenerated (110 s cap)                     135     805
+  12 trainings of 600 steps, 6 at once under CUDA MPS (7,200 steps
+    at the 15.6 steps/s seen at f462d5c)                           470    1275
+  evaluations: 24 held-out processes + 8 validation, 16 at a time  300    1575
+    (deadline: lease LAB_BY)
+  recipe.py summary + archive                                       15    1590   (of 1800)
 EOF
   return; }
   [ "$PRESET" = recipe ] && { cat <<'EOF'
