@@ -51,6 +51,8 @@ def test_recipes_set_the_backbone_weight_and_flags_win(target):
         TrainConfig(recipe="bogus").validate()
     with pytest.raises(ValueError, match="--alignment-decay linear: expected 'none' or 'cosine'"):
         TrainConfig(alignment_decay="linear").validate()
+    with pytest.raises(ValueError, match="--alignment-decay: a DFlash drafter has no alignment term"):
+        TrainConfig(kind="dflash", alignment_decay="cosine").validate()
 
 
 def test_recipe_record_survives_save_and_init(target, tmp_path):

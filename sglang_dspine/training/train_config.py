@@ -109,6 +109,9 @@ class TrainConfig:
             bad("dflash_ce_weight", "in [0, 1]")
         if self.alignment_decay is not None and self.alignment_decay not in ALIGNMENT_DECAYS:
             bad("alignment_decay", " or ".join(repr(d) for d in ALIGNMENT_DECAYS))
+        if self.alignment_decay is not None and self.kind == "dflash":
+            raise ValueError("--alignment-decay: a DFlash drafter has no alignment term (its objective is "
+                             "--dflash-ce-weight)")
         if self.precision not in ("auto", "bf16", "fp32"):
             bad("precision", "'auto', 'bf16' or 'fp32'")
         if self.freeze_backbone and self.kind != "dspine":
