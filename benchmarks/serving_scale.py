@@ -60,7 +60,13 @@ GEOMETRIES = {
 }
 DRAFTER = dict(layers=5, block_size=16, transfer_rank=1024, message_size=512, top_k=16, mask_token_id=151669)
 TINY_DRAFTER = dict(layers=2, block_size=4, transfer_rank=16, message_size=8, top_k=4, mask_token_id=511)
-SERVERS = ("dflash", "dspine", "dspine_torch")
+# DFlash2 (SGLang >= 0.5.23, `DFlash2DraftModel` under --speculative-algorithm DFLASH): the DFlash backbone with a
+# two-tap in-block convolution around every sublayer and a rank-r pairwise selector over each position's top-K.
+# DFlash 2's published shape: 2 taps, 16 channels a convolution group, selector rank 256, top-K 16.
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=256, selector_top_k=16)
+TINY_DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
+SERVERS = ("dflash", "dspine", "dspine_torch", "dflash2")  # the servers this benchmark knows
+DEFAULT_SERVERS = ("dflash", "dspine", "dspine_torch")
 
 
 # ------------------------------------------------------------------------------------------- models
@@ -77,8 +83,9 @@ def write_target(root: str, geometry: dict) -> str:
     return path
 
 
-def write_drafters(root: str, geometry: dict, shape: dict, device: str) -> dict[str, str]:
-    """A DSpine drafter and a DFlash drafter with the same random backbone, saved by this package."""
+def write_drafters(root: str, geometry: dict, shape: dict, device: str, dflash2: dict | None = None) -> dict[str, str]:
+    """A DSpine drafter and a DFlash drafter with the same random backbone, saved by this package; with `dflash2`
+    (its shape, DFLASH2), also a DFlash2 drafter on that backbone (write_dflash2)."""
     from transformers import Qwen3Config
 
     from sglang_dspine.drafter.checkpoint import save_drafter
@@ -110,7 +117,63 @@ def write_drafters(root: str, geometry: dict, shape: dict, device: str) -> dict[
         save_drafter(model, path)
         out[kind] = path
         del model
+    if dflash2 is not None:
+        out["dflash2"] = write_dflash2(out["dflash"], os.path.join(root, "dflash2"), dflash2, gen)
     return out
+
+
+def write_dflash2(dflash: str, path: str, shape: dict, gen: torch.Generator) -> str:
+    """A DFlash2 drafter (SGLang 0.5.23's DFlash2DraftModel) from a DFlash one: the same backbone, random
+    convolution corrections around every sublayer (base kernel the identity, as a fresh DFlash 2) and a random
+    selector. The tensor names are DFlash 2's: `layers.{i}.{attention,mlp}_conv.{base_kernel,
+    kernel_projection.weight}`, `candidate_selector.{predecessor,successor}_codebook`,
+    `candidate_selector.hidden_projection.weight`."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(dflash, path, dirs_exist_ok=True)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    hidden, vocab, layers = int(cfg["hidden_size"]), int(cfg["vocab_size"]), int(cfg["num_hidden_layers"])
+    taps, group = int(shape["conv_kernel_size"]), int(shape["conv_group_size"])
+    rank = int(shape["selector_rank"])
+    if hidden % group:
+        raise ValueError(f"DFlash2 conv_group_size {group} must divide the hidden size {hidden}")
+    cfg["architectures"] = ["DFlash2DraftModel"]
+    cfg["dflash_config"] = {**cfg.get("dflash_config", {}), **shape}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    files = [f for f in os.listdir(path) if f.endswith(".safetensors")]
+    if files != ["model.safetensors"]:
+        raise ValueError(f"{dflash}: expected one model.safetensors, found {files}")
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    dtype, device = tensors["fc.weight"].dtype, gen.device
+
+    def normal(*size, std=0.02):
+        return torch.randn(*size, generator=gen, device=device).mul_(std).to(dtype).cpu()
+
+    for i in range(layers):
+        for conv in ("attention_conv", "mlp_conv"):
+            base = torch.zeros(2, taps, hidden)
+            base[:, 0] = 1.0
+            tensors[f"layers.{i}.{conv}.base_kernel"] = base.to(dtype)
+            tensors[f"layers.{i}.{conv}.kernel_projection.weight"] = normal(2 * taps * (hidden // group), hidden)
+    tensors["candidate_selector.predecessor_codebook"] = normal(vocab, rank)
+    tensors["candidate_selector.successor_codebook"] = normal(vocab, rank)
+    tensors["candidate_selector.hidden_projection.weight"] = normal(rank, hidden)
+    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
+def check_servers(names: list[str]) -> None:
+    """Refuse, in one line, a server this benchmark does not know or that the installed SGLang cannot run."""
+    if set(names) - set(SERVERS) or not names:
+        raise SystemExit(f"--servers: choose from {','.join(SERVERS)}")
+    if "dflash2" in names:
+        from sglang_dspine.serving.versions import sglang_version
+
+        if sglang_version() < (0, 5, 23):
+            raise SystemExit("--servers dflash2: DFlash2 ships in SGLang 0.5.23; this is SGLang "
+                             + ".".join(map(str, sglang_version())))
 
 
 # ---------------------------------------------------------------------------------------- measuring
@@ -196,15 +259,19 @@ def summarize(res: dict) -> dict:
 
     by = {}
     torch_by = {}
+    by_dflash2 = {}
     for temp in res.get("temperatures", []):
         key = f"T{temp:g}"
-        by[key], torch_by[key] = {}, {}
+        by[key], torch_by[key], by_dflash2[key] = {}, {}, {}
         for c in res.get("clients", []):
             d, s, t = mean_step("dflash", temp, c), mean_step("dspine", temp, c), mean_step("dspine_torch", temp, c)
+            d2 = mean_step("dflash2", temp, c)
             if d and s:
                 by[key][str(c)] = round(s / d, 4)
             if d and t:
                 torch_by[key][str(c)] = round(t / d, 4)
+            if d2 and s:
+                by_dflash2[key][str(c)] = round(s / d2, 4)
     ratios = [v for d in by.values() for v in d.values()]
     spread = {}
     for name in SERVERS:  # repeat-to-repeat spread of each server's step time
@@ -220,9 +287,10 @@ def summarize(res: dict) -> dict:
         "step_ratio_max": max(ratios) if ratios else None,
         "step_ratio_by_clients": by,
         "torch_path_step_ratio_by_clients": torch_by,
+        "step_ratio_vs_dflash2_by_clients": {k: v for k, v in by_dflash2.items() if v},
         "repeat_spread_max": max(spread.values()) if spread else None,
         "kv_pools_side_by_side": {n: m.get("max_total_num_tokens") for n, m in res.get("memory", {}).items()},
-        "alone_default_graph_bs": {n: {k: a.get(k) for k in ("memory", "step_ratio_vs_dflash")}
+        "alone_default_graph_bs": {n: {k: a.get(k) for k in ("memory", "step_ratio_vs_dflash", "step_ratio_vs_dflash2")}
                                    for n, a in alone.items()},
         "dspine_backends": {k: {"started": b.get("started"), "ran": b.get("ran"),
                                 "step_ms": {str(r["clients"]): r.get("step_ms") for r in b.get("rounds", [])}}
@@ -265,8 +333,8 @@ def print_table(res: dict) -> None:
 def server_args_for(name: str, target: str, drafters: dict, extra: list[str]) -> tuple[list[str], dict | None]:
     common = ["--load-format", "dummy", "--skip-tokenizer-init", "--speculative-draft-load-format", "safetensors",
               *extra]
-    if name == "dflash":
-        return spec_args(target, "DFLASH", drafters["dflash"], *common), None
+    if name in ("dflash", "dflash2"):  # DFlash2: SGLang's DFLASH algorithm with a DFlash2DraftModel drafter
+        return spec_args(target, "DFLASH", drafters[name], *common), None
     if name == "dspine":
         return spec_args(target, "DSPINE", drafters["dspine"], *common), None
     if name == "dspine_torch":
@@ -279,7 +347,8 @@ def main() -> None:
     ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="qwen3-8b")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--work", default="/tmp/serving_scale", help="where the target and drafter folders go")
-    ap.add_argument("--servers", default=",".join(SERVERS))
+    ap.add_argument("--servers", default=",".join(DEFAULT_SERVERS),
+                    help=f"comma-separated, of {','.join(SERVERS)} (dflash2: SGLang >= 0.5.23)")
     ap.add_argument("--clients", default="1,4,16,48,64")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--repeats", type=int, default=2)
@@ -310,8 +379,7 @@ def main() -> None:
         raise SystemExit(f"--backends {args.backends!r}: want ATTENTION/SAMPLING pairs separated by commas")
     args.alone = args.alone or args.alone_only
     names = [n for n in args.servers.split(",") if n]
-    if set(names) - set(SERVERS) or not names:
-        raise SystemExit(f"--servers: choose from {','.join(SERVERS)}")
+    check_servers(names)
     clients = [int(c) for c in args.clients.split(",") if c]
     temps = [float(t) for t in args.temperatures.split(",") if t]
     geometry = GEOMETRIES["tiny" if args.smoke else args.geometry]
@@ -324,7 +392,8 @@ def main() -> None:
     t0 = time.time()
     shutil.rmtree(args.work, ignore_errors=True)
     target = write_target(args.work, geometry)
-    drafters = write_drafters(args.work, geometry, shape, "cuda" if torch.cuda.is_available() else "cpu")
+    drafters = write_drafters(args.work, geometry, shape, "cuda" if torch.cuda.is_available() else "cpu",
+                              (TINY_DFLASH2 if args.smoke else DFLASH2) if "dflash2" in names else None)
     print(f"models written in {time.time() - t0:.0f} s", flush=True)
     if args.smoke:
         synthetic = {n: [{"clients": c, "temperature": t, "step_ms": 10.0 + (n != "dflash") * 0.1, "tokens_per_s": 1}
@@ -393,7 +462,7 @@ def main() -> None:
         servers = {}
         # ---- phase 3: each alone, SGLang's default --cuda-graph-max-bs-decode
         if args.alone:
-            for n in [x for x in ("dflash", "dspine") if x in names]:
+            for n in [x for x in ("dflash", "dflash2", "dspine") if x in names]:
                 a, env = server_args_for(n, target, drafters, ["--mem-fraction-static", str(args.alone_mem_fraction)])
                 s = Server(n + "_alone", 31010, a, args.out, env=env)
                 servers[n] = s
@@ -407,11 +476,12 @@ def main() -> None:
                 s.stop()
                 del servers[n]
                 save()
-            if "dflash" in res["alone"] and "dspine" in res["alone"] and "rounds" in res["alone"]["dspine"]:
-                d = {r["clients"]: r["step_ms"] for r in res["alone"]["dflash"].get("rounds", [])}
-                res["alone"]["dspine"]["step_ratio_vs_dflash"] = {
-                    str(r["clients"]): round(r["step_ms"] / d[r["clients"]], 4)
-                    for r in res["alone"]["dspine"]["rounds"] if d.get(r["clients"])}
+            for base in ("dflash", "dflash2"):
+                if base in res["alone"] and "dspine" in res["alone"] and "rounds" in res["alone"]["dspine"]:
+                    d = {r["clients"]: r["step_ms"] for r in res["alone"][base].get("rounds", [])}
+                    res["alone"]["dspine"][f"step_ratio_vs_{base}"] = {
+                        str(r["clients"]): round(r["step_ms"] / d[r["clients"]], 4)
+                        for r in res["alone"]["dspine"]["rounds"] if d.get(r["clients"])}
         # ---- DSPINE alone on other attention / sampling backends
         for attention, sampling in backends:
             key = f"{attention}/{sampling}"

@@ -12,6 +12,8 @@ patches, called the way SGLang's DFlash code calls it and compared by value with
 - lossless sampling through DFlash's verify as DSPINE drives it (T = 0.7 and 1.3, top-k, top-p, a logit bias, a
   greedy request in the batch): what it emits over many samples against the target's exact distribution;
 - a checkpoint in SpecForge's own layout loaded by SGLang's DSpineDraftModel;
+- the random DFlash2 drafter the step-cost benchmark serves beside DSPINE, built and loaded by SGLang 0.5.23's own
+  DFlash2DraftModel (0.5.17, which has none, is refused in one line);
 - tensor parallelism: two ranks under gloo, SGLang's TP group and padded ParallelLMHead, each rank's shard.
 Tests marked `gpu` run the verify with SGLang's CUDA acceptance kernel itself (scripts/device/gpu_tests.sh).
 """
@@ -578,6 +580,52 @@ def test_sglang_model_loads_a_specforge_layout_checkpoint(served, tmp_path):
     for r, (ref, (_, a)) in enumerate(zip(refs, [(6, 3), (5, 40)])):
         torch.testing.assert_close(hidden[r], ref.hidden[0, 0], atol=1e-5, rtol=1e-5)
         assert served_tokens[r].tolist() == plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist()
+
+
+# ------------------------------------------------------------------ DFlash2, the step-cost benchmark's peer
+def test_step_cost_benchmarks_dflash2_drafter_is_sglangs_own(served, tmp_path):
+    """benchmarks/serving_scale.py's DFlash2 drafter (a DFlash backbone, DFlash 2's convolutions and selector, random)
+    is what SGLang 0.5.23's DFlash2DraftModel builds from its config: every parameter of the model comes from the
+    file, equal, and no tensor of the file is left unused; on 0.5.17 the benchmark refuses --servers dflash2."""
+    from sglang_dspine.serving.versions import sglang_version
+    from sglang_dspine.source_files import load_file as load_source
+
+    ss = load_source(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                                  "serving_scale.py"))
+    geometry, shape = dict(ss.GEOMETRIES["tiny"], vocab_size=VOCAB), ss.TINY_DRAFTER
+    paths = ss.write_drafters(str(tmp_path), geometry, dict(shape, mask_token_id=VOCAB - 1), "cpu", ss.TINY_DFLASH2)
+    cfg = json.load(open(os.path.join(paths["dflash2"], "config.json")))
+    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["dflash_config"]["selector_top_k"] == 4
+    tensors = load_file(os.path.join(paths["dflash2"], "model.safetensors"))
+    backbone = load_file(os.path.join(paths["dflash"], "model.safetensors"))
+    assert all(torch.equal(tensors[k], v) for k, v in backbone.items())  # the DFlash drafter's backbone, as is
+    if sglang_version() < (0, 5, 23):
+        with pytest.raises(SystemExit, match="--servers dflash2: DFlash2 ships in SGLang 0.5.23; this is SGLang 0.5.17"):
+            ss.check_servers(["dflash", "dflash2", "dspine"])
+        return
+    ss.check_servers(["dflash", "dflash2", "dspine"])
+    from sglang.srt.models.dflash import DFlash2DraftModel
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    model = DFlash2DraftModel(get_config(paths["dflash2"], trust_remote_code=False)).float()
+    model.load_weights(iter(tensors.items()))
+    params = dict(model.named_parameters())
+    f32 = {k: v.float() for k, v in tensors.items()}
+    assert torch.equal(params["candidate_selector.successor_codebook"], f32["candidate_selector.successor_codebook"])
+    assert torch.equal(params["candidate_selector.hidden_projection.weight"],
+                       f32["candidate_selector.hidden_projection.weight"])
+    for i in range(shape["layers"]):
+        for conv in ("attention_conv", "mlp_conv"):
+            for name in ("base_kernel", "kernel_projection.weight"):
+                key = f"layers.{i}.{conv}.{name}"
+                assert torch.equal(params[key], f32[key]), key
+    assert torch.equal(params["fc.weight"], f32["fc.weight"])
+    # SGLang fuses q/k/v and gate/up: the rest of the file is in the fused parameters, and nothing is left over
+    fused = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+             "up_proj": "gate_up_proj"}
+    unused = [k for k in tensors if k not in params and not any(f".{a}." in k and k.replace(a, b) in params
+                                                                  for a, b in fused.items())]
+    assert unused == []
 
 
 # --------------------------------------------------------------------------------------- tensor parallelism
