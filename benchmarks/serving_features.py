@@ -1151,17 +1151,24 @@ def servers_and_models(servers: str, models: str) -> tuple[list[str], str]:
     return names, models
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_pair_args(ap: argparse.ArgumentParser) -> None:
+    """The arguments of a run of servers on a pair (this file and serving_pressure.py): the models, where results
+    go, which servers, FlashInfer's prebuild, the CPU self-test."""
     ap.add_argument("--models", default=os.path.join(REPO, "models", "default"),
                     help="folder with target/, dflash/, dspine/ and suites/")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--servers", default=",".join(NAMES))
-    ap.add_argument("--clients", type=int, default=48)
-    ap.add_argument("--load-seconds", type=float, default=120.0)
     ap.add_argument("--results-dir", default=None,
                     help="also write the summary there (benchmarks/results for the committed one); default: --out only")
     ap.add_argument("--no-prebuild", action="store_true", help="do not build FlashInfer's sampling module first")
+    ap.add_argument("--smoke", action="store_true", help="CPU self-test of the pure parts, no servers")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_pair_args(ap)
+    ap.add_argument("--clients", type=int, default=48)
+    ap.add_argument("--load-seconds", type=float, default=120.0)
     ap.add_argument("--attention-backend", default="triton",
                     help="every server's --attention-backend; 'sglang-default': the flag left out (SGLang picks: FA3 "
                          "on an H200)")
@@ -1169,7 +1176,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="every server's --sampling-backend; 'sglang-default': the flag left out (FlashInfer)")
     ap.add_argument("--tag", default="",
                     help="results named serving_features_TAG*.json instead of serving_features*.json")
-    ap.add_argument("--smoke", action="store_true", help="CPU self-test of the pure parts, no servers")
     args = ap.parse_args(argv)
     backends = {"attention": None if args.attention_backend == "sglang-default" else args.attention_backend,
                 "sampling": None if args.sampling_backend == "sglang-default" else args.sampling_backend}

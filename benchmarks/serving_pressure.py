@@ -828,17 +828,10 @@ def server_args(name: str, models: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default=os.path.join(REPO, "models", "default"),
-                    help="folder with target/, dflash/, dspine/ and suites/")
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
-    ap.add_argument("--servers", default=",".join(NAMES))
+    sf.add_pair_args(ap)
     ap.add_argument("--scenarios", default=None,
                     help=f"comma-separated of {','.join(SCENARIOS)} (default: all; soak only with --soak-seconds)")
     ap.add_argument("--soak-seconds", type=float, default=0.0, help="0: no soak; 1200 for 20 minutes")
-    ap.add_argument("--results-dir", default=None,
-                    help="also write the summary there (benchmarks/results for the committed one); default: --out only")
-    ap.add_argument("--no-prebuild", action="store_true", help="do not build FlashInfer's sampling module first")
-    ap.add_argument("--smoke", action="store_true", help="CPU self-test of the pure parts, no servers")
     args = ap.parse_args(argv)
     names, models = sf.servers_and_models(args.servers, args.models)
     scenarios = [x for x in (args.scenarios or ",".join(SCENARIOS)).split(",") if x]

@@ -35,6 +35,13 @@ class SpecResult:
         a prompt that ended after 3 rounds like one that ran 300, and can rank two drafters the other way."""
         return cls([], [a for r in results for a in r.accept_lengths], block_size)
 
+    def emit(self, tokens: list[int], eos: set[int], max_new_tokens: int) -> None:
+        """A round's output (the accepted drafts, then the target's own token), up to an end token or the limit."""
+        for t in tokens:
+            self.tokens.append(t)
+            if t in eos or len(self.tokens) >= max_new_tokens:
+                break
+
     def position_acceptance(self) -> list[float]:
         """Fraction of rounds whose draft was accepted at least up to block position i (i = 1..B-1)."""
         n = max(len(self.accept_lengths), 1)
@@ -171,10 +178,7 @@ def speculative_generate(
         # Keep the target's cache and the drafter's context up to the last verified token (anchor + accepted).
         cache.crop(s + accepted + 1)
         proposer.extend(out.hidden_states, s, accepted + 1)
-        for t in draft[:accepted] + [nxt]:
-            result.tokens.append(t)
-            if t in eos or len(result.tokens) >= max_new_tokens:
-                break
+        result.emit(draft[:accepted] + [nxt], eos, max_new_tokens)
         anchor = result.tokens[-1]
     result.tokens = result.tokens[:max_new_tokens]
     return result

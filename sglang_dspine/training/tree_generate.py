@@ -167,10 +167,7 @@ def tree_generate(target, proposer, prompt_ids: list[int], max_new_tokens: int, 
         rows = torch.tensor([0] + [m + 1 for m in path], device=device)  # anchor + accepted path, in this pass
         keep_cache_positions(cache, torch.cat([torch.arange(s, device=device), s + rows]))
         proposer.extend(tuple(h.index_select(1, rows) for h in out.hidden_states), s, len(rows))
-        for t in [tree.tokens[m] for m in path] + [nxt]:
-            result.tokens.append(t)
-            if t in eos or len(result.tokens) >= max_new_tokens:
-                break
+        result.emit([tree.tokens[m] for m in path] + [nxt], eos, max_new_tokens)
         anchor = result.tokens[-1]
     result.tokens = result.tokens[:max_new_tokens]
     return result
