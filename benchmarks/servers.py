@@ -33,6 +33,22 @@ def base_args(attention: str | None = "triton", sampling: str | None = "pytorch"
 
 # The backends the device bundle carries (fa3 and FlashInfer's JIT are not in it).
 BASE_ARGS = base_args()
+SGLANG_DEFAULT = "sglang-default"  # a backend flag left out: SGLang's own choice (FA3 and FlashInfer on an H200)
+
+
+def add_backend_args(ap, attention: str = "triton", sampling: str = "pytorch") -> None:
+    """--attention-backend / --sampling-backend for every server a benchmark starts ('sglang-default': left out)."""
+    ap.add_argument("--attention-backend", default=attention,
+                    help=f"every server's --attention-backend; '{SGLANG_DEFAULT}': the flag left out (SGLang picks: "
+                         "FA3 on an H200)")
+    ap.add_argument("--sampling-backend", default=sampling,
+                    help=f"every server's --sampling-backend; '{SGLANG_DEFAULT}': the flag left out (FlashInfer)")
+
+
+def backends_from_args(args) -> dict:
+    """{'attention': name or None, 'sampling': name or None} from add_backend_args' flags (None: left out)."""
+    return {"attention": None if args.attention_backend == SGLANG_DEFAULT else args.attention_backend,
+            "sampling": None if args.sampling_backend == SGLANG_DEFAULT else args.sampling_backend}
 
 
 def spec_args(target: str, algo: str, drafter: str, *extra: str) -> list[str]:

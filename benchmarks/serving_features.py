@@ -1169,16 +1169,11 @@ def main(argv: list[str] | None = None) -> int:
     add_pair_args(ap)
     ap.add_argument("--clients", type=int, default=48)
     ap.add_argument("--load-seconds", type=float, default=120.0)
-    ap.add_argument("--attention-backend", default="triton",
-                    help="every server's --attention-backend; 'sglang-default': the flag left out (SGLang picks: FA3 "
-                         "on an H200)")
-    ap.add_argument("--sampling-backend", default="pytorch",
-                    help="every server's --sampling-backend; 'sglang-default': the flag left out (FlashInfer)")
+    _servers.add_backend_args(ap)
     ap.add_argument("--tag", default="",
                     help="results named serving_features_TAG*.json instead of serving_features*.json")
     args = ap.parse_args(argv)
-    backends = {"attention": None if args.attention_backend == "sglang-default" else args.attention_backend,
-                "sampling": None if args.sampling_backend == "sglang-default" else args.sampling_backend}
+    backends = _servers.backends_from_args(args)
     base = _servers.base_args(backends["attention"], backends["sampling"])
     stem = "serving_features" + (f"_{args.tag}" if args.tag else "")
     names, models = servers_and_models(args.servers, args.models)
@@ -1194,7 +1189,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = build_inputs(AutoTokenizer.from_pretrained(target), models)
     res = {"provenance": provenance(sys.argv if argv is None else ["serving_features.py", *argv]),
            "server_names": names, "server_flags": FLAGS, "base_flags": base,
-           "backends": {k: v or "sglang-default" for k, v in backends.items()},
+           "backends": {k: v or _servers.SGLANG_DEFAULT for k, v in backends.items()},
            "clients": args.clients, "load_seconds": args.load_seconds,
            "load_mode": "the servers loaded at the same time, one client process each",
            "inputs": {"greedy_prompts": len(ctx["greedy_prompts"]), "long_prompt_tokens": ctx["long_prompt_tokens"],

@@ -20,6 +20,9 @@ Phases (one GPU):
      each other pair of backends (`default` = the flag left out, SGLang's own choice) and records whether it
      starts, which backends it ran, and one round.
 
+Every server gets `--attention-backend triton --sampling-backend pytorch` unless `--attention-backend` /
+`--sampling-backend` say otherwise (`sglang-default`: the flag left out, as a user who passes none).
+
 Usage on the GPU machine (repo root, carry .devbundle): `bash scripts/device/serving_scale.sh [args]`.
 Results: $OUT/serving_scale.json, benchmarks/results/serving_scale.json and serving_scale_summary.json.
 `--smoke` (CPU): makes the models at a tiny geometry and checks the summary code on synthetic timings.
@@ -284,6 +287,7 @@ def summarize(res: dict) -> dict:
     alone = res.get("alone", {})
     return {
         "geometry": res.get("geometry_name"), "target": res.get("geometry"), "drafter": res.get("drafter"),
+        "server_backends": res.get("server_backends"), "sglang": res.get("provenance", {}).get("versions", {}).get("sglang"),
         "step_ratio_max": max(ratios) if ratios else None,
         "step_ratio_by_clients": by,
         "torch_path_step_ratio_by_clients": torch_by,
@@ -369,6 +373,7 @@ def main() -> None:
     ap.add_argument("--backends", default="",
                     help="after phase 3: DSPINE alone with these ATTENTION/SAMPLING backend pairs, e.g. "
                          "'default/default,flashinfer/flashinfer' (default = SGLang's own choice)")
+    _servers.add_backend_args(ap)
     ap.add_argument("--results-dir", default=None,
                     help="also write the results there (benchmarks/results for the committed ones); "
                          "default: --out only")
@@ -378,6 +383,8 @@ def main() -> None:
     if any(len(b) != 2 or not all(b) for b in backends):
         raise SystemExit(f"--backends {args.backends!r}: want ATTENTION/SAMPLING pairs separated by commas")
     args.alone = args.alone or args.alone_only
+    server_backends = _servers.backends_from_args(args)
+    base = _servers.base_args(server_backends["attention"], server_backends["sampling"])
     names = [n for n in args.servers.split(",") if n]
     check_servers(names)
     clients = [int(c) for c in args.clients.split(",") if c]
@@ -388,7 +395,8 @@ def main() -> None:
     res = {"geometry_name": "tiny" if args.smoke else args.geometry, "geometry": geometry, "drafter": shape,
            "clients": clients, "temperatures": temps, "prompt_len": args.prompt_len, "max_new": args.max_new,
            "pool": args.pool, "graph_bs": args.graph_bs, "provenance": provenance(sys.argv), "rounds": [],
-           "memory": {}, "profile": {}, "alone": {}, "backends": {}}
+           "memory": {}, "profile": {}, "alone": {}, "backends": {},
+           "server_backends": {k: v or _servers.SGLANG_DEFAULT for k, v in server_backends.items()}}
     t0 = time.time()
     shutil.rmtree(args.work, ignore_errors=True)
     target = write_target(args.work, geometry)
@@ -419,7 +427,7 @@ def main() -> None:
                 "--mem-fraction-static", "0.88", "--disable-prefill-cuda-graph"]
         for i, n in enumerate(side_names):
             a, env = server_args_for(n, target, drafters, side)
-            servers[n] = Server(n, 31000 + i, a, args.out, env={**(env or {}), **env_prof})
+            servers[n] = Server(n, 31000 + i, a, args.out, env={**(env or {}), **env_prof}, base_args=base)
             ok = servers[n].wait()
             print(f"{n} up={ok} after {servers[n].up_after}", flush=True)
             if not ok:
@@ -464,7 +472,7 @@ def main() -> None:
         if args.alone:
             for n in [x for x in ("dflash", "dflash2", "dspine") if x in names]:
                 a, env = server_args_for(n, target, drafters, ["--mem-fraction-static", str(args.alone_mem_fraction)])
-                s = Server(n + "_alone", 31010, a, args.out, env=env)
+                s = Server(n + "_alone", 31010, a, args.out, env=env, base_args=base)
                 servers[n] = s
                 if not s.wait():
                     res["alone"][n] = {"error": s.tail(40)}

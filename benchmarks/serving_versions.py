@@ -54,11 +54,33 @@ def build(results: str) -> dict:
         if spec["step_cost"]:
             s = json.load(open(os.path.join(results, spec["step_cost"])))
             row["step_cost_file"] = spec["step_cost"]
-            row["dspine_over_dflash_step"] = {"by_clients": s["step_ratio_by_clients"], "commit": s.get("commit"),
-                                              "date": s.get("date"), "command": s.get("command")}
+            row.update(step_ratios(s))
         rows.append(row)
-    return {"rows": rows, "dflash2_beside_dspine": None,
-            "dflash2_not_run": "DFlash2 ships in SGLang 0.5.23, not run on the GPU (see the 0.5.23 row)"}
+    beside = [{"sglang": r["sglang"], "attention": r["attention"], "sampling": r["sampling"],
+               **r["dspine_over_dflash2_step"]} for r in rows if r.get("dspine_over_dflash2_step")]
+    out = {"rows": rows, "dflash2_beside_dspine": beside or None}
+    if not beside:
+        out["dflash2_not_run"] = "DFlash2 ships in SGLang 0.5.23, not run on the GPU (see the 0.5.23 row)"
+    return out
+
+
+def step_ratios(s: dict) -> dict:
+    """DSPINE's step ÷ DFLASH's (and ÷ DFlash2's where it ran) per client count from a serving_scale summary:
+    the side-by-side rounds (equal KV pools) where it has them, else each server alone (--alone-only)."""
+    prov = {"commit": s.get("commit"), "date": s.get("date"), "command": s.get("command")}
+    if any(s.get("step_ratio_by_clients", {}).values()):
+        out = {"dspine_over_dflash_step": {"by_clients": s["step_ratio_by_clients"], "how": "side by side", **prov}}
+        if s.get("step_ratio_vs_dflash2_by_clients"):
+            out["dspine_over_dflash2_step"] = {"by_clients": s["step_ratio_vs_dflash2_by_clients"],
+                                               "how": "side by side", **prov}
+        return out
+    alone = (s.get("alone_default_graph_bs") or {}).get("dspine") or {}
+    out = {}
+    for base in ("dflash", "dflash2"):
+        if alone.get(f"step_ratio_vs_{base}"):
+            out[f"dspine_over_{base}_step"] = {"by_clients": {"T0": alone[f"step_ratio_vs_{base}"]},
+                                               "how": "each server alone", **prov}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in out["rows"]:
         f = r.get("features", {}).get("servers", {}).get("dspine", {})
         steps = (r.get("dspine_over_dflash_step") or {}).get("by_clients", {}).get("T0")
+        steps2 = (r.get("dspine_over_dflash2_step") or {}).get("by_clients", {}).get("T0")
         print(f"{r['sglang']:7} {str(r['attention']):36} {str(r['sampling']):30} "
               f"features {f.get('features_ok')}/{f.get('features_total')} greedy {f.get('greedy_vs_plain')} "
-              f"step/DFLASH {steps}" + (f"  NOT RUN: {r['not_run']}" if r.get("not_run") else ""))
+              f"step/DFLASH {steps}" + (f" step/DFlash2 {steps2}" if steps2 else "")
+              + (f"  NOT RUN: {r['not_run']}" if r.get("not_run") else ""))
     print(path)
     return 0
 

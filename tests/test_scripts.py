@@ -288,3 +288,45 @@ def test_a_virtualenv_from_another_checkout_installs_again(tmp_path):
     assert key(a) == before and before != key(b)  # the same files in another checkout: another key
     (a / "lock.txt").write_text("torch==2.14.1\n")
     assert key(a) != before  # another lock: another key
+
+
+def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
+    """scripts/device/versions.sh: the steps it is given in order, each device script with the pair's backends and
+    its own OUT, DFlash2 among the step-cost servers on 0.5.23 only, a failed step failing the run without stopping
+    the rest; a malformed pair or an unknown step refused before anything runs."""
+    dev = tmp_path / "scripts" / "device"
+    dev.mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, "scripts", "device", "versions.sh"), dev)
+    log = tmp_path / "calls.txt"
+    for name, rc in (("gpu_tests.sh", 0), ("serving_scale.sh", 3), ("serving_features.sh", 0)):
+        (dev / name).write_text(f'#!/usr/bin/env bash\necho "{name} OUT=$OUT $*" >> {shlex.quote(str(log))}\nexit {rc}\n')
+
+    def versions(*args, release=None):
+        env = {**os.environ, "OUT": str(tmp_path / "out")}
+        env.pop("DEVICE_SGLANG", None)
+        if release:
+            env["DEVICE_SGLANG"] = release
+        return subprocess.run(["bash", "scripts/device/versions.sh", *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60, env=env)
+
+    r = versions("sglang-default/sglang-default", "scale", "features", release="0.5.23")
+    assert r.returncode == 1, r.stderr  # serving_scale.sh failed, features still ran
+    root = tmp_path / "out" / "0.5.23_sglang-default_sglang-default"
+    calls = log.read_text().splitlines()
+    assert calls == [
+        f"serving_scale.sh OUT={root}/scale --servers dflash,dflash2,dspine --alone-only --clients 1,4,16,48 "
+        "--temperatures 0 --attention-backend sglang-default --sampling-backend sglang-default",
+        f"serving_features.sh OUT={root}/features --load-seconds 60 --attention-backend sglang-default "
+        "--sampling-backend sglang-default"]
+    assert [l.split(" in ")[0] for l in (root / "steps.txt").read_text().splitlines()] == [
+        "versions.sh: 0.5.23 sglang-default/sglang-default scale rc 3",
+        "versions.sh: 0.5.23 sglang-default/sglang-default features rc 0"]
+    log.unlink()
+    r = versions("triton/pytorch")
+    assert r.returncode == 1 and [c.split(" OUT=")[0] for c in log.read_text().splitlines()] == [
+        "gpu_tests.sh", "serving_scale.sh", "serving_features.sh"]
+    assert "--servers dflash,dspine " in log.read_text()  # 0.5.17 (the default): no DFlash2
+    log.unlink()
+    for args, msg in ((["triton"], "want ATTENTION/SAMPLING"), (["triton/pytorch", "tests", "bench"], "unknown step bench")):
+        r = versions(*args)
+        assert r.returncode == 2 and msg in r.stderr and not log.exists()

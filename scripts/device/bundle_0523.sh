@@ -22,6 +22,7 @@
 #   source scripts/device/bundle_0523.sh setup     # assembles + unpacks every fully received part, links the
 #                                                  # machine's nvidia libs, exports the env (also written to
 #                                                  # /tmp/site-0523/env.sh), lays out sglang_dspine, checks imports
+# Later calls of the lease run any device script on 0.5.23 with DEVICE_SGLANG=0.5.23 (scripts/device/setup.sh).
 # Parts: sglang-0523 (core, needed), sglang-0523-jit (FlashInfer JIT sources + torch headers: FlashInfer
 # sampling/attention), sglang-0523-fa3 (sgl_kernel's FA3 flash_ops: --attention-backend fa3, SGLang's H200 default).
 _b23_main() {
@@ -36,6 +37,7 @@ _b23_main() {
     plan) _b23_plan ;;
     check-cpu) _b23_check_cpu ;;
     setup) _b23_setup ;;
+    layout) _b23_layout_dspine /tmp/dspine-site-0523 ;;  # the package from this call's tree (setup.sh)
     *) sed -n '2,/^_b23_main/p' "${BASH_SOURCE[0]:-$0}" | sed '$d'; return 2 ;;
   esac
 }

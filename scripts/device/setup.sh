@@ -4,6 +4,17 @@
 # dist-info whose entry point SGLang's plugin loader finds). The machine has no network, so no pip build.
 # The bundle travels on a lease's first call; it is kept in /tmp/devbundle so that later calls of the same lease
 # (which carry other things, e.g. pieces of scripts/device/carry.sh, in the 64 MiB) can set up without it.
+# DEVICE_SGLANG=0.5.23: SGLang 0.5.23 from the site scripts/device/bundle_0523.sh set up earlier in this lease
+# (/tmp/site-0523) instead of the 0.5.17 bundle; the package is laid out afresh from this call's tree.
+if [ "${DEVICE_SGLANG:-0.5.17}" = 0.5.23 ]; then
+  [ -f /tmp/site-0523/env.sh ] || { echo "setup.sh: DEVICE_SGLANG=0.5.23 but no /tmp/site-0523/env.sh: run 'source scripts/device/bundle_0523.sh setup' first in this lease" >&2; return 1; }
+  source /tmp/site-0523/env.sh || return 1
+  source scripts/device/bundle_0523.sh layout || return 1
+  (cd /tmp && python3 -c 'import sglang, torch, sglang_dspine.kernels; from importlib.metadata import entry_points as e
+assert "sglang_dspine.serving.plugin:register" in [x.value for x in e(group="sglang.srt.plugins")]
+print(f"setup.sh: SGLang {sglang.__version__}, torch {torch.__version__}, sglang-dspine laid out")') || return 1
+  return 0
+fi
 if [ -f .devbundle/sglang-bundle.tar.xz ]; then
   if ! cmp -s .devbundle/sglang-bundle.tar.xz /tmp/devbundle/sglang-bundle.tar.xz; then
     rm -rf /tmp/devbundle && cp -r .devbundle /tmp/devbundle || return 1

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repo root: one SGLang release × backend pair of the version matrix
+# (benchmarks/serving_versions.py reads what this writes). DEVICE_SGLANG picks the release (0.5.17: the
+# .devbundle, carried; 0.5.23: the site `source scripts/device/bundle_0523.sh setup` left in this lease).
+#   DEVICE_SGLANG=0.5.23 bash scripts/device/versions.sh ATTENTION/SAMPLING [STEP ...]
+# ATTENTION/SAMPLING: e.g. triton/pytorch, or sglang-default/sglang-default (the flags left out, as a user who
+# passes none). STEPs, in order (default: all three):
+#   tests     every `gpu`-marked test (scripts/device/gpu_tests.sh)
+#   scale     per-step cost at Qwen3-8B geometry, each server alone (DFLASH, DFlash2 on 0.5.23, DSPINE), 1/4/16/48
+#             clients, T=0 (serving_scale.py --alone-only)
+#   features  request conformance: no speculation / DFLASH / DSPINE, 60 s of mixed load (serving_features.py)
+# Results: $OUT/<release>_<attention>_<sampling>/{tests,scale,features}/.
+set -uo pipefail
+pair="${1:?versions.sh ATTENTION/SAMPLING [STEP ...]}"; shift
+attention="${pair%/*}" sampling="${pair#*/}"
+[ -n "$attention" ] && [ -n "$sampling" ] && [ "$pair" != "$attention" ] \
+  || { echo "versions.sh: want ATTENTION/SAMPLING, got '$pair'" >&2; exit 2; }
+release="${DEVICE_SGLANG:-0.5.17}"
+case "$release" in 0.5.17|0.5.23) ;; *) echo "versions.sh: DEVICE_SGLANG=$release: 0.5.17 or 0.5.23" >&2; exit 2 ;; esac
+steps="${*:-tests scale features}"
+root="${OUT:-/tmp/out}/${release}_${attention}_${sampling}"
+servers="dflash,dspine"
+[ "$release" = 0.5.23 ] && servers="dflash,dflash2,dspine"
+for step in $steps; do
+  case "$step" in tests|scale|features) ;; *) echo "versions.sh: unknown step $step (tests, scale, features)" >&2; exit 2 ;; esac
+done
+mkdir -p "$root"
+rc=0
+for step in $steps; do
+  t0=$(date +%s)
+  case "$step" in
+    tests) OUT="$root/tests" bash scripts/device/gpu_tests.sh ;;
+    scale) OUT="$root/scale" bash scripts/device/serving_scale.sh --servers "$servers" --alone-only \
+             --clients 1,4,16,48 --temperatures 0 --attention-backend "$attention" --sampling-backend "$sampling" ;;
+    features) OUT="$root/features" bash scripts/device/serving_features.sh --load-seconds 60 \
+                --attention-backend "$attention" --sampling-backend "$sampling" ;;
+  esac
+  r=$?
+  echo "versions.sh: $release $pair $step rc $r in $(( $(date +%s) - t0 )) s" | tee -a "$root/steps.txt"
+  [ "$r" = 0 ] || rc=1
+done
+exit "$rc"
