@@ -266,9 +266,16 @@ def test_carry_brings_a_file_over_in_checked_pieces(tmp_path):
     out = carry("resplit", "big")
     assert out.returncode == 0 and "2 pieces" in out.stdout, out.stderr
     shutil.rmtree(tmp_path / "there")
-    for k in (1, 2):
-        assert carry("stage", "big", k).returncode == 0 and carry("receive").returncode == 0
+    # both pieces in one call (stage takes several NAME K pairs), and a second file's piece beside them
+    (tmp_path / "small.bin").write_bytes(b"small" * 100)
+    assert carry("pack", "small", tmp_path / "small.bin").returncode == 0
+    assert carry("stage", "big", 1, "big", 2, "small", 1).returncode == 0
+    got = carry("receive")
+    assert got.returncode == 0 and "2 of 2 pieces of big" in got.stdout and "1 of 1 pieces of small" in got.stdout
+    assert carry("stage", "big", 1, "big").returncode == 2 and carry("stage", "big", 3).returncode == 1
     assert carry("assemble", "big", tmp_path / "again.bin").returncode == 0
+    assert carry("assemble", "small", tmp_path / "small2.bin").returncode == 0
+    assert (tmp_path / "small2.bin").read_bytes() == b"small" * 100
     assert (tmp_path / "again.bin").read_bytes() == data
 
 

@@ -6,8 +6,8 @@
 #                                                    # under .carry-store/NAME/ with sha256 sums of each and all
 #   bash scripts/device/carry.sh resplit NAME        # the same compressed file cut again at PIECE_MIB (when the
 #                                                    # tree that travels with each piece grew), no recompression
-#   bash scripts/device/carry.sh stage NAME K        # puts piece K (1-based) and the sums into .carry/ (the only
-#                                                    # thing there): carry ".carry" in the next device call
+#   bash scripts/device/carry.sh stage NAME K [NAME K ...]  # puts piece K (1-based) and the sums into .carry/ (the
+#                                                    # only things there): carry ".carry" in the next device call
 # There (repo root, any call of the lease):
 #   bash scripts/device/carry.sh receive             # checks the carried piece's sha256, keeps it in /tmp/carry/
 #   bash scripts/device/carry.sh assemble NAME DEST  # all pieces present and checked: joins, checks the whole
@@ -37,12 +37,17 @@ case "${1:-}" in
     echo "carry.sh: $name cut again into $(ls "$store/$name"/*.part* | wc -l) pieces of ${PIECE_MIB:-38} MiB"
     ;;
   stage)
-    name="${2:?NAME}" k="${3:?K}"
-    piece="$(printf '%s/%s/%s.xz.part%02d' "$store" "$name" "$name" "$((k - 1))")"
-    [ -f "$piece" ] || { echo "carry.sh: no piece $k of $name ($piece)" >&2; exit 1; }
+    [ $# -ge 3 ] && [ $(( ($# - 1) % 2 )) = 0 ] || { echo "carry.sh: stage NAME K [NAME K ...]" >&2; exit 2; }
     rm -rf "$stage" && mkdir -p "$stage"
-    cp "$piece" "$store/$name/$name.sha256" "$stage/"
-    echo "carry.sh: $stage holds piece $k of $name ($(du -h "$piece" | cut -f1)): carry \".carry\" next call"
+    shift
+    while [ $# -gt 0 ]; do  # several pieces (of one or more files) in one call, where they fit beside the tree
+      name="$1" k="$2"; shift 2
+      piece="$(printf '%s/%s/%s.xz.part%02d' "$store" "$name" "$name" "$((k - 1))")"
+      [ -f "$piece" ] || { echo "carry.sh: no piece $k of $name ($piece)" >&2; rm -rf "$stage"; exit 1; }
+      cp "$piece" "$store/$name/$name.sha256" "$stage/"
+      echo "carry.sh: $stage holds piece $k of $name ($(du -h "$piece" | cut -f1))"
+    done
+    echo "carry.sh: $(du -sh "$stage" | cut -f1) staged: carry \".carry\" next call"
     ;;
   receive)
     mkdir -p "$there"
