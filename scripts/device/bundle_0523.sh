@@ -15,6 +15,9 @@
 #   bash scripts/device/bundle_0523.sh check-cpu   # the built site in a CPython 3.12 venv here: imports, no GPU
 #   bash scripts/device/bundle_0523.sh relock      # re-download the lock's pins and rewrite their sha256s
 #   bash scripts/device/bundle_0523.sh plan        # the device calls for what build left in .carry-store
+# Fewer calls: the pieces travel beside the working tree (~25 MiB, 18 of it models/default). With models/ and
+# benchmarks/results/ moved aside for the piece calls (tree 1.6 MiB), `PIECE_MIB=61 carry.sh resplit` each part
+# and `plan` packs them into 14 calls instead of 23 (the FA3 part's last piece rides with the JIT part's).
 # There: one call per piece, back to back in one lease (the machine keeps /tmp while warm), each carrying
 # ".carry" after `bash scripts/device/carry.sh stage NAME K` here:
 #   bash scripts/device/carry.sh receive
@@ -157,17 +160,29 @@ _b23_measure() {  # other compressors on the core tar: size and pieces (decompre
   done
 }
 
-_b23_plan() {
-  local part n k
-  echo "# device calls, back to back in one lease (each: stage here, then run with carry [\".carry\"])"
-  for part in $parts; do
-    n=$(ls "$repo/.carry-store/$part/"*.part* 2>/dev/null | wc -l)
-    [ "$n" -gt 0 ] || continue
-    for k in $(seq 1 "$n"); do
-      echo "bash scripts/device/carry.sh stage $part $k   # then run: bash scripts/device/carry.sh receive"
-    done
-  done
-  echo "# in the last call: bash scripts/device/carry.sh receive && source scripts/device/bundle_0523.sh setup"
+_b23_plan() {  # the device calls for the pieces in .carry-store: packed greedily, as many as fit beside the tree
+  local tree
+  tree=$(_b23_tree_bytes)
+  python3 - "$repo/.carry-store" "$tree" $parts <<'PY'
+import pathlib, sys
+store, tree, parts = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+room = 64 * 1048576 - tree - 16384 * len(parts)  # one call: 64 MiB with the tree and the sums files
+pieces = [(p.stat().st_size, f"{part} {k}") for part in parts
+          for k, p in enumerate(sorted((store / part).glob(f"{part}.xz.part*")), 1)]
+calls, sizes = [], []  # first fit, largest piece first
+for n, name in sorted(pieces, key=lambda x: -x[0]):
+    if n > room:
+        sys.exit(f"plan: {name} ({n >> 20} MiB) does not fit beside a {tree >> 20} MiB tree: resplit smaller")
+    i = next((i for i, s in enumerate(sizes) if s + n <= room), None)
+    if i is None:
+        calls.append([]); sizes.append(0); i = len(calls) - 1
+    calls[i].append(name); sizes[i] += n
+print(f"# {len(calls)} device calls, back to back in one lease (tree {tree / 1048576:.1f} MiB); each: stage here,"
+      " then run with carry [\".carry\"]")
+for c in calls:
+    print(f"bash scripts/device/carry.sh stage {' '.join(c)}   # then run: bash scripts/device/carry.sh receive")
+print("# in the last call: bash scripts/device/carry.sh receive && source scripts/device/bundle_0523.sh setup")
+PY
 }
 
 _b23_check_cpu() {
