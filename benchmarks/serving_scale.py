@@ -287,7 +287,8 @@ def summarize(res: dict) -> dict:
     alone = res.get("alone", {})
     return {
         "geometry": res.get("geometry_name"), "target": res.get("geometry"), "drafter": res.get("drafter"),
-        "server_backends": res.get("server_backends"), "sglang": res.get("provenance", {}).get("versions", {}).get("sglang"),
+        "server_backends": res.get("server_backends"),
+        "sglang": res.get("provenance", {}).get("versions", {}).get("sglang"),
         "step_ratio_max": max(ratios) if ratios else None,
         "step_ratio_by_clients": by,
         "torch_path_step_ratio_by_clients": torch_by,
