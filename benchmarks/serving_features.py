@@ -1326,6 +1326,10 @@ def main(argv: list[str] | None = None) -> int:
         save()
         archive_logs(args.out, f"{stem}_logs.tar.gz")
     print_table(summarize(res))
+    down = [n for n in names if not res["servers"].get(n, {}).get("up")]
+    if down:  # a run whose servers did not start measured nothing: not a success
+        print(f"serving_features: servers that did not start: {', '.join(down)} (their logs: {args.out})")
+        return 1
     return 0
 
 

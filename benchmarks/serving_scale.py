@@ -521,6 +521,10 @@ def main() -> None:
         save()
         archive_logs(args.out, "serving_scale_logs.tar.gz")
     print_table(res)
+    down = [n for n, a in res["alone"].items() if "error" in a] + [k for k, b in res["backends"].items()
+                                                                  if not b.get("started")]
+    if down:  # measured without them: the run fails, after writing what it has
+        raise SystemExit(f"serving_scale: servers that did not start: {', '.join(down)} (their logs: {args.out})")
 
 
 if __name__ == "__main__":
