@@ -4,6 +4,8 @@ the optional parts out of it, trims what SGLang 0.5.23's imports never touch, an
   python3 scripts/device/bundle_0523.py unpack SITE LOCK WHEELDIR
   python3 scripts/device/bundle_0523.py trim SITE OPTDIR LOCK MANIFEST [KEEP_SM]
   python3 scripts/device/bundle_0523.py prune-sass FILE KEEP_SM      # e.g. 90: see prune_sass
+  python3 scripts/device/bundle_0523.py pth-paths SITE               # what SITE's .pth files add to sys.path
+  python3 scripts/device/bundle_0523.py import-scan [PACKAGE ...]    # (bundle first on the path) see import_scan
 
 trim moves each optional part to OPTDIR/<part>/<same relative path> (tarred and carried separately, unpacked into
 the same site on the device), deletes the rest of the TRIM table, strips debug sections of shared libraries, and
@@ -38,8 +40,8 @@ TRIM: list[tuple[str, str, str]] = [
     ("sgl_kernel/infllm_ops.*.so", "drop", "InfLLM-v2 sparse attention (MiniCPM4 only); loaded lazily on call"),
     ("sgl_kernel/sm100", "drop", "Blackwell build of common_ops; an H200 (cc 9.0) loads sm90/"),
     # ---- torch ----
-    ("torch/lib/libtorch_cuda_linalg.so", "drop",
-     "CUDA linear algebra (torch.linalg on GPU: cusolver/magma), dlopened lazily on the first such op"),
+    # (torch/lib/libtorch_cuda_linalg.so stays: torch.linalg on a GPU dlopens it, and DSpine's transfer space is an
+    # eigendecomposition of the target head, computed on its device: seen failing on the H200 without it)
     ("torch/bin/protoc*", "drop", "protobuf compiler, a build tool"),
     # ---- triton ----
     ("triton/backends/nvidia/lib/cupti", "drop", "CUPTI for Triton's Proton profiler only (ncu is on the machine)"),
@@ -58,6 +60,7 @@ TRIM: list[tuple[str, str, str]] = [
     ("mistral_common/data", "drop", "Mistral tokenizer files used only by MistralTokenizer.vN() factories"),
     ("pycountry/locales", "drop", "gettext translations of country names; databases/ kept"),
     ("torch_memory_saver_hook_mode_*cu12.abi3.so", "drop", "CUDA 12 builds; the machine has CUDA 13 (cu13 kept)"),
+    ("nvidia_cutlass_dsl/cu13/lib/stubs", "drop", "CuTe DSL runtime stubs for aarch64 and QNX"),
     ("torch_memory_saver_hook_mode_preload.abi3.so", "drop", "ROCm build"),
     ("torch_memory_saver_hook_mode_torch.abi3.so", "drop", "ROCm build"),
     ("build_backend.py", "drop", "flashinfer packaging leftover at top level"),
@@ -317,6 +320,55 @@ def trim(site: Path, optdir: Path, lock: Path, manifest: Path, keep_sm: int = 0)
                 out.write(f"{s / 1e6:8.1f} MB  {name}\n")
 
 
+def pth_paths(site_dir: Path) -> list[str]:
+    """The sys.path entries the site's .pth files add (Python runs .pth files only in site directories, not in
+    PYTHONPATH entries: nvidia-cutlass-dsl puts `cutlass` on the path this way)."""
+    import site as site_module
+
+    before = list(sys.path)
+    sys.path.insert(0, str(site_dir))
+    site_module.addsitedir(str(site_dir))
+    own = os.path.realpath(site_dir)
+    return [p for p in sys.path if p not in before and os.path.realpath(p) != own]
+
+
+# Modules SGLang 0.5.23 imports only for other hardware or features a DSPINE server on an H200 never starts
+# (ROCm, Blackwell's FA4 (quack), other models' kernels, audio models, debugging tools, diffusion): their absence
+# is expected.
+ABSENT_OK = {"polars", "helion", "aiter", "sglang.multimodal_gen", "tilelang", "flydsl", "ray", "flash_mla",
+             "deep_gemm", "checkpoint_engine", "quack", "torchaudio"}
+SKIP = (".test", "npu", "hpu", "xpu", "rocm", "amd", "mlx", "musa", "ascend", "cpu_", "__main__")
+
+
+def import_scan(packages: list[str]) -> int:
+    """Imports every module of `packages` (walking them) and fails on any module missing from the bundle that
+    is not in ABSENT_OK: a module a server imports on some path (e.g. `cutlass` from every Qwen3 MLP) left out
+    of the lock or trimmed shows here, on the CPU, instead of in a server that does not start."""
+    import importlib
+    import pkgutil
+
+    missing: dict[str, list[str]] = {}
+    failed = 0
+    for root in packages:
+        pkg = importlib.import_module(root)
+        for m in pkgutil.walk_packages(pkg.__path__, root + ".", onerror=lambda name: None):
+            if any(x in m.name for x in SKIP):
+                continue
+            try:
+                importlib.import_module(m.name)
+            except ModuleNotFoundError as e:
+                missing.setdefault(e.name or "?", []).append(m.name)
+            except Exception:  # other hardware, a GPU needed on the CPU check, an optional feature's own guard
+                failed += 1
+    bad = {k: v for k, v in missing.items() if k.split(".")[0] not in ABSENT_OK and k not in ABSENT_OK}
+    for k, v in sorted(missing.items(), key=lambda kv: -len(kv[1])):
+        flag = "MISSING" if k in bad else "absent (expected)"
+        print(f"import scan: {flag} {k}: {len(v)} modules, e.g. {v[0]}")
+    print(f"import scan: {', '.join(packages)}: {len(bad)} unexpected missing modules; {failed} modules failed "
+          "otherwise (other hardware, or a GPU needed)")
+    return 1 if bad else 0
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "unpack":
@@ -324,6 +376,10 @@ if __name__ == "__main__":
     elif cmd == "trim":
         trim(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]),
              int(sys.argv[6]) if len(sys.argv) > 6 else 0)
+    elif cmd == "pth-paths":
+        print(":".join(pth_paths(Path(sys.argv[2]))))
+    elif cmd == "import-scan":
+        sys.exit(import_scan(sys.argv[2:] or ["sglang.srt", "sglang.kernels"]))
     elif cmd == "prune-sass":
         z, k, per = prune_sass(Path(sys.argv[2]), int(sys.argv[3]))
         print(f"prune-sass: {sys.argv[2]}: zeroed {z / 1e6:.1f} MB, kept {k / 1e6:.1f} MB; "

@@ -218,7 +218,11 @@ _b23_check_cpu() {
   fi
   local dsp="$work/dspine-site"
   _b23_layout_dspine "$dsp" || return 1
-  (cd /tmp && PYTHONPATH="$chk:$dsp" SGLANG_0523_EXPECT_GPU=0 "$venv/bin/python" - <<'PY'
+  local pth
+  pth="$(cd /tmp && "$venv/bin/python" "$repo/scripts/device/bundle_0523.py" pth-paths "$chk")" || return 1
+  (cd /tmp && PYTHONPATH="$chk${pth:+:$pth}:$dsp" "$venv/bin/python" "$repo/scripts/device/bundle_0523.py" import-scan) \
+    || { echo "check-cpu: a module SGLang imports is missing from the bundle (import scan above)" >&2; return 1; }
+  (cd /tmp && PYTHONPATH="$chk${pth:+:$pth}:$dsp" SGLANG_0523_EXPECT_GPU=0 "$venv/bin/python" - <<'PY'
 import importlib, sys, time, traceback
 t = time.time()
 import torch
@@ -231,6 +235,7 @@ mods = ["triton", "sglang", "flashinfer", "xgrammar", "transformers", "torchvisi
         "sglang.srt.speculative.dflash_worker_v2", "sglang.srt.speculative.dflash_info_v2",
         "sglang.srt.speculative.dflash_utils", "sglang.srt.layers.attention.triton_backend",
         "sglang.srt.layers.attention.flashinfer_backend", "sglang.srt.layers.sampler",
+        "sglang.srt.layers.dual_gemm", "cutlass", "sglang.kernels.ops.gemm.cutedsl_dual_gemm",
         "sglang_dspine.serving.plugin", "sglang_dspine.serving.sglang_patches"]
 # sgl_kernel loads its sm90/ build only next to a GPU: these need one (checked there by setup)
 gpu_only = ["sgl_kernel", "sglang.srt.layers.attention.flashattention_backend"]
@@ -338,8 +343,10 @@ PY
   local curand_inc
   curand_inc="$(ls -d "$sysnv"/cu13/include 2>/dev/null | head -1)"
   # Every variable the 0.5.23 runs need, also for later calls of the lease: source /tmp/site-0523/env.sh
+  local pth  # what the site's .pth files would add (PYTHONPATH entries do not run them): cutlass's dsl_packages
+  pth="$(cd /tmp && env -u PYTHONPATH python3 "$repo/scripts/device/bundle_0523.py" pth-paths "$site")" || return 1
   cat >"$site/env.sh" <<EOF
-export PYTHONPATH="$site:$dsp"
+export PYTHONPATH="$site${pth:+:$pth}:$dsp"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 DO_NOT_TRACK=1
 export no_proxy="localhost,127.0.0.1,::1" NO_PROXY="localhost,127.0.0.1,::1"
 export TVM_FFI_CACHE_DIR="$cache/tvm-ffi" TRITON_CACHE_DIR="$cache/triton" FLASHINFER_WORKSPACE_BASE="$cache"
@@ -367,6 +374,7 @@ mods = ["triton", "sgl_kernel", "flashinfer", "transformers", "xgrammar", "sglan
         "sglang.srt.model_executor.model_runner", "sglang.srt.models.qwen3", "sglang.srt.models.dflash",
         "sglang.srt.speculative.dflash_worker_v2", "sglang.srt.layers.attention.triton_backend",
         "sglang.srt.layers.attention.flashinfer_backend", "sglang.srt.layers.attention.flashattention_backend",
+        "sglang.srt.layers.dual_gemm", "cutlass", "sglang.kernels.ops.gemm.cutedsl_dual_gemm",
         "sglang_dspine.serving.plugin"]
 bad = []
 for m in mods:
@@ -381,6 +389,8 @@ if cuda:
     x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     y = (x @ x).float().softmax(-1).topk(4).values.sum() + torch.arange(8, device="cuda").cumsum(0).sum()
     torch.cuda.synchronize(); y.item()
+    # torch.linalg on the GPU (libtorch_cuda_linalg: DSpine's transfer space is an eigendecomposition there)
+    torch.linalg.eigh(torch.eye(8, device="cuda", dtype=torch.float64))
     import sgl_kernel
     fa3 = os.path.exists(os.path.join(os.path.dirname(sgl_kernel.__file__), "flash_ops.abi3.so"))
     extra = (f", {torch.cuda.get_device_name()} cc {torch.cuda.get_device_capability()}, nccl {torch.cuda.nccl.version()}, "
@@ -391,6 +401,8 @@ print(f"bundle_0523 check: torch {torch.__version__} cuda {cuda}, sglang {sglang
 sys.exit(1 if bad or not cuda else 0)
 PY
   ) || { echo "bundle_0523 setup: import check failed" >&2; return 1; }
+  (cd /tmp && python3 "$repo/scripts/device/bundle_0523.py" import-scan) \
+    || { echo "bundle_0523 setup: a module SGLang imports is missing from the bundle (import scan above)" >&2; return 1; }
   echo "bundle_0523 setup: ready ($got part(s) in $site; later calls: source $site/env.sh)"
 }
 
