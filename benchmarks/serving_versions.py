@@ -24,9 +24,13 @@ ROWS = [
      "step_cost_not_run": "the per-step cost under FA3 was not measured (FA3's kernel library reaches the GPU "
                           "machine in four pieces; that lease ran the conformance run only)"},
     {"sglang": "0.5.23", "attention": None, "sampling": None, "features": None, "step_cost": None,
-     "not_run": "SGLang 0.5.23 needs torch 2.14.1; the GPU machine has torch 2.11 and no network, and the "
-                "0.5.23 environment has not been carried there yet (scripts/device/bundle_0523.sh builds it "
-                "in pieces)"},
+     "tried": "device_064fd69_0523",
+     "not_run": "tried on the H200 at 064fd69: the carried environment set up (torch 2.14.1 on CUDA, sglang "
+                "0.5.23, FA3 present, 16 of 16 modules import) and 7 of 9 GPU tests passed, but no server "
+                "started, with any backends: every Qwen3 MLP imports `cutlass` (nvidia-cutlass-dsl), which the "
+                "bundle's lock left out; the 2 failed tests needed torch's CUDA linear-algebra library, which "
+                "the bundle trimmed. Both are in the bundle since a540218 (checked on CPU: 0 unexpected missing "
+                "modules in an import scan of sglang.srt and sglang.kernels), not yet run on a GPU"},
 ]
 
 
