@@ -299,8 +299,9 @@ def test_a_virtualenv_from_another_checkout_installs_again(tmp_path):
 
 def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
     """scripts/device/versions.sh: the steps it is given in order, each device script with the pair's backends and
-    its own OUT, DFlash2 among the step-cost servers on 0.5.23 only, a failed step failing the run without stopping
-    the rest; a malformed pair or an unknown step refused before anything runs."""
+    its own OUT, DFlash2 among the step-cost servers on 0.5.23 only; a failed serving step fails the run and ends
+    it there, failed GPU tests fail it without stopping the serving steps; a malformed pair or an unknown step
+    refused before anything runs."""
     dev = tmp_path / "scripts" / "device"
     dev.mkdir(parents=True)
     shutil.copy(os.path.join(REPO, "scripts", "device", "versions.sh"), dev)
@@ -316,22 +317,30 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
         return subprocess.run(["bash", "scripts/device/versions.sh", *args], cwd=tmp_path, capture_output=True,
                               text=True, timeout=60, env=env)
 
-    r = versions("sglang-default/sglang-default", "scale", "features", release="0.5.23")
-    assert r.returncode == 1, r.stderr  # serving_scale.sh failed, features still ran
+    r = versions("sglang-default/sglang-default", "features", "scale", "features", release="0.5.23")
+    assert r.returncode == 1, r.stderr  # serving_scale.sh failed: the run stops there
     root = tmp_path / "out" / "0.5.23_sglang-default_sglang-default"
     calls = log.read_text().splitlines()
+    features = (f"serving_features.sh OUT={root}/features --load-seconds 60 --attention-backend sglang-default "
+                "--sampling-backend sglang-default")
     assert calls == [
+        features,
         f"serving_scale.sh OUT={root}/scale --servers dflash,dflash2,dspine --alone-only --clients 1,4,16,48 "
-        "--temperatures 0 --attention-backend sglang-default --sampling-backend sglang-default",
-        f"serving_features.sh OUT={root}/features --load-seconds 60 --attention-backend sglang-default "
-        "--sampling-backend sglang-default"]
+        "--temperatures 0 --attention-backend sglang-default --sampling-backend sglang-default"]
     assert [l.split(" in ")[0] for l in (root / "steps.txt").read_text().splitlines()] == [
+        "versions.sh: 0.5.23 sglang-default/sglang-default features rc 0",
         "versions.sh: 0.5.23 sglang-default/sglang-default scale rc 3",
-        "versions.sh: 0.5.23 sglang-default/sglang-default features rc 0"]
+        "versions.sh: 0.5.23 sglang-default/sglang-default: stopped after the failed scale step"]
+    log.unlink()
+    (dev / "gpu_tests.sh").write_text(f'#!/usr/bin/env bash\necho "gpu_tests.sh OUT=$OUT" >> {shlex.quote(str(log))}\n'
+                                      "exit 1\n")
+    r = versions("triton/pytorch", "tests", "features")  # failed tests do not stop the serving steps
+    assert r.returncode == 1 and [c.split(" OUT=")[0] for c in log.read_text().splitlines()] == [
+        "gpu_tests.sh", "serving_features.sh"]
     log.unlink()
     r = versions("triton/pytorch")
     assert r.returncode == 1 and [c.split(" OUT=")[0] for c in log.read_text().splitlines()] == [
-        "gpu_tests.sh", "serving_scale.sh", "serving_features.sh"]
+        "gpu_tests.sh", "serving_scale.sh"]
     assert "--servers dflash,dspine " in log.read_text()  # 0.5.17 (the default): no DFlash2
     log.unlink()
     for args, msg in ((["triton"], "want ATTENTION/SAMPLING"), (["triton/pytorch", "tests", "bench"], "unknown step bench")):

@@ -9,6 +9,8 @@
 #   scale     per-step cost at Qwen3-8B geometry, each server alone (DFLASH, DFlash2 on 0.5.23, DSPINE), 1/4/16/48
 #             clients, T=0 (serving_scale.py --alone-only)
 #   features  request conformance: no speculation / DFLASH / DSPINE, 60 s of mixed load (serving_features.py)
+# A failed serving step (scale, features: a server that did not start, or a failed run) ends the run there: the
+# steps after it would start the same servers again (at 064fd69 every server failed the same way, for 10 minutes).
 # Results: $OUT/<release>_<attention>_<sampling>/{tests,scale,features}/.
 set -uo pipefail
 pair="${1:?versions.sh ATTENTION/SAMPLING [STEP ...]}"; shift
@@ -38,5 +40,9 @@ for step in $steps; do
   r=$?
   echo "versions.sh: $release $pair $step rc $r in $(( $(date +%s) - t0 )) s" | tee -a "$root/steps.txt"
   [ "$r" = 0 ] || rc=1
+  if [ "$r" != 0 ] && [ "$step" != tests ]; then
+    echo "versions.sh: $release $pair: stopped after the failed $step step" | tee -a "$root/steps.txt"
+    break
+  fi
 done
 exit "$rc"
