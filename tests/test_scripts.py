@@ -276,6 +276,21 @@ def test_carry_brings_a_file_over_in_checked_pieces(tmp_path):
     assert carry("assemble", "big", tmp_path / "again.bin").returncode == 0
     assert carry("assemble", "small", tmp_path / "small2.bin").returncode == 0
     assert (tmp_path / "small2.bin").read_bytes() == b"small" * 100
+    # aside / back: the tree's bulk out of the way for the piece calls, and back as it was
+    (tmp_path / "models" / "default").mkdir(parents=True)
+    (tmp_path / "models" / "default" / "w.bin").write_bytes(b"weights")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "r.json").write_text("{}")
+    assert carry("aside").returncode == 0
+    assert not (tmp_path / "models").exists() and not (tmp_path / "benchmarks" / "results").exists()
+    assert carry("aside").returncode == 1  # twice would lose track of what is aside
+    (tmp_path / "models").mkdir()  # something new in the way: back refuses rather than overwrite
+    assert carry("back").returncode == 1 and (tmp_path / ".carry-aside" / "models" / "default" / "w.bin").exists()
+    (tmp_path / "models").rmdir()
+    assert carry("back").returncode == 0 and not (tmp_path / ".carry-aside").exists()
+    assert (tmp_path / "models" / "default" / "w.bin").read_bytes() == b"weights"
+    assert (tmp_path / "benchmarks" / "results" / "r.json").read_text() == "{}"
+    assert carry("back").returncode == 1
     assert (tmp_path / "again.bin").read_bytes() == data
 
 

@@ -16,8 +16,8 @@
 #   bash scripts/device/bundle_0523.sh relock      # re-download the lock's pins and rewrite their sha256s
 #   bash scripts/device/bundle_0523.sh plan        # the device calls for what build left in .carry-store
 # Fewer calls: the pieces travel beside the working tree (~25 MiB, 18 of it models/default). With models/ and
-# benchmarks/results/ moved aside for the piece calls (tree 1.6 MiB), `PIECE_MIB=61 carry.sh resplit` each part
-# and `plan` packs them into 14 calls instead of 23 (the FA3 part's last piece rides with the JIT part's).
+# benchmarks/results/ set aside for the piece calls (`carry.sh aside`, then `carry.sh back`: a 1.6 MiB tree),
+# pieces of 61 MiB fit (build with PIECE_MIB=61, or `carry.sh resplit`), and `plan` packs them into 16 calls.
 # There: one call per piece, back to back in one lease (the machine keeps /tmp while warm), each carrying
 # ".carry" after `bash scripts/device/carry.sh stage NAME K` here:
 #   bash scripts/device/carry.sh receive
@@ -182,6 +182,7 @@ print(f"# {len(calls)} device calls, back to back in one lease (tree {tree / 104
 for c in calls:
     print(f"bash scripts/device/carry.sh stage {' '.join(c)}   # then run: bash scripts/device/carry.sh receive")
 print("# in the last call: bash scripts/device/carry.sh receive && source scripts/device/bundle_0523.sh setup")
+print("# (planned with the tree as it is now; `carry.sh aside` first shrinks it, `carry.sh back` after the last call)")
 PY
 }
 

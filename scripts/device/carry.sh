@@ -6,6 +6,8 @@
 #                                                    # under .carry-store/NAME/ with sha256 sums of each and all
 #   bash scripts/device/carry.sh resplit NAME        # the same compressed file cut again at PIECE_MIB (when the
 #                                                    # tree that travels with each piece grew), no recompression
+#   bash scripts/device/carry.sh aside / back        # models/ and benchmarks/results/ out of the tree that travels
+#                                                    # (1.6 MiB instead of 25: 61 MiB pieces) and back afterwards
 #   bash scripts/device/carry.sh stage NAME K [NAME K ...]  # puts piece K (1-based) and the sums into .carry/ (the
 #                                                    # only things there): carry ".carry" in the next device call
 # There (repo root, any call of the lease):
@@ -73,5 +75,24 @@ case "${1:-}" in
     mkdir -p "$(dirname "$dest")" && xz -dc "$there/$name.xz" >"$dest.tmp" && mv "$dest.tmp" "$dest"
     echo "carry.sh: $name assembled into $dest ($(du -h "$dest" | cut -f1))"
     ;;
-  *) sed -n '2,17p' "$0"; exit 2 ;;
+  aside)  # here, before the piece calls: the tree's bulk out of the way (into ignored .carry-aside/), so pieces
+           # can be larger; `back` after the last piece call, before anything else (git status shows them deleted)
+    [ -e .carry-aside ] && { echo "carry.sh: .carry-aside exists (aside already? run: carry.sh back)" >&2; exit 1; }
+    mkdir -p .carry-aside
+    for p in ${CARRY_ASIDE:-models benchmarks/results}; do
+      [ -e "$p" ] || continue
+      mkdir -p ".carry-aside/$(dirname "$p")" && mv "$p" ".carry-aside/$p"
+      echo "carry.sh: $p set aside"
+    done
+    ;;
+  back)
+    [ -d .carry-aside ] || { echo "carry.sh: nothing set aside" >&2; exit 1; }
+    for p in ${CARRY_ASIDE:-models benchmarks/results}; do
+      [ -e ".carry-aside/$p" ] || continue
+      [ -e "$p" ] && { echo "carry.sh: $p exists here and in .carry-aside: left both, resolve by hand" >&2; exit 1; }
+      mv ".carry-aside/$p" "$p" && echo "carry.sh: $p back"
+    done
+    rm -rf .carry-aside
+    ;;
+  *) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2 ;;
 esac
