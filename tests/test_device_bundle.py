@@ -12,12 +12,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUNDLE = os.path.join(ROOT, "scripts", "device", "bundle_0523.py")
 
 
-def scan(tmp_path, modules: dict[str, str]):
+def scan(tmp_path, modules: dict[str, str] | None = None):
+    """import-scan over tmp_path/fakepkg, first written with `modules` (name: source) when given."""
     pkg = tmp_path / "fakepkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    for name, body in modules.items():
-        (pkg / f"{name}.py").write_text(body)
+    if modules is not None:
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text("")
+        for name, body in modules.items():
+            (pkg / f"{name}.py").write_text(body)
     return subprocess.run([sys.executable, BUNDLE, "import-scan", "fakepkg"], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
 
@@ -31,8 +33,7 @@ def test_import_scan_fails_on_a_missing_module_and_lets_other_hardware_pass(tmp_
     assert "absent (expected) aiter" in r.stdout and "absent (expected) quack" in r.stdout
     assert "1 unexpected missing modules; 1 modules failed otherwise" in r.stdout
     (tmp_path / "fakepkg" / "mlp.py").unlink()
-    r = subprocess.run([sys.executable, BUNDLE, "import-scan", "fakepkg"], capture_output=True, text=True,
-                       timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    r = scan(tmp_path)
     assert r.returncode == 0 and "0 unexpected missing modules" in r.stdout, r.stdout + r.stderr
 
 
@@ -61,3 +62,22 @@ def test_the_bundle_keeps_what_the_h200_showed_it_needs():
                  "nvidia-cutlass-dsl-libs-cu13"):
         assert any(p == f"{name}==4.8.0" and len(h) == 64 for p, h in pins.items()), name
     assert not [p for p, _, _ in b.TRIM if fnmatch.fnmatch("torch/lib/libtorch_cuda_linalg.so", p)]
+
+
+def test_the_package_laid_out_for_the_gpu_machine_is_found_as_installed(tmp_path):
+    """scripts/device/layout_package.sh (setup.sh, every release; bundle_0523.sh): with the layout first on the
+    path and the repo root not on it, SGLang's plugin entry point and sglang_dspine.kernels resolve to it."""
+    dest = tmp_path / "site"
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "device", "layout_package.sh"), str(dest)],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    probe = ("from importlib.metadata import distribution; import sglang_dspine.kernels as k; "
+             "d = distribution('sglang-dspine'); "
+             "print(d.locate_file(''), [e.value for e in d.entry_points if e.group == 'sglang.srt.plugins'], k.__file__)")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(dest)})
+    assert r.returncode == 0, r.stderr
+    where, rest = r.stdout.split(" ", 1)
+    eps, path = rest.rsplit(" ", 1)
+    assert where == str(dest) and eps == "['sglang_dspine.serving.plugin:register']", r.stdout
+    assert path.strip().startswith(str(dest / "sglang_dspine" / "kernels"))

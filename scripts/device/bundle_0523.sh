@@ -40,7 +40,6 @@ _b23_main() {
     plan) _b23_plan ;;
     check-cpu) _b23_check_cpu ;;
     setup) _b23_setup ;;
-    layout) _b23_layout_dspine /tmp/dspine-site-0523 ;;  # the package from this call's tree (setup.sh)
     *) sed -n '2,/^_b23_main/p' "${BASH_SOURCE[0]:-$0}" | sed '$d'; return 2 ;;
   esac
 }
@@ -218,7 +217,7 @@ _b23_check_cpu() {
     for d in "$sysnv"/*; do [ -e "$chk/nvidia/$(basename "$d")" ] || ln -s "$d" "$chk/nvidia/$(basename "$d")"; done
   fi
   local dsp="$work/dspine-site"
-  _b23_layout_dspine "$dsp" || return 1
+  bash "$repo/scripts/device/layout_package.sh" "$dsp" || return 1
   local pth
   pth="$(cd /tmp && "$venv/bin/python" "$repo/scripts/device/bundle_0523.py" pth-paths "$chk")" || return 1
   (cd /tmp && PYTHONPATH="$chk${pth:+:$pth}:$dsp" "$venv/bin/python" "$repo/scripts/device/bundle_0523.py" import-scan) \
@@ -262,18 +261,6 @@ print(f"check-cpu: sglang {sglang.__version__}, transformers {transformers.__ver
 sys.exit(1 if bad else 0)
 PY
   )
-}
-
-_b23_layout_dspine() {  # DEST: sglang_dspine + kernels as sglang_dspine.kernels + dist-info with the plugin entry point
-  local dest="$1"
-  rm -rf "$dest" && mkdir -p "$dest/sglang_dspine-0.1.0.dist-info"
-  cp -r "$repo/sglang_dspine" "$dest/sglang_dspine" && cp -r "$repo/kernels" "$dest/sglang_dspine/kernels" || return 1
-  printf 'Metadata-Version: 2.1\nName: sglang-dspine\nVersion: 0.1.0\n' >"$dest/sglang_dspine-0.1.0.dist-info/METADATA"
-  python3 - "$repo/setup.py" "$dest/sglang_dspine-0.1.0.dist-info/entry_points.txt" <<'PY'
-import re, sys
-eps = re.search(r'"sglang.srt.plugins": \["([^"]+)"\]', open(sys.argv[1]).read()).group(1)
-open(sys.argv[2], "w").write(f"[sglang.srt.plugins]\n{eps.replace('=', ' = ', 1)}\n")
-PY
 }
 
 _b23_setup() {
@@ -336,7 +323,7 @@ PY
   done
   local dsp="/tmp/dspine-site-0523"
   (cd /tmp && env -u PYTHONPATH python3 -m pip uninstall -q -y sglang-dspine >/dev/null 2>&1)
-  _b23_layout_dspine "$dsp" || return 1
+  bash "$repo/scripts/device/layout_package.sh" "$dsp" || return 1
   local libcuda="" link="$cache/link"
   libcuda="$( (ldconfig -p 2>/dev/null | awk '/libcuda\.so(\.1)? /{print $NF}'; ls /usr/local/nvidia/lib64/libcuda.so* /usr/lib/x86_64-linux-gnu/libcuda.so* 2>/dev/null) | head -n 1)"
   mkdir -p "$cache"/{tvm-ffi,triton,sglang,inductor,link}
@@ -410,5 +397,5 @@ PY
 _b23_main "$@"
 _b23_rc=$?
 unset -f _b23_main _b23_pip_download _b23_relock _b23_tree_bytes _b23_build _b23_measure _b23_plan _b23_check_cpu \
-  _b23_layout_dspine _b23_setup
+  _b23_setup
 if (return 0 2>/dev/null); then return "$_b23_rc"; else exit "$_b23_rc"; fi

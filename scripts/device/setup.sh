@@ -8,43 +8,31 @@
 # (/tmp/site-0523) instead of the 0.5.17 bundle; the package is laid out afresh from this call's tree.
 if [ "${DEVICE_SGLANG:-0.5.17}" = 0.5.23 ]; then
   [ -f /tmp/site-0523/env.sh ] || { echo "setup.sh: DEVICE_SGLANG=0.5.23 but no /tmp/site-0523/env.sh: run 'source scripts/device/bundle_0523.sh setup' first in this lease" >&2; return 1; }
-  source /tmp/site-0523/env.sh || return 1
-  source scripts/device/bundle_0523.sh layout || return 1
-  (cd /tmp && python3 -c 'import sglang, torch, sglang_dspine.kernels; from importlib.metadata import entry_points as e
-assert "sglang_dspine.serving.plugin:register" in [x.value for x in e(group="sglang.srt.plugins")]
-print(f"setup.sh: SGLang {sglang.__version__}, torch {torch.__version__}, sglang-dspine laid out")') || return 1
-  return 0
-fi
-if [ -f .devbundle/sglang-bundle.tar.xz ]; then
-  if ! cmp -s .devbundle/sglang-bundle.tar.xz /tmp/devbundle/sglang-bundle.tar.xz; then
-    rm -rf /tmp/devbundle && cp -r .devbundle /tmp/devbundle || return 1
-  fi
-elif [ -f /tmp/devbundle/sglang-bundle.tar.xz ]; then
-  echo "setup.sh: .devbundle not carried; using the copy an earlier call of this lease left in /tmp/devbundle"
+  source /tmp/site-0523/env.sh || return 1  # its PYTHONPATH holds /tmp/dspine-site-0523
+  bash scripts/device/layout_package.sh /tmp/dspine-site-0523 || return 1
 else
-  echo "setup.sh: no .devbundle here and none left by an earlier call: carry .devbundle" >&2
-  return 1
+  if [ -f .devbundle/sglang-bundle.tar.xz ]; then
+    if ! cmp -s .devbundle/sglang-bundle.tar.xz /tmp/devbundle/sglang-bundle.tar.xz; then
+      rm -rf /tmp/devbundle && cp -r .devbundle /tmp/devbundle || return 1
+    fi
+  elif [ -f /tmp/devbundle/sglang-bundle.tar.xz ]; then
+    echo "setup.sh: .devbundle not carried; using the copy an earlier call of this lease left in /tmp/devbundle"
+  else
+    echo "setup.sh: no .devbundle here and none left by an earlier call: carry .devbundle" >&2
+    return 1
+  fi
+  source /tmp/devbundle/sglang-bundle-setup.sh /tmp/devbundle/sglang-bundle.tar.xz || return 1
+  python3 -m pip uninstall -q -y sglang-dspine >/dev/null 2>&1  # an earlier editable install would shadow this layout
+  bash scripts/device/layout_package.sh /tmp/dspine-site || return 1
+  # Not the repo root on the path (sglang_dspine/source_files.py says why).
+  export PYTHONPATH="/tmp/dspine-site:$PYTHONPATH"
 fi
-source /tmp/devbundle/sglang-bundle-setup.sh /tmp/devbundle/sglang-bundle.tar.xz || return 1
-python3 -m pip uninstall -q -y sglang-dspine >/dev/null 2>&1  # an earlier editable install would shadow this layout
-DSPINE_SITE=/tmp/dspine-site
-rm -rf "$DSPINE_SITE" && mkdir -p "$DSPINE_SITE/sglang_dspine-0.1.0.dist-info"
-cp -r sglang_dspine "$DSPINE_SITE/sglang_dspine"
-cp -r kernels "$DSPINE_SITE/sglang_dspine/kernels"
-printf 'Metadata-Version: 2.1\nName: sglang-dspine\nVersion: 0.1.0\n' > "$DSPINE_SITE/sglang_dspine-0.1.0.dist-info/METADATA"
-python3 - "$DSPINE_SITE/sglang_dspine-0.1.0.dist-info/entry_points.txt" <<'PY' || return 1
-import re, sys
-src = open("setup.py").read()
-eps = re.search(r'"sglang.srt.plugins": \["([^"]+)"\]', src).group(1)
-open(sys.argv[1], "w").write(f"[sglang.srt.plugins]\n{eps.replace('=', ' = ', 1)}\n")
-PY
-# Not the repo root on the path (sglang_dspine/source_files.py says why).
-export PYTHONPATH="$DSPINE_SITE:$PYTHONPATH"
 # Checked from /tmp, never the repo root.
 (cd /tmp && python3 - <<'PY') || return 1
 from importlib.metadata import entry_points
+import sglang, torch
 import sglang_dspine.kernels
 eps = [e.value for e in entry_points(group="sglang.srt.plugins")]
 assert "sglang_dspine.serving.plugin:register" in eps, eps
-print("sglang-dspine plugin entry point:", eps)
+print(f"setup.sh: SGLang {sglang.__version__}, torch {torch.__version__}; sglang-dspine plugin entry point: {eps}")
 PY
