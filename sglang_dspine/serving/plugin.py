@@ -30,7 +30,9 @@ from .startup_checks import (  # noqa: F401
     StartupRefusal,
     check_drafter_folder,
     check_not_a_dspine_drafter,
+    check_placement,
     check_server_args,
+    dflash_refusal_as_dspine,
 )
 from .versions import SUPPORTED_SGLANG, check_sglang_version, dflash_returns_logprobs, sglang_version  # noqa: F401
 
@@ -62,8 +64,16 @@ def _dspine_algo_class():
         def handle_server_args(self, server_args) -> None:
             # `server_args` is the record on 0.5.17 and, on 0.5.23, a stand-in that reads resolved values and
             # records writes; both read the same here. check_drafter_folder has run already, before SGLang's own
-            # code read the drafter's config (sglang_patches.check_drafters_first).
-            SpeculativeAlgorithm.handle_server_args(self, server_args)
+            # code read the drafter's config (sglang_patches.check_drafters_first). What DSPINE cannot serve on this
+            # release is refused first, in DSPINE's name; a refusal of DFlash's own checks is reworded to it.
+            check_placement(server_args)
+            try:
+                SpeculativeAlgorithm.handle_server_args(self, server_args)
+            except ValueError as e:
+                refusal = dflash_refusal_as_dspine(e)
+                if refusal is None:
+                    raise
+                raise refusal from None
             sglang_patches.check_dflash_hooks()  # the DFlash hooks DSPINE's decoding needs (one line if not)
             check_server_args(server_args)
 

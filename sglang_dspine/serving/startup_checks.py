@@ -1,5 +1,6 @@
-"""What must hold before a DSPINE (or DFLASH) server starts: the drafter folder, the drafter against the target
-and the server arguments. A failure is a `StartupRefusal`, one line naming what is wrong.
+"""What must hold before a DSPINE (or DFLASH) server starts: the drafter folder, the drafter against the target,
+the server arguments and where the server runs (data-parallel attention, disaggregated prefill and decode). A
+failure is a `StartupRefusal`, one line naming what is wrong.
 
 Called by the plugin (DSPINE's server-argument handling) and by `sglang_patches` (the drafter checked before
 SGLang reads it); this module imports neither.
@@ -87,6 +88,54 @@ def check_server_args(server_args) -> None:
             _check_codes_present(draft_path)
     except DrafterConfigError as e:
         raise StartupRefusal(f"{ALGORITHM}: refusing drafter {draft_path}: {e}") from None
+
+
+def check_placement(server_args) -> None:
+    """What SGLang's DFlash code, which DSPINE runs, cannot serve on the installed release, refused in one line each
+    (flag, why, the release that serves it), before SGLang's own DFlash checks refuse it in DFLASH's name or,
+    for disaggregation, nothing refuses it and the decode server fails at its first step (`versions`):
+    data-parallel attention on 0.5.17; on 0.5.23 without `--enable-dp-lm-head`; `--disaggregation-mode prefill`
+    or `decode` on 0.5.17."""
+    from .versions import (
+        argument_view,
+        dflash_hands_off_to_decode,
+        dflash_runs_dp_attention,
+        disagg_decode_release,
+        dp_attention_enabled,
+        dp_attention_release,
+        release_name,
+    )
+
+    view = argument_view(server_args)
+    here = release_name()
+    if dp_attention_enabled(view):
+        if not dflash_runs_dp_attention():
+            raise StartupRefusal(
+                f"{ALGORITHM}: refusing --enable-dp-attention: SGLang {here}'s DFlash code, which DSPINE runs, does "
+                f"not support data-parallel attention; SGLang {dp_attention_release()} does (with --enable-dp-lm-head)"
+            )
+        if not view.enable_dp_lm_head:
+            raise StartupRefusal(
+                f"{ALGORITHM}: data-parallel attention needs --enable-dp-lm-head: the draft runs on each DP group's "
+                "own ranks and decodes from the target head, which without it is split over all tensor-parallel "
+                "ranks (SGLang's DFlash code, which DSPINE runs, asks the same)"
+            )
+    mode = view.disaggregation_mode
+    if mode in ("prefill", "decode") and not dflash_hands_off_to_decode():
+        raise StartupRefusal(
+            f"{ALGORITHM}: refusing --disaggregation-mode {mode}: SGLang {here} gives a disaggregated decode server "
+            "no DFlash draft input (its first decode step would start from an empty one, without the prefill's "
+            f"tokens), so DSPINE cannot serve disaggregated there; SGLang {disagg_decode_release()} does"
+        )
+
+
+def dflash_refusal_as_dspine(error: ValueError) -> StartupRefusal | None:
+    """A refusal of SGLang's DFlash argument checks (which a DSPINE server runs), worded in DFLASH's name: the same
+    refusal as one DSPINE line, SGLang's words kept; None for any other error."""
+    message = " ".join(str(error).split())
+    if isinstance(error, StartupRefusal) or "DFLASH" not in message:
+        return None
+    return StartupRefusal(f"{ALGORITHM}: refused by SGLang's DFlash checks, which DSPINE runs: {message}")
 
 
 def _target_text_config(server_args):
