@@ -143,6 +143,102 @@ def test_tensor_parallel_args_pass_dspine_checks(dirs):
     assert args.tp_size == 2 and args.speculative_algorithm == "DSPINE"
 
 
+# Where a DSPINE server runs: what SGLang's DFlash code (which DSPINE runs) serves on each release, refused at start
+# in one line where it does not (startup_checks.check_placement), or refused by SGLang's own DFlash checks and
+# reworded in DSPINE's name. Per case: the flags, then the refusal on 0.5.17 and on 0.5.23 (None: the server starts).
+DP = ["--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"]
+NO_DP_0517 = ("DSPINE: refusing --enable-dp-attention: SGLang 0.5.17's DFlash code, which DSPINE runs, does not support "
+              "data-parallel attention; SGLang 0.5.23 does (with --enable-dp-lm-head)")
+NO_LM_HEAD = ("DSPINE: data-parallel attention needs --enable-dp-lm-head: the draft runs on each DP group's own ranks "
+              "and decodes from the target head, which without it is split over all tensor-parallel ranks (SGLang's "
+              "DFlash code, which DSPINE runs, asks the same)")
+
+
+def _no_disagg_0517(mode):
+    return (f"DSPINE: refusing --disaggregation-mode {mode}: SGLang 0.5.17 gives a disaggregated decode server no "
+            "DFlash draft input (its first decode step would start from an empty one, without the prefill's tokens), "
+            "so DSPINE cannot serve disaggregated there; SGLang 0.5.23 does")
+
+
+def _reworded(sglang_words):
+    return f"DSPINE: refused by SGLang's DFlash checks, which DSPINE runs: {sglang_words}"
+
+
+PP_WORDS = "Currently DFLASH speculative decoding only supports pp_size == 1."
+CP_WORDS = "DFLASH with dp attention does not support context parallel."
+PLACEMENTS = [
+    ("dp attention", DP, NO_DP_0517, NO_LM_HEAD),
+    ("dp attention and dp lm head", [*DP, "--enable-dp-lm-head"], NO_DP_0517, None),
+    ("prefill server", ["--disaggregation-mode", "prefill"], _no_disagg_0517("prefill"), None),
+    ("decode server", ["--disaggregation-mode", "decode"], _no_disagg_0517("decode"), None),
+    ("pipeline parallel", ["--pp-size", "2"], _reworded(PP_WORDS), _reworded(PP_WORDS)),
+] + ([  # flags of 0.5.23 only (--enable-dp-attention there is a deprecated spelling of --attn-dp-size)
+    ("attn dp size", ["--tp-size", "4", "--attn-dp-size", "2"], None, NO_LM_HEAD),
+    ("attn dp size and dp lm head", ["--tp-size", "4", "--attn-dp-size", "2", "--enable-dp-lm-head"], None, None),
+    ("dp attention and context parallel",
+     ["--tp-size", "4", "--attn-dp-size", "2", "--enable-dp-lm-head", "--attn-cp-size", "2"], None, _reworded(CP_WORDS)),
+] if ON_0_5_23 else [])
+
+
+@pytest.mark.parametrize("flags,refusal", [(flags, r23 if ON_0_5_23 else r17) for _, flags, r17, r23 in PLACEMENTS],
+                         ids=[case[0] for case in PLACEMENTS])
+def test_what_dspine_cannot_serve_here_is_refused(dirs, flags, refusal):
+    """Data-parallel attention and disaggregated prefill/decode servers start where the installed SGLang's DFlash
+    code serves them, and are refused in one line where it does not, naming the flag, why and the release that
+    serves it; SGLang's own DFlash refusals reach a DSPINE user as one DSPINE line with SGLang's words (stock
+    DFLASH keeps them as they are)."""
+    from sglang_dspine.serving.plugin import StartupRefusal
+
+    root, _ = dirs
+    if refusal is None:
+        args = _resolved(_args(root, root / "dspine", "DSPINE", *flags))
+        assert args.speculative_algorithm == "DSPINE"
+        if "--disaggregation-mode" in flags:
+            assert args.disaggregation_mode == flags[-1]
+        else:
+            assert args.enable_dp_lm_head and (args.attn_dp_size if ON_0_5_23 else args.dp_size) == 2
+        return
+    with pytest.raises(StartupRefusal) as refused:
+        _args(root, root / "dspine", "DSPINE", *flags)
+    assert str(refused.value) == refusal
+    sglang_words = refusal.partition("which DSPINE runs: ")[2]
+    if sglang_words:  # SGLang's own refusal: DFLASH gets it as SGLang words it
+        with pytest.raises(ValueError, match=f"^{re.escape(sglang_words)}$") as stock:
+            _args(root, root / "dflash", "DFLASH", *flags)
+        assert not isinstance(stock.value, StartupRefusal)
+
+
+def test_version_facts_are_what_the_installed_sglang_does(dirs):
+    """The release facts the refusals above follow (`versions`), against what the installed SGLang's DFlash code
+    does: stock DFLASH's argument handling accepts data-parallel attention (with the DP LM head) exactly where
+    `dflash_runs_dp_attention()`, and SGLang builds a disaggregated decode server's first draft input, for DFLASH and
+    for DSPINE alike, exactly where `dflash_hands_off_to_decode()`."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S
+
+    from sglang_dspine.serving import versions
+
+    root, _ = dirs
+    try:
+        _args(root, root / "dflash", "DFLASH", *DP, "--enable-dp-lm-head")
+        accepted = True
+    except ValueError as e:
+        assert "DFLASH" in str(e) and "dp attention" in str(e), e
+        accepted = False
+    assert accepted == versions.dflash_runs_dp_attention()
+    # a decode batch's two requests, as the decode server's `process_prebuilt` hands them over (no overlap)
+    batch = SimpleNamespace(seq_lens=torch.tensor([7, 4]), req_pool_indices=torch.tensor([1, 2]), enable_overlap=False)
+    first = torch.tensor([5, 11])
+    args = _args(root, root / "dspine", "DSPINE")
+    for algorithm in (S.DFLASH, S.from_string("DSPINE")):
+        built = algorithm.build_disagg_draft_input(batch, first, None) if ON_0_5_23 else \
+            algorithm.build_disagg_draft_input(batch, args, first, None)
+        assert (built is not None) == versions.dflash_hands_off_to_decode(), algorithm
+        if built is not None:
+            assert built.bonus_tokens.tolist() == [5, 11] and built.new_seq_lens.tolist() == [7, 4]
+
+
 @pytest.mark.parametrize("flags,patched", [
     (["--sampling-backend", "pytorch"], True),
     (["--sampling-backend", "flashinfer"], False),
@@ -254,15 +350,16 @@ def test_bad_drafters_are_refused_at_start(dirs, case, msg):
         _args(root, draft, *extra)
 
 
-@pytest.mark.parametrize("algorithm,variant", [("DFLASH", None), ("DSPINE", "truncated")])
+@pytest.mark.parametrize("algorithm,variant", [("DFLASH", None), ("DSPINE", "truncated"), ("DSPINE", "dp attention")])
 def test_refused_server_exits_2_with_one_line(dirs, tmp_path, algorithm, variant):
-    """`python -m sglang.launch_server` as a user runs it: a refused drafter ends the launcher with exit code 2 and
-    `sglang-dspine: error: ...` as the last line on stderr, without a traceback (the lines before it are SGLang's
-    own start-up log)."""
+    """`python -m sglang.launch_server` as a user runs it: a refused drafter, or data-parallel attention where DSPINE
+    cannot serve it so, ends the launcher with exit code 2 and `sglang-dspine: error: ...` as the last line on
+    stderr, without a traceback (the lines before it are SGLang's own start-up log)."""
     root, _ = dirs
-    draft = _truncate(_variant(root, "launch_truncated")) if variant else root / "dspine"
+    draft = _truncate(_variant(root, "launch_truncated")) if variant == "truncated" else root / "dspine"
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(root / "target"), "--device", "cuda",
-           "--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft)]
+           "--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft),
+           *(DP if variant == "dp attention" else [])]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)  # not the repo root
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
@@ -271,6 +368,8 @@ def test_refused_server_exits_2_with_one_line(dirs, tmp_path, algorithm, variant
         assert last == (f"sglang-dspine: error: DFLASH: refusing drafter {draft}: it is a DSpine drafter "
                         "(architectures ['DSpineDraftModel']); serve it with --speculative-algorithm DSPINE (DFLASH "
                         "would ignore its injection and transition walk)")
+    elif variant == "dp attention":
+        assert last == f"sglang-dspine: error: {NO_LM_HEAD if ON_0_5_23 else NO_DP_0517}"
     else:
         assert last.startswith(f"sglang-dspine: error: DSPINE: refusing the drafter: {draft}/model.safetensors: "
                                "not a readable safetensors file (")
