@@ -3,8 +3,10 @@
 `server_args(...)`: a launch's server arguments, settled and checked as the server does it.
 `setup(server_args)`: what a scheduler process has before it builds models: the published configuration, a
 one-rank gloo process group (once per process: SGLang's parallel state is global) and CPU RoPE.
-`draft_forward`: the SGLang DSpineDraftModel's forward over whole blocks, with the context K/V written into a real
-draft KV pool the way SGLang's DFlash worker writes it, and the plain drafter's forward on the same inputs.
+`draft_kv`, `write_context`, `draft_block`: a draft KV pool as DFlash's worker keeps it, the context K/V written
+into it the way the worker writes it, and the SGLang DSpineDraftModel's forward over one block a request reading
+it; `draft_forward`: the three together, and the plain drafter's forward on the same inputs.
+`ranks_main`: a launch's ranks (tensor parallelism) as forked processes over gloo.
 """
 from __future__ import annotations
 
@@ -82,6 +84,57 @@ def sglang_model(path):
     return DSpineDraftModel(get_config(str(path), trust_remote_code=False))
 
 
+def draft_kv(dc, rows: int = 4, size: int = 256):
+    """A draft KV pool for drafter config `dc` (SGLang's MHATokenToKVPool, page size 1, float32) and its
+    request-to-token rows (ReqToTokenPool), on the CPU."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+    pool = MHATokenToKVPool(size=size, page_size=1, dtype=torch.float32, head_num=dc.num_key_value_heads,
+                            head_dim=dc.head_dim, layer_num=dc.num_hidden_layers, device="cpu",
+                            enable_memory_saver=False, enable_alt_stream=False)
+    return pool, ReqToTokenPool(size=rows, max_context_len=128, device="cpu", enable_memory_saver=False)
+
+
+def write_context(model, pool, locs, feats) -> None:
+    """The context K/V of one request (target features `feats` [s, L·H] at positions 0..s-1) written into `pool` at
+    slots `locs` by the model's own projections, as DFlash's worker writes it per layer."""
+    s, dim = feats.shape[0], pool.head_dim
+    ctx = model.project_target_hidden(feats)
+    for layer in model.layers:
+        attn = layer.self_attn
+        k, v = attn.kv_proj_only(model.prepare_context_hidden_for_kv(layer, ctx))
+        k = attn.apply_k_rope(torch.arange(s), attn.apply_k_norm(k))
+        pool.set_kv_buffer(attn.attn, locs[:s], k.view(s, -1, dim), v.view(s, -1, dim), 1.0, 1.0)
+
+
+@torch.no_grad()
+def draft_block(model, target, pool, req_to_token, rows, seq_lens, anchors, mask_token_id: int):
+    """One draft forward of the SGLang model over a block [anchor, mask...] per request, as DFlash's decode step
+    builds it: request n in row `rows[n]` of `req_to_token`, its context the first `seq_lens[n]` slots of the row
+    (read from `pool`, torch-native attention), the block at positions seq_len.. written to the row's next slots,
+    embedded by the target. Returns SGLang's LogitsProcessorOutput (hidden states [n·B, H]), the ForwardBatch and
+    the block embeddings [n, B, H]."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    b, n = int(model.block_size), len(rows)
+    rows, seq_lens, anchors = (torch.as_tensor(x, dtype=torch.int64) for x in (rows, seq_lens, anchors))
+    backend = TorchNativeAttnBackend(SimpleNamespace(device="cpu", req_to_token_pool=req_to_token,
+                                                     token_to_kv_pool=pool))
+    ids = torch.cat([anchors.view(n, 1), torch.full((n, b - 1), mask_token_id)], 1).view(-1)
+    emb = target.get_input_embeddings()(ids)
+    positions = (seq_lens.view(n, 1) + torch.arange(b)).view(-1)
+    block_locs = req_to_token.req_to_token[rows.view(n, 1), positions.view(n, b)].reshape(-1).to(torch.int64)
+    fb = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=n, input_ids=ids, req_pool_indices=rows,
+                      seq_lens=seq_lens + b, out_cache_loc=block_locs, seq_lens_sum=int((seq_lens + b).sum()),
+                      positions=positions, extend_prefix_lens=seq_lens, extend_seq_lens=torch.full((n,), b))
+    backend.init_forward_metadata(fb)
+    with forward_context(ForwardContext(attn_backend=backend)):
+        out = model.forward(ids, positions, fb, input_embeds=emb)
+    return out, fb, emb.view(n, b, -1)
+
+
 @torch.no_grad()
 def draft_forward(model, plain, target, requests, seed: int = 3):
     """One draft forward of the SGLang model over one block per request, `requests` = [(context length, anchor)]:
@@ -90,50 +143,31 @@ def draft_forward(model, plain, target, requests, seed: int = 3):
 
     Returns (out, forward_batch, refs): SGLang's LogitsProcessorOutput (hidden states [n·B, H]), the ForwardBatch
     it ran on, and per request the plain drafter's BlockOutput on the same context and block."""
-    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-
     dc, b, n = plain.cfg, plain.cfg.block_size, len(requests)
-    pool = MHATokenToKVPool(size=256, page_size=1, dtype=torch.float32, head_num=dc.num_key_value_heads,
-                            head_dim=dc.head_dim, layer_num=dc.num_hidden_layers, device="cpu",
-                            enable_memory_saver=False, enable_alt_stream=False)
-    req_to_token = ReqToTokenPool(size=max(4, n), max_context_len=128, device="cpu", enable_memory_saver=False)
-    backend = TorchNativeAttnBackend(SimpleNamespace(device="cpu", req_to_token_pool=req_to_token,
-                                                     token_to_kv_pool=pool))
+    pool, req_to_token = draft_kv(dc, rows=max(4, n))
     g = torch.Generator().manual_seed(seed)
-    feats, block_locs, next_loc = [], [], 1
+    feats, next_loc = [], 1
     for r, (s, _) in enumerate(requests):
-        f = torch.randn(s, len(dc.target_layer_ids) * dc.hidden_size, generator=g)
-        feats.append(f)
+        feats.append(torch.randn(s, len(dc.target_layer_ids) * dc.hidden_size, generator=g))
         locs = torch.arange(next_loc, next_loc + s + b)
         req_to_token.req_to_token[r, : s + b] = locs.to(req_to_token.req_to_token.dtype)
-        ctx = model.project_target_hidden(f)  # the DFlash worker's per-layer context K/V write
-        for layer in model.layers:
-            attn = layer.self_attn
-            k, v = attn.kv_proj_only(model.prepare_context_hidden_for_kv(layer, ctx))
-            k = attn.apply_k_rope(torch.arange(s), attn.apply_k_norm(k))
-            pool.set_kv_buffer(attn.attn, locs[:s], k.view(s, -1, dc.head_dim), v.view(s, -1, dc.head_dim), 1.0, 1.0)
-        block_locs.append(locs[s:])
+        write_context(model, pool, locs, feats[r])
         next_loc += s + b
-    ids = torch.tensor([[a] + [dc.mask_token_id] * (b - 1) for _, a in requests]).view(-1)
-    emb = target.get_input_embeddings()(ids)
-    positions = torch.cat([s + torch.arange(b) for s, _ in requests])
-    fb = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=n, input_ids=ids,
-                      req_pool_indices=torch.arange(n), seq_lens=torch.tensor([s + b for s, _ in requests]),
-                      out_cache_loc=torch.cat(block_locs), seq_lens_sum=sum(s + b for s, _ in requests),
-                      positions=positions, extend_prefix_lens=torch.tensor([s for s, _ in requests]),
-                      extend_seq_lens=torch.tensor([b] * n))
-    backend.init_forward_metadata(fb)
-    with forward_context(ForwardContext(attn_backend=backend)):
-        out = model.forward(ids, positions, fb, input_embeds=emb)
+    out, fb, emb = draft_block(model, target, pool, req_to_token, range(n), [s for s, _ in requests],
+                               [a for _, a in requests], dc.mask_token_id)
+    return out, fb, plain_refs(plain, emb, feats, [a for _, a in requests])
+
+
+def plain_refs(plain, emb, feats, anchors):
+    """Per request, the plain drafter's BlockOutput on context features `feats[n]` and block embeddings `emb[n]`."""
+    b = plain.cfg.block_size
     refs = []
-    for r, (s, a) in enumerate(requests):
+    for r, a in enumerate(anchors):
+        s = feats[r].shape[0]
         kv = plain.context_kv(feats[r][None], torch.arange(s)[None])
-        refs.append(plain.forward_blocks(emb.view(n, b, -1)[r].view(1, 1, b, -1), (s + torch.arange(b)).view(1, 1, b),
-                                         kv, torch.ones(1, 1, s, dtype=torch.bool), torch.tensor([[a]])))
-    return out, fb, refs
+        refs.append(plain.forward_blocks(emb[r].view(1, 1, b, -1), (s + torch.arange(b)).view(1, 1, b), kv,
+                                         torch.ones(1, 1, s, dtype=torch.bool), torch.tensor([[int(a)]])))
+    return refs
 
 
 def free_port() -> int:
@@ -184,11 +218,14 @@ def padded_head(head: torch.Tensor, poison: bool = True):
     return lm_head
 
 
-def tp_main(root: str, world: int, inputs_file: str, out_dir: str) -> None:
-    """A tensor-parallel DSPINE draft decoding over `world` ranks, run in a fresh interpreter: SGLang imported and
-    the launch's server arguments (`--tp-size world`) settled once, then one forked process a rank (`tp_rank`);
-    each writes what it found to out_dir/rank{r}.json."""
+def ranks_main(rank_fn: str, root: str, flags: list, inputs_file: str, out_dir: str, timeout: float = 300) -> None:
+    """A DSPINE launch's ranks, run in a fresh interpreter: SGLang imported and the launch's server arguments (the
+    test pair under `root` with `flags`, e.g. `--tp-size 2`) settled once, then one forked process a rank of SGLang's
+    world (its TP width) running `rank_fn` (e.g. `tp_rank`) on the inputs in `inputs_file`; each writes what
+    it found to out_dir/rank{r}.json. A rank still running after `timeout` seconds (a collective some rank never
+    joined) is ended, and the launch fails."""
     import multiprocessing
+    import time
 
     os.environ.setdefault("TRITON_INTERPRET", "1")
     from pathlib import Path
@@ -198,35 +235,38 @@ def tp_main(root: str, world: int, inputs_file: str, out_dir: str) -> None:
     import sglang_dspine.serving.worker  # noqa: F401
 
     root_path = Path(root)
-    args = server_args(root_path / "target", root_path / "dspine", "DSPINE", "--tp-size", str(world))
+    args = server_args(root_path / "target", root_path / "dspine", "DSPINE", *flags)
+    world = int(resolved(args).tp_size)
     inputs = torch.load(inputs_file)
     port, ctx = free_port(), multiprocessing.get_context("fork")
-    ranks = [ctx.Process(target=tp_rank, args=(r, world, port, root, args, inputs, out_dir)) for r in range(world)]
+    fn = globals()[rank_fn]
+    ranks = [ctx.Process(target=fn, args=(r, world, port, root, args, inputs, out_dir)) for r in range(world)]
     for p in ranks:
         p.start()
+    deadline = time.monotonic() + timeout
     for p in ranks:
-        p.join(timeout=300)
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in ranks:
+        if p.is_alive():
+            p.kill()
+            p.join()
     codes = [p.exitcode for p in ranks]
     if codes != [0] * world:
-        raise SystemExit(f"tensor-parallel ranks ended with exit codes {codes}")
+        raise SystemExit(f"ranks ended with exit codes {codes} (negative: ended by a signal, e.g. after {timeout} s)")
 
 
-def tp_rank(rank: int, world: int, port: int, root: str, args, inputs: dict, out_dir: str) -> None:
-    """One rank: SGLang's TP group over gloo, the SGLang draft model loaded with its weights sharded, SGLang's
-    ParallelLMHead holding this rank's rows of the padded head, and DFlash's eager hook
-    (`_greedy_sample_from_vocab_parallel_head`, overridden by DSPINE) decoding the block from the model-forward
-    state in `inputs`."""
-    import json
-    from pathlib import Path
+def join_gloo(rank: int, world: int, port: int, args) -> None:
+    """What a scheduler process of a `world`-rank launch has before it builds models: the published configuration
+    with this process's place in it (0.5.23: SGLang's own placement from the world rank: TP, attention-TP and
+    attention-DP ranks), SGLang's process groups over gloo, CPU RoPE.
 
+    No NCCL on a CPU: SGLang's groups of several ranks are built without their PyNccl communicator and custom
+    all-reduce (collectives then run on the gloo device group)."""
     import sglang.srt.distributed.parallel_state as parallel_state
     import sglang.srt.layers.rotary_embedding.base as rope_base
-    from safetensors.torch import load_file
     from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
     from sglang.srt.runtime_context import publish
 
-    # No NCCL on a CPU: SGLang's groups of several ranks without their PyNccl communicator and custom all-reduce
-    # (collectives then run on the gloo device group).
     build_group = parallel_state.init_model_parallel_group
     parallel_state.init_model_parallel_group = lambda *a, **k: build_group(*a, **{**k, "use_pynccl": False})
     parallel_state.set_custom_all_reduce(False)
@@ -234,29 +274,61 @@ def tp_rank(rank: int, world: int, port: int, root: str, args, inputs: dict, out
     # its body is the group's own `_all_gather_into_tensor` (gloo on a CPU), called here directly.
     parallel_state.GroupCoordinator.all_gather_into_tensor = parallel_state.GroupCoordinator._all_gather_into_tensor
     torch.set_num_threads(1)
-    publish(args, role="test")
+    if on_0_5_23():
+        from sglang.srt.runtime_context import SpawnRanks
+
+        publish(args, role="test", ranks=SpawnRanks(world_rank=rank))
+    else:
+        publish(args, role="test")
     init_distributed_environment(backend="gloo", world_size=world, rank=rank, local_rank=rank,
                                  distributed_init_method=f"tcp://127.0.0.1:{port}")
     if on_0_5_23():
-        from sglang.srt.runtime_context import get_parallel
-
-        initialize_model_parallel()
-        get_parallel().override_permanently(tp_rank=rank)
+        initialize_model_parallel()  # the widths from the published configuration
     else:
         initialize_model_parallel(tensor_model_parallel_size=world)
     rope_base._is_cpu, rope_base._is_cpu_amx_available = True, False
+
+
+def _loaded_model(root, lm_head):
+    """The SGLang draft model of the pair under `root`, loaded with its weights (sharded as this rank's group
+    asks), and a worker shell over it and `lm_head`."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
     root = Path(root)
     model = sglang_model(root / "dspine").float()
     model.load_weights(iter(load_file(root / "dspine" / "model.safetensors").items()))
-    lm_head = padded_head(inputs["head"])
-    info = lm_head.shard_indices
-    worker = worker_shell(model, lm_head, model.draft_step.block_size)
-    step = model.draft_step
+    return model, worker_shell(model, lm_head, model.draft_step.block_size)
+
+
+def _draft(worker, lm_head, batch):
+    """DFlash's eager hook (`_greedy_sample_from_vocab_parallel_head`, overridden by DSPINE) decoding the block of
+    `batch` (what the draft model's forward left: anchors, the last layer's state, the final states)."""
+    step = worker.draft_model.draft_step
     with torch.no_grad():
-        step.begin(inputs["anchors"])  # what the draft model's forward hands the step
-        step.inject(inputs["pre_last"], step.num_layers - 1)
-        tokens = worker._greedy_sample_from_vocab_parallel_head(hidden_states=inputs["states"], lm_head=lm_head)
-    found = dict(tokens=tokens.tolist(), start=step.shard.start, size=step.shard.size, world=step.shard.world,
-                 rows=int(lm_head.weight.shape[0]), org_start=int(info.org_vocab_start_index),
-                 org_size=int(info.num_org_elements), kernels=step.kernels, on_kernels=step.decodes_on_kernels)
+        step.begin(batch["anchors"])  # what the draft model's forward hands the step
+        step.inject(batch["pre_last"], step.num_layers - 1)
+        return worker._greedy_sample_from_vocab_parallel_head(hidden_states=batch["states"], lm_head=lm_head)
+
+
+def _shard_found(worker, lm_head) -> dict:
+    step, info = worker.draft_model.draft_step, lm_head.shard_indices
+    return dict(start=step.shard.start, size=step.shard.size, world=step.shard.world,
+                rows=int(lm_head.weight.shape[0]), org_start=int(info.org_vocab_start_index),
+                org_size=int(info.num_org_elements), kernels=step.kernels, on_kernels=step.decodes_on_kernels)
+
+
+def tp_rank(rank: int, world: int, port: int, root: str, args, inputs: dict, out_dir: str) -> None:
+    """One rank of a tensor-parallel launch: SGLang's TP group over gloo, the SGLang draft model loaded with its
+    weights sharded, SGLang's ParallelLMHead holding this rank's rows of the padded head, and DFlash's eager hook
+    decoding the block from the model-forward state in `inputs`."""
+    import json
+    from pathlib import Path
+
+    join_gloo(rank, world, port, args)
+    lm_head = padded_head(inputs["head"])
+    _, worker = _loaded_model(root, lm_head)
+    tokens = _draft(worker, lm_head, inputs)
+    found = dict(tokens=tokens.tolist(), **_shard_found(worker, lm_head))
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(found))

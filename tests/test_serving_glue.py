@@ -629,33 +629,48 @@ def test_step_cost_benchmarks_dflash2_drafter_is_sglangs_own(served, tmp_path):
 
 
 # --------------------------------------------------------------------------------------- tensor parallelism
+def _block_to_decode(served, bs: int, seed: int):
+    """What the draft model's forward leaves DSPINE's draft step for a batch of `bs` blocks (random: anchors, the
+    last layer's state, the final states of positions 1..B-1), and the plain decoding of it over the whole head."""
+    from sglang_dspine.drafter.decoding import decode_block
+
+    plain, head = served.plain, served.target.lm_head.weight.detach()
+    b, hidden = plain.cfg.block_size, plain.cfg.hidden_size
+    g = torch.Generator().manual_seed(seed)
+    batch = dict(anchors=torch.randint(0, VOCAB, (bs,), generator=g), pre_last=torch.randn(bs * b, hidden, generator=g),
+                 states=torch.randn(bs * (b - 1), hidden, generator=g))
+    with torch.no_grad():
+        want = decode_block((batch["states"] @ head.T).view(bs, b - 1, -1), batch["pre_last"].view(bs, b, -1)[:, 1:],
+                            batch["anchors"], plain.cfg.dspine.top_k, plain.refine_normed, plain.transfer_codes, head)
+    assert (want.candidates < 32).any() and (want.candidates >= 32).any()  # candidates from both halves of the head
+    assert (want.choice != 0).any()  # the walk left the argmax
+    return batch, want
+
+
+def _run_ranks(served, tmp_path, rank_fn: str, flags: list, inputs: dict, world: int) -> list:
+    """A DSPINE launch with `flags` as `world` ranks under gloo (`sglang_on_cpu.ranks_main`, a fresh interpreter),
+    each running `sglang_on_cpu.<rank_fn>` on `inputs`; what each rank found."""
+    torch.save(inputs, tmp_path / "inputs.pt")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys; sys.path.insert(0, {tests!r}); import sglang_on_cpu; "
+            f"sglang_on_cpu.ranks_main({rank_fn!r}, {str(served.root)!r}, {flags!r}, {str(tmp_path / 'inputs.pt')!r}, "
+            f"{str(tmp_path)!r})")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+
+
 def test_two_rank_tensor_parallel_decoding_from_a_padded_head(served, tmp_path):
     """With --tp-size 2 (two ranks under gloo, SGLang's own TP group and ParallelLMHead: the vocabulary of 50
     padded to 64, 32 rows a rank, rank 1's last 14 rows padding and poisoned), each rank's shard comes from SGLang's
     `shard_indices` (rows 0..31 and 32..49), the draft step leaves the kernels for the PyTorch math across the
     shards, and both ranks draft what the whole head drafts in one process (the plain reference)."""
-    from sglang_dspine.drafter.decoding import decode_block
-
-    plain, head = served.plain, served.target.lm_head.weight.detach()
-    b, hidden = plain.cfg.block_size, plain.cfg.hidden_size
-    g = torch.Generator().manual_seed(8)
-    bs = 3
-    inputs = dict(head=head, anchors=torch.randint(0, VOCAB, (bs,), generator=g),
-                  pre_last=torch.randn(bs * b, hidden, generator=g), states=torch.randn(bs * (b - 1), hidden, generator=g))
-    with torch.no_grad():
-        want = decode_block((inputs["states"] @ head.T).view(bs, b - 1, -1), inputs["pre_last"].view(bs, b, -1)[:, 1:],
-                            inputs["anchors"], plain.cfg.dspine.top_k, plain.refine_normed, plain.transfer_codes, head)
-    torch.save(inputs, tmp_path / "inputs.pt")
-    tests = os.path.dirname(os.path.abspath(__file__))
-    code = (f"import sys; sys.path.insert(0, {tests!r}); import sglang_on_cpu; "
-            f"sglang_on_cpu.tp_main({str(served.root)!r}, 2, {str(tmp_path / 'inputs.pt')!r}, {str(tmp_path)!r})")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    batch, want = _block_to_decode(served, bs=3, seed=8)
+    inputs = dict(head=served.target.lm_head.weight.detach(), **batch)
+    ranks = _run_ranks(served, tmp_path, "tp_rank", ["--tp-size", "2"], inputs, world=2)
     assert [(r["org_start"], r["org_size"], r["rows"]) for r in ranks] == [(0, 32, 32), (32, 18, 32)]
     assert [(r["start"], r["size"], r["world"]) for r in ranks] == [(0, 32, 2), (32, 18, 2)]
     assert all(r["kernels"] and not r["on_kernels"] for r in ranks)
     for r in ranks:
         assert r["tokens"] == want.tokens.reshape(-1).tolist()
-    assert (want.candidates < 32).any() and (want.candidates >= 32).any()  # candidates from both shards
-    assert (want.choice != 0).any()  # the walk left the argmax
+
