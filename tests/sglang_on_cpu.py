@@ -6,7 +6,7 @@ one-rank gloo process group (once per process: SGLang's parallel state is global
 `draft_kv`, `write_context`, `draft_block`: a draft KV pool as DFlash's worker keeps it, the context K/V written
 into it the way the worker writes it, and the SGLang DSpineDraftModel's forward over one block a request reading
 it; `draft_forward`: the three together, and the plain drafter's forward on the same inputs.
-`ranks_main`: a launch's ranks (tensor parallelism) as forked processes over gloo.
+`ranks_main`: a launch's ranks (tensor parallelism, data-parallel attention) as forked processes over gloo.
 """
 from __future__ import annotations
 
@@ -184,10 +184,11 @@ class TargetModel(torch.nn.Module):
         self.lm_head = lm_head
 
 
-def worker_shell(model, lm_head, block_size):
+def worker_shell(model, lm_head, block_size, draft_pool=None):
     """A DSpineWorker as DFlash's own draft-decoding methods see it: its block size, its draft model, the target
-    worker's model (rank 0 of SGLang's TP group: the logging rank). Nothing else of a worker is built (no model
-    runners on a CPU)."""
+    worker's model (rank 0 of SGLang's TP group: the logging rank); with `draft_pool`, what DFlash's context writer
+    (`_append_target_hidden_to_draft_kv_by_loc`) reads too: the draft KV pool, the device, the draft's placement
+    and no fused writer. Nothing else of a worker is built (no model runners on a CPU)."""
     from sglang_dspine.serving.worker import DSpineWorker
 
     worker = DSpineWorker.__new__(DSpineWorker)
@@ -199,17 +200,29 @@ def worker_shell(model, lm_head, block_size):
 
         attrs.update(selector=model.candidate_selector, lilicorr=model.lilicorr,
                      _is_domino=parse_dflash_draft_config(draft_hf_config=model.config).is_domino)
+    if draft_pool is not None:
+        attrs.update(model_runner=SimpleNamespace(device=torch.device("cpu")),
+                     draft_model_runner=SimpleNamespace(token_to_kv_pool=draft_pool),
+                     _use_fused_kv_materialize=False, _fused_kv_helper=None)
+        if on_0_5_23():  # as DFlashWorkerV2.__init__ resolves it for the drafter's class
+            from sglang.srt.speculative.draft_parallel import resolve_draft_parallel_layout
+
+            attrs.update(draft_parallel_layout=resolve_draft_parallel_layout(type(model).draft_parallel_spec,
+                                                                             collapse_cp=True))
     for k, v in attrs.items():
         object.__setattr__(worker, k, v)
     return worker
 
 
-def padded_head(head: torch.Tensor, poison: bool = True):
+def padded_head(head: torch.Tensor, poison: bool = True, use_attn_tp_group: bool = False):
     """SGLang's ParallelLMHead for `head` [V, H] on this rank, loaded by its own weight loader (the vocabulary
-    padded to a multiple of 64 and split over the TP ranks), the padded rows poisoned with huge logits."""
+    padded to a multiple of 64 and split over the TP ranks, or with `use_attn_tp_group` over this rank's
+    attention-TP group, as a Qwen3 target builds it under --enable-dp-lm-head), the padded rows poisoned with
+    huge logits."""
     from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
 
-    lm_head = ParallelLMHead(head.shape[0], head.shape[1], params_dtype=torch.float32)
+    group = dict(use_attn_tp_group=True) if use_attn_tp_group else {}
+    lm_head = ParallelLMHead(head.shape[0], head.shape[1], params_dtype=torch.float32, **group)
     lm_head.weight.data.fill_(float("nan"))
     lm_head.weight_loader(lm_head.weight, head)
     if poison:
@@ -221,7 +234,7 @@ def padded_head(head: torch.Tensor, poison: bool = True):
 def ranks_main(rank_fn: str, root: str, flags: list, inputs_file: str, out_dir: str, timeout: float = 300) -> None:
     """A DSPINE launch's ranks, run in a fresh interpreter: SGLang imported and the launch's server arguments (the
     test pair under `root` with `flags`, e.g. `--tp-size 2`) settled once, then one forked process a rank of SGLang's
-    world (its TP width) running `rank_fn` (e.g. `tp_rank`) on the inputs in `inputs_file`; each writes what
+    world (its TP width) running `rank_fn` (`tp_rank`, `dp_rank`) on the inputs in `inputs_file`; each writes what
     it found to out_dir/rank{r}.json. A rank still running after `timeout` seconds (a collective some rank never
     joined) is ended, and the launch fails."""
     import multiprocessing
@@ -331,4 +344,44 @@ def tp_rank(rank: int, world: int, port: int, root: str, args, inputs: dict, out
     _, worker = _loaded_model(root, lm_head)
     tokens = _draft(worker, lm_head, inputs)
     found = dict(tokens=tokens.tolist(), **_shard_found(worker, lm_head))
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(found))
+
+
+def dp_rank(rank: int, world: int, port: int, root: str, args, inputs: dict, out_dir: str) -> None:
+    """One rank of a launch with data-parallel attention (SGLang 0.5.23, --enable-dp-lm-head): SGLang's groups over
+    gloo, the draft's placement resolved as DFlash's worker resolves it (`model_draft_parallel_spec` of the
+    drafter's architecture under DSPINE, `resolve_draft_parallel_layout`), the target head split over this rank's
+    attention-TP group as the target builds it, the draft model built and loaded inside the draft's scope
+    (`draft_tp_context`), and for each step in `inputs["steps"]` this DP group's block decoded by DFlash's eager hook
+    inside that scope, as DFlash's worker calls it, or nothing where the group is idle (DFlash's worker drafts
+    nothing for an idle batch)."""
+    import json
+    from pathlib import Path
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.speculative.draft_parallel import model_draft_parallel_spec, resolve_draft_parallel_layout
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_utils import draft_tp_context
+
+    join_gloo(rank, world, port, args)
+    parallel = get_parallel()
+    draft_config = ModelConfig.from_server_args(args, model_path=str(Path(root) / "dspine"), is_draft_model=True)
+    layout = resolve_draft_parallel_layout(
+        model_draft_parallel_spec(draft_config, spec_algorithm=SpeculativeAlgorithm.from_string("DSPINE")),
+        collapse_cp=True)
+    lm_head = padded_head(inputs["head"], use_attn_tp_group=bool(parallel.enable_dp_lm_head))
+    with draft_tp_context(layout):
+        _, worker = _loaded_model(root, lm_head)
+    dp = int(parallel.attn_dp_rank)
+    found = dict(dp_rank=dp, attn_tp_rank=int(parallel.attn_tp_rank),
+                 group=None if layout.tp_group is None else list(layout.tp_group.ranks), steps=[])
+    for batches in inputs["steps"]:
+        batch = batches[dp]
+        if batch is None:
+            found["steps"].append(None)
+            continue
+        with draft_tp_context(layout):
+            found["steps"].append(_draft(worker, lm_head, batch).tolist())
+    found.update(_shard_found(worker, lm_head))
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(found))

@@ -35,7 +35,7 @@ from safetensors.torch import load_file
 from sglang_dspine.drafter.checkpoint import init_dspine_transfer, save_drafter
 from sglang_dspine.drafter.model import DSpineDrafter
 from sglang_dspine.drafter.tiny import drafter_config_for, make_target
-from sglang_dspine.serving import sglang_patches
+from sglang_dspine.serving import sglang_patches, versions
 from sglang_dspine.serving.plugin import StartupRefusal
 
 VOCAB = 50  # SGLang pads a head's vocabulary to a multiple of 64: rows 50..63 are padding
@@ -674,3 +674,162 @@ def test_two_rank_tensor_parallel_decoding_from_a_padded_head(served, tmp_path):
     for r in ranks:
         assert r["tokens"] == want.tokens.reshape(-1).tolist()
 
+
+# ------------------------------------------ data-parallel attention and disaggregation, where SGLang serves them
+# Collected where the installed SGLang's DFlash code serves them (sglang_dspine.serving.versions: 0.5.23); where it
+# does not, DSPINE refuses them at start in one line (test_plugin.test_what_dspine_cannot_serve_here_is_refused).
+if versions.dflash_runs_dp_attention():
+
+    def test_data_parallel_attention_drafts_on_each_dp_groups_own_ranks(served, tmp_path):
+        """--tp-size 4 --attn-dp-size 2 --enable-dp-lm-head: four ranks under gloo, two DP groups of two. The draft's
+        placement, resolved by SGLang as DFlash's worker resolves it for the DSpine drafter, is each DP group's
+        attention-TP group (ranks 0-1 and 2-3); the target head is split over that group (32 rows a rank of the
+        vocabulary of 50 padded to 64, the padding poisoned); inside the draft's scope DSPINE's eager decoding
+        takes its shard and its gather group from it. Each group drafts its own batch (3 and 2 requests) exactly
+        as the whole head does in one process, and a group drafts alone while the other is idle (DFlash's worker
+        runs no draft on an idle batch): a gather over all four ranks would never complete."""
+        head = served.target.lm_head.weight.detach()
+        (a, want_a), (b, want_b), (c, want_c) = (_block_to_decode(served, bs, seed)
+                                                 for bs, seed in ((3, 8), (2, 9), (1, 10)))
+        inputs = dict(head=head, steps=[[a, b], [c, None]])  # per step, DP group 0's batch and group 1's (None: idle)
+        ranks = _run_ranks(served, tmp_path, "dp_rank", ["--tp-size", "4", "--attn-dp-size", "2",
+                                                         "--enable-dp-lm-head"], inputs, world=4)
+        assert [(r["dp_rank"], r["attn_tp_rank"], r["group"]) for r in ranks] == \
+            [(0, 0, [0, 1]), (0, 1, [0, 1]), (1, 0, [2, 3]), (1, 1, [2, 3])]
+        assert [(r["org_start"], r["org_size"], r["rows"]) for r in ranks] == [(0, 32, 32), (32, 18, 32)] * 2
+        assert [(r["start"], r["size"], r["world"]) for r in ranks] == [(0, 32, 2), (32, 18, 2)] * 2
+        assert all(r["kernels"] and not r["on_kernels"] for r in ranks)
+        flat = [w.tokens.reshape(-1).tolist() for w in (want_a, want_b, want_c)]
+        assert [r["steps"] for r in ranks] == [[flat[0], flat[2]]] * 2 + [[flat[1], None]] * 2
+
+
+if versions.dflash_hands_off_to_decode():
+
+    def _transfer(src, dst, src_items, dst_items) -> None:
+        """What a transfer backend does with the buffers two servers registered for disaggregation ((pointers,
+        lengths, item lengths), as SGLang lists them): item i of each source buffer copied into item j of the same
+        destination buffer, for each (i, j) pair. Both servers live in this process here: a memory copy."""
+        import ctypes
+
+        (src_ptrs, _, item_lens), (dst_ptrs, _, dst_item_lens) = src, dst
+        assert item_lens == dst_item_lens and len(src_ptrs) == len(dst_ptrs)
+        for s, d, n in zip(src_ptrs, dst_ptrs, item_lens):
+            for i, j in zip(src_items, dst_items):
+                ctypes.memmove(d + int(j) * n, s + int(i) * n, n)
+
+    @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+    def test_disaggregated_decode_drafts_from_the_prefills_dspine_state(served, overlap):
+        """A DSPINE prefill server hands three requests to a DSPINE decode server, with SGLang 0.5.23's own code on
+        both sides: the prefill writes the prompts' draft K/V by DFlash's context writer (run on the DSpine draft
+        model) and makes its draft input; its registered buffers (the draft KV pool, the metadata buffers holding
+        each request's first token) are copied to the decode server's own slots and rows, as a transfer backend
+        copies them; the decode server's ScheduleBatch builds the first decode step's draft input from them
+        (`process_prebuilt`: DSPINE's `build_disagg_draft_input`; with overlap, through the FutureMap relay).
+        DSpine's per-request state survives: the anchors (the prefill's sampled tokens), the committed lengths and
+        the context, so the decode server's first DSpine draft equals the one the prefill server would have made,
+        and the plain drafter's; other anchors on the same context draft otherwise."""
+        from array import array
+
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.disaggregation.utils import MetadataBuffers
+        from sglang.srt.managers.overlap_utils import FutureMap, resolve_forward_inputs
+        from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        plain, head = served.plain, served.target.lm_head.weight.detach()
+        dc, b = plain.cfg, plain.cfg.block_size
+        prompts, first = [7, 4, 9], [5, 11, 30]  # prompt lengths; the token the prefill sampled after each
+        g = torch.Generator().manual_seed(6)
+        feats = [torch.randn(s, len(dc.target_layer_ids) * dc.hidden_size, generator=g) for s in prompts]
+
+        def server(rows, start):
+            """A server's draft model, worker and draft KV pool; the requests in `rows`, their slots from `start`."""
+            model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
+            model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
+            pool, req_to_token = sglang_on_cpu.draft_kv(dc)
+            slots, nxt = [], start
+            for r, s in zip(rows, prompts):
+                req_to_token.req_to_token[r, : s + b] = torch.arange(nxt, nxt + s + b).to(torch.int32)
+                slots.append(torch.arange(nxt, nxt + s))
+                nxt += s + b
+            return sglang_on_cpu.worker_shell(model, _padded_head(served), b, draft_pool=pool), req_to_token, \
+                torch.cat(slots)
+
+        def request(i, s):
+            params = SamplingParams()
+            params.normalize(None)  # as SGLang's tokenizer manager hands it over
+            return Req(f"r{i}", "", array("q", range(1, s + 1)), params)
+
+        def metadata():
+            return MetadataBuffers(size=4, hidden_size=dc.hidden_size, hidden_states_dtype=torch.float32,
+                                   max_sampling_mask_tokens=1)
+
+        def draft(worker, req_to_token, rows, seq_lens, anchors):
+            """The first decode step's draft: the SGLang draft model over [anchor, mask...] after each context,
+            then DSPINE's decoding through DFlash's eager hook."""
+            out, _, emb = sglang_on_cpu.draft_block(worker.draft_model, served.target,
+                                                    worker.draft_model_runner.token_to_kv_pool, req_to_token, rows,
+                                                    seq_lens, anchors, dc.mask_token_id)
+            states = out.hidden_states.view(len(rows), b, -1)[:, 1:].reshape(-1, dc.hidden_size)
+            with torch.no_grad():
+                tokens = worker._greedy_sample_from_vocab_parallel_head(
+                    hidden_states=states, lm_head=worker._target_worker.model_runner.model.lm_head)
+            return tokens.view(len(rows), b - 1).tolist(), emb
+
+        # the prefill server: the target's prefill gave `feats` and sampled `first`
+        prefill_rows = [0, 1, 2]
+        prefill, prefill_rtt, prefill_slots = server(prefill_rows, start=1)
+        with torch.no_grad():
+            prefill._append_target_hidden_to_draft_kv_by_loc(
+                target_hidden=torch.cat(feats), cache_loc=prefill_slots,
+                positions=torch.cat([torch.arange(s) for s in prompts]), extend_lens=torch.tensor(prompts))
+        kept = prefill._make_next_draft_input_prefill(bonus_tokens=torch.tensor(first), seq_lens=torch.tensor(prompts))
+        prefill_meta = metadata()
+        for i, (s, tok) in enumerate(zip(prompts, first)):
+            req = request(i, s)
+            req.metadata_buffer_index, req.output_ids = i, array("q", [tok])
+            prefill_meta.set_buf(req)
+
+        # the hand-off: the decode server's own rows, slots and metadata entries
+        decode_rows, decode_meta_items = [3, 1, 2], [2, 0, 1]
+        decode, decode_rtt, decode_slots = server(decode_rows, start=40)
+        decode_meta = metadata()
+        _transfer(prefill.draft_model_runner.token_to_kv_pool.get_contiguous_buf_infos(),
+                  decode.draft_model_runner.token_to_kv_pool.get_contiguous_buf_infos(), prefill_slots, decode_slots)
+        _transfer(prefill_meta.get_buf_infos(), decode_meta.get_buf_infos(), range(3), decode_meta_items)
+
+        # the decode server: the requests as its transfer queue commits them, then its first (prebuilt) batch
+        reqs = []
+        for i, (s, row, item) in enumerate(zip(prompts, decode_rows, decode_meta_items)):
+            req = request(i, s)
+            req.kv.req_pool_idx, req.extend_end, req.prefix_len = row, s, 0
+            req.output_ids.append(int(decode_meta.get_buf(item)[0][0]))  # the first token, from the metadata
+            reqs.append(req)
+        tree = RadixCache(CacheInitParams(disable=True, req_to_token_pool=decode_rtt, token_to_kv_pool_allocator=None,
+                                          page_size=1))  # a decode server's cache: no prefix sharing
+        batch = ScheduleBatch.init_new(reqs, decode_rtt, None, tree, ModelConfig.from_server_args(served.args),
+                                       overlap, SpeculativeAlgorithm.from_string("DSPINE"))
+        future_map = FutureMap(torch.device("cpu"), batch.spec_algorithm, decode_rtt)
+        batch.prepare_for_prebuilt()
+        batch.process_prebuilt(future_map)
+        handed = batch.spec_info
+        assert isinstance(handed, DFlashDraftInputV2)
+        if overlap:  # the first decode step reads the anchors and lengths from the relay
+            resolve_forward_inputs(batch, future_map)
+            future_map.resolve_seq_lens_cpu(batch)
+        assert handed.bonus_tokens.tolist() == first and batch.seq_lens.tolist() == prompts
+        assert batch.req_pool_indices.tolist() == decode_rows
+
+        at_prefill, emb = draft(prefill, prefill_rtt, prefill_rows, kept.new_seq_lens, kept.bonus_tokens)
+        at_decode, _ = draft(decode, decode_rtt, batch.req_pool_indices, batch.seq_lens, handed.bonus_tokens)
+        refs = sglang_on_cpu.plain_refs(plain, emb, feats, first)
+        want = [plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist() for ref, a in zip(refs, first)]
+        argmax = [(ref.hidden[0, 0, 1:] @ head.T).argmax(-1).tolist() for ref in refs]
+        assert at_decode == at_prefill == want
+        assert want != argmax  # the transition walk left the backbone's argmax: DSpine's own decoding ran
+        other, _ = draft(decode, decode_rtt, batch.req_pool_indices, batch.seq_lens, handed.bonus_tokens.roll(1))
+        assert other != want  # the anchors are DSpine state: others on the same context draft otherwise
