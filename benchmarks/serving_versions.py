@@ -23,14 +23,16 @@ ROWS = [
      "features": "serving_features_sglang_default_backends_summary.json", "step_cost": None,
      "step_cost_not_run": "the per-step cost under FA3 was not measured (FA3's kernel library reaches the GPU "
                           "machine in four pieces; that lease ran the conformance run only)"},
-    {"sglang": "0.5.23", "attention": None, "sampling": None, "features": None, "step_cost": None,
-     "tried": "device_064fd69_0523",
-     "not_run": "tried on the H200 at 064fd69: the carried environment set up (torch 2.14.1 on CUDA, sglang "
-                "0.5.23, FA3 present, 16 of 16 modules import) and 7 of 9 GPU tests passed, but no server "
-                "started, with any backends: every Qwen3 MLP imports `cutlass` (nvidia-cutlass-dsl), which the "
-                "bundle's lock left out; the 2 failed tests needed torch's CUDA linear-algebra library, which "
-                "the bundle trimmed. Both are in the bundle since a540218 (checked on CPU: 0 unexpected missing "
-                "modules in an import scan of sglang.srt and sglang.kernels), not yet run on a GPU"},
+    {"sglang": "0.5.23", "attention": "fa3 (SGLang's default on an H200)", "sampling": "flashinfer (SGLang's default)",
+     "features": "serving_features_0523_sglang_default_summary.json", "step_cost": None,
+     "runs": "device_3e3192e_0523",
+     "features_note": "every feature that failed, failed for the server without speculation too: 0.5.23's "
+                      "chat completions carry no token_ids (logprobs_chat), and one byte-level token's log-prob "
+                      "entry reads differently from the emitted text (logprobs_completions); the mixed-load "
+                      "errors are those two checks, on all three servers",
+     "step_cost_not_run": "the per-step cost (DFLASH, DFlash2, DSPINE alone) was started at 3e3192e after the "
+                          "GPU tests and the conformance run; the lent machine was taken back mid-run and the "
+                          "device time left did not cover carrying the environment again"},
 ]
 
 
