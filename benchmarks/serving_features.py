@@ -165,7 +165,8 @@ def common_prefix_len(a: list, b: list) -> int:
 
 def build_inputs(tokenizer, models: str) -> dict:
     """Every prompt the run sends (chat template applied, as the pair was trained), the context length, and the
-    text of every vocabulary id as SGLang decodes it for log-probs (one id at a time, special tokens kept)."""
+    text of every vocabulary id as SGLang decodes it for log-probs (one id at a time, special tokens kept), and
+    as /v1/completions reports it (completion_token_texts)."""
     suites = read_suites(os.path.join(models, "suites"))
     cfg = json.load(open(os.path.join(models, "target", "config.json")))
     context_len, vocab = int(cfg["max_position_embeddings"]), int(cfg["vocab_size"])
@@ -196,6 +197,7 @@ def build_inputs(tokenizer, models: str) -> dict:
     shared_ids = [ids(p) for p in shared]
     filler = ids("\n\n".join(t for s in suites.values() for t in s))
     over = [filler[i % len(filler)] for i in range(context_len + 64)]
+    vocab_text = tokenizer.batch_decode([[i] for i in range(vocab)])
     return {
         "greedy_prompts": [chat_text(t) for t in raw],
         "lp_prompts": [chat_text(t) for t in raw[:4]],
@@ -211,8 +213,31 @@ def build_inputs(tokenizer, models: str) -> dict:
         "shared_common_tokens": min(common_prefix_len(shared_ids[0], s) for s in shared_ids[1:]),
         "over_context_ids": over,
         "context_len": context_len,
-        "vocab_text": tokenizer.batch_decode([[i] for i in range(vocab)]),
+        "vocab_text": vocab_text,
+        "completion_token_text": completion_token_texts(tokenizer, vocab_text),
     }
+
+
+def completion_token_texts(tokenizer, vocab_text: list[str]) -> list[str]:
+    """The token text /v1/completions log-probs carry for each id, made by the installed SGLang's own conversion
+    (utils.to_openai_style_logprobs, given the tokenizer where it takes one, as serving_completions does). The
+    servers run this SGLang: servers.Server launches them with this Python. A partial UTF-8 byte of a byte-level
+    BPE token decodes to U+FFFD: 0.5.17 reports that (vocab_text, the same text for every such id); 0.5.23
+    reports the token's raw bytes as latin-1, one character per byte (utils._lossless_token_text), a text of
+    that id alone. Other ids: vocab_text on both."""
+    return completion_logprobs([(0.0, i, t) for i, t in enumerate(vocab_text)], None, tokenizer).tokens
+
+
+def completion_logprobs(token_logprobs: list, top_logprobs: list | None, tokenizer):
+    """SGLang's LogProbs of a /v1/completions answer from /generate's (log-prob, id, text) triples: the
+    installed SGLang's utils.to_openai_style_logprobs, given the tokenizer where it takes one (0.5.23), as
+    serving_completions calls it."""
+    import inspect
+
+    from sglang.srt.entrypoints.openai.utils import to_openai_style_logprobs
+
+    kw = {"tokenizer": tokenizer} if "tokenizer" in inspect.signature(to_openai_style_logprobs).parameters else {}
+    return to_openai_style_logprobs(output_token_logprobs=token_logprobs, output_top_logprobs=top_logprobs, **kw)
 
 
 def text_to_id(vocab_text: list[str]) -> dict[str, int]:
@@ -298,6 +323,15 @@ def _count_check(n_ids: int | None, max_tokens: int, finish: str, exact: bool, w
         raise Malformed(f"{where}: {n_ids} tokens, expected exactly {max_tokens} (finish_reason {finish!r})")
 
 
+def emitted_ids(choice: dict) -> list[int] | None:
+    """The emitted ids of an OpenAI choice asked with return_token_ids: `token_ids` (completions; chat on
+    0.5.17), `response_token_ids` (chat on 0.5.23, serving_chat.py). None when there are none."""
+    ids, resp = choice.get("token_ids"), choice.get("response_token_ids")
+    if ids is not None and resp is not None and ids != resp:
+        raise Malformed(f"choice {choice.get('index')}: token_ids {ids} and response_token_ids {resp} differ")
+    return resp if ids is None else ids
+
+
 def check_openai(r: dict, max_tokens: int, n: int = 1, exact: bool = False, chat: bool = False) -> list[dict]:
     """An OpenAI completion/chat answer: n choices, each finished by stop or length with at most max_tokens
     tokens (exactly max_tokens when `exact` or cut by length), usage consistent with the choices."""
@@ -311,7 +345,7 @@ def check_openai(r: dict, max_tokens: int, n: int = 1, exact: bool = False, chat
             raise Malformed(f"choice {c.get('index')}: no text ({text!r})")
         if c.get("finish_reason") not in ("stop", "length"):
             raise Malformed(f"choice {c.get('index')}: finish_reason {c.get('finish_reason')!r}")
-        ids = c.get("token_ids")
+        ids = emitted_ids(c)
         _count_check(None if ids is None else len(ids), max_tokens, c["finish_reason"], exact, f"choice {c['index']}")
         total_ids += len(ids or [])
     usage = r.get("usage") or {}
@@ -320,7 +354,7 @@ def check_openai(r: dict, max_tokens: int, n: int = 1, exact: bool = False, chat
         raise Malformed(f"usage.completion_tokens {ct} for n={n}, max_tokens {max_tokens}")
     if exact and ct != n * max_tokens:
         raise Malformed(f"usage.completion_tokens {ct}, expected exactly {n * max_tokens}")
-    if all(c.get("token_ids") is not None for c in choices) and total_ids != ct:
+    if all(emitted_ids(c) is not None for c in choices) and total_ids != ct:
         raise Malformed(f"usage.completion_tokens {ct} but the choices hold {total_ids} token ids")
     return choices
 
@@ -421,17 +455,19 @@ def entries_generate(r: dict, k: int, greedy: bool) -> list[dict]:
     return entries
 
 
-def _entries_openai(tokens, lps, tops, ids, vocab_text, k, greedy, where) -> list[dict]:
+def _entries_openai(tokens, lps, tops, ids, token_text, k, greedy, where) -> list[dict]:
+    """`token_text`: the text the endpoint reports for each id. An entry's text must be the emitted id's, its
+    top log-probs are keyed by id where the text is one id's."""
     if ids is None:
-        raise Malformed(f"{where}: no token_ids in the choice (return_token_ids)")
+        raise Malformed(f"{where}: no token_ids / response_token_ids in the choice (return_token_ids)")
     if not len(tokens) == len(lps) == len(tops):
         raise Malformed(f"{where}: {len(tokens)} tokens, {len(lps)} log-probs, {len(tops)} top lists")
     if len(tokens) != len(ids):
         raise Malformed(f"{where}: {len(tokens)} log-prob entries for {len(ids)} emitted tokens")
     for i, (t, tid) in enumerate(zip(tokens, ids)):
-        if t != vocab_text[tid]:
-            raise Malformed(f"{where}: log-prob entry {i} is for {t!r}, the emitted token {tid} is {vocab_text[tid]!r}")
-    by_text = text_to_id(vocab_text)
+        if t != token_text[tid]:
+            raise Malformed(f"{where}: log-prob entry {i} is for {t!r}, the emitted token {tid} is {token_text[tid]!r}")
+    by_text = text_to_id(token_text)
     entries = []
     for i, (tid, lp, top) in enumerate(zip(ids, lps, tops)):
         if not top:
@@ -443,21 +479,28 @@ def _entries_openai(tokens, lps, tops, ids, vocab_text, k, greedy, where) -> lis
     return entries
 
 
-def entries_completion(choice: dict, vocab_text: list[str], k: int, greedy: bool) -> list[dict]:
+def entries_completion(choice: dict, token_text: list[str], k: int, greedy: bool) -> list[dict]:
+    """/v1/completions log-probs against the choice's token_ids; `token_text`: ctx["completion_token_text"].
+    Each entry's text is the emitted id's as the release renders it. 0.5.17: for a partial-UTF-8-byte id that
+    text is U+FFFD, which proves only that the entry is for one of those ids; every other id's text is checked
+    exactly. 0.5.23: such an id's text is its raw bytes (latin-1), so the entry is proven to be for that id."""
     lp = choice.get("logprobs")
     if not lp:
         raise Malformed("/v1/completions: no logprobs in the choice")
     return _entries_openai(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], choice.get("token_ids"),
-                           vocab_text, k, greedy, "/v1/completions")
+                           token_text, k, greedy, "/v1/completions")
 
 
 def entries_chat(choice: dict, vocab_text: list[str], k: int, greedy: bool) -> list[dict]:
+    """/v1/chat/completions log-probs against the emitted ids (emitted_ids: token_ids on 0.5.17,
+    response_token_ids on 0.5.23): each entry's `token` is the emitted id's per-id decode (vocab_text) on both
+    releases (U+FFFD for a partial UTF-8 byte, as on /v1/completions of 0.5.17)."""
     content = (choice.get("logprobs") or {}).get("content")
     if content is None:
         raise Malformed("/v1/chat/completions: no logprobs.content in the choice")
     tops = [{t["token"]: t["logprob"] for t in c["top_logprobs"]} for c in content]
     return _entries_openai([c["token"] for c in content], [c["logprob"] for c in content], tops,
-                           choice.get("token_ids"), vocab_text, k, greedy, "/v1/chat/completions")
+                           emitted_ids(choice), vocab_text, k, greedy, "/v1/chat/completions")
 
 
 def compare_entries(a: list[dict], b: list[dict]) -> dict:
@@ -563,7 +606,8 @@ def f_chat_completions(api, ctx) -> dict:
 
 def _lp_feature(api, ctx, kind: str) -> dict:
     """Log-probs (top 5) on one endpoint, 4 greedy and 2 T=1 requests: one entry per emitted token, for the
-    emitted token (ids from token_ids / output_ids), finite, ordered, the emitted token's top-5 entry equal to
+    emitted token (ids from token_ids, response_token_ids or output_ids; see entries_completion/entries_chat for
+    what the token texts prove on each release), finite, ordered, the emitted token's top-5 entry equal to
     its log-prob, a greedy token the most likely. The greedy entries are compared with plain's in the summary."""
     vt = ctx["vocab_text"]
     greedy, sampled = [], []
@@ -571,7 +615,7 @@ def _lp_feature(api, ctx, kind: str) -> dict:
         for i, p in enumerate(prompts):
             if kind == "completions":
                 c = _completion(api, ctx, p, LP_MAX, temperature=temp, logprobs=TOP_K)[0]
-                e = entries_completion(c, vt, TOP_K, greedy=temp == 0.0)
+                e = entries_completion(c, ctx["completion_token_text"], TOP_K, greedy=temp == 0.0)
             elif kind == "chat":
                 r = dump(api.call(chat_req(ctx["chat_messages"][i], LP_MAX, temperature=temp, logprobs=True,
                                            top_logprobs=TOP_K)))
@@ -854,7 +898,7 @@ def _lp_kind(kind):
         i = rng.randrange(len(ctx["lp_prompts"]))
         if kind == "completions":
             c = _completion(api, ctx, ctx["lp_prompts"][i], LP_MAX, temperature=temp, logprobs=TOP_K)[0]
-            entries_completion(c, ctx["vocab_text"], TOP_K, greedy=temp == 0.0)
+            entries_completion(c, ctx["completion_token_text"], TOP_K, greedy=temp == 0.0)
         elif kind == "chat":
             r = dump(api.call(chat_req(ctx["chat_messages"][i], LP_MAX, temperature=temp, logprobs=True,
                                        top_logprobs=TOP_K)))
@@ -1353,28 +1397,55 @@ def _ret_item(ids: list[int], vocab_text: list[str], k: int, seed: int, greedy: 
                           "output_token_logprobs": toks, "output_top_logprobs": tops, "weight_version": "default"}}
 
 
-def openai_answers(ret: dict, chat: bool) -> dict:
-    """The OpenAI answer SGLang builds from a /generate answer (its own response classes and log-prob
-    conversion), passed through the OpenAI client's types as the client would."""
+def _sglang_chat_logprobs(ret: dict, tokenizer):
+    """The ChoiceLogprobs the installed SGLang's chat server builds for a /generate answer: its own
+    OpenAIServingChat._process_response_logprobs and the helpers it calls (0.5.17: _process_logprobs_tokens on
+    to_openai_style_logprobs; 0.5.23: _build_token_logprobs_from_raw, bytes from the token id), compiled from
+    serving_chat.py's source in the namespace of its protocol and utils modules, on an object holding the
+    tokenizer as the server's tokenizer_manager does. (Compiled, not imported: the module's imports need
+    xgrammar, which SGLang 0.5.23's test environment does not hold.)"""
+    import ast
+    import importlib.util
+    import typing
+    from types import MethodType, SimpleNamespace
+
+    from sglang.srt.entrypoints.openai import protocol, utils
+
+    path = importlib.util.find_spec("sglang.srt.entrypoints.openai.serving_chat").origin
+    cls = next(n for n in ast.walk(ast.parse(open(path).read()))
+               if isinstance(n, ast.ClassDef) and n.name == "OpenAIServingChat")
+    names = ("_process_response_logprobs", "_process_logprobs_tokens", "_build_token_logprobs_from_raw")
+    defs = [f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name in names]
+    ns = {**vars(typing), **vars(protocol), **vars(utils)}
+    exec(compile(ast.Module(body=defs, type_ignores=[]), path, "exec"), ns)
+    server = SimpleNamespace(tokenizer_manager=SimpleNamespace(tokenizer=tokenizer))
+    for f in defs:
+        setattr(server, f.name, MethodType(ns[f.name], server))
+    return server._process_response_logprobs(ret)
+
+
+def openai_answers(ret: dict, chat: bool, tokenizer) -> dict:
+    """The OpenAI answer the installed SGLang builds from a /generate answer (its own response classes and
+    log-prob conversion, given the tokenizer where it takes one), passed through the OpenAI client's types as
+    the client would. The emitted ids go where the release puts them for return_token_ids: `token_ids`, or
+    `response_token_ids` on 0.5.23's chat."""
     import openai.types as ot
     import openai.types.chat as otc
     from sglang.srt.entrypoints.openai import protocol as P
-    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
-    from sglang.srt.entrypoints.openai.utils import to_openai_style_logprobs
 
     mi = ret["meta_info"]
-    lp = to_openai_style_logprobs(output_token_logprobs=mi["output_token_logprobs"],
-                                  output_top_logprobs=mi["output_top_logprobs"])
     usage = P.UsageInfo(prompt_tokens=mi["prompt_tokens"], completion_tokens=mi["completion_tokens"],
                         total_tokens=mi["prompt_tokens"] + mi["completion_tokens"])
     finish = mi["finish_reason"]["type"]
     if chat:
-        content = OpenAIServingChat._process_logprobs_tokens(None, lp, use_token_index=True)
+        ids_field = "response_token_ids" if "response_token_ids" in P.ChatCompletionResponseChoice.model_fields \
+            else "token_ids"
         choice = P.ChatCompletionResponseChoice(index=0, message=P.ChatMessage(role="assistant", content=ret["text"]),
-                                                logprobs=P.ChoiceLogprobs(content=content), finish_reason=finish,
-                                                token_ids=ret["output_ids"])
+                                                logprobs=_sglang_chat_logprobs(ret, tokenizer), finish_reason=finish,
+                                                **{ids_field: ret["output_ids"]})
         resp = P.ChatCompletionResponse(id="x", model=MODEL, choices=[choice], usage=usage)
         return otc.ChatCompletion.model_validate(json.loads(resp.model_dump_json())).model_dump()
+    lp = completion_logprobs(mi["output_token_logprobs"], mi["output_top_logprobs"], tokenizer)
     choice = P.CompletionResponseChoice(index=0, text=ret["text"], logprobs=lp, finish_reason=finish,
                                         token_ids=ret["output_ids"])
     resp = P.CompletionResponse(id="x", model=MODEL, choices=[choice], usage=usage)
@@ -1464,7 +1535,8 @@ def smoke(models: str) -> int:
 
     target = os.path.join(models, "target")
     t = time.time()
-    ctx = build_inputs(AutoTokenizer.from_pretrained(target), models)
+    tok = AutoTokenizer.from_pretrained(target)
+    ctx = build_inputs(tok, models)
     assert ctx["long_prompt_tokens"] >= LONG_MIN_TOKENS and ctx["shared_common_tokens"] >= PREFIX_MIN_TOKENS
     assert len(ctx["over_context_ids"]) > ctx["context_len"]
     print(f"inputs: {len(ctx['greedy_prompts'])} greedy prompts, long prompt {ctx['long_prompt_tokens']} tokens, "
@@ -1483,8 +1555,9 @@ def smoke(models: str) -> int:
         check_generate(ret, 4, exact=True)
         e = entries_generate(ret, TOP_K, greedy)
         for chat in (False, True):
-            c = check_openai(openai_answers(ret, chat), 4, exact=True, chat=chat)[0]
-            e2 = (entries_chat if chat else entries_completion)(c, vt, TOP_K, greedy)
+            c = check_openai(openai_answers(ret, chat, tok), 4, exact=True, chat=chat)[0]
+            e2 = entries_chat(c, vt, TOP_K, greedy) if chat else entries_completion(c, ctx["completion_token_text"],
+                                                                                    TOP_K, greedy)
             assert compare_entries(e, e2)["positions"] == len(ids) and compare_entries(e,
                                                                                        e2)["token_max_abs_diff"] < 1e-6
     shifted = _ret_item(ids, vt, TOP_K, 0, True)
