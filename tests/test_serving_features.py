@@ -25,10 +25,15 @@ def sf():
 
 
 @pytest.fixture(scope="module")
-def ctx(sf):
+def tok():
     from transformers import AutoTokenizer
 
-    return sf.build_inputs(AutoTokenizer.from_pretrained(TARGET), MODELS)
+    return AutoTokenizer.from_pretrained(TARGET)
+
+
+@pytest.fixture(scope="module")
+def ctx(sf, tok):
+    return sf.build_inputs(tok, MODELS)
 
 
 def test_inputs_span_chunks_share_a_prefix_and_overflow_the_context(sf, ctx):
@@ -113,7 +118,7 @@ def test_pick_stop(sf):
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-def test_log_prob_entries_from_sglang_answers(sf, ctx, greedy):
+def test_log_prob_entries_from_sglang_answers(sf, ctx, tok, greedy):
     """The same log-probs read from /generate, /v1/completions and /v1/chat/completions answers (built by
     SGLang's response code, parsed by the OpenAI client's types) give the same entries."""
     vt = ctx["vocab_text"]
@@ -121,18 +126,18 @@ def test_log_prob_entries_from_sglang_answers(sf, ctx, greedy):
     ret = sf._ret_item(ids, vt, sf.TOP_K, 0, greedy)
     e = sf.entries_generate(ret, sf.TOP_K, greedy)
     assert [x["id"] for x in e] == ids and all(len(x["top"]) == sf.TOP_K for x in e)
-    for chat, fn in ((False, sf.entries_completion), (True, sf.entries_chat)):
-        answer = sf.openai_answers(ret, chat)
+    for chat, fn, texts in ((False, sf.entries_completion, ctx["completion_token_text"]), (True, sf.entries_chat, vt)):
+        answer = sf.openai_answers(ret, chat, tok)
         c = sf.check_openai(answer, len(ids), exact=True, chat=chat)[0]
-        e2 = fn(c, vt, sf.TOP_K, greedy)
+        e2 = fn(c, texts, sf.TOP_K, greedy)
         cmp = sf.compare_entries(e, e2)
         assert cmp["positions"] == len(ids) and cmp["token_max_abs_diff"] < 1e-9 and cmp["top_max_abs_diff"] < 1e-9
         assert cmp["top_pairs"] > 0
         # the reported tokens must be the emitted ones
         wrong = copy.deepcopy(c)
-        wrong["token_ids"][1] = 18
+        sf.emitted_ids(wrong)[1] = 18
         with pytest.raises(sf.Malformed, match="entry 1"):
-            fn(wrong, vt, sf.TOP_K, greedy)
+            fn(wrong, texts, sf.TOP_K, greedy)
 
 
 def test_log_prob_checks_catch_shifted_missing_and_non_argmax(sf, ctx):
@@ -259,7 +264,7 @@ def test_divergence_margins(sf):
     ("stop", "x = f(a, b)", "Malformed"),  # a stop that ended the request must not stay in the text
     ("length", "xyz", "ok"),
 ])
-def test_load_stop_counts_sglangs_length_before_stop_apart(sf, ctx, finish, text, outcome):
+def test_load_stop_counts_sglangs_length_before_stop_apart(sf, ctx, tok, finish, text, outcome):
     """The mixed load's stop-string request: an answer that keeps a stop string is an error unless SGLang ended
     it by length (its order: max_tokens first, Req.update_finish_state). Answers built by SGLang's own response
     classes and read through the OpenAI client's types."""
@@ -271,7 +276,7 @@ def test_load_stop_counts_sglangs_length_before_stop_apart(sf, ctx, finish, text
     class Answers:  # what the server would answer, for any request
         def call(self, req):
             assert req["body"]["stop"] and req["endpoint"] == "/v1/completions"
-            return sf.openai_answers(ret, chat=False)
+            return sf.openai_answers(ret, chat=False, tokenizer=tok)
 
     rng = random.Random(0)
     rng.choice = lambda seq: "," if seq == sf.LOAD_STOPS else seq[0]
@@ -280,3 +285,91 @@ def test_load_stop_counts_sglangs_length_before_stop_apart(sf, ctx, finish, text
             sf._load_stop(Answers(), ctx, rng)
     else:
         assert sf._load_stop(Answers(), ctx, rng) == outcome
+
+
+# Partial UTF-8 bytes in the default pair's vocabulary (byte-level BPE): each decodes alone to U+FFFD. The two a
+# plain SGLang 0.5.23 server emitted when its /v1/completions log-probs failed the old check.
+BYTE_IDS = (254, 235)
+
+
+def _lp_answers(sf, tok, ret):
+    """A server that answers every log-prob request of serving_features with the answer the installed SGLang
+    builds from `ret` (the /generate answer), for the endpoint asked."""
+    class Answers:
+        def call(self, req):
+            body = req["body"]
+            assert body["return_token_ids"] and body["logprobs"] and body["max_tokens"] == len(ret["output_ids"])
+            return sf.openai_answers(ret, req["endpoint"] == "/v1/chat/completions", tok)
+    return Answers()
+
+
+def _byte_token_answer(sf, ctx):
+    ids = [5, BYTE_IDS[0], 17, 300, BYTE_IDS[1], 2] * 4
+    assert len(ids) == sf.LP_MAX and all(ctx["vocab_text"][i] == "\ufffd" for i in BYTE_IDS)
+    return ids, sf._ret_item(ids, ctx["vocab_text"], sf.TOP_K, 0, True)
+
+
+def _sglang_0523():
+    import sglang
+    from packaging.version import Version
+
+    return Version(sglang.__version__) >= Version("0.5.23")
+
+
+def test_completion_log_probs_of_partial_byte_tokens(sf, ctx, tok):
+    """/v1/completions log-probs of partial-UTF-8-byte tokens, as the installed SGLang renders them (0.5.17: the
+    per-id decode, U+FFFD; 0.5.23: the raw bytes as latin-1, utils._lossless_token_text): the feature accepts
+    the release's rendering of the emitted id, and on 0.5.23 refuses another byte token's."""
+    ids, ret = _byte_token_answer(sf, ctx)
+    answer = sf.openai_answers(ret, False, tok)
+    texts = answer["choices"][0]["logprobs"]["tokens"]
+    if _sglang_0523():
+        from sglang.srt.entrypoints.openai.utils import token_id_to_bytes
+
+        assert [texts[1], texts[4]] == [bytes(token_id_to_bytes(tok, i)).decode("latin-1") for i in BYTE_IDS]
+        assert texts[1] == "\x9c" and texts[4] == "\x89"  # what the GPU run's failures showed
+    else:
+        assert texts[1] == texts[4] == "\ufffd"
+    assert ctx["completion_token_text"][BYTE_IDS[0]] == texts[1]
+    out = sf.f_logprobs_completions(_lp_answers(sf, tok, ret), ctx)
+    assert all([e["id"] for e in entries] == ids for entries in out["greedy_entries"]) and out["t1_tokens"] == [24, 24]
+    # the emitted ids one byte token off: 0.5.23's texts tell them apart, 0.5.17's cannot
+    c = sf.check_openai(answer, sf.LP_MAX)[0]
+    swapped = copy.deepcopy(c)
+    swapped["token_ids"][1] = BYTE_IDS[1]
+    if _sglang_0523():
+        with pytest.raises(sf.Malformed, match=r"entry 1 is for '\\x9c', the emitted token 235 is '\\x89'"):
+            sf.entries_completion(swapped, ctx["completion_token_text"], sf.TOP_K, True)
+    else:
+        sf.entries_completion(swapped, ctx["completion_token_text"], sf.TOP_K, True)
+    swapped["token_ids"][1] = 17  # another token than a byte token: refused on both
+    with pytest.raises(sf.Malformed, match="entry 1 is for"):
+        sf.entries_completion(swapped, ctx["completion_token_text"], sf.TOP_K, True)
+
+
+def test_chat_log_probs_read_the_ids_where_the_release_puts_them(sf, ctx, tok):
+    """/v1/chat/completions with return_token_ids: the emitted ids in `token_ids` (0.5.17) or
+    `response_token_ids` (0.5.23, serving_chat.py); the log-prob entries are checked against them and the
+    token count against usage on both."""
+    ids, ret = _byte_token_answer(sf, ctx)
+    answer = sf.openai_answers(ret, True, tok)
+    field, other = ("response_token_ids", "token_ids") if _sglang_0523() else ("token_ids", "response_token_ids")
+    choice = answer["choices"][0]
+    assert choice[field] == ids and choice.get(other) is None
+    entry = choice["logprobs"]["content"][1]
+    assert entry["token"] == "\ufffd"  # the per-id decode on both; 0.5.23's bytes are the token's true bytes
+    assert entry["bytes"] == ([0x9c] if _sglang_0523() else list("\ufffd".encode()))
+    out = sf.f_logprobs_chat(_lp_answers(sf, tok, ret), ctx)
+    assert all([e["id"] for e in entries] == ids for entries in out["greedy_entries"]) and out["t1_tokens"] == [24, 24]
+    c = sf.check_openai(answer, sf.LP_MAX, chat=True)[0]
+    wrong = copy.deepcopy(c)
+    wrong[field][2] = 18
+    with pytest.raises(sf.Malformed, match="entry 2 is for"):
+        sf.entries_chat(wrong, ctx["vocab_text"], sf.TOP_K, True)
+    del wrong[field]
+    with pytest.raises(sf.Malformed, match="no token_ids / response_token_ids"):
+        sf.entries_chat(wrong, ctx["vocab_text"], sf.TOP_K, True)
+    short = copy.deepcopy(answer)
+    short["choices"][0][field].pop()
+    with pytest.raises(sf.Malformed, match="choice 0: 23 tokens, expected exactly 24"):
+        sf.check_openai(short, sf.LP_MAX, chat=True)
