@@ -136,7 +136,8 @@ def test_test_sh_runs_just_the_paths_it_is_given(recorder, args, pytest_args):
     assert test == ["-m", "pytest", *pytest_args]
 
 
-SGLANG_TESTS = ["tests/test_plugin.py", "tests/test_serving_glue.py", "tests/test_logprobs.py", "tests/test_checkpoint.py"]
+SGLANG_TESTS = ["tests/test_plugin.py", "tests/test_serving_glue.py", "tests/test_logprobs.py", "tests/test_checkpoint.py",
+                "tests/test_serving_features.py", "--deselect", "tests/test_serving_features.py::test_grammars_compile_and_samples"]
 
 
 @pytest.mark.parametrize("args,pytest_args", [
