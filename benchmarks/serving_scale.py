@@ -14,7 +14,8 @@ Phases (one GPU):
      measured in turn, `--repeats` alternating rounds, clients 1, 4, 16, 48, 64, T=0 and T=1.
   2. profile (`--profile-clients`): SGLang's torch profiler over `--profile-steps` steps of a steady load, GPU
      time per step by kernel name for each server, and DSPINE minus DFLASH per kernel.
-  3. alone (`--alone`, or `--alone-only` without phases 1 and 2): DFLASH, then DSPINE, each alone on the GPU with
+  3. alone (`--alone`, or `--alone-only` without phases 1 and 2): DFLASH, then DSPINE, then DFlash2 (`--servers`
+     dflash2, SGLang >= 0.5.23; started without this package's plugin, as SGLang alone runs it), each alone with
      SGLang's default `--cuda-graph-max-bs-decode` and the same `--mem-fraction-static`: their KV-cache tokens
      and max running requests, and one round. `--backends ATTENTION/SAMPLING,...` then starts DSPINE alone with
      each other pair of backends (`default` = the flag left out, SGLang's own choice) and records whether it
@@ -335,11 +336,23 @@ def print_table(res: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------------- main
+def plugins_but_ours() -> str:
+    """SGLANG_PLUGINS (SGLang's whitelist of `sglang.srt.plugins` entry points) naming every installed plugin but
+    this package's, so that a baseline server runs exactly what SGLang alone runs (its own plugins included)."""
+    from importlib.metadata import entry_points
+
+    ours = "sglang_dspine.serving.plugin:register"
+    names = sorted({e.name for e in entry_points(group="sglang.srt.plugins") if e.value != ours})
+    return ",".join(names) or "none-but-sglang-dspine-installed"  # an empty whitelist would load every plugin
+
+
 def server_args_for(name: str, target: str, drafters: dict, extra: list[str]) -> tuple[list[str], dict | None]:
     common = ["--load-format", "dummy", "--skip-tokenizer-init", "--speculative-draft-load-format", "safetensors",
               *extra]
-    if name in ("dflash", "dflash2"):  # DFlash2: SGLang's DFLASH algorithm with a DFlash2DraftModel drafter
+    if name == "dflash":
         return spec_args(target, "DFLASH", drafters[name], *common), None
+    if name == "dflash2":  # SGLang's DFLASH algorithm with a DFlash2DraftModel drafter, as a user without us runs it
+        return spec_args(target, "DFLASH", drafters[name], *common), {"SGLANG_PLUGINS": plugins_but_ours()}
     if name == "dspine":
         return spec_args(target, "DSPINE", drafters["dspine"], *common), None
     if name == "dspine_torch":
@@ -471,13 +484,16 @@ def main() -> None:
         servers = {}
         # ---- phase 3: each alone, SGLang's default --cuda-graph-max-bs-decode
         if args.alone:
-            for n in [x for x in ("dflash", "dflash2", "dspine") if x in names]:
+            # DSPINE before DFlash2: at 35f24d8 DFlash2 hung starting under FA3 and DSPINE waited behind it
+            for n in [x for x in ("dflash", "dspine", "dflash2") if x in names]:
                 a, env = server_args_for(n, target, drafters, ["--mem-fraction-static", str(args.alone_mem_fraction)])
                 s = Server(n + "_alone", 31010, a, args.out, env=env, base_args=base)
                 servers[n] = s
                 if not s.wait():
                     res["alone"][n] = {"error": s.tail(40)}
                     s.stop()
+                    del servers[n]
+                    save()  # a server that never answered is a result too (at 35f24d8 it was lost with the lease)
                     continue
                 res["alone"][n] = {"memory": s.memory(),
                                    "rounds": [measure(s, prompts, c, args.max_new, 0.0) for c in clients]}

@@ -48,6 +48,23 @@ def test_entry_point_registers_in_a_fresh_interpreter():
     assert out.stdout.strip().endswith("ok")
 
 
+def test_baseline_servers_load_sglang_without_this_plugin():
+    """serving_scale's DFlash2 server runs SGLang as a user without this package does: its SGLANG_PLUGINS
+    whitelist leaves DSPINE unregistered, where the same interpreter without it registers DSPINE."""
+    from sglang_dspine.source_files import load_file as load_source
+
+    scale = load_source(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                                   "serving_scale.py"))
+    code = ("from sglang.srt.plugins import load_plugins; load_plugins();"
+            "from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S\n"
+            "try:\n    S.from_string('DSPINE'); print('registered')\nexcept ValueError:\n    print('absent')")
+    for env, want in (({"SGLANG_PLUGINS": scale.plugins_but_ours()}, "absent"), ({}, "registered")):
+        e = {k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**e, **env})
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.strip().splitlines()[-1] == want, (env, out.stdout[-500:])
+
+
 # What the harness does differently on SGLang 0.5.23: server arguments are a record settled after parsing
 # (`resolve_once()`), whose resolved values are read through a view (0.5.17 settles them while parsing, into the
 # fields); model-parallel widths come from the published configuration; the loaders' post-load hook is public.

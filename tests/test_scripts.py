@@ -341,7 +341,7 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
                 "--sampling-backend sglang-default")
     assert calls == [
         features,
-        f"serving_scale.sh OUT={root}/scale --servers dflash,dflash2,dspine --alone-only --clients 1,4,16,48 "
+        f"serving_scale.sh OUT={root}/scale --servers dflash,dspine,dflash2 --alone-only --clients 1,4,16,48 "
         "--temperatures 0 --attention-backend sglang-default --sampling-backend sglang-default"]
     assert [l.split(" in ")[0] for l in (root / "steps.txt").read_text().splitlines()] == [
         "versions.sh: 0.5.23 sglang-default/sglang-default features rc 0",

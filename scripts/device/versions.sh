@@ -6,7 +6,7 @@
 # ATTENTION/SAMPLING: e.g. triton/pytorch, or sglang-default/sglang-default (the flags left out, as a user who
 # passes none). STEPs, in order (default: all three):
 #   tests     every `gpu`-marked test (scripts/device/gpu_tests.sh)
-#   scale     per-step cost at Qwen3-8B geometry, each server alone (DFLASH, DFlash2 on 0.5.23, DSPINE), 1/4/16/48
+#   scale     per-step cost at Qwen3-8B geometry, each server alone (DFLASH, DSPINE, then DFlash2 on 0.5.23 without this plugin), 1/4/16/48
 #             clients, T=0 (serving_scale.py --alone-only)
 #   features  request conformance: no speculation / DFLASH / DSPINE, 60 s of mixed load (serving_features.py)
 # A failed serving step (scale, features: a server that did not start, or a failed run) ends the run there: the
@@ -22,7 +22,7 @@ case "$release" in 0.5.17|0.5.23) ;; *) echo "versions.sh: DEVICE_SGLANG=$releas
 steps="${*:-tests scale features}"
 root="${OUT:-/tmp/out}/${release}_${attention}_${sampling}"
 servers="dflash,dspine"
-[ "$release" = 0.5.23 ] && servers="dflash,dflash2,dspine"
+[ "$release" = 0.5.23 ] && servers="dflash,dspine,dflash2"
 for step in $steps; do
   case "$step" in tests|scale|features) ;; *) echo "versions.sh: unknown step $step (tests, scale, features)" >&2; exit 2 ;; esac
 done
