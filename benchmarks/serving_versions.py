@@ -25,14 +25,18 @@ ROWS = [
                           "machine in four pieces; that lease ran the conformance run only)"},
     {"sglang": "0.5.23", "attention": "fa3 (SGLang's default on an H200)", "sampling": "flashinfer (SGLang's default)",
      "features": "serving_features_0523_sglang_default_summary.json", "step_cost": None,
-     "runs": "device_3e3192e_0523",
-     "features_note": "every feature that failed, failed for the server without speculation too: 0.5.23's "
-                      "chat completions carry no token_ids (logprobs_chat), and one byte-level token's log-prob "
-                      "entry reads differently from the emitted text (logprobs_completions); the mixed-load "
-                      "errors are those two checks, on all three servers",
-     "step_cost_not_run": "the per-step cost (DFLASH, DFlash2, DSPINE alone) was started at 3e3192e after the "
-                          "GPU tests and the conformance run; the lent machine was taken back mid-run and the "
-                          "device time left did not cover carrying the environment again"},
+     "alone_runs": "device_35f24d8_0523/serving_scale.json",
+     "runs": ["device_3e3192e_0523", "device_35f24d8_0523"],
+     "features_note": "every feature that failed, failed for the server without speculation too: the checker "
+                      "read 0.5.23's answers as 0.5.17's (chat's emitted ids are in response_token_ids; a "
+                      "partial UTF-8 token's log-prob text is its bytes as latin-1). Fixed in the checker after "
+                      "3e3192e (tests on both releases' answer shapes); the conformance run was not repeated",
+     "step_cost_not_run": "at 35f24d8, each server alone under SGLang's defaults: DFLASH measured (alone_step_ms); "
+                          "DFlash2 (SGLang's DFLASH with a DFlash2 drafter) never answered /health: its log stops "
+                          "at 'Capture draft verify CUDA graph begin' under FA3 for 8.5 minutes until the start "
+                          "timeout (server_dflash2_alone.log); DSPINE, started after it, was still starting when "
+                          "the session's device time ran out. Since then serving_scale starts DSPINE before "
+                          "DFlash2, and DFlash2 without this package's plugin"},
 ]
 
 
@@ -53,10 +57,12 @@ def features_row(summary: dict) -> dict:
 def build(results: str) -> dict:
     rows = []
     for spec in ROWS:
-        row = {k: v for k, v in spec.items() if k not in ("features", "step_cost")}
+        row = {k: v for k, v in spec.items() if k not in ("features", "step_cost", "alone_runs")}
         if spec["features"]:
             row["features_file"] = spec["features"]
             row["features"] = features_row(json.load(open(os.path.join(results, spec["features"]))))
+        if spec.get("alone_runs"):
+            row.update(alone_steps(json.load(open(os.path.join(results, spec["alone_runs"])))))
         if spec["step_cost"]:
             s = json.load(open(os.path.join(results, spec["step_cost"])))
             row["step_cost_file"] = spec["step_cost"]
@@ -68,6 +74,17 @@ def build(results: str) -> dict:
     if not beside:
         out["dflash2_not_run"] = "DFlash2 ships in SGLang 0.5.23, not run on the GPU (see the 0.5.23 row)"
     return out
+
+
+def alone_steps(run: dict) -> dict:
+    """From a serving_scale.json of servers run alone, where no ratio could be formed: each server's step (ms)
+    per client count, and which servers did not answer."""
+    steps = {n: {str(r["clients"]): round(r["step_ms"], 3) for r in a.get("rounds", [])}
+             for n, a in run.get("alone", {}).items()}
+    prov = run.get("provenance", {})
+    return {"alone_step_ms": {n: v for n, v in steps.items() if v},
+            "alone_not_up": sorted(n for n, v in steps.items() if not v),
+            "alone_provenance": {k: prov.get(k) for k in ("commit", "date", "command")}}
 
 
 def step_ratios(s: dict) -> dict:
