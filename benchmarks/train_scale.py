@@ -19,6 +19,7 @@ and `loss_diff_{N}gpu_vs_1gpu` (largest |loss| difference over the steps: both r
     python benchmarks/train_scale.py --out $OUT/train_scale_summary.json          # one GPU
     torchrun --nproc_per_node 2 benchmarks/train_scale.py --out ...                 # 2 GPUs, with the 1-GPU run
     python benchmarks/train_scale.py --smoke --out /tmp/ts.json                     # toy geometry on CPU (a check)
+    python benchmarks/train_scale.py --merge-recipes ce_anneal.json specforge.json --out summary.json  # per recipe
 
 `--profile` (one process): instead of the timing runs, each kind trains `--warmup` + `--profile-steps` steps under
 torch.profiler and the last `--profile-steps` are read: time and launches per part of a step and per kernel,
@@ -155,6 +156,31 @@ def profile_kinds(args, kinds: list[str], target, data: str, device: torch.devic
     return out
 
 
+def merge_recipes(paths: list[str]) -> dict:
+    """One summary from timing runs of several DSpine recipes (one file each, same commit and settings but the
+    recipe): the default recipe's run whole, and per recipe its step time, peak memory and DSpine ÷ DFlash."""
+    runs = [json.load(open(p)) for p in paths]
+    by = {r["settings"]["recipe"]: (r, p) for r, p in zip(runs, paths)}
+    if len(by) != len(runs):
+        raise SystemExit(f"--merge-recipes: a recipe appears twice in {paths}")
+    if DEFAULT_RECIPE not in by:
+        raise SystemExit(f"--merge-recipes: no run of the default recipe {DEFAULT_RECIPE} in {paths}")
+    base = by[DEFAULT_RECIPE][0]
+    same = ("commit", "gpu", "versions", "geometry", "world_size")
+    for r, p in by.values():
+        other = {k: v for k, v in r["settings"].items() if k != "recipe"}
+        if other != {k: v for k, v in base["settings"].items() if k != "recipe"} or any(
+                r.get(k) != base.get(k) for k in same):
+            raise SystemExit(f"--merge-recipes: {p} differs from the {DEFAULT_RECIPE} run in more than the recipe")
+    out = dict(base)
+    out["by_recipe"] = {name: {"file": os.path.basename(p), "ms_per_step": r["ms_per_step"],
+                               "tokens_per_s": r["tokens_per_s"], "peak_mem_gb": r["peak_mem_gb"],
+                               "dspine_over_dflash_step": r["dspine_over_dflash_step"], "date": r["date"]}
+                        for name, (r, p) in sorted(by.items())}
+    out["dspine_over_dflash_step_by_recipe"] = {k: v["dspine_over_dflash_step"] for k, v in out["by_recipe"].items()}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -179,7 +205,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="scratch folder (data, run folders)")
     ap.add_argument("--out", help="results JSON (default: train_scale_summary.json, --profile: train_profile.json, in "
                                   "$OUT or a temporary folder; the committed one: benchmarks/results/...)")
+    ap.add_argument("--merge-recipes", nargs="+", metavar="RUN_JSON",
+                    help="no training: one summary (--out) from timing runs of several recipes, one file each "
+                         f"(the {DEFAULT_RECIPE} run's whole, per recipe its ratio)")
     args = ap.parse_args(argv)
+    if args.merge_recipes:
+        out = merge_recipes(args.merge_recipes)
+        _write(args.out or default_output("train_scale_summary.json"), out)
+        print(json.dumps(out["dspine_over_dflash_step_by_recipe"]))
+        return 0
     args.recipe = args.recipe or DEFAULT_RECIPE  # recorded by name in the results
     args.out = args.out or default_output("train_profile.json" if args.profile else "train_scale_summary.json")
     geom = dict(QWEN3_8B)

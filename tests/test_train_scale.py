@@ -29,3 +29,26 @@ def test_train_scale_smoke_one_vs_two_ranks(tmp_path):
     # same sequences, same anchors, same replacement draws: the same losses up to summation order
     assert res["loss_diff_2gpu_vs_1gpu"]["dspine"] < 1e-4, (one["losses"], two["losses"])
     assert res["scaling_efficiency_2gpu"]["dspine"] > 0 and res["tokens_per_s"]["dspine"] > 0
+
+
+def test_merge_recipes_of_the_h200_runs(tmp_path):
+    """--merge-recipes on the committed H200 runs at 35f24d8: the default recipe's run whole, each recipe's ratio
+    from its own file; runs that differ in more than the recipe are refused."""
+    runs = os.path.join(ROOT, "benchmarks", "results", "device_35f24d8_train")
+    files = [os.path.join(runs, f"train_scale_{r}.json") for r in ("specforge", "ce_anneal")]
+    script = os.path.join(ROOT, "benchmarks", "train_scale.py")
+    out = tmp_path / "summary.json"
+    r = subprocess.run([sys.executable, script, "--merge-recipes", *files, "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads(out.read_text())
+    each = {f: json.load(open(f)) for f in files}
+    assert s["settings"]["recipe"] == "ce_anneal"
+    assert s["dspine_over_dflash_step"] == each[files[1]]["dspine_over_dflash_step"]
+    assert s["dspine_over_dflash_step_by_recipe"] == {
+        "ce_anneal": each[files[1]]["dspine_over_dflash_step"], "specforge": each[files[0]]["dspine_over_dflash_step"]}
+    other = dict(each[files[0]], commit="0000000")
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    r = subprocess.run([sys.executable, script, "--merge-recipes", files[1], str(tmp_path / "other.json"),
+                        "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "differs from the ce_anneal run" in r.stderr

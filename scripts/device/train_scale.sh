@@ -3,9 +3,10 @@
 # 2048-token sequences, the target forward included (benchmarks/train_scale.py). No SGLang bundle needed (training
 # imports none): the package is laid out as installed under /tmp and runs on the image's torch and transformers.
 # One GPU:   GIT_COMMIT=<hash> bash scripts/device/train_scale.sh [args]        -> $OUT/train_scale_summary.json
+#   each recipe of TIME_RECIPES (default "ce_anneal specforge") timed ($OUT/train_scale_<recipe>.json), then merged
 # N GPUs (adds the one-GPU run and the scaling fields):   NGPUS=N GIT_COMMIT=<hash> bash scripts/device/train_scale.sh
 # Profile:   GIT_COMMIT=<hash> bash scripts/device/train_scale.sh profile [args]
-#   each recipe (PROFILE_RECIPES, default "specforge ce") profiled on one GPU (--profile): $OUT/train_profile_<recipe>.json,
+#   each recipe (PROFILE_RECIPES, default "specforge ce_anneal") profiled on one GPU (--profile): $OUT/train_profile_<recipe>.json,
 #   gzipped chrome traces of the last recipe ($OUT/train_profile_{dflash,dspine}.json.gz, dropped over 16 MiB),
 #   $OUT/profile.log; the last recipe's table is printed last. About 2 minutes a recipe after a 30 s start.
 set -uo pipefail
@@ -25,7 +26,7 @@ python3 -c "import torch, transformers, triton; print(torch.__version__, transfo
 MODE=time
 if [ "${1:-}" = profile ]; then MODE=profile; shift; fi
 if [ "$MODE" = profile ]; then
-  recipes=(${PROFILE_RECIPES:-specforge ce})
+  recipes=(${PROFILE_RECIPES:-specforge ce_anneal})
   rc=0
   for r in "${recipes[@]}"; do
     trace=()
@@ -45,6 +46,14 @@ if [ "$NGPUS" -gt 1 ]; then
 else
   launch=(python3)
 fi
-"${launch[@]}" "$REPO/benchmarks/train_scale.py" --work /tmp/train_scale_work --out "$OUT/train_scale_summary.json" "$@" \
-  2>&1 | grep -v "Loading weights\|_warn_once"
-exit "${PIPESTATUS[0]}"
+# each recipe timed on its own (TIME_RECIPES, the default recipe first), then one summary of them
+recipes=(${TIME_RECIPES:-ce_anneal specforge})
+rc=0 files=()
+for r in "${recipes[@]}"; do
+  "${launch[@]}" "$REPO/benchmarks/train_scale.py" --work /tmp/train_scale_work --recipe "$r" \
+    --out "$OUT/train_scale_$r.json" "$@" 2>&1 | grep -v "Loading weights\|_warn_once"
+  st=${PIPESTATUS[0]}; [ "$st" -ne 0 ] && rc=$st
+  files+=("$OUT/train_scale_$r.json")
+done
+[ "$rc" = 0 ] || exit "$rc"
+python3 "$REPO/benchmarks/train_scale.py" --merge-recipes "${files[@]}" --out "$OUT/train_scale_summary.json"
