@@ -32,53 +32,71 @@ def _is_region(name: str) -> bool:
     return name.startswith(REGION_PREFIXES)
 
 
+class _Charger:
+    """The row a CPU event's work is charged to, from its parent's state: shared by attribute() (profiler
+    events) and timeline() (a chrome trace), so that both name the rows alike. Events must come in start order
+    (parents before children, forward operators before the backward nodes they made)."""
+
+    def __init__(self) -> None:
+        self.made_by: dict = defaultdict(lambda: ([], []))  # thread -> (sequence numbers, leaves)
+
+    def forward_leaf(self, thread, seq: int) -> str:
+        if thread not in self.made_by and len(self.made_by) == 1:  # a thread id the profiler did not carry over
+            thread = next(iter(self.made_by))
+        seqs, leaves = self.made_by[thread]
+        i = bisect.bisect_right(seqs, seq) - 1
+        return leaves[i] if i >= 0 else "(unattributed)"
+
+    def state(self, name: str, parent: tuple | None, thread, seq: int, fwd_thread) -> tuple:
+        """(phase, top, leaf) of an event named `name` inside `parent`'s state (None: outside any event)."""
+        phase, top, leaf = parent or ("fwd", None, None)
+        if name.startswith(EVAL):
+            node = name[len(EVAL):]
+            leaf = "(accumulate_grad)" if "AccumulateGrad" in node else (
+                self.forward_leaf(fwd_thread, seq) if seq >= 0 else "(unattributed)")
+            phase, top = "bwd", "train.backward"
+        elif _is_region(name):
+            if phase == "fwd":
+                top = top or name
+                leaf = name
+            else:  # a region entered inside backward: the checkpoint's recomputation
+                phase, leaf = "recompute", name
+        if phase == "fwd" and seq >= 0:
+            seqs, leaves = self.made_by[thread]
+            if seqs and seqs[-1] == seq:  # the last operator with a number is the node's maker
+                leaves[-1] = leaf or OUTSIDE
+            elif not seqs or seq > seqs[-1]:
+                seqs.append(seq)
+                leaves.append(leaf or OUTSIDE)
+        return phase, top, leaf
+
+    @staticmethod
+    def row(state: tuple | None) -> str:
+        phase, top, leaf = state or ("fwd", None, None)
+        if top is None:
+            return OUTSIDE
+        if phase == "recompute":
+            return f"train.backward/recompute/{leaf}"
+        return top if leaf == top else f"{top}/{leaf}"
+
+
 def attribute(events, on_device: bool) -> dict:
     """Rows {name: [microseconds, launches]} and kernels {name: [microseconds, count]} from a profile's events
-    (`prof.events()`), for the whole profiled window (not per step)."""
+    (`prof.events()`), for the whole profiled window (not per step). On a GPU, FunctionEvent.kernels can hold
+    a kernel under several CPU events (issue 29: the fused optimizer's kernels many times over), so the totals
+    can exceed the device's; timeline() reads the chrome trace, the device truth."""
     from torch.autograd import DeviceType
 
     cpu = [e for e in events if e.device_type == DeviceType.CPU]
     cpu.sort(key=lambda e: (e.time_range.start, -e.time_range.end))  # parents before their children
-    state: dict[int, tuple[str, str | None, str | None]] = {}  # id(event) -> (phase, top, leaf)
-    made_by: dict[int, tuple[list[int], list[str]]] = defaultdict(lambda: ([], []))  # thread -> (seqs, leaves)
+    charger = _Charger()
+    state: dict[int, tuple] = {}  # id(event) -> (phase, top, leaf)
     rows: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     kernels: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-
-    def forward_leaf(thread: int, seq: int) -> str:
-        if thread not in made_by and len(made_by) == 1:  # a thread id the profiler did not carry over
-            thread = next(iter(made_by))
-        seqs, leaves = made_by[thread]
-        i = bisect.bisect_right(seqs, seq) - 1
-        return leaves[i] if i >= 0 else "(unattributed)"
-
     for e in cpu:
         parent = state.get(id(e.cpu_parent)) if e.cpu_parent is not None else None
-        phase, top, leaf = parent or ("fwd", None, None)
-        if e.name.startswith(EVAL):
-            node = e.name[len(EVAL):]
-            leaf = "(accumulate_grad)" if "AccumulateGrad" in node else (
-                forward_leaf(e.fwd_thread, e.sequence_nr) if e.sequence_nr >= 0 else "(unattributed)")
-            phase, top = "bwd", "train.backward"
-        elif _is_region(e.name):
-            if phase == "fwd":
-                top = top or e.name
-                leaf = e.name
-            else:  # a region entered inside backward: the checkpoint's recomputation
-                phase, leaf = "recompute", e.name
-        state[id(e)] = (phase, top, leaf)
-        if phase == "fwd" and e.sequence_nr >= 0:
-            seqs, leaves = made_by[e.thread]
-            if seqs and seqs[-1] == e.sequence_nr:  # the last operator with a number is the node's maker
-                leaves[-1] = leaf or OUTSIDE
-            elif not seqs or e.sequence_nr > seqs[-1]:
-                seqs.append(e.sequence_nr)
-                leaves.append(leaf or OUTSIDE)
-        if top is None:
-            row = OUTSIDE
-        elif phase == "recompute":
-            row = f"train.backward/recompute/{leaf}"
-        else:
-            row = top if leaf == top else f"{top}/{leaf}"
+        state[id(e)] = charger.state(e.name, parent, e.thread, e.sequence_nr, e.fwd_thread)
+        row = charger.row(state[id(e)])
         if on_device:
             for k in e.kernels:
                 rows[row][0] += k.duration
