@@ -109,6 +109,107 @@ def attribute(events, on_device: bool) -> dict:
     return {"rows": dict(rows), "kernels": dict(kernels)}
 
 
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")  # what occupies the device
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # what launched it (Triton kernels go through cuLaunchKernel)
+HOST_CATS = ("cpu_op", "user_annotation")  # what the rows are named after
+NO_LAUNCH = "(no launch event)"
+
+
+def load_trace(src) -> list[dict]:
+    """A chrome trace's events, from a path (gzipped or not) or an already loaded dict."""
+    if isinstance(src, dict):
+        return src["traceEvents"]
+    import gzip
+    import json
+
+    with (gzip.open(src, "rt") if str(src).endswith(".gz") else open(src)) as f:
+        return json.load(f)["traceEvents"]
+
+
+def _ns(us) -> int:
+    """Trace times are microseconds with nanosecond fractions: integer nanoseconds make nesting exact."""
+    return round(float(us) * 1000)
+
+
+def launch_rows(events: list[dict]) -> tuple[dict, dict]:
+    """{correlation: row} for every launch, the row that of the CPU event innermost around it on its thread
+    (named by _Charger, as attribute() names them), and {correlation: the ProfilerStep# running then, on any
+    thread: the autograd thread's launches belong to the main thread's step}. One sweep in start order with a
+    stack per thread: launches are points, so a launch event that outlasts its operator by a clock's rounding
+    still counts as inside it."""
+    items = []
+    for e in events:
+        if e.get("ph") != "X" or "ts" not in e:
+            continue
+        cat = e.get("cat")
+        if cat in HOST_CATS:
+            items.append((_ns(e["ts"]), 0, -_ns(e["ts"]) - _ns(e.get("dur", 0)), e))
+        elif cat in LAUNCH_CATS and "correlation" in e.get("args", {}):
+            items.append((_ns(e["ts"]), 1, 0, e))
+    items.sort(key=lambda t: t[:3])  # parents before children, operators before the launches they start with
+    charger = _Charger()
+    stacks: dict = defaultdict(list)  # tid -> [(end ns, state)]
+    step = (None, 0)  # (name, end ns) of the last ProfilerStep# begun
+    rows: dict[int, str] = {}
+    steps: dict[int, str] = {}
+    for start, is_launch, neg_end, e in items:
+        stack = stacks[e.get("tid")]
+        while stack and (stack[-1][0] < start if is_launch else stack[-1][0] <= start or stack[-1][0] < -neg_end):
+            stack.pop()
+        parent = stack[-1][1] if stack else None
+        if is_launch:
+            rows[e["args"]["correlation"]] = charger.row(parent)
+            steps[e["args"]["correlation"]] = step[0] if start <= step[1] else None
+            continue
+        if e["name"].startswith("ProfilerStep#"):
+            step = (e["name"], -neg_end)
+        args = e.get("args", {})
+        st = charger.state(e["name"], parent, e.get("tid"), args.get("Sequence number", -1),
+                           args.get("Fwd thread id"))
+        stack.append((-neg_end, st))
+    return rows, steps
+
+
+def timeline(src, steps: int) -> dict:
+    """The device's own account of the profiled window, per optimizer step: busy (kernels, memcpy, memset),
+    idle (the span of device work minus the union of its intervals), launches; and per row the busy time and
+    the idle time just before each of the row's kernels. A gap is charged to the row that was running on the
+    CPU when the kernel after it was launched (its launch event, found by correlation id): the GPU waited
+    for that launch. Backward kernels (the autograd thread) go to train.backward/LEAF, LEAF the forward region
+    that made the node, by the trace's 'Sequence number' and 'Fwd thread id', as attribute() does."""
+    events = load_trace(src)
+    rows_of, step_of = launch_rows(events)
+    dev = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATS),
+                 key=lambda e: _ns(e["ts"]))
+    rows: dict[str, list] = defaultdict(lambda: [0, 0, 0])  # row -> [busy ns, idle ns, launches]
+    per_step: dict[str, list] = defaultdict(lambda: [0, 0, 0])
+    busy = idle = union = 0
+    end = None
+    for k in dev:
+        s, d = _ns(k["ts"]), _ns(k.get("dur", 0))
+        gap = max(0, s - end) if end is not None else 0
+        corr = k.get("args", {}).get("correlation")
+        for acc in (rows[rows_of.get(corr, NO_LAUNCH)], per_step[step_of.get(corr) or "(no step)"]):
+            acc[0] += d
+            acc[1] += gap
+            acc[2] += 1
+        busy, idle = busy + d, idle + gap
+        union += max(0, s + d - max(s, end)) if end is not None else d
+        end = s + d if end is None else max(end, s + d)
+    span = (end - _ns(dev[0]["ts"])) if dev else 0
+
+    def ms(ns: int) -> float:
+        return round(ns / 1e6 / steps, 3)
+
+    return {"steps": steps, "busy_ms": ms(busy), "idle_ms": ms(idle), "union_ms": ms(union),
+            "span_ms": ms(span), "launches": round(len(dev) / steps, 1),
+            "streams": len({(k.get("pid"), k.get("tid")) for k in dev}),
+            "per_profiler_step": {n: {"busy_ms": round(v[0] / 1e6, 3), "idle_ms": round(v[1] / 1e6, 3),
+                                      "launches": v[2]} for n, v in sorted(per_step.items())},
+            "rows": {n: {"busy_ms": ms(v[0]), "idle_ms": ms(v[1]), "launches": round(v[2] / steps, 1)}
+                     for n, v in sorted(rows.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))}}
+
+
 def summarise(att: dict, steps: int, top_kernels: int = 25) -> dict:
     """Per optimizer step: rows (ms, launches), totals per top-level region, the largest kernels."""
     rows = {k: {"ms": round(v[0] / 1000 / steps, 3), "launches": round(v[1] / steps, 1)}
