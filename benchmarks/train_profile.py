@@ -262,6 +262,7 @@ def profile_kind(train_fn, tc, target, warmup: int, steps: int, device: torch.de
             prof.export_chrome_trace(trace_path)
             size = os.path.getsize(trace_path)
             got["trace"] = {"file": os.path.basename(trace_path), "bytes": size}
+            got["timeline"] = timeline(trace_path, steps)  # read before a trace over the cap is dropped
             if size > TRACE_CAP_BYTES:
                 os.remove(trace_path)
                 got["trace"]["dropped"] = f"over {TRACE_CAP_BYTES // 2**20} MiB"
@@ -281,6 +282,9 @@ def profile_kind(train_fn, tc, target, warmup: int, steps: int, device: torch.de
         res["peak_mem_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
     if "trace" in got:
         res["trace"] = got["trace"]
+        res["timeline"] = got["timeline"]
+        busy = got["timeline"]["busy_ms"]
+        res["table_total_over_trace_busy"] = round(res["total_ms"] / busy, 3) if busy else None
     return res
 
 
@@ -289,6 +293,14 @@ def table(per_kind: dict, diff: dict, rows: int = 40) -> str:
     a, b = per_kind["dflash"], per_kind["dspine"]
     unit = "GPU ms" if a["device"] == "gpu kernels" else "CPU ms"
     lines = [f"{'per optimizer step, ' + unit:<58} {'DFlash':>9} {'DSpine':>9} {'diff':>9} {'launches':>15}"]
+    ta, tb = a.get("timeline"), b.get("timeline")
+    if on_device := (ta and tb and (ta["launches"] or tb["launches"])):
+        lines.append("-- the device truth (the chrome trace's kernels, memcpy, memset)")
+        for key, what in (("busy_ms", "GPU busy"), ("idle_ms", "GPU idle (span minus busy)")):
+            lines.append(f"{what:<58} {ta[key]:>9.2f} {tb[key]:>9.2f} {tb[key] - ta[key]:>+9.2f}")
+        lines.append(f"{'launches':<58} {ta['launches']:>9.0f} {tb['launches']:>9.0f} "
+                     f"{tb['launches'] - ta['launches']:>+9.0f}")
+        lines.append("-- the attribution table (profiler events; rows within a kind)")
 
     def line(name: str, x: dict, y: dict, d: dict) -> str:
         la, lb = x.get("launches", 0), y.get("launches", 0)
@@ -297,6 +309,11 @@ def table(per_kind: dict, diff: dict, rows: int = 40) -> str:
 
     lines.append(line("TOTAL (kernel time)", {"ms": a["total_ms"], "launches": a["total_launches"]},
                       {"ms": b["total_ms"], "launches": b["total_launches"]}, {"ms": diff["total_ms"]}))
+    if on_device:
+        over = [f"{n} x{k['table_total_over_trace_busy']:.2f}" for n, k in (("DFlash", a), ("DSpine", b))
+                if abs((k.get("table_total_over_trace_busy") or 1.0) - 1.0) > 0.01]
+        if over:
+            lines.append(f"   (the table's total disagrees with the trace's busy time: {', '.join(over)})")
     if "wall_ms_per_step" in a:
         lines.append(f"{'wall per step (profiled)':<58} {a['wall_ms_per_step']:>9.1f} {b['wall_ms_per_step']:>9.1f} "
                      f"{b['wall_ms_per_step'] - a['wall_ms_per_step']:>+9.1f}")
@@ -307,3 +324,48 @@ def table(per_kind: dict, diff: dict, rows: int = 40) -> str:
     for k, d in list(diff["rows"].items())[:rows]:
         lines.append(line(k, a["rows"].get(k, {}), b["rows"].get(k, {}), d))
     return "\n".join(lines)
+
+
+def kind_name(path: str) -> str:
+    """train_profile_dspine.json.gz -> dspine (train_scale.py's trace names); any other file: its name."""
+    base = os.path.basename(path).split(".json")[0]
+    return base[len("train_profile_"):] if base.startswith("train_profile_") else base
+
+
+def timeline_table(per_kind: dict, rows: int = 12) -> str:
+    """Per kind: busy, idle, launches per step, then the rows with the most idle time before their kernels."""
+    lines = []
+    for kind, t in per_kind.items():
+        lines.append(f"{kind}: per step (mean of {t['steps']}) GPU busy {t['busy_ms']:.1f} ms, idle {t['idle_ms']:.1f} "
+                     f"ms, {t['launches']:.0f} launches ({t['streams']} stream(s))")
+        lines.append(f"  {'row, by idle before its kernels':<52} {'idle ms':>9} {'busy ms':>9} {'launches':>9}")
+        for name, r in list(t["rows"].items())[:rows]:
+            lines.append(f"  {name[:52]:<52} {r['idle_ms']:>9.2f} {r['busy_ms']:>9.2f} {r['launches']:>9.0f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description="Read train_scale.py --profile's chrome traces (the device truth).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    tl = sub.add_parser("timeline", help="GPU busy, idle and launches per step, and idle per row, of chrome traces",
+                        description=timeline.__doc__.split("\n\n")[0])
+    tl.add_argument("traces", nargs="+", help="chrome traces (.json or .json.gz), e.g. train_profile_dspine.json.gz")
+    tl.add_argument("--steps", type=int, required=True, help="optimizer steps the traces hold (--profile-steps)")
+    tl.add_argument("--rows", type=int, default=12, help="rows printed per kind")
+    tl.add_argument("--out", help="write the timelines as JSON here")
+    args = ap.parse_args(argv)
+    per_kind = {kind_name(p): timeline(p, args.steps) for p in args.traces}
+    print(timeline_table(per_kind, args.rows))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"what": "train_profile.py timeline: per optimizer step, from chrome traces",
+                       "traces": args.traces, "per_kind": per_kind}, f, indent=1)
+        print("->", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
