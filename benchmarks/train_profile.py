@@ -13,6 +13,11 @@ injection, norm). Each kernel (on the CPU: each operator's self time) is charged
 Times are per optimizer step (the mean over the profiled steps); on a GPU the kernels' device time, with
 launches the number of kernels (memcpy and memset included); on the CPU the operators' self CPU time, with
 launches the number of aten operator calls.
+
+Those device times come from FunctionEvent.kernels, which can list one kernel under several CPU events (issue 29:
+the totals exceeded the device's by a quarter). The chrome trace is the device truth: timeline() reads it (GPU
+busy, idle, launches per step; per row the idle time before its kernels, charged to the region that launched
+them), and `python benchmarks/train_profile.py timeline TRACE.json.gz ... --steps N` prints it.
 """
 from __future__ import annotations
 
