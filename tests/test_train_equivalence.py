@@ -13,7 +13,7 @@ import torch
 from conftest import randomize_injection
 
 from sglang_dspine.training import objective as objective_mod
-from sglang_dspine.training.objective import DrafterObjective, assemble_loss
+from sglang_dspine.training.objective import DrafterObjective
 from sglang_dspine.training.schedules import alignment_beta, replacement_probability
 from sglang_dspine.training.train_config import TrainConfig
 from sglang_dspine.training.trainer import Trainer
@@ -21,9 +21,13 @@ from sglang_dspine.training.trainer import Trainer
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def former_teacher_use(self, ce_only):
-    want_l1 = not ce_only and self.switches.backbone and self.ce_weight < 1
-    return want_l1, want_l1 or (not ce_only and self.is_dspine and self.switches.refinement)
+computed_now = DrafterObjective.computed_terms
+
+
+def former_computed_terms(self, ce_only):
+    """The refinement's L1 half (and so the teacher) whatever its weight."""
+    want = computed_now(self, ce_only)
+    return want | {"refinement_l1"} if "refinement_ce" in want else want
 
 
 def former_select_rows(tensors, rows):
@@ -44,7 +48,7 @@ def former_gradients(tr: Trainer, step: int):
     loss_num = 0.0
     for f, h, b in micro:
         terms = tr.objective(f, h, b)
-        num = assemble_loss(terms, tr.objective.ce_weight, tr.switches, True, beta, mean_ce)
+        num = tr.objective.assembly(beta).numerator(terms, mean_ce)
         (num * scale).backward()
         loss_num = loss_num + num.detach().float()
     return beta, p_rep, loss_num
@@ -78,7 +82,7 @@ def test_step_equals_the_former_math(target, tmp_path, monkeypatch, recipe, accu
         tr.opt.zero_grad(set_to_none=True)
         with monkeypatch.context() as m, torch.enable_grad():
             if which == "former":
-                m.setattr(DrafterObjective, "_teacher_use", former_teacher_use)
+                m.setattr(DrafterObjective, "computed_terms", former_computed_terms)
                 m.setattr(objective_mod, "select_rows", former_select_rows)
                 beta, p_rep, loss = former_gradients(tr, step)
             else:

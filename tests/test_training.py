@@ -19,7 +19,7 @@ from sglang_dspine.training.blocks import make_blocks, sample_anchors, valid_anc
 from sglang_dspine.training.data import HFGenerator, read_done_ids, regenerate
 from sglang_dspine.training.distributed import train_device
 from sglang_dspine.training.generate import speculative_generate
-from sglang_dspine.training.objective import DrafterObjective, ObjectiveSwitches, assemble_loss
+from sglang_dspine.training.objective import TERM_NAMES, DrafterObjective, LossAssembly, ObjectiveSwitches
 from sglang_dspine.training.schedules import (
     alignment_beta,
     default_gamma,
@@ -126,8 +126,7 @@ def plain_terms(drafter, target, ids, mask, anchors, keep, replace=None):
     head = target.lm_head.weight
     emb = target.get_input_embeddings()
     s = cfg.dspine
-    cw = s.ce_weight if s else 1.0
-    sums = {"ce": 0.0, "l1": 0.0, "refinement": 0.0, "alignment": 0.0, "denominator": 0.0, "coverage": 0.0}
+    sums = dict.fromkeys(TERM_NAMES + ("denominator", "coverage"), 0.0)
     with torch.no_grad():
         for n in range(ids.shape[0]):
             length = int((mask[n] > 0).nonzero().max()) + 1
@@ -180,7 +179,8 @@ def plain_terms(drafter, target, ids, mask, anchors, keep, replace=None):
                     mass = sum(t[c] for c in cand)
                     rl1 = sum(abs(math.exp(qv) - t[c] / mass) for qv, c in zip(q, cand))
                     rl1 = rl1 if mass > s.candidate_mass_threshold else 0.0
-                    sums["refinement"] += wk * (cw * rce + (1 - cw) * rl1)
+                    sums["refinement_ce"] += wk * rce
+                    sums["refinement_l1"] += wk * rl1
                     c = drafter.transfer_codes[y]
                     for l, st in enumerate(o.layer_states):
                         r = drafter.injection.readouts[l](st[0, 0, i])  # cos is blind to φ's √r·normalize
@@ -219,16 +219,16 @@ def test_dspine_terms_match_plain_computation(target, replace):
     s.candidate_mass_threshold = 0.0
     got0 = _terms(obj, target, ids, mask, blocks)
     ref0 = plain_terms(d, target, ids, mask, anchors, keep, rep)
-    for k in ("ce", "l1", "refinement", "alignment", "denominator", "coverage"):
+    for k in TERM_NAMES + ("denominator", "coverage"):
         assert float(got0[k]) == pytest.approx(ref0[k], rel=1e-4, abs=1e-4), k
     s.candidate_mass_threshold = 0.2
     got, ref = _terms(obj, target, ids, mask, blocks), plain_terms(d, target, ids, mask, anchors, keep, rep)
-    assert float(got["refinement"]) == pytest.approx(ref["refinement"], rel=1e-4, abs=1e-4)
-    assert ref["refinement"] != pytest.approx(ref0["refinement"], rel=1e-3)  # the threshold did cut something
+    assert float(got["refinement_l1"]) == pytest.approx(ref["refinement_l1"], rel=1e-4, abs=1e-4)
+    assert ref["refinement_l1"] != pytest.approx(ref0["refinement_l1"], rel=1e-3)  # the threshold did cut something
     # chunking changes nothing
     obj.chunk_blocks = 0
     whole = _terms(obj, target, ids, mask, blocks)
-    for k in ("ce", "l1", "refinement", "alignment"):
+    for k in TERM_NAMES:
         assert float(whole[k]) == pytest.approx(float(got[k]), rel=1e-5, abs=1e-6)
     # per-position accuracy counts
     assert got["count_pos"].tolist() == blocks.supervised.sum((0, 1)).float().tolist()
@@ -260,20 +260,41 @@ def test_dflash_terms_and_bidirectional_block(target):
     ref = plain_terms(d, target, ids, mask, anchors, keep)
     for k in ("ce", "l1", "denominator"):
         assert float(got[k]) == pytest.approx(ref[k], rel=1e-4, abs=1e-4), k
-    assert "refinement" not in got and "alignment" not in got
-    num = assemble_loss(got, 0.4, ObjectiveSwitches(), False, beta=1.0, mean_ce=1.0)
+    assert not {"refinement_ce", "refinement_l1", "alignment"} & set(got)
+    num = LossAssembly(0.4, ObjectiveSwitches(), False, beta=1.0).numerator(got)
     assert float(num) == pytest.approx(0.4 * ref["ce"] + 0.6 * ref["l1"], rel=1e-4)
 
 
-def test_assemble_loss_switches_and_alignment_scale():
-    t = {k: torch.tensor(v) for k, v in dict(ce=2.0, l1=3.0, refinement=5.0, alignment=7.0).items()}
+def test_loss_assembly_switches_and_alignment_scale():
+    t = {k: torch.tensor(v) for k, v in dict(ce=2.0, l1=3.0, refinement_ce=5.0, refinement_l1=11.0,
+                                              alignment=7.0).items()}
     on = ObjectiveSwitches()
-    assert float(assemble_loss(t, 0.1, on, True, 0.5, 1.5)) == pytest.approx(0.1 * 2 + 0.9 * 3 + 5 + 0.5 * 1.5 * 7)
-    off = ObjectiveSwitches(backbone=False)
-    assert float(assemble_loss(t, 0.1, off, True, 0.5, 1.5)) == pytest.approx(5 + 0.5 * 1.5 * 7)
-    off = ObjectiveSwitches(refinement=False, alignment=False)
-    assert float(assemble_loss(t, 0.1, off, True, 0.5, 1.5)) == pytest.approx(0.1 * 2 + 0.9 * 3)
-    assert float(assemble_loss(t, 0.1, on, True, 0.0, 1.5)) == pytest.approx(0.1 * 2 + 0.9 * 3 + 5)
+    a = LossAssembly(0.1, on, True, beta=0.5)
+    assert a.needs_step_ce and a.computed == set(TERM_NAMES)
+    assert float(a.numerator(t, 1.5)) == pytest.approx(0.1 * 2 + 0.9 * 3 + 0.1 * 5 + 0.9 * 11 + 0.5 * 1.5 * 7)
+    with pytest.raises(ValueError, match="step CE"):
+        a.numerator(t)
+    assert {k: float(v) for k, v in a.logged(t).items()} == pytest.approx(
+        dict(ce=2, l1=3, refinement=0.1 * 5 + 0.9 * 11, alignment=7))
+    off = LossAssembly(0.1, ObjectiveSwitches(backbone=False), True, beta=0.5)
+    assert float(off.numerator(t, 1.5)) == pytest.approx(0.1 * 5 + 0.9 * 11 + 0.5 * 1.5 * 7)
+    assert off.computed == {"ce", "refinement_ce", "refinement_l1", "alignment"}  # the CE whatever its weight
+    off = LossAssembly(0.1, ObjectiveSwitches(refinement=False, alignment=False), True, beta=0.5)
+    assert not off.needs_step_ce and float(off.numerator(t)) == pytest.approx(0.1 * 2 + 0.9 * 3)
+    # β 0: no step CE needed, the alignment still computed (a metric)
+    a0 = LossAssembly(0.1, on, True, beta=0.0)
+    assert not a0.needs_step_ce and "alignment" in a0.computed
+    assert float(a0.numerator(t)) == pytest.approx(0.1 * 2 + 0.9 * 3 + 0.1 * 5 + 0.9 * 11)
+    # ce_weight 1: the L1 halves weigh nothing and are not computed (they would read the teacher)
+    ce = LossAssembly(1.0, on, True, beta=0.5)
+    assert ce.computed == {"ce", "refinement_ce", "alignment"}
+    assert float(ce.numerator({k: v for k, v in t.items() if "l1" not in k}, 1.5)) == pytest.approx(2 + 5 + 0.5 * 1.5 * 7)
+    assert LossAssembly(0.4, on, False, beta=0.5).computed == {"ce", "l1"}  # DFlash: the backbone alone
+    # the step CE: the micro-batches' CE sums (in order, summed over ranks) over the step's weight sum
+    first = torch.tensor(3.0)
+    assert float(a.step_ce([first, torch.tensor(5.0)], torch.tensor(4.0), lambda x: x.mul_(2))) == 4.0
+    assert float(a.step_ce([first], torch.tensor(2.0), lambda x: x.mul_(2))) == 3.0
+    assert float(first) == 3.0  # an in-place reduce leaves the term alone
 
 
 @pytest.mark.parametrize("kind", ["dspine", "dflash"])
@@ -289,9 +310,9 @@ def test_steps_lower_the_loss_on_a_fixed_batch(target, kind):
     with torch.enable_grad():  # another test module may have switched grad off globally
         for _ in range(25):
             terms = obj(feats, last, blocks)
-            mean_ce = terms["ce"].detach() / terms["denominator"]
-            loss = assemble_loss(terms, obj.ce_weight, obj.switches, d.cfg.is_dspine, 0.5, mean_ce)
-            loss = loss / terms["denominator"]
+            assembly = obj.assembly(beta=0.5)
+            step_ce = assembly.step_ce([terms["ce"]], terms["denominator"])
+            loss = assembly.numerator(terms, step_ce) / terms["denominator"]
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -31,7 +31,7 @@ from sglang_dspine.drafter.model import DSpineDrafter  # noqa: E402
 from sglang_dspine.drafter.tiny import drafter_config_for  # noqa: E402
 from sglang_dspine.kernels import vocab_objective as kvl  # noqa: E402
 from sglang_dspine.training.blocks import make_blocks, sample_anchors  # noqa: E402
-from sglang_dspine.training.objective import DrafterObjective, ObjectiveSwitches, assemble_loss  # noqa: E402
+from sglang_dspine.training.objective import DrafterObjective, ObjectiveSwitches  # noqa: E402
 from sglang_dspine.training.teacher import TargetTeacher  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -221,7 +221,7 @@ def _terms_and_grads(target, d, ids, blocks, kernel, ce_weight):
     d.zero_grad()
     with torch.enable_grad():
         terms = obj(feats, last, blocks)
-        loss = assemble_loss(terms, obj.ce_weight, obj.switches, d.cfg.is_dspine, 0.5, 1.3) / terms["denominator"]
+        loss = obj.assembly(beta=0.5).numerator(terms, step_ce=1.3) / terms["denominator"]
         loss.backward()
     grads = {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}
     return {k: v.detach().clone() for k, v in terms.items()}, grads
@@ -233,7 +233,8 @@ def test_objective_kernel_path_equals_pytorch_path(target, kind, ce_weight):
     got, g_got = _terms_and_grads(target, d, ids, blocks, True, ce_weight)
     ref, g_ref = _terms_and_grads(target, d, ids, blocks, False, ce_weight)
     assert got.keys() == ref.keys()
-    assert ("l1" in got) == (ce_weight < 1) and ("refinement" in got) == (kind == "dspine")
+    assert ("l1" in got) == (ce_weight < 1) and ("refinement_ce" in got) == (kind == "dspine")
+    assert ("refinement_l1" in got) == (kind == "dspine" and ce_weight < 1)
     for k in got:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-5, atol=1e-6, msg=k)
     assert float(got["ce"]) > 0 and float(got["count_pos"].sum()) > 0

@@ -13,7 +13,8 @@ One step, per sequence of a regenerated response (`data.py`):
     + [ce_weight·CE_K + (1-ce_weight)·L1_K]                     refinement over the K backbone candidates
     + β(step) · mean_CE · Σ_l (1 - cos(φ_l(h_i^l), C[y_i]))      layer-wise alignment
   summed over positions and divided by the sum of the weights (over the whole optimizer step: all
-  micro-batches, all ranks). The teacher of position i is the target's distribution at position a+i-1.
+  micro-batches, all ranks); `LossAssembly` is the one place that weighs and adds the terms. The teacher of
+  position i is the target's distribution at position a+i-1.
   Early in training the predecessors of the first `replacement_layers` layers are, per block with a
   probability that holds then decays to 0, the true tokens' codes.
 
@@ -36,7 +37,10 @@ from ..profiling import region
 from .blocks import Blocks
 from .teacher import TargetTeacher
 
-TERM_NAMES = ("ce", "l1", "refinement", "alignment")
+# The objective's terms, each Σ over supervised positions of the position weight times the position's value;
+# LossAssembly weighs them.
+TERM_NAMES = ("ce", "l1", "refinement_ce", "refinement_l1", "alignment")
+L1_TERMS = ("l1", "refinement_l1")
 
 
 @dataclass
@@ -45,6 +49,83 @@ class ObjectiveSwitches:
     refinement: bool = True
     alignment: bool = True
     replacement: bool = True
+
+
+@dataclass(frozen=True)
+class LossAssembly:
+    """The loss of an optimizer step, assembled here and nowhere else:
+
+        numerator = Σ_t weights[t] · term_t      (the alignment's weight also times the step CE)
+        loss      = numerator / Σ position weights   (both over all micro-batches and ranks)
+
+    weights: ce ce_weight and l1 1-ce_weight (the backbone), refinement_ce ce_weight and refinement_l1
+    1-ce_weight, alignment β; a term whose switch is off has none. The step CE is the step's mean CE (Σ ce /
+    Σ position weights, no gradient)."""
+    ce_weight: float
+    switches: ObjectiveSwitches
+    is_dspine: bool
+    beta: float = 0.0
+
+    @property
+    def weights(self) -> dict[str, float]:
+        cw, sw = self.ce_weight, self.switches
+        w: dict[str, float] = {}
+        if sw.backbone:
+            w.update(ce=cw, l1=1 - cw)
+        if self.is_dspine and sw.refinement:
+            w.update(refinement_ce=cw, refinement_l1=1 - cw)
+        if self.is_dspine and sw.alignment:
+            w["alignment"] = self.beta
+        return w
+
+    @property
+    def computed(self) -> frozenset[str]:
+        """The terms the objective computes: the CE always (metrics, the step CE) and every switched-on term,
+        but an L1 half only where it weighs (the L1 halves need the teacher's logits)."""
+        return frozenset({"ce"} | {t for t, w in self.weights.items() if w or t not in L1_TERMS})
+
+    @property
+    def needs_step_ce(self) -> bool:
+        return bool(self.weights.get("alignment"))
+
+    def step_ce(self, ce_terms: list[torch.Tensor], denominator: torch.Tensor, reduce=None) -> torch.Tensor:
+        """The step CE from the micro-batches' ce terms, added in micro-batch order (as one sum over the step
+        adds them); reduce: the sum over ranks (in place)."""
+        total = ce_terms[0].detach().float()
+        for c in ce_terms[1:]:
+            total = total + c.detach().float()
+        total = total.clone()  # may still be ce_terms[0] itself, which an in-place reduce would change
+        if reduce is not None:
+            total = reduce(total)
+        return total / denominator.clamp_min(1.0)
+
+    def numerator(self, terms: dict[str, torch.Tensor], step_ce: torch.Tensor | float | None = None
+                  ) -> torch.Tensor:
+        """The loss numerator of one micro-batch's terms (add the micro-batches', divide by the step's weight
+        sum). step_ce: needed when `needs_step_ce`."""
+        num = terms["ce"] * 0.0
+        for name, w in self.weights.items():
+            if not w:  # a weightless term may not have been computed (L1 halves)
+                continue
+            if name == "alignment":
+                if step_ce is None:
+                    raise ValueError("the alignment term weighs beta times the step CE: give step_ce")
+                w = w * step_ce
+            num = num + w * terms[name]
+        return num
+
+    def logged(self, terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What metrics.jsonl logs of summed terms (ce, l1, refinement, alignment, per unit of position weight
+        there): the terms, with the refinement's two halves mixed as the loss mixes them."""
+        out = {k: terms[k] for k in ("ce", "l1") if k in terms}
+        if "refinement_ce" in terms:
+            ref = self.ce_weight * terms["refinement_ce"]
+            if "refinement_l1" in terms and self.ce_weight < 1:
+                ref = ref + (1 - self.ce_weight) * terms["refinement_l1"]
+            out["refinement"] = ref
+        if "alignment" in terms:
+            out["alignment"] = terms["alignment"]
+        return out
 
 
 class DrafterObjective(nn.Module):
@@ -76,6 +157,13 @@ class DrafterObjective(nn.Module):
     def is_dspine(self) -> bool:
         return self.drafter.cfg.is_dspine
 
+    def assembly(self, beta: float = 0.0) -> LossAssembly:
+        """The loss assembly of this objective's weights and switches, at alignment weight β."""
+        return LossAssembly(self.ce_weight, self.switches, self.is_dspine, beta)
+
+    def computed_terms(self, ce_only: bool) -> frozenset[str]:
+        return frozenset({"ce"}) if ce_only else self.assembly().computed
+
     def replacement_override(self, blocks: Blocks, dtype) -> list[torch.Tensor | None] | None:
         if blocks.replace is None or not self.is_dspine or not bool(blocks.replace.any()):
             return None
@@ -85,8 +173,9 @@ class DrafterObjective(nn.Module):
 
     def forward(self, features: torch.Tensor, last_hidden: torch.Tensor, blocks: Blocks,
                 ce_only: bool = False) -> dict[str, torch.Tensor]:
-        """Weighted sums of the terms (and metric counts) of one micro-batch."""
+        """The terms (TERM_NAMES, the computed ones) and metric counts of one micro-batch."""
         d = self.drafter
+        want = self.computed_terms(ce_only)
         n, s = features.shape[:2]
         pos = torch.arange(s, device=features.device).expand(n, s)
         with region("obj.context_kv"):
@@ -119,7 +208,7 @@ class DrafterObjective(nn.Module):
             live = sup[:, 0].nonzero().squeeze(-1)
             args = select_rows([hidden, labels, prev, weights, sup, t_pos] + extras, live)
         t_logits = None
-        if self._teacher_use(ce_only)[1] and len(live):
+        if want & set(L1_TERMS) and len(live):  # only the L1 halves read the teacher
             # The teacher's logits once per distinct position (overlapping blocks share them: 512 anchors × 15
             # positions in 2048 tokens read each ~4 times) and outside the checkpoint (no gradient: nothing
             # to recompute); args[5] becomes each position's row in them.
@@ -129,7 +218,7 @@ class DrafterObjective(nn.Module):
         step = self.chunk_blocks if self.chunk_blocks and self.chunk_blocks > 0 else max(len(live), 1)
         for start in range(0, len(live), step):
             part = [a[start:start + step] for a in args]
-            fn = lambda *xs: self._terms(*xs, ce_only=ce_only, t_logits=t_logits)  # noqa: E731
+            fn = lambda *xs: self._terms(*xs, want=want, ce_only=ce_only, t_logits=t_logits)  # noqa: E731
             if torch.is_grad_enabled() and self.chunk_blocks and len(live) > step:
                 res = checkpoint(fn, *part, use_reentrant=False)
             else:
@@ -161,20 +250,13 @@ class DrafterObjective(nn.Module):
             why = "SGLANG_DSPINE_KERNELS=0" if not ENV.kernels else f"no CUDA: {device}"
         return f"the PyTorch math ({why})"
 
-    def _teacher_use(self, ce_only: bool) -> tuple[bool, bool]:
-        """(the backbone's L1 is computed, the teacher is needed at all): only the L1 halves read it, and at
-        ce_weight 1 both have weight 0."""
-        want_l1 = not ce_only and self.switches.backbone and self.ce_weight < 1
-        return want_l1, want_l1 or (not ce_only and self.is_dspine and self.switches.refinement and self.ce_weight < 1)
-
-    def _terms(self, hidden, labels, prev, weights, sup, t_rows, *extras, ce_only: bool = False,
-               t_logits: torch.Tensor | None = None):
-        """The terms of one chunk; t_logits: the teacher's logits of the distinct positions, t_rows: each
-        position's row in them (None when no term needs the teacher)."""
+    def _terms(self, hidden, labels, prev, weights, sup, t_rows, *extras, want: frozenset[str],
+               ce_only: bool = False, t_logits: torch.Tensor | None = None):
+        """The terms in `want` of one chunk, unweighted but for the position weights; t_logits: the teacher's
+        logits of the distinct positions, t_rows: each position's row in them (None when no term needs the
+        teacher)."""
         head = self.teacher.head
-        sw = self.switches
-        cw = self.ce_weight
-        want_l1, _ = self._teacher_use(ce_only)
+        want_l1 = "l1" in want
         k = None if ce_only else (self.drafter.cfg.dspine.top_k if self.is_dspine else self.coverage_k)
         with region("obj.vocab"):
             v = vocab_terms(hidden, head, labels, k, want_l1, kernel=self.vocab_on_kernel(hidden.device),
@@ -196,7 +278,7 @@ class DrafterObjective(nn.Module):
         covered = cand == labels.unsqueeze(-1)
         with torch.no_grad():
             res["coverage"] = (covered.any(-1) & sup).sum().float()
-        if self.is_dspine and sw.refinement:
+        if "refinement_ce" in want:
             with region("obj.refinement"):
                 d = self.drafter
                 pre_last = extras[0]
@@ -207,15 +289,14 @@ class DrafterObjective(nn.Module):
                 scores = torch.matmul(rows, refined.unsqueeze(-1)).squeeze(-1).float()
                 q = scores.log_softmax(-1)
                 rce = -(q * covered).sum(-1)
-                ref = cw * rce
-                if v.teacher_cand is not None:  # the L1 half (weight 1 - cw; _teacher_use)
+                res["refinement_ce"] = (rce * weights).sum()
+                if "refinement_l1" in want:
                     t_cand = v.teacher_cand
                     mass = t_cand.sum(-1)
                     t_cand = t_cand / mass.unsqueeze(-1).clamp_min(1e-30)
                     rl1 = (q.exp() - t_cand).abs().sum(-1) * (mass > d.cfg.dspine.candidate_mass_threshold)
-                    ref = ref + (1 - cw) * rl1
-                res["refinement"] = (ref * weights).sum()
-        if self.is_dspine and sw.alignment:
+                    res["refinement_l1"] = (rl1 * weights).sum()
+        if "alignment" in want:
             with region("obj.alignment"):
                 d = self.drafter
                 target_codes = d.transfer_codes[labels].float()
@@ -287,19 +368,3 @@ def teacher_logits(positions_hidden: torch.Tensor, t_pos: torch.Tensor, head: to
 def _head_logits(x: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
     """x @ headᵀ; under autocast the cast is autocast's, else x takes the head's dtype (never a copy of the head)."""
     return F.linear(x if torch.is_autocast_enabled() else x.to(head.dtype), head)
-
-
-def assemble_loss(terms: dict[str, torch.Tensor], ce_weight: float, switches: ObjectiveSwitches, is_dspine: bool,
-                  beta: float, mean_ce: torch.Tensor | float) -> torch.Tensor:
-    """The numerator of the loss (divide by the global weight sum)."""
-    zero = terms["ce"] * 0.0
-    num = zero
-    if switches.backbone:
-        num = num + ce_weight * terms["ce"]
-        if ce_weight < 1:
-            num = num + (1 - ce_weight) * terms.get("l1", zero)
-    if is_dspine and switches.refinement:
-        num = num + terms.get("refinement", zero)
-    if is_dspine and switches.alignment and beta > 0:
-        num = num + beta * mean_ce * terms.get("alignment", zero)
-    return num

@@ -32,7 +32,7 @@ from .blocks import make_blocks, sample_anchors
 from .distributed import all_reduce, barrier, local_rank, setup_distributed, train_device
 from .drafter_setup import build_drafter, recipe_alignment_decay, recipe_line, trainable_parameters
 from .metrics import MetricsSink
-from .objective import TERM_NAMES, DrafterObjective, ObjectiveSwitches, assemble_loss
+from .objective import DrafterObjective, LossAssembly, ObjectiveSwitches
 from .schedules import alignment_beta, default_gamma, lr_factor, replacement_probability
 from .target_loading import load_tokenizer
 from .teacher import TargetTeacher
@@ -122,15 +122,14 @@ def load_trainer_state(folder: str) -> dict[str, Any]:
 # ================================================================================================ metrics
 
 
-def _metrics_record(red: dict[str, torch.Tensor], step: int, lr: float, beta: float, p_rep: float,
-                    grad_norm) -> dict[str, Any]:
+def _metrics_record(red: dict[str, torch.Tensor], assembly: LossAssembly, step: int, lr: float, beta: float,
+                    p_rep: float, grad_norm) -> dict[str, Any]:
     """One metrics.jsonl record from the summed (all-reduced) terms and counts of a log interval."""
     d = red["denominator"].clamp_min(1e-9)
     rec: dict[str, Any] = {"step": step, "lr": lr, "beta": beta, "replacement_p": p_rep,
                            "loss": float(red["loss_num"] / d)}
-    for k in TERM_NAMES:
-        if k in red:
-            rec[k] = float(red[k] / d)
+    for k, v in assembly.logged(red).items():
+        rec[k] = float(v / d)
     cnt = red["count_pos"]
     rec["accuracy"] = float(red["correct_pos"].sum() / cnt.sum().clamp_min(1))
     rec["accuracy_per_position"] = [round(float(c / max(float(n), 1.0)), 4) for c, n in zip(red["correct_pos"], cnt)]
@@ -314,11 +313,12 @@ class Trainer:
         micro, tokens = self._micro_batches(step, p_rep)
         denom = self._reduce(torch.stack([b.denominator for *_, b in micro]).sum().detach().clone())
         scale = world / denom.clamp_min(1.0)
-        # 2. the global mean CE scales the alignment term, so it is needed before the first backward: the
-        # first micro-batch's CE comes from its graded pass, the others' from a no-grad pass before it
-        mean_ce: torch.Tensor | float = 0.0
+        assembly = self.objective.assembly(beta)
+        # 2. the step CE scales the alignment term, so it is needed before the first backward: the first
+        # micro-batch's CE comes from its graded pass, the others' from a no-grad pass before it
+        step_ce = None
         later_ce: list[torch.Tensor] = []
-        if beta > 0 and len(micro) > 1:
+        if assembly.needs_step_ce and len(micro) > 1:
             with torch.no_grad(), _autocast(self.device, self.bf16), region("train.ce_prepass"):
                 later_ce = [self.objective(f, h, b, ce_only=True)["ce"] for f, h, b in micro[1:]]
         # 3. graded passes
@@ -329,12 +329,9 @@ class Trainer:
             with ctx:
                 with _autocast(self.device, self.bf16), region("train.forward"):
                     terms = self.model(feats, last_hidden, blocks)
-                if beta > 0 and j == 0:
-                    ce_sum = terms["ce"].detach().float()
-                    for c in later_ce:  # in micro-batch order, as one sum over them all would add
-                        ce_sum = ce_sum + c.float()
-                    mean_ce = self._reduce(ce_sum.clone()) / denom.clamp_min(1.0)
-                num = assemble_loss(terms, self.objective.ce_weight, self.switches, cfg.is_dspine, beta, mean_ce)
+                if assembly.needs_step_ce and j == 0:
+                    step_ce = assembly.step_ce([terms["ce"], *later_ce], denom, self._reduce)
+                num = assembly.numerator(terms, step_ce)
                 with region("train.backward"):
                     (num * scale).backward()
             for k, v in terms.items():
@@ -362,7 +359,7 @@ class Trainer:
             bar.update(1)
             if step % tc.log_every == 0 or step == total:
                 red = {k: self._reduce(v) for k, v in acc.items()}  # acc is rebuilt after logging: reduce in place
-                rec = _metrics_record(red, step, lr_now, beta, p_rep, grad_norm)
+                rec = _metrics_record(red, self.objective.assembly(), step, lr_now, beta, p_rep, grad_norm)
                 dt = time.time() - t0
                 rec["tokens_per_s"] = tokens * self.world / max(dt, 1e-9)
                 rec["interval_steps"], rec["interval_seconds"] = acc_steps, round(dt, 4)
