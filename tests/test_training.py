@@ -15,6 +15,7 @@ from sglang_dspine.drafter.checkpoint import init_dspine_transfer, load_drafter
 from sglang_dspine.drafter.config import DSpineSettings
 from sglang_dspine.drafter.model import DSpineDrafter
 from sglang_dspine.drafter.tiny import drafter_config_for, make_target
+from sglang_dspine.training import trainer as trainer_mod
 from sglang_dspine.training.blocks import make_blocks, sample_anchors, valid_anchors
 from sglang_dspine.training.data import HFGenerator, read_done_ids, regenerate
 from sglang_dspine.training.distributed import train_device
@@ -295,6 +296,72 @@ def test_loss_assembly_switches_and_alignment_scale():
     assert float(a.step_ce([first, torch.tensor(5.0)], torch.tensor(4.0), lambda x: x.mul_(2))) == 4.0
     assert float(a.step_ce([first], torch.tensor(2.0), lambda x: x.mul_(2))) == 3.0
     assert float(first) == 3.0  # an in-place reduce leaves the term alone
+
+
+# Each objective and backbone mix, with one and several micro-batches, chunked and whole.
+STEP_LOSS_CONFIGS = {
+    "ce_anneal": dict(recipe="ce_anneal"),
+    "ce_one_micro_batch_whole": dict(recipe="ce", grad_accum=1, objective_chunk_blocks=0),
+    "specforge": dict(recipe="specforge"),
+    "specforge_one_micro_batch": dict(recipe="specforge", grad_accum=1),
+    "mix_chunked": dict(recipe="ce", dspine=dict(ce_weight=0.5), objective_chunk_blocks=2),
+    "no_backbone": dict(recipe="specforge", backbone_loss=False),
+    "no_refinement": dict(recipe="specforge", refinement_loss=False),
+    "no_alignment": dict(recipe="specforge", alignment_loss=False),
+    "dflash_ce": dict(kind="dflash"),
+    "dflash_mix": dict(kind="dflash", dflash_ce_weight=0.4, objective_chunk_blocks=2),
+}
+
+
+@pytest.mark.parametrize("name", list(STEP_LOSS_CONFIGS))
+def test_step_loss_is_the_documented_sum_of_its_terms(target, tmp_path, monkeypatch, name):
+    """The trainer's step loss numerator is the documented weighted sum (docs/algorithm.md, "Training
+    objective") of the terms computed per position (plain_terms), per micro-batch:
+        backbone   cw·CE + (1-cw)·L1
+        refinement cw·CE_K + (1-cw)·L1_K
+        alignment  β · step CE · Σ_l (1 - cos)      step CE = Σ CE / Σ position weights over the step
+    less the switched-off terms (DFlash: the backbone alone, cw its own)."""
+    over = dict(STEP_LOSS_CONFIGS[name])
+    kind = over.get("kind", "dspine")
+    small = dict(transfer_rank=16, message_size=8, top_k=4, alignment_warmup_steps=1)
+    over["dspine"] = {**small, **over.get("dspine", {})} if kind == "dspine" else {}
+    data = greedy_data(target, tmp_path / "d.jsonl", seed=5, lengths=(14, 9, 12, 10))
+    tc = TrainConfig(**{**dict(data=str(data), output_dir=str(tmp_path / "run"), num_draft_layers=2, block_size=4,
+                               num_anchors=5, target_layer_ids=[1, 2], batch_size=2, grad_accum=2, max_steps=6,
+                               gamma=GAMMA, progress=False, save=False, tensorboard=False), **over})
+    tr = trainer_mod.Trainer(tc, target=target)
+    if kind == "dspine":
+        randomize(tr.drafter, 3)
+        tr.drafter.cfg.dspine.candidate_mass_threshold = 0.2  # the refinement's L1 skipped at some positions
+    made = []  # each micro-batch's sequences, anchors and blocks
+    make = trainer_mod.make_blocks
+
+    def recording(ids, mask, anchors, keep, *args):
+        made.append((ids, mask, anchors, keep, make(ids, mask, anchors, keep, *args)))
+        return made[-1][-1]
+
+    monkeypatch.setattr(trainer_mod, "make_blocks", recording)
+    acc = {}
+    with torch.enable_grad():
+        beta, p_rep, _ = tr._gradients(1, acc)
+    assert len(made) == tc.grad_accum
+    plain = [plain_terms(tr.drafter, target, ids, mask, anchors, keep, b.replace)
+             for ids, mask, anchors, keep, b in made]
+
+    dspine = kind == "dspine"
+    cw = tr.drafter.cfg.dspine.ce_weight if dspine else tc.dflash_ce_weight
+    assert (beta > 0) == (dspine and tc.alignment_loss) and (p_rep > 0) == dspine
+    step_ce = sum(p["ce"] for p in plain) / sum(p["denominator"] for p in plain)
+    want = 0.0
+    for p in plain:
+        if tc.backbone_loss:
+            want += cw * p["ce"] + (1 - cw) * p["l1"]
+        if dspine and tc.refinement_loss:
+            want += cw * p["refinement_ce"] + (1 - cw) * p["refinement_l1"]
+        if dspine and tc.alignment_loss:
+            want += beta * step_ce * p["alignment"]
+    assert float(acc["loss_num"]) == pytest.approx(want, rel=1e-4)
+    assert float(acc["denominator"]) == pytest.approx(sum(p["denominator"] for p in plain), rel=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["dspine", "dflash"])
