@@ -275,8 +275,10 @@ def test_loss_assembly_switches_and_alignment_scale():
     assert float(a.numerator(t, 1.5)) == pytest.approx(0.1 * 2 + 0.9 * 3 + 0.1 * 5 + 0.9 * 11 + 0.5 * 1.5 * 7)
     with pytest.raises(ValueError, match="step CE"):
         a.numerator(t)
-    assert {k: float(v) for k, v in a.logged(t).items()} == pytest.approx(
-        dict(ce=2, l1=3, refinement=0.1 * 5 + 0.9 * 11, alignment=7))
+    # metrics.jsonl: the loss and the terms per unit of position weight, the refinement's halves mixed as in the loss
+    summed = {**t, "loss_num": torch.tensor(13.0), "denominator": torch.tensor(2.0)}
+    assert a.logged(summed) == pytest.approx(dict(loss=6.5, ce=1, l1=1.5, refinement=(0.1 * 5 + 0.9 * 11) / 2,
+                                                  alignment=3.5))
     off = LossAssembly(0.1, ObjectiveSwitches(backbone=False), True, beta=0.5)
     assert float(off.numerator(t, 1.5)) == pytest.approx(0.1 * 5 + 0.9 * 11 + 0.5 * 1.5 * 7)
     assert off.computed == {"ce", "refinement_ce", "refinement_l1", "alignment"}  # the CE whatever its weight

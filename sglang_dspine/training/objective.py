@@ -114,18 +114,20 @@ class LossAssembly:
             num = num + w * terms[name]
         return num
 
-    def logged(self, terms: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """What metrics.jsonl logs of summed terms (ce, l1, refinement, alignment, per unit of position weight
-        there): the terms, with the refinement's two halves mixed as the loss mixes them."""
-        out = {k: terms[k] for k in ("ce", "l1") if k in terms}
-        if "refinement_ce" in terms:
-            ref = self.ce_weight * terms["refinement_ce"]
-            if "refinement_l1" in terms and self.ce_weight < 1:
-                ref = ref + (1 - self.ce_weight) * terms["refinement_l1"]
+    def logged(self, summed: dict[str, torch.Tensor]) -> dict[str, float]:
+        """What metrics.jsonl logs of a log interval's summed terms, each per unit of position weight (over the
+        summed `denominator`): the loss (the summed numerators, `loss_num`), ce, l1, refinement (its two halves
+        mixed as the loss mixes them) and alignment, those computed."""
+        d = summed["denominator"].clamp_min(1e-9)
+        out = {k: summed[k] for k in ("loss_num", "ce", "l1") if k in summed}
+        if "refinement_ce" in summed:
+            ref = self.ce_weight * summed["refinement_ce"]
+            if "refinement_l1" in summed and self.ce_weight < 1:
+                ref = ref + (1 - self.ce_weight) * summed["refinement_l1"]
             out["refinement"] = ref
-        if "alignment" in terms:
-            out["alignment"] = terms["alignment"]
-        return out
+        if "alignment" in summed:
+            out["alignment"] = summed["alignment"]
+        return {"loss" if k == "loss_num" else k: float(v / d) for k, v in out.items()}
 
 
 class DrafterObjective(nn.Module):

@@ -124,12 +124,9 @@ def load_trainer_state(folder: str) -> dict[str, Any]:
 
 def _metrics_record(red: dict[str, torch.Tensor], assembly: LossAssembly, step: int, lr: float, beta: float,
                     p_rep: float, grad_norm) -> dict[str, Any]:
-    """One metrics.jsonl record from the summed (all-reduced) terms and counts of a log interval."""
-    d = red["denominator"].clamp_min(1e-9)
-    rec: dict[str, Any] = {"step": step, "lr": lr, "beta": beta, "replacement_p": p_rep,
-                           "loss": float(red["loss_num"] / d)}
-    for k, v in assembly.logged(red).items():
-        rec[k] = float(v / d)
+    """One metrics.jsonl record from the summed (all-reduced) terms and counts of a log interval; the loss and its
+    terms as `assembly` logs them."""
+    rec: dict[str, Any] = {"step": step, "lr": lr, "beta": beta, "replacement_p": p_rep, **assembly.logged(red)}
     cnt = red["count_pos"]
     rec["accuracy"] = float(red["correct_pos"].sum() / cnt.sum().clamp_min(1))
     rec["accuracy_per_position"] = [round(float(c / max(float(n), 1.0)), 4) for c, n in zip(red["correct_pos"], cnt)]
