@@ -4,7 +4,9 @@ The former step ran a no-grad CE pass over every micro-batch before the graded p
 scaled by the mean CE of the whole step), read the teacher for the refinement whatever its L1 weight, and
 selected the live blocks even when all were live. Now the first micro-batch's CE comes from its graded
 pass, the teacher is read only where an L1 half has weight (ce_weight < 1), and an all-live selection is
-skipped. The former step is rebuilt here from the trainer's own micro-batches."""
+skipped; the refinement's CE and L1 halves were mixed inside the objective, and the numerator assembled apart
+from the step CE, where LossAssembly now does both. The former step is rebuilt here from the trainer's own
+micro-batches, its numerator written out as it was (former_numerator)."""
 import json
 import random
 
@@ -34,6 +36,22 @@ def former_select_rows(tensors, rows):
     return [t.index_select(0, rows) for t in tensors]
 
 
+def former_numerator(terms, cw, switches, beta, mean_ce):
+    """The loss numerator of one micro-batch as it was assembled before LossAssembly (DSpine): the backbone's
+    CE and L1 mixed by cw, the refinement's CE and L1 halves mixed the same way, β · mean CE · alignment."""
+    zero = terms["ce"] * 0.0
+    num = zero
+    if switches.backbone:
+        num = num + cw * terms["ce"]
+        if cw < 1:
+            num = num + (1 - cw) * terms.get("l1", zero)
+    if switches.refinement:
+        num = num + (cw * terms["refinement_ce"] + (1 - cw) * terms.get("refinement_l1", zero))
+    if switches.alignment and beta > 0:
+        num = num + beta * mean_ce * terms.get("alignment", zero)
+    return num
+
+
 def former_gradients(tr: Trainer, step: int):
     """The former `_train_step` up to the optimizer: a CE prepass over every micro-batch, then the graded ones."""
     s = tr.cfg.dspine
@@ -48,7 +66,7 @@ def former_gradients(tr: Trainer, step: int):
     loss_num = 0.0
     for f, h, b in micro:
         terms = tr.objective(f, h, b)
-        num = tr.objective.assembly(beta).numerator(terms, mean_ce)
+        num = former_numerator(terms, tr.objective.ce_weight, tr.switches, beta, mean_ce)
         (num * scale).backward()
         loss_num = loss_num + num.detach().float()
     return beta, p_rep, loss_num
