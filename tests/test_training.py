@@ -235,6 +235,31 @@ def test_dspine_terms_match_plain_computation(target, replace):
     assert got["count_pos"].tolist() == blocks.supervised.sum((0, 1)).float().tolist()
 
 
+def test_chunked_terms_have_the_whole_batchs_gradients(target):
+    """With gradients on, the checkpointed chunks (and the alignment's one checkpoint over all live blocks) give
+    every term the gradients of the same terms computed in one piece without recomputation."""
+    ids, mask = batch()
+    d = make_drafter(target)
+    d.cfg.dspine.ce_weight = 0.3
+    anchors, keep = sample_anchors(mask, 6, torch.Generator().manual_seed(0))
+    blocks = make_blocks(ids, mask, anchors, keep, 4, d.cfg.mask_token_id, GAMMA)
+    obj = _objective(target, d, chunk=3)
+    feats, last = obj.teacher.run(ids, obj.drafter.cfg.target_layer_ids)
+    grads = {}
+    for chunk in (3, 0):
+        obj.chunk_blocks = chunk
+        terms = obj(feats, last, blocks)
+        assert int(keep.sum()) > 3  # the chunked pass really has several chunks
+        for k in TERM_NAMES:
+            g = torch.autograd.grad(terms[k], [p for p in d.parameters() if p.requires_grad], retain_graph=True,
+                                    allow_unused=True)
+            grads[chunk, k] = [x for x in g if x is not None]
+    for k in TERM_NAMES:
+        assert grads[3, k] and len(grads[3, k]) == len(grads[0, k]), k
+        for a, b in zip(grads[3, k], grads[0, k]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=k)
+
+
 def test_replacement_changes_only_replaced_blocks(target):
     ids, mask = batch(1)
     d = make_drafter(target)

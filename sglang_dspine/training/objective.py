@@ -204,11 +204,14 @@ class DrafterObjective(nn.Module):
         t_pos = (tidx + s * torch.arange(n, device=tidx.device).unsqueeze(-1)).reshape(m, b - 1)
         extras: list[torch.Tensor] = []
         if self.is_dspine and not ce_only:
-            extras = [flat(out.pre_last)] + [flat(x) for x in out.layer_states]
+            extras = [flat(out.pre_last)]
+        states = [flat(x) for x in out.layer_states] if "alignment" in want else []
         # blocks without supervision cost nothing: drop them before the vocabulary-sized work
         with region("obj.select"):
             live = sup[:, 0].nonzero().squeeze(-1)
-            args = select_rows([hidden, labels, prev, weights, sup, t_pos] + extras, live)
+            args = select_rows([hidden, labels, prev, weights, sup, t_pos] + extras + states, live)
+            if states:
+                states, args = args[len(args) - len(states):], args[:len(args) - len(states)]
         t_logits = None
         if want & set(L1_TERMS) and len(live):  # only the L1 halves read the teacher
             # The teacher's logits once per distinct position (overlapping blocks share them: 512 anchors × 15
@@ -218,15 +221,20 @@ class DrafterObjective(nn.Module):
                 t_logits, args[5] = teacher_logits(last_hidden.reshape(n * s, -1), args[5], self.teacher.head)
         total: dict[str, torch.Tensor] = {}
         step = self.chunk_blocks if self.chunk_blocks and self.chunk_blocks > 0 else max(len(live), 1)
+        recompute = torch.is_grad_enabled() and bool(self.chunk_blocks) and len(live) > step
         for start in range(0, len(live), step):
             part = [a[start:start + step] for a in args]
             fn = lambda *xs: self._terms(*xs, want=want, ce_only=ce_only, t_logits=t_logits)  # noqa: E731
-            if torch.is_grad_enabled() and self.chunk_blocks and len(live) > step:
-                res = checkpoint(fn, *part, use_reentrant=False)
-            else:
-                res = fn(*part)
+            res = checkpoint(fn, *part, use_reentrant=False) if recompute else fn(*part)
             for k, v in res.items():
                 total[k] = total[k] + v if k in total else v
+        if states and len(live):
+            # Not per chunk: it reads no vocabulary-sized tensor, and per chunk its few dozen small kernels
+            # left the GPU idle waiting for launches (35f24d8 on the H200: 215 ms of idle per step for 36 ms of
+            # work). One checkpoint over every live block keeps the memory of the chunked form.
+            labels_live, weights_live = args[1], args[3]
+            total["alignment"] = (checkpoint(self._alignment, labels_live, weights_live, *states, use_reentrant=False)
+                                  if recompute else self._alignment(labels_live, weights_live, *states))
         if not total:  # no supervised block at all (the data loader never lets this happen)
             zero = hidden.sum() * 0.0
             zeros = torch.zeros(b - 1, device=hidden.device)
@@ -298,16 +306,19 @@ class DrafterObjective(nn.Module):
                     t_cand = t_cand / mass.unsqueeze(-1).clamp_min(1e-30)
                     rl1 = (q.exp() - t_cand).abs().sum(-1) * (mass > d.cfg.dspine.candidate_mass_threshold)
                     res["refinement_l1"] = (rl1 * weights).sum()
-        if "alignment" in want:
-            with region("obj.alignment"):
-                d = self.drafter
-                target_codes = d.transfer_codes[labels].float()
-                align = 0.0
-                for l, state in enumerate(extras[1:]):
-                    feat = d.injection.feature(l, state).float()
-                    align = align + (1 - F.cosine_similarity(feat, target_codes, dim=-1))
-                res["alignment"] = (align * weights).sum()
         return res
+
+    def _alignment(self, labels: torch.Tensor, weights: torch.Tensor, *states: torch.Tensor) -> torch.Tensor:
+        """Σ_i w_i Σ_l (1 - cos(φ_l(h_i^l), C[y_i])) over the given positions; states: per layer, after its
+        injection."""
+        with region("obj.alignment"):
+            d = self.drafter
+            target_codes = d.transfer_codes[labels].float()
+            align = 0.0
+            for l, state in enumerate(states):
+                feat = d.injection.feature(l, state).float()
+                align = align + (1 - F.cosine_similarity(feat, target_codes, dim=-1))
+            return (align * weights).sum()
 
 
 @dataclass
