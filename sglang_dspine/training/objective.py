@@ -222,6 +222,12 @@ class DrafterObjective(nn.Module):
         total: dict[str, torch.Tensor] = {}
         step = self.chunk_blocks if self.chunk_blocks and self.chunk_blocks > 0 else max(len(live), 1)
         recompute = torch.is_grad_enabled() and bool(self.chunk_blocks) and len(live) > step
+        if extras and "refinement_ce" in want and len(live):
+            # The refined states read no vocabulary-sized tensor either: once over every live block (as the
+            # alignment below), the chunks get them in place of the pre-injection states.
+            pre_last, prev_live = args[6], args[2]
+            args[6] = (checkpoint(self._refined, pre_last, prev_live, use_reentrant=False) if recompute
+                       else self._refined(pre_last, prev_live))
         for start in range(0, len(live), step):
             part = [a[start:start + step] for a in args]
             fn = lambda *xs: self._terms(*xs, want=want, ce_only=ce_only, t_logits=t_logits)  # noqa: E731
@@ -264,7 +270,7 @@ class DrafterObjective(nn.Module):
                ce_only: bool = False, t_logits: torch.Tensor | None = None):
         """The terms in `want` of one chunk, unweighted but for the position weights; t_logits: the teacher's
         logits of the distinct positions, t_rows: each position's row in them (None when no term needs the
-        teacher)."""
+        teacher); extras: DSpine's refined states (`_refined`)."""
         head = self.teacher.head
         want_l1 = "l1" in want
         k = None if ce_only else (self.drafter.cfg.dspine.top_k if self.is_dspine else self.coverage_k)
@@ -291,8 +297,7 @@ class DrafterObjective(nn.Module):
         if "refinement_ce" in want:
             with region("obj.refinement"):
                 d = self.drafter
-                pre_last = extras[0]
-                refined = d.refine_normed(pre_last, d.transfer_codes[prev].unsqueeze(-2)).squeeze(-2)
+                refined = extras[0]  # _refined's, by forward
                 rows = F.embedding(cand, head)  # [M, P, K, H]
                 if not torch.is_autocast_enabled():
                     refined = refined.to(rows.dtype)
@@ -307,6 +312,12 @@ class DrafterObjective(nn.Module):
                     rl1 = (q.exp() - t_cand).abs().sum(-1) * (mass > d.cfg.dspine.candidate_mass_threshold)
                     res["refinement_l1"] = (rl1 * weights).sum()
         return res
+
+    def _refined(self, pre_last: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """The last layer's state with each position's true predecessor written in, normed: [M, P, H]."""
+        with region("obj.refinement"):
+            d = self.drafter
+            return d.refine_normed(pre_last, d.transfer_codes[prev].unsqueeze(-2)).squeeze(-2)
 
     def _alignment(self, labels: torch.Tensor, weights: torch.Tensor, *states: torch.Tensor) -> torch.Tensor:
         """Σ_i w_i Σ_l (1 - cos(φ_l(h_i^l), C[y_i])) over the given positions; states: per layer, after its
