@@ -277,6 +277,15 @@ def test_carry_brings_a_file_over_in_checked_pieces(tmp_path):
     assert carry("assemble", "big", tmp_path / "again.bin").returncode == 0
     assert carry("assemble", "small", tmp_path / "small2.bin").returncode == 0
     assert (tmp_path / "small2.bin").read_bytes() == b"small" * 100
+    # straight from the store, as carried without a stage step (receive DIR); a piece already here is skipped
+    shutil.rmtree(tmp_path / "there")
+    got = carry("receive", tmp_path / "store" / "big")
+    assert got.returncode == 0 and "2 of 2 pieces of big" in got.stdout, got.stderr
+    again = carry("receive", tmp_path / "store" / "big")
+    assert again.returncode == 0 and "received" not in again.stdout
+    assert carry("receive", tmp_path / "nothing").returncode == 1
+    assert carry("assemble", "big", tmp_path / "direct.bin").returncode == 0
+    assert (tmp_path / "direct.bin").read_bytes() == data
     # aside / back: the tree's bulk out of the way for the piece calls, and back as it was
     (tmp_path / "models" / "default").mkdir(parents=True)
     (tmp_path / "models" / "default" / "w.bin").write_bytes(b"weights")

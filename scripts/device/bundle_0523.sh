@@ -18,9 +18,9 @@
 # Fewer calls: the pieces travel beside the working tree (~25 MiB, 18 of it models/default). With models/ and
 # benchmarks/results/ set aside for the piece calls (`carry.sh aside`, then `carry.sh back`: a 1.6 MiB tree),
 # pieces of 61 MiB fit (build with PIECE_MIB=61, or `carry.sh resplit`), and `plan` packs them into 16 calls.
-# There: one call per piece, back to back in one lease (the machine keeps /tmp while warm), each carrying
-# ".carry" after `bash scripts/device/carry.sh stage NAME K` here:
-#   bash scripts/device/carry.sh receive
+# There: the calls `plan` prints, back to back in one lease (the machine keeps /tmp while warm, ~30 s), each
+# carrying its pieces and sums straight from .carry-store (no stage step here between calls) and running:
+#   bash scripts/device/carry.sh receive .carry-store/NAME [...]
 # and in the call of the last piece (or any later call of the lease):
 #   source scripts/device/bundle_0523.sh setup     # assembles + unpacks every fully received part, links the
 #                                                  # machine's nvidia libs, exports the env (also written to
@@ -163,7 +163,7 @@ _b23_plan() {  # the device calls for the pieces in .carry-store: packed greedil
   local tree
   tree=$(_b23_tree_bytes)
   python3 - "$repo/.carry-store" "$tree" $parts <<'PY'
-import pathlib, sys
+import json, pathlib, sys
 store, tree, parts = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 room = 64 * 1048576 - tree - 16384 * len(parts)  # one call: 64 MiB with the tree and the sums files
 pieces = [(p.stat().st_size, f"{part} {k}") for part in parts
@@ -176,11 +176,17 @@ for n, name in sorted(pieces, key=lambda x: -x[0]):
     if i is None:
         calls.append([]); sizes.append(0); i = len(calls) - 1
     calls[i].append(name); sizes[i] += n
-print(f"# {len(calls)} device calls, back to back in one lease (tree {tree / 1048576:.1f} MiB); each: stage here,"
-      " then run with carry [\".carry\"]")
+print(f"# {len(calls)} device calls, back to back in one lease (tree {tree / 1048576:.1f} MiB); each carries its"
+      " pieces straight from .carry-store (no stage step between calls: the machine goes after ~30 s idle)")
 for c in calls:
-    print(f"bash scripts/device/carry.sh stage {' '.join(c)}   # then run: bash scripts/device/carry.sh receive")
-print("# in the last call: bash scripts/device/carry.sh receive && source scripts/device/bundle_0523.sh setup")
+    names = sorted({n.split()[0] for n in c})
+    carry = [f".carry-store/{n}/{n}.xz.part{int(k) - 1:02d}" for n, k in (x.split() for x in c)]
+    carry += [f".carry-store/{n}/{n}.sha256" for n in names]
+    if len(carry) > 8:  # a device call carries at most 8 paths
+        sys.exit(f"plan: a call would carry {len(carry)} paths (at most 8): {carry}")
+    dirs = " ".join(f".carry-store/{n}" for n in names)
+    print(f"carry {json.dumps(carry)}  command: bash scripts/device/carry.sh receive {dirs}")
+print("# in the last call, after receive: && source scripts/device/bundle_0523.sh setup")
 print("# (planned with the tree as it is now; `carry.sh aside` first shrinks it, `carry.sh back` after the last call)")
 PY
 }

@@ -11,7 +11,10 @@
 #   bash scripts/device/carry.sh stage NAME K [NAME K ...]  # puts piece K (1-based) and the sums into .carry/ (the
 #                                                    # only things there): carry ".carry" in the next device call
 # There (repo root, any call of the lease):
-#   bash scripts/device/carry.sh receive             # checks the carried piece's sha256, keeps it in /tmp/carry/
+#   bash scripts/device/carry.sh receive [DIR ...]   # checks each carried piece's sha256 (in .carry, or in the DIRs:
+#                                                    # pieces carried straight from .carry-store/NAME/ with their sums,
+#                                                    # no stage step), keeps it in /tmp/carry/; one received by an
+#                                                    # earlier call of the lease is skipped
 #   bash scripts/device/carry.sh assemble NAME DEST  # all pieces present and checked: joins, checks the whole
 #                                                    # compressed file, decompresses to DEST
 # Each step prints one line and fails (exit 1) on a missing piece or a wrong hash.
@@ -53,16 +56,22 @@ case "${1:-}" in
     ;;
   receive)
     mkdir -p "$there"
-    for piece in "$stage"/*.part*; do
-      [ -f "$piece" ] || { echo "carry.sh: nothing carried in $stage" >&2; exit 1; }
-      base="$(basename "$piece")" name="${base%.xz.part*}"
-      cp "$stage/$name.sha256" "$there/"
+    shift
+    found=0
+    for piece in $(for d in "${@:-$stage}"; do ls -d "$d"/*.part* 2>/dev/null; done); do
+      found=1
+      dir="$(dirname "$piece")" base="$(basename "$piece")" name="${base%.xz.part*}"
+      if [ -f "$there/$base" ] && [ "$(stat -c %s "$there/$base")" = "$(stat -c %s "$piece")" ]; then
+        continue  # received (and checked) by an earlier call of the lease; assemble checks every piece again
+      fi
+      cp "$dir/$name.sha256" "$there/"
       want="$(awk -v f="$base" '$2 == f {print $1}' "$there/$name.sha256")"
       got="$(sha256sum "$piece" | cut -d' ' -f1)"
       [ -n "$want" ] && [ "$want" = "$got" ] || { echo "carry.sh: $base: sha256 $got, expected ${want:-none}" >&2; exit 1; }
       cp "$piece" "$there/"
       echo "carry.sh: received $base (sha256 ok); $(ls "$there/$name".xz.part* | wc -l) of $(grep -c part "$there/$name.sha256") pieces of $name here"
     done
+    [ "$found" = 1 ] || { echo "carry.sh: nothing carried in ${*:-$stage}" >&2; exit 1; }
     ;;
   assemble)
     name="${2:?NAME}" dest="${3:?DEST}"
