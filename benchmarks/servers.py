@@ -137,6 +137,33 @@ class Server:
                   timeout=60)
 
 
+# FlashInfer's JIT modules that a server would otherwise build on its first use (minutes, with no output): its
+# sampling module (stock DFLASH under FlashInfer sampling) and, where FlashInfer has it, the radix top-k that
+# SGLang 0.5.23's DFlash2 selector calls inside its draft CUDA-graph capture (at 35f24d8 that server never
+# finished starting without it).
+PREBUILD = """
+import time
+t = time.time()
+import torch
+import flashinfer
+import flashinfer.sampling as s
+p = torch.softmax(torch.randn(4, 4096, device="cuda"), -1)
+s.top_k_renorm_probs(p, torch.tensor([1, 4096, 20, 1], device="cuda", dtype=torch.int32))
+s.top_p_renorm_probs(p, torch.tensor([1.0, 0.9, 0.5, 1.0], device="cuda"))
+if hasattr(flashinfer, "top_k"):
+    for dtype in (torch.float32, torch.bfloat16):
+        flashinfer.top_k(torch.randn(4, 151936, device="cuda", dtype=dtype), 16, sorted=True, deterministic=True)
+torch.cuda.synchronize()
+print(f"FlashInfer's modules built and run in {time.time() - t:.1f} s", flush=True)
+"""
+
+
+def start_prebuild(out: str) -> subprocess.Popen:
+    """FlashInfer's JIT modules built in their own process (PREBUILD), its log in `out`."""
+    return subprocess.Popen([sys.executable, "-c", PREBUILD], cwd=OUTSIDE_REPO, start_new_session=True,
+                            stdout=open(os.path.join(out, "flashinfer_prebuild.log"), "w"), stderr=subprocess.STDOUT)
+
+
 def post(url: str, payload: dict, timeout: float = 300) -> dict:
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
     body = urllib.request.urlopen(req, timeout=timeout).read().decode()

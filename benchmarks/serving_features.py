@@ -34,13 +34,12 @@ import multiprocessing as mp
 import os
 import random
 import re
-import subprocess
 import sys
 import threading
 import time
 
 from sglang_dspine.provenance import provenance
-from sglang_dspine.source_files import OUTSIDE_REPO, load_file
+from sglang_dspine.source_files import load_file
 from sglang_dspine.training.jsonl import read_jsonl
 
 _servers = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers.py"))
@@ -1163,25 +1162,6 @@ def print_table(summary: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------------- main
-PREBUILD = """
-import time
-t = time.time()
-import torch
-import flashinfer.sampling as s
-p = torch.softmax(torch.randn(4, 4096, device="cuda"), -1)
-s.top_k_renorm_probs(p, torch.tensor([1, 4096, 20, 1], device="cuda", dtype=torch.int32))
-s.top_p_renorm_probs(p, torch.tensor([1.0, 0.9, 0.5, 1.0], device="cuda"))
-torch.cuda.synchronize()
-print(f"FlashInfer sampling module built and run in {time.time() - t:.1f} s", flush=True)
-"""
-
-
-def start_prebuild(out: str) -> subprocess.Popen:
-    """FlashInfer's sampling module built in its own process (PREBUILD), its log in `out`."""
-    return subprocess.Popen([sys.executable, "-c", PREBUILD], cwd=OUTSIDE_REPO, start_new_session=True,
-                            stdout=open(os.path.join(out, "flashinfer_prebuild.log"), "w"), stderr=subprocess.STDOUT)
-
-
 def servers_and_models(servers: str, models: str) -> tuple[list[str], str]:
     """--servers (a comma list of NAMES) and --models (a folder with target/, suites/ and each drafter's folder),
     refused in one line before anything starts."""
@@ -1263,7 +1243,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prebuild = None
     if "dflash" in names and not args.no_prebuild:
-        prebuild = start_prebuild(args.out)
+        prebuild = _servers.start_prebuild(args.out)
     drafters = {"dflash": ("DFLASH", os.path.join(models, "dflash")),
                 "dspine": ("DSPINE", os.path.join(models, "dspine"))}
 

@@ -875,7 +875,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prebuild = None
     if "dflash" in names and not args.no_prebuild:
-        prebuild = sf.start_prebuild(args.out)
+        prebuild = _servers.start_prebuild(args.out)
     servers: dict = {}
 
     def bring_up(name: str) -> bool:

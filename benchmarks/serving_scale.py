@@ -37,6 +37,7 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import sys
 import time
 
@@ -430,6 +431,15 @@ def main() -> None:
             json.dump(res, open(os.path.join(d, "serving_scale.json"), "w"), indent=1)
             json.dump(summarize(res), open(os.path.join(d, "serving_scale_summary.json"), "w"), indent=1)
 
+    if "dflash2" in names or args.sampling_backend != "pytorch":  # FlashInfer's JIT modules before any server
+        prebuild = _servers.start_prebuild(args.out)
+        try:
+            prebuild.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            os.killpg(prebuild.pid, 15)
+        res["flashinfer_prebuild"] = {"returncode": prebuild.poll(), "log": open(
+            os.path.join(args.out, "flashinfer_prebuild.log")).read()[-800:]}
+        print(f"FlashInfer prebuild: rc {prebuild.poll()}", flush=True)
     prompts = random_prompts(64, args.prompt_len, geometry["vocab_size"])
     servers: dict[str, Server] = {}
     env_prof = {"SGLANG_TORCH_PROFILER_DIR": os.path.join(args.work, "profiles")}
