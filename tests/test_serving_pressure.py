@@ -297,3 +297,23 @@ def test_readmission_compares_only_equal_outputs_against_the_others_spread(sp):
     worse = sp.readmission_check([meta(60, 1), *under[1:]], alone, got, ref, retracted=[0])
     assert not worse["ok"] and worse["ratio"] == pytest.approx(50 / 60)
     assert sp.readmission_check(under, alone, got, ref, retracted=[3]) is None  # its output differs: nothing to say
+
+
+def test_flashinfer_prebuild_calls_what_the_installed_flashinfer_has():
+    """benchmarks/servers.py's PREBUILD (run on the GPU before servers that would JIT-build FlashInfer modules
+    while starting) compiles, and every flashinfer function it calls exists with the keywords it passes."""
+    import ast
+    import inspect
+
+    import flashinfer
+    import flashinfer.sampling as sampling
+
+    servers = load_file(os.path.join(ROOT, "benchmarks", "servers.py"))
+    calls = [n for n in ast.walk(ast.parse(servers.PREBUILD)) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+             and n.func.value.id in ("flashinfer", "s")]
+    assert {c.func.attr for c in calls} == {"top_k", "top_k_renorm_probs", "top_p_renorm_probs"}
+    for c in calls:
+        fn = getattr(flashinfer if c.func.value.id == "flashinfer" else sampling, c.func.attr)
+        params = inspect.signature(fn).parameters
+        assert all(k.arg in params for k in c.keywords), (c.func.attr, [k.arg for k in c.keywords])
