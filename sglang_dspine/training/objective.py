@@ -202,16 +202,13 @@ class DrafterObjective(nn.Module):
         # each position's teacher: its row among the micro-batch's n·s target positions
         tidx = blocks.teacher_index.reshape(n, -1)
         t_pos = (tidx + s * torch.arange(n, device=tidx.device).unsqueeze(-1)).reshape(m, b - 1)
-        extras: list[torch.Tensor] = []
-        if self.is_dspine and not ce_only:
-            extras = [flat(out.pre_last)]
+        extras = [flat(out.pre_last)] if "refinement_ce" in want else []
         states = [flat(x) for x in out.layer_states] if "alignment" in want else []
         # blocks without supervision cost nothing: drop them before the vocabulary-sized work
         with region("obj.select"):
             live = sup[:, 0].nonzero().squeeze(-1)
-            args = select_rows([hidden, labels, prev, weights, sup, t_pos] + extras + states, live)
-            if states:
-                states, args = args[len(args) - len(states):], args[:len(args) - len(states)]
+            args = select_rows([hidden, labels, prev, weights, sup, t_pos] + extras, live)
+            states = select_rows(states, live) if states else []
         t_logits = None
         if want & set(L1_TERMS) and len(live):  # only the L1 halves read the teacher
             # The teacher's logits once per distinct position (overlapping blocks share them: 512 anchors × 15
@@ -222,25 +219,21 @@ class DrafterObjective(nn.Module):
         total: dict[str, torch.Tensor] = {}
         step = self.chunk_blocks if self.chunk_blocks and self.chunk_blocks > 0 else max(len(live), 1)
         recompute = torch.is_grad_enabled() and bool(self.chunk_blocks) and len(live) > step
-        if extras and "refinement_ce" in want and len(live):
+        if extras and len(live):
             # The refined states read no vocabulary-sized tensor either: once over every live block (as the
             # alignment below), the chunks get them in place of the pre-injection states.
-            pre_last, prev_live = args[6], args[2]
-            args[6] = (checkpoint(self._refined, pre_last, prev_live, use_reentrant=False) if recompute
-                       else self._refined(pre_last, prev_live))
+            args[6] = _maybe_checkpoint(recompute, self._refined, args[6], args[2])
         for start in range(0, len(live), step):
             part = [a[start:start + step] for a in args]
             fn = lambda *xs: self._terms(*xs, want=want, ce_only=ce_only, t_logits=t_logits)  # noqa: E731
-            res = checkpoint(fn, *part, use_reentrant=False) if recompute else fn(*part)
+            res = _maybe_checkpoint(recompute, fn, *part)
             for k, v in res.items():
                 total[k] = total[k] + v if k in total else v
         if states and len(live):
             # Not per chunk: it reads no vocabulary-sized tensor, and per chunk its few dozen small kernels
             # left the GPU idle waiting for launches (35f24d8 on the H200: 215 ms of idle per step for 36 ms of
             # work). One checkpoint over every live block keeps the memory of the chunked form.
-            labels_live, weights_live = args[1], args[3]
-            total["alignment"] = (checkpoint(self._alignment, labels_live, weights_live, *states, use_reentrant=False)
-                                  if recompute else self._alignment(labels_live, weights_live, *states))
+            total["alignment"] = _maybe_checkpoint(recompute, self._alignment, args[1], args[3], *states)
         if not total:  # no supervised block at all (the data loader never lets this happen)
             zero = hidden.sum() * 0.0
             zeros = torch.zeros(b - 1, device=hidden.device)
@@ -370,6 +363,11 @@ def vocab_terms(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, 
                 t_cand = (t_logits[y_index.unsqueeze(-1), cand].float() - lse_y.unsqueeze(-1)).exp().view(*rows, kk)
         cand = cand.view(*rows, kk)
     return VocabTerms(ce.view(rows), l1v.view(rows) if l1v is not None else None, amax.view(rows), cand, t_cand)
+
+
+def _maybe_checkpoint(recompute: bool, fn, *xs):
+    """fn(*xs); with `recompute`, under a checkpoint (its activations recomputed in the backward)."""
+    return checkpoint(fn, *xs, use_reentrant=False) if recompute else fn(*xs)
 
 
 def select_rows(tensors: list[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
