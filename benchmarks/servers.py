@@ -164,6 +164,11 @@ def start_prebuild(out: str) -> subprocess.Popen:
                             stdout=open(os.path.join(out, "flashinfer_prebuild.log"), "w"), stderr=subprocess.STDOUT)
 
 
+def prebuild_record(proc: subprocess.Popen, out: str) -> dict:
+    """What a run keeps of start_prebuild's process: its return code (None: still building) and log's tail."""
+    return {"returncode": proc.poll(), "log": open(os.path.join(out, "flashinfer_prebuild.log")).read()[-800:]}
+
+
 def post(url: str, payload: dict, timeout: float = 300) -> dict:
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
     body = urllib.request.urlopen(req, timeout=timeout).read().decode()

@@ -1304,8 +1304,7 @@ def main(argv: list[str] | None = None) -> int:
                         stamp(f"{n} phase FAILED: {error_text(e)}")
         up = [n for n in order if res["servers"].get(n, {}).get("up")]
         if prebuild is not None:
-            res["flashinfer_prebuild"] = {"returncode": prebuild.poll(),
-                                          "log": open(os.path.join(args.out, "flashinfer_prebuild.log")).read()[-800:]}
+            res["flashinfer_prebuild"] = _servers.prebuild_record(prebuild, args.out)
         # ---- mixed load, all servers at once (independent processes, one client process each)
         if up:
             stamp(f"mixed load: {args.clients} clients x {args.load_seconds:.0f} s on {', '.join(up)} at once")

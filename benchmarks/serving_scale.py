@@ -437,8 +437,7 @@ def main() -> None:
             prebuild.wait(timeout=900)
         except subprocess.TimeoutExpired:
             os.killpg(prebuild.pid, 15)
-        res["flashinfer_prebuild"] = {"returncode": prebuild.poll(), "log": open(
-            os.path.join(args.out, "flashinfer_prebuild.log")).read()[-800:]}
+        res["flashinfer_prebuild"] = _servers.prebuild_record(prebuild, args.out)
         print(f"FlashInfer prebuild: rc {prebuild.poll()}", flush=True)
     prompts = random_prompts(64, args.prompt_len, geometry["vocab_size"])
     servers: dict[str, Server] = {}
