@@ -385,6 +385,8 @@ def main() -> None:
                     help="phase 3: each server alone, default --cuda-graph-max-bs-decode")
     ap.add_argument("--alone-only", action="store_true", help="phase 3 alone (no side-by-side rounds, no profile)")
     ap.add_argument("--alone-mem-fraction", type=float, default=0.85)
+    ap.add_argument("--start-timeout", type=float, default=600,
+                    help="seconds a server alone (phase 3, --backends) may take to answer /health")
     ap.add_argument("--backends", default="",
                     help="after phase 3: DSPINE alone with these ATTENTION/SAMPLING backend pairs, e.g. "
                          "'default/default,flashinfer/flashinfer' (default = SGLang's own choice)")
@@ -498,8 +500,8 @@ def main() -> None:
                 a, env = server_args_for(n, target, drafters, ["--mem-fraction-static", str(args.alone_mem_fraction)])
                 s = Server(n + "_alone", 31010, a, args.out, env=env, base_args=base)
                 servers[n] = s
-                if not s.wait():
-                    res["alone"][n] = {"error": s.tail(40)}
+                if not s.wait(timeout=args.start_timeout):
+                    res["alone"][n] = {"error": s.tail(40), "start_timeout_s": args.start_timeout}
                     s.stop()
                     del servers[n]
                     save()  # a server that never answered is a result too (at 35f24d8 it was lost with the lease)
@@ -525,7 +527,7 @@ def main() -> None:
                                      ["--mem-fraction-static", str(args.alone_mem_fraction)])
             s = Server("dspine_" + key.replace("/", "_"), 31020, a, args.out, env=env, base_args=base)
             servers["backend"] = s
-            rec: dict = {"started": s.wait()}
+            rec: dict = {"started": s.wait(timeout=args.start_timeout)}
             if rec["started"]:
                 info = s.info()
                 rec["ran"] = {k: info.get(k) for k in ("attention_backend", "sampling_backend",

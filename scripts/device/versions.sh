@@ -33,7 +33,7 @@ for step in $steps; do
   case "$step" in
     tests) OUT="$root/tests" bash scripts/device/gpu_tests.sh ;;
     scale) OUT="$root/scale" bash scripts/device/serving_scale.sh --servers "$servers" --alone-only \
-             --clients 1,4,16,48 --temperatures 0 --attention-backend "$attention" --sampling-backend "$sampling" ;;
+             --clients 1,4,16,48 --temperatures 0 --start-timeout 420 --attention-backend "$attention" --sampling-backend "$sampling" ;;
     features) OUT="$root/features" bash scripts/device/serving_features.sh --load-seconds 60 \
                 --attention-backend "$attention" --sampling-backend "$sampling" ;;
   esac
