@@ -254,6 +254,18 @@ def kernel_diff(a: dict, b: dict, top: int = 25) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------ summary
+def alone_step_ratios(alone: dict) -> dict:
+    """DSPINE's step ÷ each baseline's (DFLASH, SGLang's DFlash2), each server alone, per client count, from
+    the rounds that ran (None for a baseline that did not)."""
+    mine = {r["clients"]: r["step_ms"] for r in alone.get("dspine", {}).get("rounds", []) if r.get("step_ms")}
+    out = {}
+    for base in ("dflash", "dflash2"):
+        theirs = {r["clients"]: r["step_ms"] for r in alone.get(base, {}).get("rounds", []) if r.get("step_ms")}
+        ratios = {str(c): round(mine[c] / theirs[c], 4) for c in mine if theirs.get(c)}
+        out[f"step_ratio_vs_{base}"] = ratios or None
+    return out
+
+
 def summarize(res: dict) -> dict:
     """step_ratio_by_clients: DSPINE step ÷ DFLASH step at each client count (T=0 and T=1, mean of the
     repeats); step_ratio_max: the worst over clients and temperatures."""
@@ -297,7 +309,9 @@ def summarize(res: dict) -> dict:
         "step_ratio_vs_dflash2_by_clients": {k: v for k, v in by_dflash2.items() if v},
         "repeat_spread_max": max(spread.values()) if spread else None,
         "kv_pools_side_by_side": {n: m.get("max_total_num_tokens") for n, m in res.get("memory", {}).items()},
-        "alone_default_graph_bs": {n: {k: a.get(k) for k in ("memory", "step_ratio_vs_dflash", "step_ratio_vs_dflash2")}
+        "alone_default_graph_bs": {n: {"memory": a.get("memory"),
+                                       **(alone_step_ratios(alone) if n == "dspine" else
+                                          {"step_ratio_vs_dflash": None, "step_ratio_vs_dflash2": None})}
                                    for n, a in alone.items()},
         "dspine_backends": {k: {"started": b.get("started"), "ran": b.get("ran"),
                                 "step_ms": {str(r["clients"]): r.get("step_ms") for r in b.get("rounds", [])}}
@@ -511,13 +525,9 @@ def main() -> None:
                 res["alone"][n]["graph_use"] = graph_use(s.text())
                 s.stop()
                 del servers[n]
-                save()
-            for base in ("dflash", "dflash2"):
-                if base in res["alone"] and "dspine" in res["alone"] and "rounds" in res["alone"]["dspine"]:
-                    d = {r["clients"]: r["step_ms"] for r in res["alone"][base].get("rounds", [])}
-                    res["alone"]["dspine"][f"step_ratio_vs_{base}"] = {
-                        str(r["clients"]): round(r["step_ms"] / d[r["clients"]], 4)
-                        for r in res["alone"]["dspine"]["rounds"] if d.get(r["clients"])}
+                save()  # the summary's alone ratios come from the rounds saved so far (a lease may end mid-run)
+            if "dspine" in res["alone"]:
+                res["alone"]["dspine"].update(alone_step_ratios(res["alone"]))
         # ---- DSPINE alone on other attention / sampling backends
         for attention, sampling in backends:
             key = f"{attention}/{sampling}"

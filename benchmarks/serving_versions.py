@@ -24,19 +24,20 @@ ROWS = [
      "step_cost_not_run": "the per-step cost under FA3 was not measured (FA3's kernel library reaches the GPU "
                           "machine in four pieces; that lease ran the conformance run only)"},
     {"sglang": "0.5.23", "attention": "fa3 (SGLang's default on an H200)", "sampling": "flashinfer (SGLang's default)",
-     "features": "serving_features_0523_sglang_default_summary.json", "step_cost": None,
-     "alone_runs": "device_35f24d8_0523/serving_scale.json",
-     "runs": ["device_3e3192e_0523", "device_35f24d8_0523"],
+     "features": "serving_features_0523_sglang_default_summary.json",
+     "step_cost": "device_c275234_0523/serving_scale_summary.json",
+     "alone_runs": "device_c275234_0523/serving_scale.json",
+     "runs": ["device_3e3192e_0523", "device_c275234_0523"],
      "features_note": "every feature that failed, failed for the server without speculation too: the checker "
                       "read 0.5.23's answers as 0.5.17's (chat's emitted ids are in response_token_ids; a "
                       "partial UTF-8 token's log-prob text is its bytes as latin-1). Fixed in the checker after "
                       "3e3192e (tests on both releases' answer shapes); the conformance run was not repeated",
-     "step_cost_not_run": "at 35f24d8, each server alone under SGLang's defaults: DFLASH measured (alone_step_ms); "
-                          "DFlash2 (SGLang's DFLASH with a DFlash2 drafter) never answered /health: its log stops "
-                          "at 'Capture draft verify CUDA graph begin' under FA3 for 8.5 minutes until the start "
-                          "timeout (server_dflash2_alone.log); DSPINE, started after it, was still starting when "
-                          "the session's device time ran out. Since then serving_scale starts DSPINE before "
-                          "DFlash2, and DFlash2 without this package's plugin"},
+     "dflash2_not_run": "SGLang's DFlash2 (DFLASH with a DFlash2 drafter) has not answered /health on the H200: "
+                        "its selector JIT-builds FlashInfer's top-k module inside its draft CUDA-graph capture "
+                        "(at 35f24d8 it waited there 8.5 min until the start timeout); at c275234 the same build "
+                        "run ahead of the servers had not finished in 900 s (csrc/cub_topk.cu still compiling "
+                        "after 13 min: device_c275234_0523/flashinfer_prebuild.log, flashinfer_topk_build.ninja), "
+                        "and the lease ended as DFlash2 started"},
 ]
 
 

@@ -32,9 +32,9 @@ def test_train_scale_smoke_one_vs_two_ranks(tmp_path):
 
 
 def test_merge_recipes_of_the_h200_runs(tmp_path):
-    """--merge-recipes on the committed H200 runs at 35f24d8: the default recipe's run whole, each recipe's ratio
+    """--merge-recipes on the committed H200 runs at c275234: the default recipe's run whole, each recipe's ratio
     from its own file; runs that differ in more than the recipe are refused."""
-    runs = os.path.join(ROOT, "benchmarks", "results", "device_35f24d8_train")
+    runs = os.path.join(ROOT, "benchmarks", "results", "device_c275234_train")
     files = [os.path.join(runs, f"train_scale_{r}.json") for r in ("specforge", "ce_anneal")]
     script = os.path.join(ROOT, "benchmarks", "train_scale.py")
     out = tmp_path / "summary.json"

@@ -4,11 +4,12 @@
 # .devbundle, carried; 0.5.23: the site `source scripts/device/bundle_0523.sh setup` left in this lease).
 #   DEVICE_SGLANG=0.5.23 bash scripts/device/versions.sh ATTENTION/SAMPLING [STEP ...]
 # ATTENTION/SAMPLING: e.g. triton/pytorch, or sglang-default/sglang-default (the flags left out, as a user who
-# passes none). STEPs, in order (default: all three):
+# passes none). STEPs, in order (default: all three, in this order):
 #   tests     every `gpu`-marked test (scripts/device/gpu_tests.sh)
-#   scale     per-step cost at Qwen3-8B geometry, each server alone (DFLASH, DSPINE, then DFlash2 on 0.5.23 without this plugin), 1/4/16/48
-#             clients, T=0 (serving_scale.py --alone-only)
 #   features  request conformance: no speculation / DFLASH / DSPINE, 60 s of mixed load (serving_features.py)
+#   scale     per-step cost at Qwen3-8B geometry, each server alone (DFLASH, DSPINE, then DFlash2 on 0.5.23 without this plugin), 1/4/16/48
+#             clients, T=0 (serving_scale.py --alone-only; a server alone gets 420 s to start). Last: at c275234
+#             DFlash2 waited on FlashInfer's top-k JIT build, which outlasts a lease
 # A failed serving step (scale, features: a server that did not start, or a failed run) ends the run there: the
 # steps after it would start the same servers again (at 064fd69 every server failed the same way, for 10 minutes).
 # Results: $OUT/<release>_<attention>_<sampling>/{tests,scale,features}/.
@@ -19,7 +20,7 @@ attention="${pair%/*}" sampling="${pair#*/}"
   || { echo "versions.sh: want ATTENTION/SAMPLING, got '$pair'" >&2; exit 2; }
 release="${DEVICE_SGLANG:-0.5.17}"
 case "$release" in 0.5.17|0.5.23) ;; *) echo "versions.sh: DEVICE_SGLANG=$release: 0.5.17 or 0.5.23" >&2; exit 2 ;; esac
-steps="${*:-tests scale features}"
+steps="${*:-tests features scale}"
 root="${OUT:-/tmp/out}/${release}_${attention}_${sampling}"
 servers="dflash,dspine"
 [ "$release" = 0.5.23 ] && servers="dflash,dspine,dflash2"
