@@ -158,26 +158,39 @@ def profile_kinds(args, kinds: list[str], target, data: str, device: torch.devic
 
 def merge_recipes(paths: list[str]) -> dict:
     """One summary from timing runs of several DSpine recipes (one file each, same commit and settings but the
-    recipe): the default recipe's run whole, and per recipe its step time, peak memory and DSpine ÷ DFlash."""
-    runs = [json.load(open(p)) for p in paths]
-    by = {r["settings"]["recipe"]: (r, p) for r, p in zip(runs, paths)}
-    if len(by) != len(runs):
-        raise SystemExit(f"--merge-recipes: a recipe appears twice in {paths}")
-    if DEFAULT_RECIPE not in by:
+    recipe): the default recipe's run whole, and per recipe its step time, peak memory and DSpine ÷ DFlash.
+    Runs that differ from the default recipe's first run in --grad-accum as well (no CE prepass at 1) are kept
+    apart, per recipe and accumulation (`by_grad_accum`)."""
+    runs = [(json.load(open(p)), p) for p in paths]
+    defaults = [(r, p) for r, p in runs if r["settings"]["recipe"] == DEFAULT_RECIPE]
+    if not defaults:
         raise SystemExit(f"--merge-recipes: no run of the default recipe {DEFAULT_RECIPE} in {paths}")
-    base = by[DEFAULT_RECIPE][0]
+    base = defaults[0][0]
+    accum = base["settings"]["grad_accum"]
     same = ("commit", "gpu", "versions", "geometry", "world_size")
-    for r, p in by.values():
-        other = {k: v for k, v in r["settings"].items() if k != "recipe"}
-        if other != {k: v for k, v in base["settings"].items() if k != "recipe"} or any(
+    loose = ("recipe", "grad_accum")
+    by: dict = {}
+    other: dict = {}
+    for r, p in runs:
+        settings = {k: v for k, v in r["settings"].items() if k not in loose}
+        if settings != {k: v for k, v in base["settings"].items() if k not in loose} or any(
                 r.get(k) != base.get(k) for k in same):
-            raise SystemExit(f"--merge-recipes: {p} differs from the {DEFAULT_RECIPE} run in more than the recipe")
+            raise SystemExit(f"--merge-recipes: {p} differs from the {DEFAULT_RECIPE} run in more than the recipe "
+                             "and the accumulation")
+        key = r["settings"]["recipe"]
+        into = by if r["settings"]["grad_accum"] == accum else other
+        if r["settings"]["grad_accum"] != accum:
+            key = f"{key}, grad_accum {r['settings']['grad_accum']}"
+        if key in into:
+            raise SystemExit(f"--merge-recipes: {key} appears twice in {paths}")
+        into[key] = {"file": os.path.basename(p), "ms_per_step": r["ms_per_step"], "tokens_per_s": r["tokens_per_s"],
+                     "peak_mem_gb": r["peak_mem_gb"], "dspine_over_dflash_step": r["dspine_over_dflash_step"],
+                     "date": r["date"]}
     out = dict(base)
-    out["by_recipe"] = {name: {"file": os.path.basename(p), "ms_per_step": r["ms_per_step"],
-                               "tokens_per_s": r["tokens_per_s"], "peak_mem_gb": r["peak_mem_gb"],
-                               "dspine_over_dflash_step": r["dspine_over_dflash_step"], "date": r["date"]}
-                        for name, (r, p) in sorted(by.items())}
+    out["by_recipe"] = dict(sorted(by.items()))
     out["dspine_over_dflash_step_by_recipe"] = {k: v["dspine_over_dflash_step"] for k, v in out["by_recipe"].items()}
+    if other:
+        out["by_grad_accum"] = dict(sorted(other.items()))
     return out
 
 

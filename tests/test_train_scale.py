@@ -52,3 +52,17 @@ def test_merge_recipes_of_the_h200_runs(tmp_path):
     r = subprocess.run([sys.executable, script, "--merge-recipes", files[1], str(tmp_path / "other.json"),
                         "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "differs from the ce_anneal run" in r.stderr
+    # a run at another --grad-accum is kept apart (its own ratio), the default recipe's first run stays the base
+    accum1 = dict(each[files[1]], settings=dict(each[files[1]]["settings"], grad_accum=1),
+                  dspine_over_dflash_step=1.1)
+    (tmp_path / "accum1.json").write_text(json.dumps(accum1))
+    r = subprocess.run([sys.executable, script, "--merge-recipes", *files, str(tmp_path / "accum1.json"),
+                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s2 = json.loads(out.read_text())
+    assert s2["dspine_over_dflash_step_by_recipe"] == s["dspine_over_dflash_step_by_recipe"]
+    assert s2["settings"]["grad_accum"] == 2 and list(s2["by_grad_accum"]) == ["ce_anneal, grad_accum 1"]
+    assert s2["by_grad_accum"]["ce_anneal, grad_accum 1"]["dspine_over_dflash_step"] == 1.1
+    r = subprocess.run([sys.executable, script, "--merge-recipes", *files, files[0], "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "appears twice" in r.stderr

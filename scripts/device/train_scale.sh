@@ -3,7 +3,9 @@
 # 2048-token sequences, the target forward included (benchmarks/train_scale.py). No SGLang bundle needed (training
 # imports none): the package is laid out as installed under /tmp and runs on the image's torch and transformers.
 # One GPU:   GIT_COMMIT=<hash> bash scripts/device/train_scale.sh [args]        -> $OUT/train_scale_summary.json
-#   each recipe of TIME_RECIPES (default "ce_anneal specforge") timed ($OUT/train_scale_<recipe>.json), then merged
+#   each recipe of TIME_RECIPES (default "ce_anneal specforge") timed ($OUT/train_scale_<recipe>.json), and each of
+#   ACCUM1_RECIPES (default "ce_anneal") at --grad-accum 1 (no CE prepass: $OUT/train_scale_<recipe>_accum1.json),
+#   then merged (the accumulation runs apart, `by_grad_accum`)
 # N GPUs (adds the one-GPU run and the scaling fields):   NGPUS=N GIT_COMMIT=<hash> bash scripts/device/train_scale.sh
 # Profile:   GIT_COMMIT=<hash> bash scripts/device/train_scale.sh profile [args]
 #   each recipe (PROFILE_RECIPES, default "specforge ce_anneal") profiled on one GPU (--profile): $OUT/train_profile_<recipe>.json,
@@ -54,6 +56,13 @@ for r in "${recipes[@]}"; do
     --out "$OUT/train_scale_$r.json" "$@" 2>&1 | grep -v "Loading weights\|_warn_once"
   st=${PIPESTATUS[0]}; [ "$st" -ne 0 ] && rc=$st
   files+=("$OUT/train_scale_$r.json")
+done
+[ "$NGPUS" -gt 1 ] && ACCUM1_RECIPES="${ACCUM1_RECIPES-}"  # the scaling runs keep their accumulation
+for r in ${ACCUM1_RECIPES-ce_anneal}; do
+  "${launch[@]}" "$REPO/benchmarks/train_scale.py" --work /tmp/train_scale_work --recipe "$r" \
+    --out "$OUT/train_scale_${r}_accum1.json" "$@" --grad-accum 1 2>&1 | grep -v "Loading weights\|_warn_once"
+  st=${PIPESTATUS[0]}; [ "$st" -ne 0 ] && rc=$st
+  files+=("$OUT/train_scale_${r}_accum1.json")
 done
 [ "$rc" = 0 ] || exit "$rc"
 python3 "$REPO/benchmarks/train_scale.py" --merge-recipes "${files[@]}" --out "$OUT/train_scale_summary.json"
