@@ -140,22 +140,55 @@ class Server:
 # FlashInfer's JIT modules that a server would otherwise build on its first use (minutes, with no output): its
 # sampling module (stock DFLASH under FlashInfer sampling) and, where FlashInfer has it, the radix top-k that
 # SGLang 0.5.23's DFlash2 selector calls inside its draft CUDA-graph capture (at 35f24d8 that server never
-# finished starting without it).
+# finished starting without it; at c275234 its build, csrc/cub_topk.cu above all, ran past the prebuild's 900 s).
+# A module built ahead of time (scripts/device/bundle_0523.sh aot: flashinfer/data/aot/<name>/<name>.so in the
+# 0.5.23 bundle's jit part) is loaded as it is; each module's line says where it came from.
 PREBUILD = """
+import importlib
 import time
 t = time.time()
 import torch
 import flashinfer
 import flashinfer.sampling as s
-p = torch.softmax(torch.randn(4, 4096, device="cuda"), -1)
-s.top_k_renorm_probs(p, torch.tensor([1, 4096, 20, 1], device="cuda", dtype=torch.int32))
-s.top_p_renorm_probs(p, torch.tensor([1.0, 0.9, 0.5, 1.0], device="cuda"))
-if hasattr(flashinfer, "top_k"):
+
+
+def origin(name):
+    # FlashInfer's own view: its package's data/aot (built ahead of time, loaded as is), its JIT cache (built by an
+    # earlier run, ninja finds it up to date), or nothing yet (built now)
+    try:
+        spec = getattr(importlib.import_module("flashinfer.jit." + name), "gen_" + name + "_module")()
+        if spec.is_aot:
+            return "prebuilt " + str(spec.get_library_path())
+        return "jit cache" if spec.jit_library_path.exists() else "jit build"
+    except Exception as e:
+        return "unknown (" + type(e).__name__ + ")"
+
+
+def step(name, run):
+    where, t0 = origin(name), time.time()
+    run()
+    torch.cuda.synchronize()
+    print(f"FlashInfer module {name}: {where}; {time.time() - t0:.1f} s", flush=True)
+
+
+def sampling():
+    p = torch.softmax(torch.randn(4, 4096, device="cuda"), -1)
+    s.top_k_renorm_probs(p, torch.tensor([1, 4096, 20, 1], device="cuda", dtype=torch.int32))
+    s.top_p_renorm_probs(p, torch.tensor([1.0, 0.9, 0.5, 1.0], device="cuda"))
+
+
+def topk():
     for dtype in (torch.float32, torch.bfloat16):
         flashinfer.top_k(torch.randn(4, 151936, device="cuda", dtype=dtype), 16, sorted=True, deterministic=True)
-torch.cuda.synchronize()
+
+
+step("sampling", sampling)
+if hasattr(flashinfer, "top_k"):
+    step("topk", topk)
 print(f"FlashInfer's modules built and run in {time.time() - t:.1f} s", flush=True)
 """
+PREBUILD_MODULE = re.compile(r"^FlashInfer module (\w+): (prebuilt|jit cache|jit build|unknown)(?: (\S+?))?; "
+                             r"([\d.]+) s$", re.M)
 
 
 def start_prebuild(out: str) -> subprocess.Popen:
@@ -164,9 +197,20 @@ def start_prebuild(out: str) -> subprocess.Popen:
                             stdout=open(os.path.join(out, "flashinfer_prebuild.log"), "w"), stderr=subprocess.STDOUT)
 
 
+def prebuild_modules(log: str) -> dict:
+    """Each module PREBUILD finished, from its log: where FlashInfer took it from ("prebuilt": loaded as built
+    ahead of time, with its path; "jit cache": built by an earlier run; "jit build": compiled by this run;
+    "unknown") and the seconds its step took (for "jit build", the compile). A module still building is absent."""
+    return {m.group(1): {"from": m.group(2),
+                         **({("path" if m.group(2) == "prebuilt" else "detail"): m.group(3)} if m.group(3) else {}),
+                         "seconds": float(m.group(4))} for m in PREBUILD_MODULE.finditer(log)}
+
+
 def prebuild_record(proc: subprocess.Popen, out: str) -> dict:
-    """What a run keeps of start_prebuild's process: its return code (None: still building) and log's tail."""
-    return {"returncode": proc.poll(), "log": open(os.path.join(out, "flashinfer_prebuild.log")).read()[-800:]}
+    """What a run keeps of start_prebuild's process: its return code (None: still building), each finished
+    module's origin and time (prebuild_modules), and the log's tail."""
+    log = open(os.path.join(out, "flashinfer_prebuild.log")).read()
+    return {"returncode": proc.poll(), "modules": prebuild_modules(log), "log": log[-800:]}
 
 
 def post(url: str, payload: dict, timeout: float = 300) -> dict:

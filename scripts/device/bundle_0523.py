@@ -6,6 +6,13 @@ the optional parts out of it, trims what SGLang 0.5.23's imports never touch, an
   python3 scripts/device/bundle_0523.py prune-sass FILE KEEP_SM      # e.g. 90: see prune_sass
   python3 scripts/device/bundle_0523.py pth-paths SITE               # what SITE's .pth files add to sys.path
   python3 scripts/device/bundle_0523.py import-scan [PACKAGE ...]    # (bundle first on the path) see import_scan
+  python3 scripts/device/bundle_0523.py aot-src DEST LOCK WHEELDIR   # the lock's flashinfer wheel alone, unpacked
+  python3 scripts/device/bundle_0523.py aot-key MODULE LOCK          # the store name of MODULE's prebuilt .so
+  python3 scripts/device/bundle_0523.py aot-place SITE STORE LOCK    # prebuilt modules into SITE/flashinfer/data/aot
+  PYTHON-with-torch-and-tvm_ffi scripts/device/bundle_0523.py aot-ninja FLASHINFER_PARENT MODULE WORKSPACE
+                                                                     # MODULE's build.ninja by FlashInfer's own code
+
+aot-*: FlashInfer JIT modules built here, ahead of time, for the H200 (see AOT_MODULES; bundle_0523.sh aot).
 
 trim moves each optional part to OPTDIR/<part>/<same relative path> (tarred and carried separately, unpacked into
 the same site on the device), deletes the rest of the TRIM table, strips debug sections of shared libraries, and
@@ -15,6 +22,7 @@ writes MANIFEST: every pin with its wheel's sha256, and every trim with its size
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -71,6 +79,113 @@ TRIM: list[tuple[str, str, str]] = [
     ("**/__pycache__", "drop", "byte code of this host (rebuilt there)"),
     ("**/*.a", "drop", "static libraries, never loaded by Python"),
 ]
+
+
+# FlashInfer JIT modules built here ahead of time for the H200 (sm_90a), carried in the jit part as
+# flashinfer/data/aot/<name>/<name>.so. FlashInfer 0.7.2 (jit/env.py get_aot_artifacts) loads a module from its
+# package's data/aot/<name>/<name>.so when that file exists, as is: no ninja run, no freshness check, no arch check
+# (the JIT cache under cached_ops/ is not consulted for it). What each module costs to build on the H200 (16 cores,
+# nvcc one thread a file) and who calls it:
+#   topk: flashinfer.top_k, which SGLang 0.5.23's DFlash2 selector (models/dflash.py _radix_topk, sorted and
+#     deterministic: the radix kernels of csrc/topk.cu) calls whenever flashinfer imports; four files, csrc/cub_topk.cu
+#     alone past 13 min (c275234: the prebuild's 900 s ran out), so DFlash2 could not start within a lease.
+#   sampling: flashinfer.sampling (stock DFLASH and DSPINE under --sampling-backend flashinfer); 107 s there.
+AOT_MODULES: dict[str, tuple[str, str]] = {
+    "topk": ("flashinfer.jit.topk", "gen_topk_module"),
+    "sampling": ("flashinfer.jit.sampling", "gen_sampling_module"),
+}
+AOT_ARCH = "9.0a"  # FLASHINFER_CUDA_ARCH_LIST: the H200's; FlashInfer's workspace there is .../0.7.2/90a/
+# The CUDA 13.0 toolchain of the machine's torch 2.11+cu130 image (nvcc 13.0, as its /usr/local/cuda) from PyPI,
+# only here (never carried): nvcc, cicc (nvvm), crt and CCCL headers, cudart (headers and library to link), curand
+# headers (flashinfer/sampling.cuh includes curand.h; on the machine they come from nvidia/cu13/include).
+AOT_TOOLCHAIN = [
+    "nvidia-cuda-nvcc==13.0.88 --hash=sha256:56fe502eb77625a12f25172caa3cdddb4e4c8ba2c8c17dba44b164761b380f03",
+    "nvidia-nvvm==13.0.88 --hash=sha256:c5f41ffeb6466944a026dfa5317d7d85355c119bbec279205d22f1869d1054e0",
+    "nvidia-cuda-crt==13.0.88 --hash=sha256:2c8043c7c9e02492716426e9919fc78d2c5b3b2a7a768a88e952676b08aa55a4",
+    "nvidia-cuda-cccl==13.0.85 --hash=sha256:e0da7ad981f3a8aff08241b5bfc1af868742a63e2762f53a5171c492ef242649",
+    "nvidia-cuda-runtime==13.0.96 --hash=sha256:7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548",
+    "nvidia-curand==10.4.0.35 --hash=sha256:1aee33a5da6e1db083fe2b90082def8915f30f3248d5896bcec36a579d941bfc",
+]
+
+
+def flashinfer_pin(lock: Path) -> tuple[str, str]:
+    """(version, wheel sha256) of the lock's flashinfer-python."""
+    for pin, h in read_lock(lock).items():
+        name, version = pin.split("==")
+        if norm(name) == "flashinfer_python":
+            return version, h
+    raise SystemExit(f"bundle_0523.py: no flashinfer-python in {lock}")
+
+
+def aot_key(module: str, lock: Path) -> str:
+    """The store name of MODULE's prebuilt .so: what decides its build (FlashInfer's wheel, which fixes its sources
+    and flags; the toolchain; the arch). A new flashinfer pin or toolchain gives a new name: the old .so is not
+    placed (the module is then JIT-built on the device again, as before)."""
+    version, sha = flashinfer_pin(lock)
+    h = hashlib.sha256("\n".join([module, version, sha, AOT_ARCH, *AOT_TOOLCHAIN]).encode()).hexdigest()[:16]
+    return f"{module}-flashinfer{version}-sm{AOT_ARCH.replace('.', '')}-{h}"
+
+
+def aot_src(dest: Path, lock: Path, wheeldir: Path) -> None:
+    """The lock's flashinfer wheel (sha256 checked) unpacked into DEST: its sources and headers to build from."""
+    version, want = flashinfer_pin(lock)
+    cands = [f for f in wheeldir.glob("*.whl")
+             if norm(f.name.split("-")[0]) == "flashinfer_python" and f.name.split("-")[1] == version]
+    if len(cands) != 1:
+        raise SystemExit(f"aot-src: flashinfer-python=={version}: {len(cands)} wheels in {wheeldir}")
+    got = hashlib.sha256(cands[0].read_bytes()).hexdigest()
+    if got != want:
+        raise SystemExit(f"aot-src: {cands[0].name}: sha256 {got}, the lock says {want}")
+    if dest.exists():
+        shutil.rmtree(dest)
+    with zipfile.ZipFile(cands[0]) as z:
+        z.extractall(dest, [n for n in z.namelist() if n.startswith("flashinfer/")])
+
+
+def aot_ninja(parent: Path, module: str, workspace: Path) -> None:
+    """Writes MODULE's build.ninja through FlashInfer's own JitSpec (the flags, sources and link line the device
+    would use), importing flashinfer from PARENT as a bare package: its __init__ imports every kernel family (some
+    need another CuTe DSL than this host's), and only flashinfer.jit is needed. The environment decides the rest:
+    FLASHINFER_CUDA_ARCH_LIST (AOT_ARCH), CUDA_HOME (the toolchain), FLASHINFER_WORKSPACE_BASE (WORKSPACE)."""
+    import importlib
+    import types
+
+    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = AOT_ARCH
+    os.environ["FLASHINFER_WORKSPACE_BASE"] = str(workspace)
+    for var in ("CC", "CXX", "FLASHINFER_JIT_DEBUG", "FLASHINFER_JIT_VERBOSE", "FLASHINFER_JIT_LINEINFO",
+                "FLASHINFER_NVCC_THREADS", "FLASHINFER_EXTRA_CFLAGS", "FLASHINFER_EXTRA_CUDAFLAGS",
+                "FLASHINFER_EXTRA_LDFLAGS"):
+        os.environ.pop(var, None)  # as on the machine (its CC only names its gcc)
+    pkg = types.ModuleType("flashinfer")
+    pkg.__path__ = [str(parent / "flashinfer")]
+    sys.modules["flashinfer"] = pkg
+    mod_name, fn = AOT_MODULES[module]
+    spec = getattr(importlib.import_module(mod_name), fn)()
+    spec.write_ninja()
+    print(spec.ninja_path)
+
+
+def aot_place(site: Path, store: Path, lock: Path) -> list[str]:
+    """Copies each module of AOT_MODULES prebuilt for this lock (STORE/<aot_key>.so) to the path FlashInfer loads
+    it from, SITE/flashinfer/data/aot/<name>/<name>.so; prints one line a module. Returns the modules placed."""
+    placed = []
+    for module in AOT_MODULES:
+        key = aot_key(module, lock)
+        so = store / f"{key}.so"
+        if not so.is_file():
+            print(f"aot-place: {module}: not prebuilt for this lock ({so.name} not in {store}): FlashInfer builds it "
+                  "on the device on first use (bundle_0523.sh aot builds it here)")
+            continue
+        dest = site / "flashinfer" / "data" / "aot" / module / f"{module}.so"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(so, dest)
+        os.chmod(dest, 0o755)
+        info = store / f"{key}.json"
+        meta = json.loads(info.read_text()) if info.is_file() else {}
+        print(f"aot-place: {module}: {so.stat().st_size / 1e6:.1f} MB -> {dest.relative_to(site)} "
+              f"(built {meta.get('built', '?')} in {meta.get('seconds', '?')} s with nvcc {meta.get('nvcc', '?')})")
+        placed.append(module)
+    return placed
 
 
 def size(p: Path) -> int:
@@ -380,6 +495,14 @@ if __name__ == "__main__":
         print(":".join(pth_paths(Path(sys.argv[2]))))
     elif cmd == "import-scan":
         sys.exit(import_scan(sys.argv[2:] or ["sglang.srt", "sglang.kernels"]))
+    elif cmd == "aot-src":
+        aot_src(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
+    elif cmd == "aot-key":
+        print(aot_key(sys.argv[2], Path(sys.argv[3])))
+    elif cmd == "aot-ninja":
+        aot_ninja(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))
+    elif cmd == "aot-place":
+        aot_place(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
     elif cmd == "prune-sass":
         z, k, per = prune_sass(Path(sys.argv[2]), int(sys.argv[3]))
         print(f"prune-sass: {sys.argv[2]}: zeroed {z / 1e6:.1f} MB, kept {k / 1e6:.1f} MB; "

@@ -15,6 +15,12 @@
 #   bash scripts/device/bundle_0523.sh check-cpu   # the built site in a CPython 3.12 venv here: imports, no GPU
 #   bash scripts/device/bundle_0523.sh relock      # re-download the lock's pins and rewrite their sha256s
 #   bash scripts/device/bundle_0523.sh plan        # the device calls for what build left in .carry-store
+#   bash scripts/device/bundle_0523.sh aot         # FlashInfer's topk and sampling modules built here for the H200
+#        AOT_MODULES="topk" ... aot                #   (sm_90a, CUDA 13.0 nvcc from PyPI, FlashInfer's own build.ninja;
+#                                                  #   topk ~40 min on 2 cores, nohup it) into BUNDLE_WORK/aot/store;
+#                                                  #   build then puts them in the jit part: FlashInfer loads them as
+#                                                  #   they are there (flashinfer/data/aot), nothing compiles. Then:
+#        BUNDLE_PARTS="sglang-0523-jit" PIECE_MIB=61 ... build   # the jit part alone again
 # Fewer calls: the pieces travel beside the working tree (~25 MiB, 18 of it models/default). With models/ and
 # benchmarks/results/ set aside for the piece calls (`carry.sh aside`, then `carry.sh back`: a 1.6 MiB tree),
 # pieces of 61 MiB fit (build with PIECE_MIB=61, or `carry.sh resplit`), and `plan` packs them into 16 calls.
@@ -39,6 +45,7 @@ _b23_main() {
     relock) _b23_relock ;;
     plan) _b23_plan ;;
     check-cpu) _b23_check_cpu ;;
+    aot) _b23_aot ;;
     setup) _b23_setup ;;
     *) sed -n '2,/^_b23_main/p' "${BASH_SOURCE[0]:-$0}" | sed '$d'; return 2 ;;
   esac
@@ -99,6 +106,13 @@ _b23_build() {
   (cd "$repo" && python3 scripts/device/bundle_0523.py trim "$work/site" "$work/opt" "$lock" "$work/manifest.txt" \
     ${KEEP_SM:-}) || return 1
   trimmed=$(du -sb "$work/site" | cut -f1)
+  # FlashInfer modules built ahead of time (bundle_0523.sh aot) into the jit part, where FlashInfer loads them from
+  # (flashinfer/data/aot/<name>/<name>.so); after trim, so the manifest stays that of the wheels
+  local aot_line=""
+  if [ -d "$work/opt/jit/flashinfer/data" ]; then
+    aot_line="$(python3 "$repo/scripts/device/bundle_0523.py" aot-place "$work/opt/jit" "$work/aot/store" "$lock" \
+      | tee /dev/stderr | tr '\n' ';')" || return 1
+  fi
   local part dir
   for part in $parts; do
     case "$part" in
@@ -120,7 +134,7 @@ _b23_build() {
     cp "$work/manifest.txt" "$repo/locks/device-sglang-0.5.23.manifest.txt"
   fi
   t1=$(date +%s)
-  python3 - "$lock" "$work" "$repo/.carry-store" "$unpacked" "$trimmed" "$mib" "$tree" "$((t1 - t0))" "$parts" <<'PY' | tee "$work/summary.txt"
+  python3 - "$lock" "$work" "$repo/.carry-store" "$unpacked" "$trimmed" "$mib" "$tree" "$((t1 - t0))" "$parts" "$aot_line" <<'PY' | tee "$work/summary.txt"
 import pathlib, sys
 lock, work, store = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
 unpacked, trimmed, mib, tree, secs = map(int, sys.argv[4:9])
@@ -143,10 +157,68 @@ for part in parts:
     total_calls += len(pieces)
     print(f"  {part:18s} tar {tar / M:8.1f} MB  xz -6 {xz / M:7.1f} MB  {len(pieces):2d} pieces of {mib} MiB = {len(pieces)} device calls")
 print(f"working tree carried with each piece: {tree / M:.1f} MB; build took {secs} s here")
+aot = sys.argv[10].strip(";")
+if aot:
+    print("FlashInfer modules in the jit part: " + aot.replace(";", "; "))
 print(f"device calls: core alone {len(sorted((store / parts[0]).glob('*.part*')))}, all parts {total_calls} "
       "(setup runs in the call of the last piece)")
 PY
   if [ "${MEASURE:-0}" = 1 ]; then _b23_measure; fi
+}
+
+_b23_aot() {  # FlashInfer JIT modules built here for the H200: see AOT_MODULES in bundle_0523.py
+  set -o pipefail
+  local py="$repo/scripts/device/bundle_0523.py" aotw="$work/aot" cuda m key ninja so t0 secs
+  local vpy="${AOT_PYTHON:-$repo/.venv/bin/python}"  # torch + tvm_ffi, only to run FlashInfer's ninja generator
+  command -v ninja >/dev/null && command -v gcc >/dev/null || { echo "aot: needs ninja and gcc" >&2; return 1; }
+  "$vpy" -c 'import torch, tvm_ffi, filelock' 2>/dev/null \
+    || { echo "aot: $vpy lacks torch/tvm_ffi (bash scripts/test.sh makes .venv; or set AOT_PYTHON)" >&2; return 1; }
+  local tvm_have tvm_want
+  tvm_have="$("$vpy" -c 'from importlib.metadata import version; print(version("apache-tvm-ffi"))')"
+  tvm_want="$(grep -i '^apache-tvm-ffi==' "$lock" | sed 's/ --hash.*//; s/.*==//')"
+  [ "$tvm_have" = "$tvm_want" ] || echo "aot: WARNING tvm-ffi $tvm_have here, $tvm_want in the lock (its headers are compiled in)" >&2
+  mkdir -p "$aotw/wheels" "$aotw/store" "$work/wheels"
+  # the toolchain (pinned with sha256 in bundle_0523.py) and the lock's flashinfer wheel
+  python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import bundle_0523 as b; print("\n".join(b.AOT_TOOLCHAIN))' \
+    "$repo/scripts/device" >"$aotw/toolchain.txt" || return 1
+  _b23_pip_download "$aotw/wheels" --require-hashes -r "$aotw/toolchain.txt" || return 1
+  grep -i '^flashinfer-python==' "$lock" >"$aotw/flashinfer.txt"
+  _b23_pip_download "$work/wheels" --require-hashes -r "$aotw/flashinfer.txt" || return 1
+  cuda="$aotw/cuda"
+  if [ ! -x "$cuda/bin/nvcc" ]; then
+    rm -rf "$aotw/toolchain" && mkdir -p "$aotw/toolchain"
+    for w in "$aotw"/wheels/*.whl; do python3 -m zipfile -e "$w" "$aotw/toolchain" || return 1; done
+    ln -sfn "$aotw/toolchain/nvidia/cu13" "$cuda"
+    chmod +x "$cuda"/bin/* "$cuda"/nvvm/bin/* 2>/dev/null
+    # the link line is FlashInfer's (-L$cuda_home/lib64 -L$cuda_home/lib64/stubs -lcudart -lcuda): the wheels'
+    # lib/ as lib64, libcudart.so, and a stub libcuda.so.1 (no driver here; the machine's is loaded there)
+    ln -sfn lib "$cuda/lib64" && ln -sf libcudart.so.13 "$cuda/lib/libcudart.so" && mkdir -p "$cuda/lib/stubs"
+    echo 'void dspine_libcuda_stub(void) {}' >"$aotw/stub.c"
+    gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$cuda/lib/stubs/libcuda.so" "$aotw/stub.c" || return 1
+  fi
+  "$cuda/bin/nvcc" --version | tail -2
+  python3 "$py" aot-src "$aotw/src" "$lock" "$work/wheels" || return 1
+  for m in ${AOT_MODULES:-topk sampling}; do
+    key="$(python3 "$py" aot-key "$m" "$lock")" || return 1
+    if [ -f "$aotw/store/$key.so" ]; then echo "aot: $m: $aotw/store/$key.so already built"; continue; fi
+    ninja="$(cd /tmp && CUDA_HOME="$cuda" "$vpy" "$py" aot-ninja "$aotw/src" "$m" "$aotw/ws")" || return 1
+    echo "aot: $m: building $ninja with ${AOT_JOBS:-$(nproc)} jobs (log $aotw/$m.log)"
+    t0=$(date +%s)
+    (cd "$(dirname "$ninja")" && ninja -v -j "${AOT_JOBS:-$(nproc)}" -f "$ninja") >"$aotw/$m.log" 2>&1 \
+      || { tail -20 "$aotw/$m.log" >&2; echo "aot: $m: build failed" >&2; return 1; }
+    secs=$(( $(date +%s) - t0 ))
+    so="$(dirname "$ninja")/$m.so"
+    cp "$so" "$aotw/store/$key.so"
+    python3 - "$aotw/store/$key.json" "$m" "$secs" "$("$cuda/bin/nvcc" --version | grep -o 'V[0-9.]*')" "$ninja" <<'PY'
+import datetime, json, sys
+out, module, secs, nvcc, ninja = sys.argv[1:6]
+json.dump({"module": module, "seconds": int(secs), "nvcc": nvcc, "arch": "sm_90a", "host_cores": __import__("os").cpu_count(),
+           "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "build_ninja": open(ninja).read()}, open(out, "w"), indent=1)
+PY
+    echo "aot: $m: $(du -h "$aotw/store/$key.so" | cut -f1) in $secs s -> $aotw/store/$key.so"
+  done
+  echo "aot: done; the jit part takes them at its next build: BUNDLE_PARTS=\"$name_core-jit\" PIECE_MIB=61 bash scripts/device/bundle_0523.sh build"
 }
 
 _b23_measure() {  # other compressors on the core tar: size and pieces (decompression needs xz or python lzma there)
@@ -389,6 +461,18 @@ if cuda:
     fa3 = os.path.exists(os.path.join(os.path.dirname(sgl_kernel.__file__), "flash_ops.abi3.so"))
     extra = (f", {torch.cuda.get_device_name()} cc {torch.cuda.get_device_capability()}, nccl {torch.cuda.nccl.version()}, "
              f"cudnn {torch.backends.cudnn.version()}, sgl_kernel {sgl_kernel.common_ops.__file__.split('/')[-2]}, fa3 {'present' if fa3 else 'absent'}")
+    # FlashInfer modules built ahead of time (jit part, bundle_0523.sh aot): FlashInfer loads them from
+    # flashinfer/data/aot as they are. topk run once against torch.topk; a module not there is JIT-built at its first
+    # use (topk: past 15 min on this machine), so it is not called here.
+    from flashinfer.jit import env as fi_env
+    aot = [m for m in ("topk", "sampling") if getattr(fi_env, "get_aot_artifacts", lambda m: ())(m)]
+    if "topk" in aot:
+        t1 = time.time()
+        sc = torch.randn(4, 151936, device="cuda", dtype=torch.bfloat16)
+        v, _ = flashinfer.top_k(sc, 16, sorted=True, deterministic=True)
+        same = torch.equal(v, torch.topk(sc, 16, dim=-1).values)
+        aot[0] = f"topk ({'top_k = torch.topk' if same else 'FAIL: top_k differs from torch.topk'}, {time.time() - t1:.1f} s)"
+    extra += f", FlashInfer prebuilt modules: {', '.join(aot) or 'none (JIT-built on first use)'}"
 print(f"bundle_0523 check: torch {torch.__version__} cuda {cuda}, sglang {sglang.__version__}, transformers "
       f"{transformers.__version__}, triton {triton.__version__}, flashinfer {flashinfer.__version__}{extra}; "
       f"{len(mods) - len(bad)}/{len(mods)} modules in {time.time() - t:.1f}s")
@@ -402,6 +486,6 @@ PY
 
 _b23_main "$@"
 _b23_rc=$?
-unset -f _b23_main _b23_pip_download _b23_relock _b23_tree_bytes _b23_build _b23_measure _b23_plan _b23_check_cpu \
+unset -f _b23_main _b23_pip_download _b23_relock _b23_tree_bytes _b23_build _b23_aot _b23_measure _b23_plan _b23_check_cpu \
   _b23_setup
 if (return 0 2>/dev/null); then return "$_b23_rc"; else exit "$_b23_rc"; fi
