@@ -351,7 +351,9 @@ def log_stats(text: str) -> dict:
 
 
 def health(url: str, timeout: float = 5.0) -> bool:
-    """/health answers 200 (SGLang's answers 503 or times out when its scheduler is gone)."""
+    """/health answers 200. SGLang's /health (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, on by default) sends the
+    scheduler a one-token request and answers 200 once anything comes back, 503 after 20 s without; a closed port
+    or a hung launcher fails here at once or after `timeout`."""
     import httpx
 
     try:
