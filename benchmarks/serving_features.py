@@ -17,9 +17,16 @@ Against plain: the greedy texts (bf16 near-ties may flip a few: counted, not fai
 greedy requests on the positions before the first token the two servers emit differently (same prompt): the
 largest absolute difference of the emitted token's log-prob and of the top-5 log-probs matched by token id.
 
+The pass/fail of each check and server (`verdict`: the server's start, each feature, the request after the load,
+no error in the mixed load, greedy tokens equal to plain's but at near-ties) is a pytest test marked `gpu`:
+tests/test_serving_conformance.py, whose session fixture runs `Conformance` (the run above) once. This script
+runs that file under pytest with its arguments (SERVING_FEATURES_ARGS) and exits 1 only when a server did not
+start or the tests did not run: failed checks are results (reported by pytest, in the summary).
+
 Usage on the GPU machine (repo root, carry .devbundle): `GIT_COMMIT=<hash> bash scripts/device/serving_features.sh`.
 Results: $OUT/serving_features.json (everything), $OUT/serving_features_summary.json (also written to
-benchmarks/results/ on that machine), the servers' logs in $OUT/serving_features_logs.tar.gz.
+benchmarks/results/ on that machine), the tests' report in $OUT/serving_features_tests.xml (JUnit), the servers'
+logs in $OUT/serving_features_logs.tar.gz.
 `--smoke` (CPU, no servers): the inputs from the real tokenizer, the grammars through xgrammar, every request
 body against SGLang's request models, the response checks and the log-prob comparison on responses built with
 SGLang's response classes, and the summary.
@@ -34,12 +41,14 @@ import multiprocessing as mp
 import os
 import random
 import re
+import shlex
+import subprocess
 import sys
 import threading
 import time
 
 from sglang_dspine.provenance import provenance
-from sglang_dspine.source_files import load_file
+from sglang_dspine.source_files import OUTSIDE_REPO, load_file
 from sglang_dspine.training.jsonl import read_jsonl
 
 _servers = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers.py"))
@@ -1076,6 +1085,122 @@ def warm_up(url: str, ctx: dict, n: int = 48) -> float:
     return round(time.time() - t, 2)
 
 
+# ------------------------------------------------------------------------------------------- verdicts
+# What the GPU tests assert, one test per server and check (tests/test_serving_conformance.py); in the summary too.
+# Every server: its start, each feature, the request after the load, and no error in the mixed load; every server
+# but plain, when plain runs: greedy tokens equal to plain's but at near-ties.
+SERVER_CHECKS = ("server_start", *ALL_FEATURES, "mixed_load")
+VS_PLAIN_CHECKS = ("greedy_vs_plain",)
+
+
+def check_cases(names) -> list[tuple[str, str]]:
+    """(server, check) for the servers `names`, in NAMES order."""
+    out = []
+    for n in (n for n in NAMES if n in names):
+        out += [(n, c) for c in SERVER_CHECKS]
+        if n != "plain" and "plain" in names:
+            out += [(n, c) for c in VS_PLAIN_CHECKS]
+    return out
+
+
+def plan(cases) -> tuple[list[str], bool]:
+    """What a selection of (server, check) cases needs run: the servers (NAMES order; plain too for a comparison
+    with it) and whether the mixed load."""
+    need = {n for n, _ in cases} | {"plain" for _, c in cases if c in VS_PLAIN_CHECKS}
+    return [n for n in NAMES if n in need], any(c == "mixed_load" for _, c in cases)
+
+
+def _short(obj, n: int = 300) -> str:
+    text = obj if isinstance(obj, str) else json.dumps(obj, default=str)
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _pressure():
+    """benchmarks/serving_pressure.py (its near-tie rule), loaded when first asked: it loads this file itself."""
+    return load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "serving_pressure.py"))
+
+
+def greedy_vs_plain(res: dict, name: str) -> tuple[bool, str]:
+    """The server's greedy /v1/completions tokens equal plain's on every prompt, or leave them at a near-tie:
+    serving_pressure's rule (is_near_tie, NEAR_TIE_MARGIN) on plain's top log-probs at the first differing
+    position (divergence_margins). A difference without a margin (one answer a prefix of the other, or margins
+    that could not be measured) is not explained."""
+    feats = res.get("features", {})
+    a, b = feats.get("plain", {}).get("greedy_completions", {}), feats.get(name, {}).get("greedy_completions", {})
+    if not (a.get("ok") and b.get("ok")):
+        which = [n for n, r in (("plain", a), (name, b)) if not r.get("ok")]
+        return False, f"no greedy tokens to compare: greedy_completions failed or did not run on {', '.join(which)}"
+    if a["details"].get("ids") is None or b["details"].get("ids") is None:
+        return False, "no greedy token ids recorded"
+    sp = _pressure()
+    srv = res.get("servers", {}).get(name, {})
+    margins = {m["prompt"]: m for m in srv.get("greedy_divergence_margins") or []}
+    texts = {d["prompt"]: d for d in text_agreement(a["details"]["texts"], b["details"]["texts"])["differences"]}
+    near, unexplained = [], []
+    pairs = list(zip(a["details"]["ids"], b["details"]["ids"]))
+    for i, (x, y) in enumerate(pairs):
+        if x == y:
+            continue
+        t = texts.get(i)
+        where = f"prompt {i}" + (f" (text: plain {t['plain']!r}, {name} {t['other']!r})" if t else "")
+        m = margins.get(i)
+        if m is None:
+            j = common_prefix_len(x or [], y or [])
+            why = (f"one answer is a prefix of the other ({len(x or [])} and {len(y or [])} tokens)"
+                   if j >= min(len(x or []), len(y or [])) else
+                   f"no margin measured: {srv.get('greedy_divergence_margins_error') or 'no record'}")
+            unexplained.append(f"{where}: {why}")
+        elif sp.is_near_tie({**m, "ref_token": m["plain_token"], "got_token": m["other_token"]}):
+            near.append(f"prompt {i} token {m['position']} (margin {m['margin']:.4f})")
+        else:
+            unexplained.append(f"{where}: token {m['position']} is {m['other_token']}, plain's {m['plain_token']}; "
+                               f"plain's top log-probs there {m['top']} (margin {m['margin']:.4f}, near-tie "
+                               f"margin {sp.NEAR_TIE_MARGIN})")
+    same = len(pairs) - len(near) - len(unexplained)
+    evidence = (f"{same}/{len(pairs)} identical, {len(near)} near-ties"
+                + (f" ({'; '.join(near)})" if near else "")
+                + (f", {len(unexplained)} not near-ties: " + "; ".join(unexplained) if unexplained else ""))
+    return not unexplained, evidence
+
+
+def verdict(res: dict, name: str, check: str) -> tuple[bool, str]:
+    """Whether server `name` passed `check` (SERVER_CHECKS, VS_PLAIN_CHECKS) in a run's results, and the evidence:
+    the error, the log's tail, the load's errors by kind and samples, the differing tokens."""
+    srv = res.get("servers", {}).get(name, {})
+    if check == "server_start":
+        if srv.get("up"):
+            return True, f"up after {srv.get('start_seconds')} s"
+        return False, srv.get("error") or "did not start"
+    if not srv.get("up"):
+        return False, f"the {name} server did not start: {srv.get('error') or 'not started'}"
+    if check in ALL_FEATURES:
+        rec = res.get("features", {}).get(name, {}).get(check)
+        if rec is None:
+            why = srv.get("phase_error") or "the run ended before it"
+            return False, f"{check} did not run on {name}: {why}"
+        if rec.get("ok"):
+            details = {k: v for k, v in (rec.get("details") or {}).items() if k not in ("greedy_entries", "ids")}
+            return True, f"{rec.get('seconds')} s: {_short(details)}"
+        return False, rec.get("error") or "failed"
+    if check == "mixed_load":
+        load = res.get("load", {}).get(name)
+        if not load:
+            return False, f"no mixed load ran (--load-seconds {res.get('load_seconds')})"
+        if load.get("error"):
+            return False, f"the load's client process failed: {load['error']}"
+        by_kind = {k: v["errors"] for k, v in load.get("by_kind", {}).items() if v.get("errors")}
+        evidence = (f"{load['requests']} requests from {load.get('clients')} clients in {load.get('seconds')} s, "
+                    f"{load['errors']} errors" + (f" by kind {by_kind}" if by_kind else "")
+                    + f"; {load.get('expected_400')} expected HTTP 400, {load.get(LENGTH_BEFORE_STOP)} ended by "
+                      "length before a stop string")
+        if load.get("error_samples"):
+            evidence += f"; samples: {_short(load['error_samples'], 1500)}"
+        return load["errors"] == 0, evidence
+    if check == "greedy_vs_plain":
+        return greedy_vs_plain(res, name)
+    raise ValueError(f"unknown check {check!r}")
+
+
 # ------------------------------------------------------------------------------------------ summary
 def summarize(res: dict) -> dict:
     """Per server: features_ok / features_total, the failed features with their messages, agreement with plain
@@ -1131,6 +1256,9 @@ def summarize(res: dict) -> dict:
                 row["mixed_load_error"] = load["error"]
         row["accept_length"] = srv.get("accept_length")
         row["warm_up_seconds"] = srv.get("warm_up_seconds")
+        checks = {c: verdict(res, name, c)[0] for n, c in check_cases(res.get("server_names", [])) if n == name}
+        row["checks"] = checks
+        row["checks_ok"], row["checks_total"] = sum(checks.values()), len(checks)
         out[name] = row
     prov = res.get("provenance", {})
     return {"servers": out, "load": {"clients": res.get("clients"), "seconds": res.get("load_seconds"),
@@ -1142,15 +1270,19 @@ def summarize(res: dict) -> dict:
 
 
 def print_table(summary: dict) -> None:
-    print(f"\n{'server':8} {'up':>3} {'features':>9} {'greedy=plain':>12} {'logprob Δ':>10} {'load reqs':>9} "
-          f"{'load errs':>9}")
+    print(f"\n{'server':8} {'up':>3} {'checks':>7} {'features':>9} {'greedy=plain':>12} {'logprob Δ':>10} "
+          f"{'load reqs':>9} {'load errs':>9}")
     for name, r in summary["servers"].items():
         lp = r.get("logprob_max_abs_diff_vs_plain")
-        print(f"{name:8} {'yes' if r['up'] else 'no':>3} {r['features_ok']:>4}/{r['features_total']:<4} "
+        print(f"{name:8} {'yes' if r['up'] else 'no':>3} {r['checks_ok']:>3}/{r['checks_total']:<3} "
+              f"{r['features_ok']:>4}/{r['features_total']:<4} "
               f"{r.get('greedy_match_vs_plain') or '-':>12} {f'{lp:.4f}' if lp is not None else '-':>10} "
               f"{r['mixed_load_requests'] if r['mixed_load_requests'] is not None else '-':>9} "
               f"{r['mixed_load_errors'] if r['mixed_load_errors'] is not None else '-':>9}")
     for name, r in summary["servers"].items():
+        failed = [c for c, ok in r["checks"].items() if not ok and c not in ALL_FEATURES and c != "server_start"]
+        if failed:
+            print(f"  {name} FAILED checks: {', '.join(failed)}")
         for f in r["failed_features"]:
             print(f"  {name} FAILED {f['feature']}: {(f['message'] or '')[:240]}")
         if r.get("mixed_load_errors_by_kind"):
@@ -1188,140 +1320,183 @@ def add_pair_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--smoke", action="store_true", help="CPU self-test of the pure parts, no servers")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_pair_args(ap)
     ap.add_argument("--clients", type=int, default=48)
-    ap.add_argument("--load-seconds", type=float, default=120.0)
+    ap.add_argument("--load-seconds", type=float, default=120.0, help="the mixed load's length; 0: no mixed load")
     _servers.add_backend_args(ap)
     ap.add_argument("--tag", default="",
                     help="results named serving_features_TAG*.json instead of serving_features*.json")
-    args = ap.parse_args(argv)
-    backends = _servers.backends_from_args(args)
-    base = _servers.base_args(backends["attention"], backends["sampling"])
-    stem = "serving_features" + (f"_{args.tag}" if args.tag else "")
-    names, models = servers_and_models(args.servers, args.models)
-    if args.smoke:
-        return smoke(models)
+    return ap
 
-    from transformers import AutoTokenizer
 
-    os.makedirs(args.out, exist_ok=True)
-    t0 = time.time()
-    log = lambda msg: print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)  # noqa: E731
-    target = os.path.join(models, "target")
-    ctx = build_inputs(AutoTokenizer.from_pretrained(target), models)
-    res = {"provenance": provenance(sys.argv if argv is None else ["serving_features.py", *argv]),
-           "server_names": names, "server_flags": FLAGS, "base_flags": base,
-           "backends": {k: v or _servers.SGLANG_DEFAULT for k, v in backends.items()},
-           "clients": args.clients, "load_seconds": args.load_seconds,
-           "load_mode": "the servers loaded at the same time, one client process each",
-           "inputs": {"greedy_prompts": len(ctx["greedy_prompts"]), "long_prompt_tokens": ctx["long_prompt_tokens"],
-                      "shared_common_tokens": ctx["shared_common_tokens"], "context_len": ctx["context_len"],
-                      "over_context_tokens": len(ctx["over_context_ids"]), "regex": REGEX, "json_schema": JSON_SCHEMA},
-           "servers": {}, "features": {}, "load": {}, "timeline": {}}
+def stem_of(args) -> str:
+    return "serving_features" + (f"_{args.tag}" if args.tag else "")
 
-    # The servers' phases run in threads: every change to `res` and every save holds this lock (json.dump
-    # iterating a dict another thread is adding to would raise).
-    guard = threading.RLock()
 
-    def save() -> None:
-        with guard:
-            res["wall_seconds"] = round(time.time() - t0, 1)
+def load_in_processes(urls: dict[str, str], ctx: dict, seconds: float, clients: int, done=None) -> dict:
+    """load_worker on every server of `urls` at the same time, one spawned client process each (the servers are
+    independent processes); a client process that fails is recorded as that server's load error. `done(name,
+    record)` after each server's record. The client processes load this file first, under this module's name,
+    so that load_worker unpickles there when this file was itself loaded by path (the GPU tests) rather than run
+    as the main script."""
+    out = {}
+    with cf.ProcessPoolExecutor(len(urls), mp_context=mp.get_context("spawn"), initializer=load_file,
+                                initargs=(os.path.abspath(__file__), __name__)) as ex:
+        futs = {n: ex.submit(load_worker, url, ctx, seconds, clients, i) for i, (n, url) in enumerate(urls.items())}
+        for n, fut in futs.items():
+            try:
+                out[n] = fut.result()
+            except Exception as e:  # noqa: BLE001 - recorded per server
+                out[n] = {"error": error_text(e), "requests": None, "errors": None, "by_kind": {}}
+            if done is not None:
+                done(n, out[n])
+    return out
+
+
+class Conformance:
+    """One run: the servers of args.servers on the pair started (plain first, alone, so the kernel builds are
+    cached; FlashInfer's prebuild beside it), then each server's warm-up burst and FEATURES (a thread each, DFLASH
+    and DSPINE starting meanwhile), the mixed load on all of them at once, the after-load request and the
+    near-tie margins of greedy differences; everything in `res`, saved with its summary under args.out after
+    every step. main() and the GPU tests (tests/test_serving_conformance.py) both run it; the tests' pass/fail
+    is `verdict` on `res`."""
+
+    def __init__(self, args, command: list[str]):
+        from transformers import AutoTokenizer
+
+        self.args = args
+        backends = _servers.backends_from_args(args)
+        self.base = _servers.base_args(backends["attention"], backends["sampling"])
+        self.stem = stem_of(args)
+        self.names, models = servers_and_models(args.servers, args.models)
+        os.makedirs(args.out, exist_ok=True)
+        self.t0 = time.time()
+        self.target = os.path.join(models, "target")
+        self.drafters = {"dflash": ("DFLASH", os.path.join(models, "dflash")),
+                         "dspine": ("DSPINE", os.path.join(models, "dspine"))}
+        self.ctx = ctx = build_inputs(AutoTokenizer.from_pretrained(self.target), models)
+        self.res = {"provenance": provenance(command),
+                    "server_names": self.names, "server_flags": FLAGS, "base_flags": self.base,
+                    "backends": {k: v or _servers.SGLANG_DEFAULT for k, v in backends.items()},
+                    "clients": args.clients, "load_seconds": args.load_seconds,
+                    "load_mode": "the servers loaded at the same time, one client process each",
+                    "inputs": {"greedy_prompts": len(ctx["greedy_prompts"]),
+                               "long_prompt_tokens": ctx["long_prompt_tokens"],
+                               "shared_common_tokens": ctx["shared_common_tokens"], "context_len": ctx["context_len"],
+                               "over_context_tokens": len(ctx["over_context_ids"]), "regex": REGEX,
+                               "json_schema": JSON_SCHEMA},
+                    "servers": {}, "features": {}, "load": {}, "timeline": {}}
+        # The servers' phases run in threads: every change to `res` and every save holds this lock (json.dump
+        # iterating a dict another thread is adding to would raise).
+        self.guard = threading.RLock()
+        self.servers: dict[str, Server] = {}
+        self.prebuild = None
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.time() - self.t0:6.1f} s] {msg}", flush=True)
+
+    def save(self) -> None:
+        args, res = self.args, self.res
+        with self.guard:
+            res["wall_seconds"] = round(time.time() - self.t0, 1)
             summary = summarize(res)
-            json.dump(res, open(os.path.join(args.out, f"{stem}.json"), "w"), indent=1)
-            json.dump(summary, open(os.path.join(args.out, f"{stem}_summary.json"), "w"), indent=1)
+            json.dump(res, open(os.path.join(args.out, f"{self.stem}.json"), "w"), indent=1)
+            json.dump(summary, open(os.path.join(args.out, f"{self.stem}_summary.json"), "w"), indent=1)
             if args.results_dir:
                 os.makedirs(args.results_dir, exist_ok=True)
-                json.dump(summary, open(os.path.join(args.results_dir, f"{stem}_summary.json"), "w"), indent=1)
+                json.dump(summary, open(os.path.join(args.results_dir, f"{self.stem}_summary.json"), "w"), indent=1)
 
-    def stamp(what: str) -> None:
-        with guard:
-            res["timeline"][what] = round(time.time() - t0, 1)
-            save()
-        log(what)
+    def stamp(self, what: str) -> None:
+        with self.guard:
+            self.res["timeline"][what] = round(time.time() - self.t0, 1)
+            self.save()
+        self.log(what)
 
-    prebuild = None
-    if "dflash" in names and not args.no_prebuild:
-        prebuild = _servers.start_prebuild(args.out)
-    drafters = {"dflash": ("DFLASH", os.path.join(models, "dflash")),
-                "dspine": ("DSPINE", os.path.join(models, "dspine"))}
-
-    def server_args(name: str) -> list[str]:
+    def server_args(self, name: str) -> list[str]:
         if name == "plain":
-            return ["--model-path", target, *FLAGS]
-        return spec_args(target, drafters[name][0], drafters[name][1], *FLAGS)
+            return ["--model-path", self.target, *FLAGS]
+        return spec_args(self.target, self.drafters[name][0], self.drafters[name][1], *FLAGS)
 
-    servers: dict[str, Server] = {}
-
-    def bring_up(name: str) -> bool:
-        s = servers[name]
+    def bring_up(self, name: str) -> bool:
+        s = self.servers[name]
         rec = s.start_record(480)
-        ok = rec["up"]
-        with guard:
-            res["servers"][name] = rec
-        if not ok:
-            stamp(f"{name} did NOT start:\n{s.tail(40)}")
+        with self.guard:
+            self.res["servers"][name] = rec
+        if not rec["up"]:
+            self.stamp(f"{name} did NOT start:\n{s.tail(40)}")
             return False
-        stamp(f"{name} up after {s.up_after:.0f} s")
+        self.stamp(f"{name} up after {s.up_after:.0f} s")
         return True
 
-    def phase(name: str) -> None:
+    def phase(self, name: str) -> None:
         """Start-up wait, warm-up burst and the features of one server (a thread each)."""
-        if not res["servers"].get(name, {}).get("up") and not bring_up(name):
+        res = self.res
+        if not res["servers"].get(name, {}).get("up") and not self.bring_up(name):
             return
         try:
-            warm = {"warm_up_seconds": warm_up(servers[name].url, ctx)}
+            warm = {"warm_up_seconds": warm_up(self.servers[name].url, self.ctx)}
         except Exception as e:  # noqa: BLE001 - recorded; the features still run
             warm = {"warm_up_error": error_text(e)}
-        with guard:
+        with self.guard:
             res["servers"][name].update(warm)
-        stamp(f"{name} warm-up burst: {warm.get('warm_up_seconds', warm.get('warm_up_error'))} s")
-        feats = run_features(servers[name].url, ctx, log, name)
-        with guard:
+        self.stamp(f"{name} warm-up burst: {warm.get('warm_up_seconds', warm.get('warm_up_error'))} s")
+        feats = run_features(self.servers[name].url, self.ctx, self.log, name)
+        with self.guard:
             res["features"][name] = feats
-        stamp(f"{name} features: {sum(v['ok'] for v in feats.values())}/{len(FEATURES)} ok")
+        self.stamp(f"{name} features: {sum(v['ok'] for v in feats.values())}/{len(FEATURES)} ok")
 
-    try:
-        order = [n for n in NAMES if n in names]
+    def serve(self) -> list[str]:
+        """FlashInfer's prebuild, the servers started and each one's phase; the servers that are up."""
+        res, out = self.res, self.args.out
+        if "dflash" in self.names and not self.args.no_prebuild:
+            self.prebuild = _servers.start_prebuild(out)
+        order = [n for n in NAMES if n in self.names]
         first = order[0]  # plain when it is asked for: alone, so the kernel builds are cached for the others
-        servers[first] = Server(first, PORTS[first], server_args(first), args.out, base_args=base)
-        if not bring_up(first):
-            with guard:
+        self.servers[first] = Server(first, PORTS[first], self.server_args(first), out, base_args=self.base)
+        if not self.bring_up(first):
+            with self.guard:
                 for n in order[1:]:
                     res["servers"][n] = {"up": False, "error": f"not started: {first} did not start"}
         else:
             for n in order[1:]:
-                servers[n] = Server(n, PORTS[n], server_args(n), args.out, base_args=base)
+                self.servers[n] = Server(n, PORTS[n], self.server_args(n), out, base_args=self.base)
             with cf.ThreadPoolExecutor(len(order)) as ex:
-                threads = {n: ex.submit(phase, n) for n in order}
+                threads = {n: ex.submit(self.phase, n) for n in order}
                 for n, t in threads.items():
                     try:
                         t.result()
                     except Exception as e:  # noqa: BLE001 - a fault in one server's phase leaves the others
-                        with guard:
+                        with self.guard:
                             res["servers"].setdefault(n, {})["phase_error"] = error_text(e)
-                        stamp(f"{n} phase FAILED: {error_text(e)}")
-        up = [n for n in order if res["servers"].get(n, {}).get("up")]
-        if prebuild is not None:
-            res["flashinfer_prebuild"] = _servers.prebuild_record(prebuild, args.out)
-        # ---- mixed load, all servers at once (independent processes, one client process each)
-        if up:
-            stamp(f"mixed load: {args.clients} clients x {args.load_seconds:.0f} s on {', '.join(up)} at once")
-            with cf.ProcessPoolExecutor(len(up), mp_context=mp.get_context("spawn")) as ex:
-                futs = {n: ex.submit(load_worker, servers[n].url, ctx, args.load_seconds, args.clients, i)
-                        for i, n in enumerate(up)}
-                for n, fut in futs.items():
-                    try:
-                        res["load"][n] = fut.result()
-                    except Exception as e:  # noqa: BLE001 - recorded per server
-                        res["load"][n] = {"error": error_text(e), "requests": None, "errors": None, "by_kind": {}}
-                    stamp(f"{n} load: {res['load'][n].get('requests')} requests, {res['load'][n].get('errors')} errors")
+                        self.stamp(f"{n} phase FAILED: {error_text(e)}")
+        if self.prebuild is not None:
+            res["flashinfer_prebuild"] = _servers.prebuild_record(self.prebuild, out)
+        return [n for n in order if res["servers"].get(n, {}).get("up")]
+
+    def mixed_load(self, up: list[str]) -> None:
+        """All servers at once (independent processes, one client process each); none with --load-seconds 0."""
+        args = self.args
+        if not up or args.load_seconds <= 0 or args.clients <= 0:
+            return
+        self.stamp(f"mixed load: {args.clients} clients x {args.load_seconds:.0f} s on {', '.join(up)} at once")
+
+        def done(n: str, rec: dict) -> None:
+            self.res["load"][n] = rec
+            self.stamp(f"{n} load: {rec.get('requests')} requests, {rec.get('errors')} errors")
+
+        load_in_processes({n: self.servers[n].url for n in up}, self.ctx, args.load_seconds, args.clients, done)
+
+    def after_load(self, up: list[str]) -> None:
+        """One request each (still serving?), server information, and plain's margins where a server's greedy
+        tokens leave plain's."""
+        res, ctx = self.res, self.ctx
         for n in up:
             res["features"].setdefault(n, {})[AFTER_LOAD] = run_feature(serves_after_load,
-                                                                        Api(servers[n].url, REQUEST_TIMEOUT), ctx)
+                                                                        Api(self.servers[n].url, REQUEST_TIMEOUT), ctx)
             try:
-                info = servers[n].info()
+                info = self.servers[n].info()
                 res["servers"][n]["accept_length"] = next((s.get("avg_spec_accept_length")
                                                            for s in info.get("internal_states", [])), None)
                 res["servers"][n]["server_info"] = {k: info.get(k) for k in (
@@ -1329,7 +1504,7 @@ def main(argv: list[str] | None = None) -> int:
                     "speculative_algorithm", "speculative_num_draft_tokens", "max_total_num_tokens", "context_length")}
             except Exception as e:  # noqa: BLE001 - information only
                 res["servers"][n]["server_info_error"] = error_text(e)
-            res["servers"][n]["graph_use"] = graph_use(servers[n].text())
+            res["servers"][n]["graph_use"] = graph_use(self.servers[n].text())
         g_plain = res["features"].get("plain", {}).get("greedy_completions", {})
         for n in up:
             g = res["features"][n].get("greedy_completions", {})
@@ -1337,23 +1512,82 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             try:
                 res["servers"][n]["greedy_divergence_margins"] = divergence_margins(
-                    Api(servers["plain"].url, REQUEST_TIMEOUT), ctx, g_plain["details"]["ids"], g["details"]["ids"])
+                    Api(self.servers["plain"].url, REQUEST_TIMEOUT), ctx, g_plain["details"]["ids"],
+                    g["details"]["ids"])
             except Exception as e:  # noqa: BLE001 - recorded; a diagnostic of the differences only
                 res["servers"][n]["greedy_divergence_margins_error"] = error_text(e)
-        stamp("after-load checks done")
-    finally:
-        for s in servers.values():
+        self.stamp("after-load checks done")
+
+    def stop(self) -> None:
+        """The servers and the prebuild stopped, the results saved, the servers' logs archived."""
+        for s in self.servers.values():
             s.stop()
-        if prebuild is not None and prebuild.poll() is None:
-            os.killpg(prebuild.pid, 15)
-        save()
-        archive_logs(args.out, f"{stem}_logs.tar.gz")
-    print_table(summarize(res))
-    down = [n for n in names if not res["servers"].get(n, {}).get("up")]
+        if self.prebuild is not None and self.prebuild.poll() is None:
+            os.killpg(self.prebuild.pid, 15)
+        self.save()
+        archive_logs(self.args.out, f"{self.stem}_logs.tar.gz")
+
+    def run(self) -> dict:
+        try:
+            up = self.serve()
+            self.mixed_load(up)
+            self.after_load(up)
+        finally:
+            self.stop()
+        print_table(summarize(self.res))
+        return self.res
+
+
+# The run as pytest tests (one per check and server), which main() runs: their arguments travel in ARGS_ENV.
+TESTS = os.path.join(REPO, "tests", "test_serving_conformance.py")
+ARGS_ENV = "SERVING_FEATURES_ARGS"
+
+
+def script_status(pytest_rc: int, summary: dict | None) -> tuple[int, str]:
+    """The script's exit status after the tests: pytest's own when it did not run them (2 interrupted, 3 internal
+    error, 4 usage error, 5 no tests); 1 when the run measured nothing (no summary: the run did not get as far as
+    its first save) or a server did not start; 0 otherwise, failed checks included: they are the run's results,
+    in the tests' report and the summary (scripts/device/versions.sh goes on to its next step after them, as
+    before the tests)."""
+    if pytest_rc not in (0, 1):
+        return pytest_rc, f"pytest exited {pytest_rc}: the checks did not run"
+    if summary is None:
+        return 1, "no summary written: the run did not start"
+    down = [n for n, r in summary["servers"].items() if not r["up"]]
+    failed = sum(r.get("checks_total", 0) - r.get("checks_ok", 0) for r in summary["servers"].values())
     if down:  # a run whose servers did not start measured nothing: not a success
-        print(f"serving_features: servers that did not start: {', '.join(down)} (their logs: {args.out})")
-        return 1
-    return 0
+        return 1, f"servers that did not start: {', '.join(down)}"
+    return 0, f"{failed} checks failed" if failed else "every check passed"
+
+
+def run_tests(args, argv: list[str]) -> int:
+    """TESTS under pytest, from outside the repository root (sglang_dspine.source_files says why), with this
+    run's arguments (paths made absolute), each check reported; then script_status."""
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    summary_path = os.path.join(out, f"{stem_of(args)}_summary.json")
+    if os.path.exists(summary_path):
+        os.remove(summary_path)  # an earlier run's summary must not stand for this one
+    child = [*argv, "--out", out, "--models", os.path.abspath(args.models)]
+    if args.results_dir:
+        child += ["--results-dir", os.path.abspath(args.results_dir)]
+    cmd = [sys.executable, "-m", "pytest", TESTS, "-m", "gpu", "-v", "-s", "-rfE", "--tb=short", "-p",
+           "no:cacheprovider", "--junitxml", os.path.join(out, f"{stem_of(args)}_tests.xml")]
+    print(f"serving_features: {' '.join(cmd)} with {ARGS_ENV}={shlex.join(child)}", flush=True)
+    rc = subprocess.run(cmd, cwd=OUTSIDE_REPO, env={**os.environ, ARGS_ENV: shlex.join(child)}).returncode
+    summary = json.load(open(summary_path)) if os.path.exists(summary_path) else None
+    status, why = script_status(rc, summary)
+    print(f"serving_features: {why} (pytest exit status {rc}); results in {out}")
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser().parse_args(argv)
+    names, models = servers_and_models(args.servers, args.models)
+    if args.smoke:
+        return smoke(models)
+    return run_tests(args, argv)
 
 
 # -------------------------------------------------------------------------------------- CPU self-test

@@ -181,7 +181,8 @@ def _result(sf, dspine_lp_shift=0.0):
     for n in sf.NAMES:
         res["servers"][n] = {"up": True}
         feats = {f: {"ok": True, "details": {}} for f in sf.ALL_FEATURES}
-        feats["greedy_completions"]["details"] = {"texts": ["abc", "def", "ghi" if n != "dflash" else "ghx"]}
+        feats["greedy_completions"]["details"] = {"texts": ["abc", "def", "ghi" if n != "dflash" else "ghx"],
+                                                  "ids": [[1, 2, 3], [4, 5, 6], [7, 8, 9 if n != "dflash" else 10]]}
         entries = sf.entries_generate(sf._ret_item([5, 17, 300], vt, sf.TOP_K, 0, True), sf.TOP_K, True)
         if n == "dspine":
             for e in entries:
@@ -373,3 +374,169 @@ def test_chat_log_probs_read_the_ids_where_the_release_puts_them(sf, ctx, tok):
     short["choices"][0][field].pop()
     with pytest.raises(sf.Malformed, match="choice 0: 23 tokens, expected exactly 24"):
         sf.check_openai(short, sf.LP_MAX, chat=True)
+
+
+# ---------------------------------------------------------------- the GPU tests' verdicts and how they are run
+def test_check_cases_and_what_a_selection_needs(sf):
+    """One GPU test per server and check (tests/test_serving_conformance.py): every server's start, features,
+    request after the load and mixed load; the comparison with plain for the others when plain runs."""
+    cases = sf.check_cases(sf.NAMES)
+    assert len(cases) == 3 * (len(sf.ALL_FEATURES) + 2) + 2 == 59
+    assert ("plain", "greedy_vs_plain") not in cases and ("dspine", "greedy_vs_plain") in cases
+    assert sf.check_cases(["dspine", "plain"])[0] == ("plain", "server_start")
+    assert ("dspine", "greedy_vs_plain") not in sf.check_cases(["dspine"])
+    assert sf.plan([("dspine", "greedy_vs_plain")]) == (["plain", "dspine"], False)
+    assert sf.plan([("dflash", "n2"), ("dflash", "mixed_load")]) == (["dflash"], True)
+    assert sf.plan(cases) == (list(sf.NAMES), True)
+
+
+def _margin(prompt, position, plain_token, other_token, top):
+    return {"prompt": prompt, "position": position, "plain_token": plain_token, "other_token": other_token,
+            "replayed_prefix_equal": True, "top1": top[0], "top2": top[1], "margin": top[0][1] - top[1][1],
+            "other_token_is_second": top[1][0] == other_token, "top": top}
+
+
+def test_verdicts_and_their_evidence(sf):
+    """serving_features.verdict, what each GPU test asserts, on a run's results: a failed feature with its error,
+    mixed-load errors with their kinds and samples, greedy differences passed only at near-ties (serving_pressure's
+    rule), and a server that did not start failing every check with its log; the summary holds the same."""
+    res = _result(sf)
+    res["features"]["dflash"]["logprobs_chat"] = {"ok": False, "error": "HTTP 400: DFLASH ... return_logprob yet."}
+    res["load"]["dflash"]["errors"] = 7
+    res["load"]["dflash"]["by_kind"]["logprobs_chat"] = {"requests": 7, "ok": 0, "expected_400": 0, "errors": 7}
+    res["load"]["dflash"]["error_samples"] = {"logprobs_chat": ["HTTP 400: DFLASH"]}
+    # dflash leaves plain at prompt 2, token 2: a near-tie (plain's top-2 0.02 apart, dflash's token second)
+    res["servers"]["dflash"]["greedy_divergence_margins"] = [_margin(2, 2, 9, 10, [[9, -0.70], [10, -0.72], [3, -4.0]])]
+    assert sf.verdict(res, "plain", "server_start")[0]
+    assert sf.verdict(res, "plain", "greedy_completions")[0] and sf.verdict(res, "plain", "mixed_load")[0]
+    assert sf.verdict(res, "dflash", "logprobs_chat") == (False, "HTTP 400: DFLASH ... return_logprob yet.")
+    ok, ev = sf.verdict(res, "dflash", "mixed_load")
+    assert not ok and "7 errors by kind {'logprobs_chat': 7}" in ev and "HTTP 400: DFLASH" in ev
+    ok, ev = sf.verdict(res, "dflash", "greedy_vs_plain")
+    assert ok and ev.startswith("2/3 identical, 1 near-ties (prompt 2 token 2 (margin 0.0200))")
+    # the same difference with plain's top-2 0.5 apart is no near-tie: the test fails with the tokens
+    res["servers"]["dflash"]["greedy_divergence_margins"] = [_margin(2, 2, 9, 10, [[9, -0.2], [10, -0.7]])]
+    ok, ev = sf.verdict(res, "dflash", "greedy_vs_plain")
+    assert not ok and "token 2 is 10, plain's 9" in ev and "margin 0.5000" in ev and "'ghi', dflash 'ghx'" in ev
+    res["servers"]["dflash"].pop("greedy_divergence_margins")
+    res["servers"]["dflash"]["greedy_divergence_margins_error"] = "ReadTimeout: timed out"
+    ok, ev = sf.verdict(res, "dflash", "greedy_vs_plain")
+    assert not ok and "no margin measured: ReadTimeout: timed out" in ev
+    res["features"]["dflash"]["greedy_completions"]["details"]["ids"][2] = [7, 8]  # a prefix of plain's
+    assert "one answer is a prefix of the other (3 and 2 tokens)" in sf.verdict(res, "dflash", "greedy_vs_plain")[1]
+    assert sf.verdict(res, "dspine", "greedy_vs_plain") == (True, "3/3 identical, 0 near-ties")
+    res["features"]["plain"]["greedy_completions"] = {"ok": False, "error": "x"}
+    assert "failed or did not run on plain" in sf.verdict(res, "dspine", "greedy_vs_plain")[1]
+    res["features"]["dspine"].pop("abort_midstream")
+    res["servers"]["dspine"]["phase_error"] = "RuntimeError: boom"
+    assert sf.verdict(res, "dspine", "abort_midstream") == (False, "abort_midstream did not run on dspine: "
+                                                                   "RuntimeError: boom")
+    res["load"].pop("dspine")
+    assert sf.verdict(res, "dspine", "mixed_load") == (False, "no mixed load ran (--load-seconds 120.0)")
+    s = sf.summarize(res)["servers"]
+    assert s["plain"]["checks_total"] == len(sf.SERVER_CHECKS) and not s["plain"]["checks"]["greedy_completions"]
+    assert s["dflash"]["checks_total"] == len(sf.SERVER_CHECKS) + 1
+    assert {c for c, ok in s["dflash"]["checks"].items() if not ok} == {"logprobs_chat", "mixed_load",
+                                                                          "greedy_vs_plain"}
+    res["servers"]["dspine"] = {"up": False, "error": "did not start: ValueError: DSPINE ..."}
+    assert sf.verdict(res, "dspine", "server_start") == (False, "did not start: ValueError: DSPINE ...")
+    assert sf.verdict(res, "dspine", "n2") == (False, "the dspine server did not start: did not start: "
+                                                      "ValueError: DSPINE ...")
+    assert sf.summarize(res)["servers"]["dspine"]["checks_ok"] == 0
+    with pytest.raises(ValueError, match="unknown check"):
+        sf.verdict(res, "plain", "speed")
+
+
+def test_script_status(sf):
+    """The script's exit status after the GPU tests: failed checks are results (0), a server that did not start
+    or tests that did not run are not."""
+    up = {"servers": {"plain": {"up": True, "checks_ok": 19, "checks_total": 19},
+                      "dflash": {"up": True, "checks_ok": 15, "checks_total": 20}}}
+    assert sf.script_status(1, up) == (0, "5 checks failed")
+    assert sf.script_status(0, {"servers": {"plain": up["servers"]["plain"]}}) == (0, "every check passed")
+    up["servers"]["dflash"]["up"] = False
+    assert sf.script_status(1, up) == (1, "servers that did not start: dflash")
+    assert sf.script_status(1, None)[0] == 1
+    assert sf.script_status(2, up)[0] == 2 and sf.script_status(5, None)[0] == 5
+
+
+STUB_SERVERS = '''
+"""pytest plugin: serving_features' servers replaced by stubs at a port nothing listens on (up, except
+STUB_DOWN's), for a CPU run of tests/test_serving_conformance.py."""
+import os
+import socket
+
+from sglang_dspine.source_files import load_file
+
+sf = load_file(os.path.join({repo!r}, "benchmarks", "serving_features.py"))
+_s = socket.socket()
+_s.bind(("127.0.0.1", 0))
+PORT = _s.getsockname()[1]
+_s.close()
+
+
+class Server:
+    def __init__(self, name, port, args, out, base_args=None):
+        self.name, self.url, self.up_after = name, f"http://127.0.0.1:{{PORT}}", 0.5
+        self.cmd = ["python", "-m", "sglang.launch_server", *args]
+        open(os.path.join(out, f"server_{{name}}.log"), "w").write("stub log\\n")
+
+    def start_record(self, timeout=480):
+        if self.name == os.environ.get("STUB_DOWN"):
+            return {{"up": False, "start_seconds": None, "args": self.cmd[3:], "error": "did not start: stub"}}
+        return {{"up": True, "start_seconds": 0.5, "args": self.cmd[3:]}}
+
+    def tail(self, n=40):
+        return "stub log"
+
+    def text(self):
+        return "stub log\\n"
+
+    def info(self):
+        raise ConnectionError("stub: no /server_info")
+
+    def stop(self):
+        pass
+
+
+sf.Server = Server
+'''
+
+
+def test_main_runs_the_gpu_tests_and_writes_the_summary(sf, tmp_path, monkeypatch, capsys):
+    """serving_features.main (scripts/device/serving_features.sh) runs tests/test_serving_conformance.py under
+    pytest with its arguments: on CPU, with the GPU skip left out (--noconftest) and the servers replaced by stubs
+    at a port nothing listens on (DSPINE's not starting), the whole chain runs: the tests' fixture runs
+    serving_features' Conformance once for the selected servers, every feature and the mixed load (its spawned
+    client processes) fail on connection errors, each check is one test with its evidence, the JSON and summary
+    are written, the logs archived; the script exits 1 (a server did not start)."""
+    import json
+    import xml.etree.ElementTree as ET
+
+    (tmp_path / "conformance_stub.py").write_text(STUB_SERVERS.format(repo=ROOT))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--noconftest -p conformance_stub -W ignore::pytest.PytestUnknownMarkWarning")
+    monkeypatch.setenv("STUB_DOWN", "dspine")
+    out = tmp_path / "out"
+    rc = sf.main(["--servers", "plain,dspine", "--no-prebuild", "--load-seconds", "1", "--clients", "2",
+                  "--out", str(out), "--tag", "cpu"])
+    printed = capsys.readouterr().out
+    assert rc == 1, printed
+    assert "servers that did not start: dspine (pytest exit status 1)" in printed
+    cases = {c.get("name"): c for c in ET.parse(out / "serving_features_cpu_tests.xml").iter("testcase")}
+    assert sorted(cases) == sorted(f"test_check[{s}-{c}]" for s, c in sf.check_cases(["plain", "dspine"]))
+    passed = [n for n, c in cases.items() if not list(c)]
+    assert passed == ["test_check[plain-server_start]"]
+    failure = cases["test_check[plain-regex_generate]"].find("failure").get("message")  # /generate: httpx
+    assert "plain regex_generate: ConnectError" in failure and "Connection refused" in failure
+    failure = cases["test_check[plain-mixed_load]"].find("failure").get("message")
+    assert "requests from 2 clients" in failure and "errors by kind" in failure
+    assert "dspine server did not start: did not start: stub" in cases["test_check[dspine-n2]"].find(
+        "failure").get("message")
+    res = json.loads((out / "serving_features_cpu.json").read_text())
+    assert res["server_names"] == ["plain", "dspine"] and res["load"]["plain"]["errors"] > 0
+    assert res["provenance"]["command"].startswith("tests/test_serving_conformance.py --servers plain,dspine ")
+    assert res["load_seconds"] == 1.0 and res["features"]["plain"]["serves_after_load"]["ok"] is False
+    s = json.loads((out / "serving_features_cpu_summary.json").read_text())["servers"]
+    assert s["plain"]["checks_ok"] == 1 and s["plain"]["checks_total"] == 19 and s["dspine"]["up"] is False
+    assert (out / "serving_features_cpu_logs.tar.gz").exists() and not list(out.glob("server_*.log"))
