@@ -1061,6 +1061,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         dirs = write_geometry_models(args.work, geometry, "cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the drafters were made on the GPU: leave its memory to the servers
         print(f"{geometry} models written in {time.time() - t0:.0f} s", flush=True)
         ctx = geometry_inputs(geometry)
     else:
