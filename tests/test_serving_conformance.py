@@ -26,8 +26,11 @@ from sglang_dspine.source_files import load_file
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sf = load_file(os.path.join(ROOT, "benchmarks", "serving_features.py"))
 ARGV = shlex.split(os.environ.get(sf.ARGS_ENV, ""))
-ARGS = sf.parser().parse_args(ARGV)
-NAMES, _ = sf.servers_and_models(ARGS.servers, ARGS.models)  # a wrong --servers or --models: a collection error
+try:
+    ARGS = sf.parser().parse_args(ARGV)
+    NAMES, _ = sf.servers_and_models(ARGS.servers, ARGS.models)
+except SystemExit as e:  # argparse's or serving_features' refusal: a collection error, not pytest's own exit
+    raise RuntimeError(f"{sf.ARGS_ENV}={shlex.join(ARGV)}: refused ({e})") from None
 CASES = sf.check_cases(NAMES)
 
 
