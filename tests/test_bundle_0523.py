@@ -131,3 +131,32 @@ def test_the_prebuild_says_where_each_module_came_from_and_the_record_keeps_it(t
     partial = "FlashInfer module sampling: unknown (RuntimeError); 107.0 s\n"
     assert servers.prebuild_modules(partial) == {"sampling": {"from": "unknown", "detail": "(RuntimeError)",
                                                               "seconds": 107.0}}
+
+
+def test_topk_without_cub_is_placed_only_without_a_full_build_and_marked(tmp_path):
+    """The topk variant built without csrc/cub_topk.cu (AOT_TOPK_CUB=0) has its own store name, is placed only when
+    no full build is in the store, and leaves the NOCUB marker from which setup exports FLASHINFER_TOPK_ALGO=default
+    (so FlashInfer never picks the CUB kernels it lacks); a full build placed later removes the marker. Its stand-ins
+    are the six functions FlashInfer's topk binding exports from cub_topk.cu."""
+    b = bundle()
+    lock = b.Path(LOCK)
+    full, nocub = b.aot_key("topk", lock), b.aot_key("topk", lock, "nocub")
+    assert nocub != full and nocub.startswith("topk-nocub-flashinfer")
+    assert sorted(re.findall(r"^(?:void|int64_t) (\w+)\(", b.AOT_NOCUB_STUB, re.M)) == sorted(
+        ["cub_topk_page_table_transform", "cub_topk_page_table_transform_workspace_size",
+         "cub_topk_ragged_transform", "cub_topk_ragged_transform_workspace_size", "cub_topk",
+         "cub_topk_workspace_size"])
+    store, site = tmp_path / "store", tmp_path / "jit"
+    store.mkdir()
+    aot = site / "flashinfer" / "data" / "aot" / "topk"
+    (store / f"{nocub}.so").write_bytes(b"nocub")
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert b.aot_place(site, store, lock) == ["topk"]
+    assert (aot / "topk.so").read_bytes() == b"nocub" and (aot / b.AOT_NOCUB_MARKER).is_file()
+    assert "topk (without CUB top-k: FLASHINFER_TOPK_ALGO=default there)" in out.getvalue()
+    (store / f"{full}.so").write_bytes(b"full")
+    with contextlib.redirect_stdout(io.StringIO()):
+        b.aot_place(site, store, lock)
+    assert (aot / "topk.so").read_bytes() == b"full" and not (aot / b.AOT_NOCUB_MARKER).exists()
+    setup = open(os.path.join(ROOT, "scripts", "device", "bundle_0523.sh")).read()
+    assert f"flashinfer/data/aot/topk/{b.AOT_NOCUB_MARKER}" in setup and "FLASHINFER_TOPK_ALGO=default" in setup

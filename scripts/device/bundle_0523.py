@@ -7,7 +7,7 @@ the optional parts out of it, trims what SGLang 0.5.23's imports never touch, an
   python3 scripts/device/bundle_0523.py pth-paths SITE               # what SITE's .pth files add to sys.path
   python3 scripts/device/bundle_0523.py import-scan [PACKAGE ...]    # (bundle first on the path) see import_scan
   python3 scripts/device/bundle_0523.py aot-src DEST LOCK WHEELDIR   # the lock's flashinfer wheel alone, unpacked
-  python3 scripts/device/bundle_0523.py aot-key MODULE LOCK          # the store name of MODULE's prebuilt .so
+  python3 scripts/device/bundle_0523.py aot-key MODULE LOCK [nocub]  # the store name of MODULE's prebuilt .so
   python3 scripts/device/bundle_0523.py aot-place SITE STORE LOCK    # prebuilt modules into SITE/flashinfer/data/aot
   PYTHON-with-torch-and-tvm_ffi scripts/device/bundle_0523.py aot-ninja FLASHINFER_PARENT MODULE WORKSPACE
                                                                      # MODULE's build.ninja by FlashInfer's own code
@@ -108,6 +108,56 @@ AOT_TOOLCHAIN = [
 ]
 
 
+# topk without csrc/cub_topk.cu (AOT_TOPK_CUB=0 bundle_0523.sh aot): that file's CUB DeviceBatchedTopK kernels are
+# ~270 MB of PTX for sm_90a, hours of ptxas on 2 cores. FlashInfer 0.7.2's top_k takes CUB only for unsorted,
+# non-deterministic calls (can_use_cub_topk), never for DFlash2's selector (sorted, deterministic: radix kernels of
+# csrc/topk.cu, built as usual). This variant links, in cub_topk.cu's place, the stand-ins below (the six functions
+# flashinfer_topk_binding.cu exports, each raising an error that says so), and is placed with a NOCUB marker beside it,
+# from which setup exports FLASHINFER_TOPK_ALGO=default (FlashInfer then never picks CUB). A full build is
+# preferred when both are in the store.
+AOT_NOCUB_MARKER = "NOCUB"
+AOT_NOCUB_STUB = r"""// sglang-dspine scripts/device/bundle_0523.py (AOT_NOCUB_STUB): stand-ins for the entry points of
+// FlashInfer's csrc/cub_topk.cu in a topk module built ahead of time without it; each raises an error saying so.
+#include "tvm_ffi_utils.h"
+
+using tvm::ffi::Optional;
+
+#define DSPINE_NO_CUB(NAME)                                                                      \
+  TVM_FFI_THROW(NotImplementedError) << NAME << ": this prebuilt FlashInfer topk module has no "  \
+                                     << "CUB top-k kernels (sglang-dspine bundle_0523 aot, "     \
+                                     << "AOT_TOPK_CUB=0); set FLASHINFER_TOPK_ALGO=default"
+
+void cub_topk_page_table_transform(TensorView, TensorView, TensorView, TensorView, Optional<TensorView>,
+                                   Optional<TensorView>, int64_t, int64_t, int64_t, Optional<TensorView>,
+                                   Optional<TensorView>, Optional<TensorView>) {
+  DSPINE_NO_CUB("cub_topk_page_table_transform");
+}
+
+int64_t cub_topk_page_table_transform_workspace_size(TensorView, TensorView, int64_t, int64_t, bool, bool) {
+  DSPINE_NO_CUB("cub_topk_page_table_transform_workspace_size");
+  return 0;
+}
+
+void cub_topk_ragged_transform(TensorView, TensorView, TensorView, TensorView, Optional<TensorView>, int64_t,
+                               int64_t, Optional<TensorView>) {
+  DSPINE_NO_CUB("cub_topk_ragged_transform");
+}
+
+int64_t cub_topk_ragged_transform_workspace_size(TensorView, TensorView, int64_t, int64_t, bool) {
+  DSPINE_NO_CUB("cub_topk_ragged_transform_workspace_size");
+  return 0;
+}
+
+void cub_topk(TensorView, TensorView, TensorView, Optional<TensorView>, int64_t, int64_t) {
+  DSPINE_NO_CUB("cub_topk");
+}
+
+int64_t cub_topk_workspace_size(TensorView, int64_t, int64_t) {
+  DSPINE_NO_CUB("cub_topk_workspace_size");
+  return 0;
+}
+"""
+
 def flashinfer_pin(lock: Path) -> tuple[str, str]:
     """(version, wheel sha256) of the lock's flashinfer-python."""
     for pin, h in read_lock(lock).items():
@@ -117,13 +167,14 @@ def flashinfer_pin(lock: Path) -> tuple[str, str]:
     raise SystemExit(f"bundle_0523.py: no flashinfer-python in {lock}")
 
 
-def aot_key(module: str, lock: Path) -> str:
+def aot_key(module: str, lock: Path, variant: str = "") -> str:
     """The store name of MODULE's prebuilt .so: what decides its build (FlashInfer's wheel, which fixes its sources
     and flags; the toolchain; the arch). A new flashinfer pin or toolchain gives a new name: the old .so is not
     placed (the module is then JIT-built on the device again, as before)."""
     version, sha = flashinfer_pin(lock)
-    h = hashlib.sha256("\n".join([module, version, sha, AOT_ARCH, *AOT_TOOLCHAIN]).encode()).hexdigest()[:16]
-    return f"{module}-flashinfer{version}-sm{AOT_ARCH.replace('.', '')}-{h}"
+    parts = [module, version, sha, AOT_ARCH, *AOT_TOOLCHAIN] + ([variant, AOT_NOCUB_STUB] if variant else [])
+    h = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return f"{module}{'-' + variant if variant else ''}-flashinfer{version}-sm{AOT_ARCH.replace('.', '')}-{h}"
 
 
 def aot_src(dest: Path, lock: Path, wheeldir: Path) -> None:
@@ -162,6 +213,14 @@ def aot_ninja(parent: Path, module: str, workspace: Path) -> None:
     mod_name, fn = AOT_MODULES[module]
     spec = getattr(importlib.import_module(mod_name), fn)()
     spec.write_ninja()
+    if module == "topk" and os.environ.get("AOT_TOPK_CUB", "1") == "0":
+        stub = spec.build_dir / "dspine_no_cub_topk.cu"
+        stub.write_text(AOT_NOCUB_STUB)
+        text = spec.ninja_path.read_text()
+        cub = str((parent / "flashinfer" / "data" / "csrc" / "cub_topk.cu").resolve())
+        if text.count(f"cuda_compile {cub}") != 1:
+            raise SystemExit(f"aot-ninja: {cub} is not compiled once in {spec.ninja_path}")
+        spec.ninja_path.write_text(text.replace(f"cuda_compile {cub}", f"cuda_compile {stub.resolve()}"))
     print(spec.ninja_path)
 
 
@@ -170,19 +229,31 @@ def aot_place(site: Path, store: Path, lock: Path) -> list[str]:
     it from, SITE/flashinfer/data/aot/<name>/<name>.so; prints one line a module. Returns the modules placed."""
     placed = []
     for module in AOT_MODULES:
-        key = aot_key(module, lock)
-        so = store / f"{key}.so"
-        if not so.is_file():
-            print(f"aot-place: {module}: not prebuilt for this lock ({so.name} not in {store}): FlashInfer builds it "
-                  "on the device on first use (bundle_0523.sh aot builds it here)")
-            continue
         dest = site / "flashinfer" / "data" / "aot" / module / f"{module}.so"
+        marker = dest.parent / AOT_NOCUB_MARKER
+        variants = [""] + (["nocub"] if module == "topk" else [])
+        key = next((k for k in (aot_key(module, lock, v) for v in variants) if (store / f"{k}.so").is_file()), None)
+        if key is None:
+            print(f"aot-place: {module}: not prebuilt for this lock ({aot_key(module, lock)}.so not in {store}): "
+                  "FlashInfer builds it on the device on first use (bundle_0523.sh aot builds it here)")
+            if dest.exists():
+                dest.unlink()
+            marker.unlink(missing_ok=True)
+            continue
+        so = store / f"{key}.so"
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(so, dest)
         os.chmod(dest, 0o755)
+        nocub = "-nocub-" in key
+        if nocub:
+            marker.write_text("topk built without csrc/cub_topk.cu (bundle_0523.py AOT_NOCUB_STUB): "
+                              "FLASHINFER_TOPK_ALGO=default\n")
+        else:
+            marker.unlink(missing_ok=True)
         info = store / f"{key}.json"
         meta = json.loads(info.read_text()) if info.is_file() else {}
-        print(f"aot-place: {module}: {so.stat().st_size / 1e6:.1f} MB -> {dest.relative_to(site)} "
+        print(f"aot-place: {module}{' (without CUB top-k: FLASHINFER_TOPK_ALGO=default there)' if nocub else ''}: "
+              f"{so.stat().st_size / 1e6:.1f} MB -> {dest.relative_to(site)} "
               f"(built {meta.get('built', '?')} in {meta.get('seconds', '?')} s with nvcc {meta.get('nvcc', '?')})")
         placed.append(module)
     return placed
@@ -498,7 +569,7 @@ if __name__ == "__main__":
     elif cmd == "aot-src":
         aot_src(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
     elif cmd == "aot-key":
-        print(aot_key(sys.argv[2], Path(sys.argv[3])))
+        print(aot_key(sys.argv[2], Path(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else ""))
     elif cmd == "aot-ninja":
         aot_ninja(Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))
     elif cmd == "aot-place":

@@ -20,7 +20,10 @@
 #                                                  #   topk ~40 min on 2 cores, nohup it) into BUNDLE_WORK/aot/store;
 #                                                  #   build then puts them in the jit part: FlashInfer loads them as
 #                                                  #   they are there (flashinfer/data/aot), nothing compiles. Then:
-#        BUNDLE_PARTS="sglang-0523-jit" PIECE_MIB=61 ... build   # the jit part alone again
+#        BUNDLE_PARTS="sglang-0523-jit" PIECE_MIB=61 ... build   # the jit part alone again, or, faster, from the
+#   BUNDLE_PARTS="sglang-0523-jit" PIECE_MIB=61 bash scripts/device/bundle_0523.sh repack   # trimmed tree build left
+#                                                  # in BUNDLE_WORK (no download, unpack or trim): prebuilt modules
+#                                                  # placed, tarred, packed
 # Fewer calls: the pieces travel beside the working tree (~25 MiB, 18 of it models/default). With models/ and
 # benchmarks/results/ set aside for the piece calls (`carry.sh aside`, then `carry.sh back`: a 1.6 MiB tree),
 # pieces of 61 MiB fit (build with PIECE_MIB=61, or `carry.sh resplit`), and `plan` packs them into 16 calls.
@@ -46,6 +49,7 @@ _b23_main() {
     plan) _b23_plan ;;
     check-cpu) _b23_check_cpu ;;
     aot) _b23_aot ;;
+    repack) _b23_repack ;;
     setup) _b23_setup ;;
     *) sed -n '2,/^_b23_main/p' "${BASH_SOURCE[0]:-$0}" | sed '$d'; return 2 ;;
   esac
@@ -198,27 +202,51 @@ _b23_aot() {  # FlashInfer JIT modules built here for the H200: see AOT_MODULES 
   fi
   "$cuda/bin/nvcc" --version | tail -2
   python3 "$py" aot-src "$aotw/src" "$lock" "$work/wheels" || return 1
+  local variant log
   for m in ${AOT_MODULES:-topk sampling}; do
-    key="$(python3 "$py" aot-key "$m" "$lock")" || return 1
+    variant=""
+    [ "$m" = topk ] && [ "${AOT_TOPK_CUB:-1}" = 0 ] && variant=nocub  # see AOT_NOCUB_STUB in bundle_0523.py
+    key="$(python3 "$py" aot-key "$m" "$lock" $variant)" || return 1
     if [ -f "$aotw/store/$key.so" ]; then echo "aot: $m: $aotw/store/$key.so already built"; continue; fi
-    ninja="$(cd /tmp && CUDA_HOME="$cuda" "$vpy" "$py" aot-ninja "$aotw/src" "$m" "$aotw/ws")" || return 1
-    echo "aot: $m: building $ninja with ${AOT_JOBS:-$(nproc)} jobs (log $aotw/$m.log)"
+    ninja="$(cd /tmp && CUDA_HOME="$cuda" "$vpy" "$py" aot-ninja "$aotw/src" "$m" "$aotw/ws${variant:+-$variant}")" \
+      || return 1
+    log="$aotw/$m${variant:+-$variant}.log"
+    echo "aot: $m${variant:+ ($variant)}: building $ninja with ${AOT_JOBS:-$(nproc)} jobs (log $log)"
     t0=$(date +%s)
-    (cd "$(dirname "$ninja")" && ninja -v -j "${AOT_JOBS:-$(nproc)}" -f "$ninja") >"$aotw/$m.log" 2>&1 \
-      || { tail -20 "$aotw/$m.log" >&2; echo "aot: $m: build failed" >&2; return 1; }
+    (cd "$(dirname "$ninja")" && ninja -v -j "${AOT_JOBS:-$(nproc)}" -f "$ninja") >"$log" 2>&1 \
+      || { tail -20 "$log" >&2; echo "aot: $m: build failed" >&2; return 1; }
     secs=$(( $(date +%s) - t0 ))
     so="$(dirname "$ninja")/$m.so"
     cp "$so" "$aotw/store/$key.so"
-    python3 - "$aotw/store/$key.json" "$m" "$secs" "$("$cuda/bin/nvcc" --version | grep -o 'V[0-9.]*')" "$ninja" <<'PY'
+    python3 - "$aotw/store/$key.json" "$m" "$secs" "$("$cuda/bin/nvcc" --version | grep -o 'V[0-9.]*')" "$ninja" \
+      "$variant" <<'PY'
 import datetime, json, sys
-out, module, secs, nvcc, ninja = sys.argv[1:6]
-json.dump({"module": module, "seconds": int(secs), "nvcc": nvcc, "arch": "sm_90a", "host_cores": __import__("os").cpu_count(),
+out, module, secs, nvcc, ninja, variant = sys.argv[1:7]
+json.dump({"module": module, "variant": variant or "full", "seconds": int(secs), "nvcc": nvcc, "arch": "sm_90a",
+           "host_cores": __import__("os").cpu_count(),
            "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "build_ninja": open(ninja).read()}, open(out, "w"), indent=1)
 PY
     echo "aot: $m: $(du -h "$aotw/store/$key.so" | cut -f1) in $secs s -> $aotw/store/$key.so"
   done
   echo "aot: done; the jit part takes them at its next build: BUNDLE_PARTS=\"$name_core-jit\" PIECE_MIB=61 bash scripts/device/bundle_0523.sh build"
+}
+
+_b23_repack() {  # the parts again from the trimmed tree of the last build (BUNDLE_WORK/site, opt/): after `aot`
+  set -o pipefail
+  local part dir mib="${PIECE_MIB:-61}"
+  [ -d "$work/site" ] && [ -d "$work/opt" ] || { echo "repack: no trimmed tree in $work: run build" >&2; return 1; }
+  [ -d "$work/opt/jit/flashinfer/data" ] \
+    && { python3 "$repo/scripts/device/bundle_0523.py" aot-place "$work/opt/jit" "$work/aot/store" "$lock" || return 1; }
+  for part in $parts; do
+    case "$part" in
+      "$name_core") dir="$work/site" ;;
+      *) dir="$work/opt/${part#"$name_core"-}" ;;
+    esac
+    [ -d "$dir" ] || { echo "repack: no $dir" >&2; return 1; }
+    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$dir" -cf "$work/$part.tar" . || return 1
+    (cd "$repo" && PIECE_MIB="$mib" bash scripts/device/carry.sh pack "$part" "$work/$part.tar") || return 1
+  done
 }
 
 _b23_measure() {  # other compressors on the core tar: size and pieces (decompression needs xz or python lzma there)
@@ -411,6 +439,8 @@ PY
   # Every variable the 0.5.23 runs need, also for later calls of the lease: source /tmp/site-0523/env.sh
   local pth  # what the site's .pth files would add (PYTHONPATH entries do not run them): cutlass's dsl_packages
   pth="$(cd /tmp && env -u PYTHONPATH python3 "$repo/scripts/device/bundle_0523.py" pth-paths "$site")" || return 1
+  local nocub=""  # a prebuilt topk without CUB's kernels (bundle_0523.py AOT_NOCUB_STUB): FlashInfer must not pick CUB
+  [ -f "$site/flashinfer/data/aot/topk/NOCUB" ] && nocub=1
   cat >"$site/env.sh" <<EOF
 export PYTHONPATH="$site${pth:+:$pth}:$dsp"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 DO_NOT_TRACK=1
@@ -424,6 +454,7 @@ ${cuda_root:+export CUDA_HOME="$cuda_root" PATH="\$PATH:$cuda_root/bin"}
 # needs is there, only torch's minor-version check would refuse it.
 export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+${nocub:+export FLASHINFER_TOPK_ALGO=default  # the prebuilt topk has no CUB top-k (flashinfer/data/aot/topk/NOCUB)}
 EOF
   echo "bundle_0523 setup: env ($site/env.sh):"; sed 's/^/  /' "$site/env.sh"
   # shellcheck disable=SC1090,SC1091
@@ -486,6 +517,6 @@ PY
 
 _b23_main "$@"
 _b23_rc=$?
-unset -f _b23_main _b23_pip_download _b23_relock _b23_tree_bytes _b23_build _b23_aot _b23_measure _b23_plan _b23_check_cpu \
+unset -f _b23_main _b23_pip_download _b23_relock _b23_tree_bytes _b23_build _b23_aot _b23_repack _b23_measure _b23_plan _b23_check_cpu \
   _b23_setup
 if (return 0 2>/dev/null); then return "$_b23_rc"; else exit "$_b23_rc"; fi
