@@ -223,6 +223,7 @@ def build_inputs(tokenizer, models: str) -> dict:
         "context_len": context_len,
         "vocab_text": vocab_text,
         "completion_token_text": completion_token_texts(tokenizer, vocab_text),
+        "sglang_length_first": sglang_checks_length_first(),
     }
 
 
@@ -919,14 +920,32 @@ def _lp_kind(kind):
     return run
 
 
+def sglang_checks_length_first(source: str | None = None) -> bool:
+    """Whether Req.update_finish_state (the installed SGLang's, or `source`) checks max_new_tokens before stop
+    strings: 0.5.17 does, so an answer whose last step reaches the limit keeps a stop string those tokens hold
+    (the load's stop kind counts it apart, LENGTH_BEFORE_STOP); 0.5.23 checks stops first (sglang#33758), and there such
+    an answer is an error."""
+    if source is None:
+        import inspect
+
+        from sglang.srt.managers.schedule_batch import Req
+
+        source = inspect.getsource(Req.update_finish_state)
+    cap = re.search(r"len\(self\.output_ids\)\s*>=\s*self\.sampling_params\.max_new_tokens", source)
+    stop = source.find("self._check_str_based_finish(")
+    if cap is None or stop < 0:
+        raise RuntimeError("Req.update_finish_state no longer has the length cap or the stop-string check read here")
+    return cap.start() < stop
+
+
 def _load_stop(api, ctx, rng):
     stop = rng.choice(LOAD_STOPS)
     c = _completion(api, ctx, rng.choice(ctx["greedy_prompts"]), 48, temperature=rng.choice((0.0, 1.0)), stop=[stop])[0]
     if stop in c["text"]:
-        if c.get("finish_reason") == "length":
-            # SGLang checks max_tokens before stop strings (Req.update_finish_state, 0.5.17 and 0.5.23): the
-            # last step's tokens end the request by length and keep a stop string they hold, with or without
-            # speculation. Counted apart, not as this server's error.
+        length_first = ctx["sglang_length_first"] if "sglang_length_first" in ctx else sglang_checks_length_first()
+        if c.get("finish_reason") == "length" and length_first:
+            # 0.5.17 checks max_tokens before stop strings: the last step's tokens end the request by length and
+            # keep a stop string they hold, with or without speculation. Counted apart, not as this server's error.
             return LENGTH_BEFORE_STOP
         raise Malformed(f"output contains the stop string {stop!r} (finish_reason {c.get('finish_reason')!r}): "
                         f"{c['text'][:200]!r}")

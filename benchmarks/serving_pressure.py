@@ -539,24 +539,6 @@ def buckets(records: list[tuple], width: float, total: float | None = None) -> l
     return rows
 
 
-def sglang_checks_length_first(source: str | None = None) -> bool:
-    """Whether Req.update_finish_state (the installed SGLang's, or `source`) checks max_new_tokens before stop
-    strings: 0.5.17 does, so an answer whose last step reaches the limit keeps a stop string those tokens hold
-    (serving_features counts it apart, LENGTH_BEFORE_STOP); 0.5.23 checks stops first (sglang#33758), and there such
-    an answer is an error."""
-    if source is None:
-        import inspect
-
-        from sglang.srt.managers.schedule_batch import Req
-
-        source = inspect.getsource(Req.update_finish_state)
-    cap = re.search(r"len\(self\.output_ids\)\s*>=\s*self\.sampling_params\.max_new_tokens", source)
-    stop = source.find("self._check_str_based_finish(")
-    if cap is None or stop < 0:
-        raise RuntimeError("Req.update_finish_state no longer has the length cap or the stop-string check read here")
-    return cap.start() < stop
-
-
 def mixed_load(api, ctx: dict, seconds: float, clients: int, seed: int = 0, refusable: bool = False) -> dict:
     """serving_features' request kinds from `clients` threads for `seconds`, every answer checked; per request
     (start second, latency, kind, outcome). With `refusable`, a refused feature (unsupported) is counted apart
@@ -565,7 +547,6 @@ def mixed_load(api, ctx: dict, seconds: float, clients: int, seed: int = 0, refu
     records: list[tuple] = []
     samples: dict[str, list[str]] = {}
     lock = threading.Lock()
-    length_first = sglang_checks_length_first()
     t0 = time.time()
     deadline = t0 + seconds
 
@@ -576,9 +557,6 @@ def mixed_load(api, ctx: dict, seconds: float, clients: int, seed: int = 0, refu
             t, msg = time.time(), None
             try:
                 outcome = sf.LOAD_KINDS[kind](api, ctx, rng)
-                if outcome == sf.LENGTH_BEFORE_STOP and not length_first:
-                    msg, outcome = ("a stop string kept by an answer ended by length, on an SGLang that checks stop "
-                                    "strings first", "errors")
             except Exception as e:  # noqa: BLE001 - counted and sampled
                 msg = error_text(e)
                 outcome = "unsupported" if refusable and unsupported(msg) else "errors"

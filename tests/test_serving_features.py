@@ -261,15 +261,19 @@ def test_divergence_margins(sf):
 
 
 @pytest.mark.parametrize("finish,text,outcome", [
-    ("length", "x = f(a, b)", "sglang_length_before_stop"),  # SGLang ends by length before it checks stop strings
+    ("length", "x = f(a, b)", "sglang_length_before_stop"),  # 0.5.17 ends by length before it checks stop strings
     ("stop", "x = f(a, b)", "Malformed"),  # a stop that ended the request must not stay in the text
     ("length", "xyz", "ok"),
 ])
 def test_load_stop_counts_sglangs_length_before_stop_apart(sf, ctx, tok, finish, text, outcome):
     """The mixed load's stop-string request: an answer that keeps a stop string is an error unless SGLang ended
-    it by length (its order: max_tokens first, Req.update_finish_state). Answers built by SGLang's own response
-    classes and read through the OpenAI client's types."""
+    it by length on a release that checks max_tokens first (0.5.17's Req.update_finish_state; 0.5.23 checks stop
+    strings first, so there it is an error too). Answers built by SGLang's own response classes and read through
+    the OpenAI client's types."""
     import random
+
+    if outcome == "sglang_length_before_stop" and not ctx["sglang_length_first"]:
+        outcome = "Malformed"
 
     ret = sf._ret_item(list(range(48)), [f"t{i}" for i in range(64)], 5, 0, True)
     ret["text"], ret["meta_info"]["finish_reason"] = text, {"type": finish}
@@ -282,10 +286,29 @@ def test_load_stop_counts_sglangs_length_before_stop_apart(sf, ctx, tok, finish,
     rng = random.Random(0)
     rng.choice = lambda seq: "," if seq == sf.LOAD_STOPS else seq[0]
     if outcome == "Malformed":
-        with pytest.raises(sf.Malformed, match="finish_reason 'stop'"):
+        with pytest.raises(sf.Malformed, match=f"finish_reason '{finish}'"):
             sf._load_stop(Answers(), ctx, rng)
     else:
         assert sf._load_stop(Answers(), ctx, rng) == outcome
+
+
+def test_which_sglang_checks_the_length_cap_before_stop_strings(sf):
+    """sglang_checks_length_first reads Req.update_finish_state's order: the installed release's (0.5.17: the cap
+    first; 0.5.23: stop strings first, sglang#33758) and 0.5.23's as written there; a rewritten method that no
+    longer holds either check is refused, not guessed."""
+    import sglang
+
+    assert sf.sglang_checks_length_first() == (sglang.__version__ == "0.5.17")
+    v0523 = ("new_accepted_tokens = self.output_ids[-new_accepted_len:]\n"
+             "if self._check_str_based_finish(new_accepted_len):\n    return\n"
+             "if self._check_token_based_finish(new_accepted_tokens):\n    return\n"
+             "if len(self.output_ids) >= self.sampling_params.max_new_tokens:\n    return\n")
+    assert not sf.sglang_checks_length_first(v0523)
+    v0517 = ("if len(self.output_ids) >= self.sampling_params.max_new_tokens:\n    return\n"
+             "if self._check_str_based_finish(new_accepted_len):\n    return\n")
+    assert sf.sglang_checks_length_first(v0517)
+    with pytest.raises(RuntimeError, match="no longer has"):
+        sf.sglang_checks_length_first("def update_finish_state(self):\n    return\n")
 
 
 # Partial UTF-8 bytes in the default pair's vocabulary (byte-level BPE): each decodes alone to U+FFFD. The two a
