@@ -218,7 +218,7 @@ _b23_aot() {  # FlashInfer JIT modules built here for the H200: see AOT_MODULES 
     secs=$(( $(date +%s) - t0 ))
     so="$(dirname "$ninja")/$m.so"
     cp "$so" "$aotw/store/$key.so"
-    python3 - "$aotw/store/$key.json" "$m" "$secs" "$("$cuda/bin/nvcc" --version | grep -o 'V[0-9.]*')" "$ninja" \
+    python3 - "$aotw/store/$key.json" "$m" "$secs" "$("$cuda/bin/nvcc" --version | grep -o 'V[0-9][0-9.]*')" "$ninja" \
       "$variant" <<'PY'
 import datetime, json, sys
 out, module, secs, nvcc, ninja, variant = sys.argv[1:7]
