@@ -22,8 +22,9 @@ NORMALIZE_EPS = 1e-12
 
 
 def rms(h: torch.Tensor) -> torch.Tensor:
-    """‖h‖ / √H over the last axis (no epsilon, float32 like the reference), as a broadcastable singleton."""
-    return (h.float().norm(dim=-1, keepdim=True) / math.sqrt(h.shape[-1])).to(h.dtype)
+    """‖h‖ / √H over the last axis (no epsilon, accumulated in float32 like the reference), as a broadcastable
+    singleton. The norm reads h as it is: no float32 copy of h is made, nor kept for the backward."""
+    return (torch.linalg.vector_norm(h, dim=-1, keepdim=True, dtype=torch.float32) / math.sqrt(h.shape[-1])).to(h.dtype)
 
 
 class AdjacentInjection(nn.Module):
@@ -64,9 +65,10 @@ class AdjacentInjection(nn.Module):
         return (math.sqrt(self.rank) * F.normalize(z.float(), dim=-1, eps=NORMALIZE_EPS)).to(h.dtype)
 
     def delta(self, layer: int, h: torch.Tensor, feat: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
-        """rms(h) · U_l(σ(G_r feat + G_p pred + b) ⊙ M pred): what the write adds to h."""
+        """rms(h) · U_l(σ(G_r feat + G_p pred + b) ⊙ M pred): what the write adds to h. The row scalar rms(h) is
+        applied to the message (width m) before U_l rather than to its output (width H), as the kernels do."""
         gate = torch.sigmoid(self.receiver_gate(feat) + self.predecessor_gate(pred) + self.bias)
-        return rms(h) * self.writes[layer](gate * self.message(pred))
+        return self.writes[layer](rms(h) * (gate * self.message(pred)))
 
     def predecessors(self, feat: torch.Tensor, anchor_codes: torch.Tensor) -> torch.Tensor:
         """Predecessor of each block position 1..B-1: [..., B-1, r] (position 0 has none)."""
@@ -85,9 +87,10 @@ class AdjacentInjection(nn.Module):
         if replacement is not None:
             replacement = replacement.to(pred.dtype)
             pred = replacement if replaced is None else torch.where(replaced[..., None, None], replacement, pred)
-        tail = h[..., 1:, :]
-        tail = tail + self.delta(layer, tail, feat[..., 1:, :], pred)
-        return torch.cat([h[..., :1, :], tail], dim=-2)
+        # Position 0 has no predecessor: a zero row there gives it a zero message (M and U_l have no bias),
+        # so the write leaves it exactly as it was, and h is updated in one add (no slice and concatenation).
+        pred = F.pad(pred, (0, 0, 1, 0))
+        return h + self.delta(layer, h, feat, pred)
 
     def refine(self, pre_last: torch.Tensor, pred_codes: torch.Tensor) -> torch.Tensor:
         """Last-layer write with known predecessors, before the final norm.
