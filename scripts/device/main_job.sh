@@ -4,6 +4,9 @@
 # README's curl command and OpenAI-client snippet, taken from README.md at run time, verbatim (for the given pair
 # only the model name, which serve.sh sets to the target folder's name). Results: $OUT/main_job.json and the logs.
 #   GIT_COMMIT=<hash> bash scripts/device/main_job.sh [SECONDS_TO_WAIT_FOR_READY (default 300)]
+#   DEVICE_SGLANG=0.5.23 GIT_COMMIT=<hash> bash scripts/device/main_job.sh   # the same on SGLang 0.5.23, after
+#     `source scripts/device/bundle_0523.sh setup` in this lease (its site comes first on the .venv's path; the
+#     provenance in main_job.json records the release that served)
 # serve.sh's install step needs the network, which this machine lacks: the .venv it would make is made from the
 # machine's torch and the bundle (scripts/device/setup.sh) and marked installed with serve.sh's own key
 # (scripts/env.sh), so serve.sh runs as written from its GPU check on. A server not ready in time gets SIGABRT in
