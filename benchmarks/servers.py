@@ -1,11 +1,14 @@
-"""SGLang servers for the serving benchmarks: start, wait, query, profile, stop.
+"""The serving benchmarks' harness: SGLang servers (start, wait, query, profile, stop), their warm-up, their
+KV pools, and the measured round of requests.
 
 Every serving script launches `python -m sglang.launch_server` through `Server`, so the flags the bundle needs
-on the GPU machine, the working directory and the log handling live here once. Servers run outside the
-repository root (sglang_dspine.source_files says why).
+on the GPU machine, the working directory and the log handling live here once; every one warms its servers with
+`warm_up` (or `start_warm_up`, several servers at once), reads their KV pools with `kv_pools`, and the step-cost
+measurements time `wave_round`. Servers run outside the repository root (sglang_dspine.source_files says why).
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import glob
 import gzip
 import json
@@ -125,9 +128,11 @@ class Server:
     def post(self, path: str, payload: dict, timeout: float = 300) -> dict:
         return post(self.url + path, payload, timeout)
 
-    def generate_ids(self, input_ids: list[int], max_new: int, temperature: float = 0.0, **extra) -> dict:
-        sp = {"max_new_tokens": max_new, "temperature": temperature, "ignore_eos": True}
-        return self.post("/generate", {"input_ids": input_ids, "sampling_params": sp, **extra})
+    def generate_ids(self, input_ids: list[int], max_new: int, temperature: float = 0.0, ignore_eos: bool = True,
+                     **extra) -> dict:
+        """ignore_eos (default): every request runs max_new tokens, the same work on every server."""
+        body = generate_body(input_ids, max_new, temperature, ignore_eos=ignore_eos)
+        return self.post("/generate", {**body, **extra})
 
     def profile(self, out_dir: str, num_steps: int) -> None:
         """Start SGLang's torch profiler for the next `num_steps` forward steps (CPU + GPU activities); it stops
@@ -220,6 +225,103 @@ def post(url: str, payload: dict, timeout: float = 300) -> dict:
         return json.loads(body)
     except json.JSONDecodeError:  # endpoints such as /start_profile answer with plain text
         return {"text": body}
+
+
+# ------------------------------------------------------------------------------------------- the harness
+WARM_UP_TIMEOUT = 400  # a first mixed batch may build FlashInfer's sampling module (minutes, no output)
+
+
+def wait_all(servers: dict[str, Server], timeout: float = 600) -> dict[str, bool]:
+    """Every server's start awaited at once (`Server.wait`); the log tail of each that did not start printed."""
+    if not servers:
+        return {}
+    with cf.ThreadPoolExecutor(len(servers)) as ex:
+        up = dict(zip(servers, ex.map(lambda s: s.wait(timeout), servers.values())))
+    for n, ok in up.items():
+        if not ok:
+            print(f"--- server {n} did not start ---\n{servers[n].tail(60)}", flush=True)
+    return up
+
+
+def generate_body(prompt, max_new: int, temperature: float = 0.0, **sampling) -> dict:
+    """A /generate body: `prompt` as text (str) or token ids (list)."""
+    sp = {"max_new_tokens": max_new, "temperature": temperature, **sampling}
+    return {"text" if isinstance(prompt, str) else "input_ids": prompt, "sampling_params": sp}
+
+
+def warm_up(send, prompts: list, n: int = 48, max_new: int = 16) -> float:
+    """The burst every benchmark gives a server before it measures anything: n /generate requests at once over
+    `prompts` round-robin, greedy and T=1 alternating. The first batch that mixes them is the one that makes a
+    server build FlashInfer's sampling module (stock DFLASH under FlashInfer sampling stalls minutes there), so
+    no measured request pays for it. `send(body)` posts one body and returns the answer, raising on an error;
+    returns the seconds until all are answered (the first error raises)."""
+    if not prompts:
+        raise ValueError("warm_up: no prompts")
+    bodies = [generate_body(prompts[i % len(prompts)], max_new, float(i % 2)) for i in range(n)]
+    t = time.time()
+    with cf.ThreadPoolExecutor(n) as ex:
+        list(ex.map(send, bodies))
+    return round(time.time() - t, 2)
+
+
+def start_warm_up(servers: dict[str, Server], prompts: list, n: int = 48, max_new: int = 16,
+                  timeout: float = WARM_UP_TIMEOUT) -> dict[str, cf.Future]:
+    """`warm_up` on every server at once, not waited for: {name: Future of its seconds}, so that each stage of a
+    run waits only for the servers it uses (`warmed`), and the seconds show which server paid for a build."""
+    ex = cf.ThreadPoolExecutor(max(1, len(servers)))
+    futures = {name: ex.submit(warm_up, lambda body, s=srv: s.post("/generate", body, timeout), prompts, n, max_new)
+               for name, srv in servers.items()}
+    ex.shutdown(wait=False)
+    return futures
+
+
+def warmed(futures: dict[str, cf.Future], *names: str) -> bool:
+    """Wait for these servers' warm-up bursts; False if one failed (its error is in `warm_up_seconds`)."""
+    ok = True
+    for n in names:
+        if n in futures and futures[n].exception() is not None:
+            ok = False
+    return ok
+
+
+def warm_up_seconds(futures: dict[str, cf.Future], wait: bool = False) -> dict:
+    """Each server's warm-up seconds, 'failed: ...' or (not waited for and not done) 'still running'."""
+    out = {}
+    for n, f in futures.items():
+        if wait or f.done():
+            out[n] = f.result() if f.exception() is None else f"failed: {f.exception()!r}"[:300]
+        else:
+            out[n] = "still running"
+    return out
+
+
+def kv_pools(memory: dict[str, dict]) -> dict[str, int | None]:
+    """KV-cache tokens per server from `Server.memory()` records; servers compared side by side must hold equal
+    pools, or the larger pool runs larger batches."""
+    return {n: m.get("max_total_num_tokens") for n, m in memory.items()}
+
+
+def wave_round(server: Server, prompts: list[list[int]], clients: int, max_new: int, temperature: float = 0.0,
+               requests: int | None = None, ignore_eos: bool = True) -> tuple[dict, list[dict]]:
+    """One measured round at `clients` concurrent requests: one unmeasured wave of `clients` 8-token requests
+    (first use of the batch size and sampling mode), then `requests` requests (default: whole waves, 4 up to
+    4 clients, else 2, so every batched step holds `clients` requests) of `max_new` tokens over `prompts`
+    round-robin. Returns the round's record (tokens/s, verify steps, τ = tokens / verify steps, and the step
+    time = wall x clients / verify steps) and the answers, in request order."""
+    n = requests if requests is not None else (4 if clients <= 4 else 2) * clients
+    reqs = [prompts[i % len(prompts)] for i in range(n)]
+    with cf.ThreadPoolExecutor(clients) as ex:
+        list(ex.map(lambda p: server.generate_ids(p, 8, temperature), reqs[:clients]))
+        t = time.time()
+        outs = list(ex.map(lambda p: server.generate_ids(p, max_new, temperature, ignore_eos=ignore_eos), reqs))
+        wall = time.time() - t
+    tokens = sum(len(o["output_ids"]) for o in outs)
+    verify = sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs)
+    rec = {"clients": clients, "temperature": temperature, "requests": n, "output_tokens": tokens,
+           "verify_steps": verify, "seconds": wall, "tokens_per_s": tokens / wall if wall > 0 else None,
+           "tau": tokens / verify if verify else None,
+           "step_ms": 1000.0 * wall * clients / verify if verify else None}
+    return rec, outs
 
 
 def decode_lines(log_text: str) -> list[str]:

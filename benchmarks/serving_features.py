@@ -76,7 +76,6 @@ PREFIX_MIN_TOKENS = 6 * CHUNK
 ABORT_MAX_TOKENS = 2000
 # Seconds one request may take: a few on these tiny models; a request past it means a stuck server.
 REQUEST_TIMEOUT = 30.0
-WARM_UP_TIMEOUT = 240.0  # stock DFLASH's first mixed batch may wait ~2 minutes for FlashInfer's JIT build
 REGEX = r"(Yes|No), because [a-z]{2,10}( [a-z]{2,10}){0,3}\."
 JSON_SCHEMA = {
     "type": "object",
@@ -1092,16 +1091,11 @@ def load_worker(url: str, ctx: dict, seconds: float, clients: int, seed: int = 0
 
 
 def warm_up(url: str, ctx: dict, n: int = 48) -> float:
-    """n requests at once, greedy and T=1 alternating (the first batch that mixes them is the one that stalls
-    stock DFLASH while FlashInfer's sampling module builds); seconds until all are answered."""
-    api = Api(url, timeout=WARM_UP_TIMEOUT)
-    t = time.time()
-    reqs = [generate_req(ctx["greedy_prompts"][i % len(ctx["greedy_prompts"])], 16, temperature=float(i % 2))
-            for i in range(n)]
-    with cf.ThreadPoolExecutor(n) as ex:
-        for r in ex.map(api.call, reqs):
-            check_generate(r, 16)
-    return round(time.time() - t, 2)
+    """The harness' warm-up burst (servers.warm_up: n requests at once, greedy and T=1 alternating) on the greedy
+    prompts, every answer checked; seconds until all are answered."""
+    api = Api(url, timeout=_servers.WARM_UP_TIMEOUT)
+    return _servers.warm_up(lambda body: check_generate(api.call({"endpoint": "/generate", "body": body}), 16),
+                            ctx["greedy_prompts"], n, 16)
 
 
 # ------------------------------------------------------------------------------------------- verdicts

@@ -981,14 +981,12 @@ def geometry_inputs(geometry: str) -> dict:
 
 
 def warm_up(url: str, ctx: dict) -> float:
-    """serving_features' warm-up on the pair; on a geometry target (ids only) 16 short greedy requests at once."""
+    """serving_features' warm-up on the pair; on a geometry target (ids only) the harness' burst (servers.warm_up)
+    of 16 short requests on its prompts."""
     if not ctx.get("geometry"):
         return sf.warm_up(url, ctx)
-    t = time.time()
-    for _ans, err, _ in burst(sf.Api(url, REQUEST_TIMEOUT), [greedy_req(p, 16) for p in ctx["kv_prompts"][:16]]):
-        if err:
-            raise sf.Malformed(f"warm-up: {err}")
-    return round(time.time() - t, 1)
+    api = sf.Api(url, _servers.WARM_UP_TIMEOUT)
+    return _servers.warm_up(lambda body: api.call({"endpoint": "/generate", "body": body}), ctx["kv_prompts"], 16, 16)
 
 
 def output_names(tag: str) -> dict:

@@ -188,20 +188,8 @@ def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[
 
 
 def measure(server: Server, prompts: list[list[int]], clients: int, max_new: int, temperature: float) -> dict:
-    """Whole waves of `clients` requests (4 waves up to 4 clients, else 2), after one warm-up wave."""
-    waves = 4 if clients <= 4 else 2
-    reqs = [prompts[i % len(prompts)] for i in range(waves * clients)]
-    with cf.ThreadPoolExecutor(clients) as ex:
-        list(ex.map(lambda p: server.generate_ids(p, 8, temperature), reqs[:clients]))
-        t = time.time()
-        outs = list(ex.map(lambda p: server.generate_ids(p, max_new, temperature), reqs))
-        wall = time.time() - t
-    tokens = sum(len(o["output_ids"]) for o in outs)
-    verify = sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs)
-    return {"clients": clients, "temperature": temperature, "requests": len(reqs), "output_tokens": tokens,
-            "verify_steps": verify, "seconds": wall, "tokens_per_s": tokens / wall,
-            "tau": tokens / verify if verify else None,
-            "step_ms": 1000.0 * wall * clients / verify if verify else None}
+    """One round of the harness (servers.wave_round): whole waves of `clients` requests after a warm-up wave."""
+    return _servers.wave_round(server, prompts, clients, max_new, temperature)[0]
 
 
 def steady_load(server: Server, prompts, clients: int, max_new: int, temperature: float = 0.0):
@@ -308,7 +296,7 @@ def summarize(res: dict) -> dict:
         "torch_path_step_ratio_by_clients": torch_by,
         "step_ratio_vs_dflash2_by_clients": {k: v for k, v in by_dflash2.items() if v},
         "repeat_spread_max": max(spread.values()) if spread else None,
-        "kv_pools_side_by_side": {n: m.get("max_total_num_tokens") for n, m in res.get("memory", {}).items()},
+        "kv_pools_side_by_side": _servers.kv_pools(res.get("memory", {})),
         "alone_default_graph_bs": {n: {"memory": a.get("memory"),
                                        **(alone_step_ratios(alone) if n == "dspine" else
                                           {"step_ratio_vs_dflash": None, "step_ratio_vs_dflash2": None})}
@@ -472,7 +460,7 @@ def main() -> None:
             if not ok:
                 raise SystemExit(f"server {n} did not start:\n{servers[n].tail(60)}")
             res["memory"][n] = servers[n].memory()
-        pools = {n: m["max_total_num_tokens"] for n, m in res["memory"].items()}
+        pools = _servers.kv_pools(res["memory"])
         print("kv pools", pools, flush=True)
         if len(set(pools.values())) > 1:
             raise SystemExit(f"KV pools differ side by side: {pools}")

@@ -25,13 +25,14 @@ import os
 import shlex
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from sglang_dspine.source_files import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _servers = load_file(os.path.join(os.path.dirname(HERE), "servers.py"))
 BASE_ARGS, Server, archive_logs, post = _servers.BASE_ARGS, _servers.Server, _servers.archive_logs, _servers.post
+kv_pools, start_warm_up, wait_all, warm_up_seconds = (_servers.kv_pools, _servers.start_warm_up, _servers.wait_all,
+                                                      _servers.warm_up_seconds)
 
 SERVERS = ("plain", "dflash", "dspine")
 # Beside BASE_ARGS: no grammar backend (none needed), CUDA graphs and running requests up to the largest client
@@ -100,19 +101,6 @@ def run_bench(argv: list[str]) -> dict:
 KEEP = ("completed", "duration", "total_output_tokens", "output_throughput", "request_throughput", "mean_ttft_ms",
         "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
         "median_itl_ms", "accept_length", "max_concurrency")
-
-
-def warm_up(server: Server, prompts: list[str], n: int = 48, max_new: int = 32, timeout: float = 400) -> float:
-    """One burst of n requests, greedy and T=1 mixed; returns its seconds."""
-    t0 = time.time()
-
-    def one(i: int):
-        sp = {"max_new_tokens": max_new, "temperature": float(i % 2)}
-        return post(server.url + "/generate", {"text": prompts[i % len(prompts)], "sampling_params": sp}, timeout)
-
-    with ThreadPoolExecutor(n) as ex:
-        list(ex.map(one, range(n)))
-    return round(time.time() - t0, 1)
 
 
 def reset_counters(server: Server) -> bool:
@@ -193,24 +181,19 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     start_timeout = args.start_timeout if args.deadline is None else min(args.start_timeout, args.deadline - t0)
     try:
-        with ThreadPoolExecutor(len(servers)) as ex:
-            up = dict(zip(servers, ex.map(lambda s: s.wait(start_timeout), servers.values())))
+        up = wait_all(servers, start_timeout)
         res["startup_seconds"] = {n: s.up_after for n, s in servers.items()}
         print(f"serve_bench: servers up {up} after {res['startup_seconds']}", flush=True)
-        for n, ok in up.items():
-            if not ok:
-                print(f"--- server {n} failed ---\n{servers[n].tail(60)}", flush=True)
         live = {n: s for n, s in servers.items() if up[n]}
         res["failed_to_start"] = {n: servers[n].tail(30) for n in servers if not up[n]}
         if not live:
             raise SystemExit("serve_bench: no server started")
         res["memory"] = {n: s.memory() for n, s in live.items()}
-        pools = {n: m["max_total_num_tokens"] for n, m in res["memory"].items()}
+        pools = kv_pools(res["memory"])
         res["kv_pools_equal"] = len(set(pools.values())) == 1
         print(f"serve_bench: KV pools {pools}", flush=True)
         texts = [json.loads(x)["conversations"][0]["content"] for x in open(dataset)][:48]
-        with ThreadPoolExecutor(len(live)) as ex:
-            res["warm_up_seconds"] = dict(zip(live, ex.map(lambda s: warm_up(s, texts), live.values())))
+        res["warm_up_seconds"] = warm_up_seconds(start_warm_up(live, texts, max_new=32), wait=True)
         print(f"serve_bench: warm-up {res['warm_up_seconds']}", flush=True)
         res["cells"], res["skipped"] = {}, []
         for k, (c, t) in enumerate([(c, t) for c in clients for t in temps]):  # both temperatures per load

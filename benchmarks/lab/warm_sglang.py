@@ -21,7 +21,6 @@ import os
 import shutil
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from sglang_dspine.source_files import load_file
 
@@ -104,16 +103,11 @@ def main(argv: list[str] | None = None) -> int:
                       "--speculative-draft-load-format", "safetensors"]
         servers[name] = sb.Server(f"warm_{name}", 31100 + i, model + sb.SERVER_ARGS, args.out)
     try:
-        with ThreadPoolExecutor(len(servers)) as ex:
-            up = dict(zip(servers, ex.map(lambda s: s.wait(args.timeout), servers.values())))
+        up = sb.wait_all(servers, args.timeout)
         res["startup_seconds"] = {n: s.up_after for n, s in servers.items()}
         live = {n: s for n, s in servers.items() if up[n]}
-        for n in servers:
-            if not up[n]:
-                print(f"--- warm server {n} failed ---\n{servers[n].tail(40)}", flush=True)
         texts = ["def add(a, b):", "The answer is", "Maya has 12 apples.", "Write a function."]
-        with ThreadPoolExecutor(max(1, len(live))) as ex:
-            res["burst_seconds"] = dict(zip(live, ex.map(lambda s: sb.warm_up(s, texts, max_new=16), live.values())))
+        res["burst_seconds"] = sb.warm_up_seconds(sb.start_warm_up(live, texts), wait=True)
         dataset = os.path.join(args.out, "bench_prompts.jsonl")
         sb.write_dataset(os.path.join(args.lab, "corpus", "prompts"), dataset)
         res["bench_check"] = {}

@@ -161,18 +161,19 @@ class Server(bench_servers.Server):
     def wait(self, timeout=420) -> bool:
         return super().wait(timeout)
 
+    def post(self, path, payload, timeout=120):
+        """Every request of the harness (warm-up, rounds) through `post`, whose watchdog catches a stuck one."""
+        return post(self.url + path, payload, timeout=timeout)
+
 
 _dumped = set()
 
 
 def wait_all(servers, results) -> dict[str, bool]:
-    """Wait for every server; record start-up seconds; print the log tail of any that failed."""
-    up = {n: s.wait() for n, s in servers.items()}
+    """Every server's start (the harness' wait_all); start-up seconds into the results."""
+    up = bench_servers.wait_all(servers, 420)
     results["startup_seconds"] = {n: s.up_after for n, s in servers.items()}
     print("servers up:", up, results["startup_seconds"], flush=True)
-    for n, ok in up.items():
-        if not ok:
-            print(f"--- server {n} failed ---\n{servers[n].tail(80)}", flush=True)
     return up
 
 
@@ -217,10 +218,8 @@ def post(url, payload, timeout=120):
 def generate(server, input_ids, max_new, temperature=0.0, seed=None, logprobs=0, timeout=120, ignore_eos=True):
     """ignore_eos (default): every request runs max_new tokens, the same work for every server; False stops at
     the target's end token, as the offline lab's tau does (tokens past the end are drafted worse)."""
-    sp = {"max_new_tokens": max_new, "temperature": temperature, "ignore_eos": ignore_eos}
-    if seed is not None:
-        sp["sampling_seed"] = seed
-    body = {"input_ids": input_ids, "sampling_params": sp}
+    seeded = {} if seed is None else {"sampling_seed": seed}
+    body = bench_servers.generate_body(input_ids, max_new, temperature, ignore_eos=ignore_eos, **seeded)
     if logprobs:
         body.update(return_logprob=True, top_logprobs_num=logprobs, logprob_start_len=len(input_ids) - 1)
     return post(server.url + "/generate", body, timeout=timeout)
@@ -270,14 +269,10 @@ def throughput(servers, prompts, concurrencies, max_new, temperature=0.0, ignore
     for name, srv in servers.items():
         res[name] = {}
         for c in concurrencies:
-            reqs = [prompts[i % len(prompts)] for i in range(max(4 * c, 12))]
-            with cf.ThreadPoolExecutor(c) as ex:
-                list(ex.map(lambda p, srv=srv: generate(srv, p[1], 8), reqs[:c]))  # warm-up
-                t = time.time()
-                outs = list(ex.map(lambda p, srv=srv: generate(srv, p[1], max_new, temperature=temperature,
-                                                               ignore_eos=ignore_eos), reqs))
-                dt = time.time() - t
-            tokens = sum(len(o["output_ids"]) for o in outs)
+            count = max(4 * c, 12)
+            reqs = [prompts[i % len(prompts)] for i in range(count)]
+            rnd, outs = bench_servers.wave_round(srv, [ids for _, ids in prompts], c, max_new, temperature,
+                                                 requests=count, ignore_eos=ignore_eos)
             acc, steps = collections.defaultdict(list), collections.defaultdict(lambda: [0, 0])
             for (suite, _), o in zip(reqs, outs):
                 m = o["meta_info"]
@@ -287,7 +282,8 @@ def throughput(servers, prompts, concurrencies, max_new, temperature=0.0, ignore
                     steps[suite][1] += m["spec_verify_ct"]
             # tau: tokens over verify steps of the suite's requests together (the offline lab's tau);
             # accept_length: SGLang's per-request figure, averaged over requests.
-            res[name][c] = {"requests": len(reqs), "output_tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt,
+            res[name][c] = {"requests": count, "output_tokens": rnd["output_tokens"], "seconds": rnd["seconds"],
+                            "tokens_per_s": rnd["tokens_per_s"],
                             "accept_length_by_suite": {k: sum(v) / len(v) for k, v in acc.items()},
                             "tau_by_suite": {k: t / n for k, (t, n) in steps.items() if n},
                             "verify_steps": sum(n for _, n in steps.values())}
@@ -355,56 +351,16 @@ def t1_test(base, spec, prompts, samples, pool):
             "bonferroni_min_pvalue": adjusted}
 
 
-def start_warm_up(servers, prompts, clients=48, timeout=400):
-    """One 48-wide burst per server, greedy and T=1 requests mixed, all servers at once, before anything is
-    measured; returns {name: Future of its seconds}, so each stage waits only for the servers it uses. The
-    first batch mixing top-k values (greedy beside T=1) makes DFlash's verify JIT-build FlashInfer's sampling
-    module, which stalls a server for minutes (sglang_dspine/serving/sglang_patches.py); timing the burst per
-    server shows who pays for it: stock DFLASH does, DSPINE should not."""
-    texts = SHORT_OPENINGS
-
-    def burst(srv):
-        t = time.time()
-        jobs = [("chat", ids, 0.0) for _, ids in prompts[:16]] + \
-               [("short", texts[i % len(texts)], (0.0, 1.0)[i % 2]) for i in range(clients)]
-
-        def one(job):
-            kind, p, temp = job
-            if kind == "chat":
-                return generate(srv, p, 32, temperature=temp, timeout=timeout)
-            return post(srv.url + "/v1/completions", {"model": "default", "prompt": p, "max_tokens": 32,
-                                                      "temperature": temp}, timeout=timeout)
-
-        with cf.ThreadPoolExecutor(len(jobs)) as ex:
-            list(ex.map(one, jobs))
-        return time.time() - t
-
-    ex = cf.ThreadPoolExecutor(len(servers))
-    futures = {name: ex.submit(burst, srv) for name, srv in servers.items()}
-    ex.shutdown(wait=False)
-    return futures
+def start_warm_up(servers, prompts, clients=48):
+    """The harness' warm-up burst on every server at once (benchmarks/servers.py start_warm_up): the first 16
+    prompts and the short openings, greedy and T=1 mixed (the first batch mixing top-k values makes DFlash's
+    verify JIT-build FlashInfer's sampling module, which stalls a server for minutes; timing the burst per
+    server shows who pays for it: stock DFLASH does, DSPINE should not). {name: Future of its seconds}."""
+    texts = [ids for _, ids in prompts[:16]] + SHORT_OPENINGS
+    return bench_servers.start_warm_up(servers, texts, n=16 + clients, max_new=32)
 
 
-def warm(futures, *names) -> bool:
-    """Wait for these servers' warm-up bursts; False if one failed (its error is kept in the results)."""
-    ok = True
-    for n in names:
-        if n in futures:
-            try:
-                futures[n].result()
-            except Exception:  # noqa: BLE001 - recorded by warm_up_seconds
-                ok = False
-    return ok
-
-
-def warm_up_seconds(futures):
-    out = {}
-    for n, f in futures.items():
-        if f.done():
-            out[n] = round(f.result(), 2) if f.exception() is None else f"failed: {f.exception()!r}"[:300]
-        else:
-            out[n] = "still running"
-    return out
+warm, warm_up_seconds = bench_servers.warmed, bench_servers.warm_up_seconds
 
 
 def load_test(server, clients, seconds):

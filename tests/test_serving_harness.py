@@ -1,0 +1,138 @@
+"""The serving benchmarks' harness (benchmarks/servers.py): warm-up bursts, KV pools and the measured round,
+against a real HTTP server on this machine that answers /generate as SGLang does (output ids, verify steps)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sglang_dspine.source_files import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+servers = load_file(os.path.join(ROOT, "benchmarks", "servers.py"))
+
+ACCEPT = 3  # tokens per verify step the answering server reports
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        srv = self.server
+        with srv.lock:
+            srv.bodies.append(body)
+            srv.active += 1
+            srv.peak = max(srv.peak, srv.active)
+        time.sleep(srv.delay)
+        with srv.lock:
+            srv.active -= 1
+        prompt = body.get("text", body.get("input_ids"))
+        if prompt == srv.refuse:
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(b'{"error": "refused"}')
+            return
+        n = body["sampling_params"]["max_new_tokens"]
+        answer = {"output_ids": list(range(n)),
+                  "meta_info": {"completion_tokens": n, "spec_verify_ct": math.ceil(n / ACCEPT)}}
+        data = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class _Answering:
+    """A server on 127.0.0.1 with the harness' request side of `servers.Server` (post, generate_ids)."""
+
+    def __init__(self, name: str, delay: float = 0.05, refuse=None):
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.http.lock, self.http.bodies, self.http.active, self.http.peak = threading.Lock(), [], 0, 0
+        self.http.delay, self.http.refuse = delay, refuse
+        self.name, self.url = name, f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    post = servers.Server.post
+    generate_ids = servers.Server.generate_ids
+
+    @property
+    def bodies(self) -> list[dict]:
+        return self.http.bodies
+
+    def close(self):
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.fixture
+def answering():
+    made = []
+
+    def make(*args, **kw):
+        made.append(_Answering(*args, **kw))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_warm_up_mixes_greedy_and_t1_over_the_prompts_at_once(answering):
+    s = answering("a", delay=0.2)
+    prompts = ["def f():", [5, 6, 7]]
+    seconds = servers.warm_up(lambda body: s.post("/generate", body), prompts, n=6, max_new=4)
+    assert len(s.bodies) == 6 and s.http.peak == 6  # all in flight together
+    assert [b["sampling_params"]["temperature"] for b in s.bodies].count(1.0) == 3
+    assert sorted(map(str, (b.get("text", b.get("input_ids")) for b in s.bodies))) == \
+        sorted(map(str, prompts * 3))
+    assert all(b["sampling_params"]["max_new_tokens"] == 4 for b in s.bodies)
+    assert 0.2 <= seconds < 5
+
+
+def test_warm_up_raises_on_an_error_and_refuses_no_prompts(answering):
+    s = answering("a", refuse="bad")
+    with pytest.raises(Exception, match="400"):
+        servers.warm_up(lambda body: s.post("/generate", body), ["ok", "bad"], n=4)
+    with pytest.raises(ValueError, match="no prompts"):
+        servers.warm_up(lambda body: s.post("/generate", body), [], n=4)
+
+
+def test_start_warm_up_records_each_server(answering):
+    good, bad = answering("good"), answering("bad", refuse="x")
+    futures = servers.start_warm_up({"good": good, "bad": bad}, ["x", "y"], n=4, max_new=2)
+    assert servers.warmed(futures, "good") and not servers.warmed(futures, "good", "bad")
+    secs = servers.warm_up_seconds(futures, wait=True)
+    assert isinstance(secs["good"], float) and secs["bad"].startswith("failed: <HTTPError 400")
+
+
+def test_wave_round_counts_whole_waves_after_an_unmeasured_one(answering):
+    s = answering("a", delay=0.05)
+    prompts = [[1, 2], [3, 4, 5]]
+    rec, outs = servers.wave_round(s, prompts, clients=4, max_new=9)
+    warm, measured = s.bodies[:4], s.bodies[4:]
+    assert [b["sampling_params"]["max_new_tokens"] for b in warm] == [8] * 4
+    assert len(measured) == 16 == rec["requests"] == len(outs)  # 4 waves of 4 up to 4 clients
+    assert all(b["sampling_params"]["ignore_eos"] for b in measured)
+    assert rec["output_tokens"] == 16 * 9 and rec["verify_steps"] == 16 * 3 and rec["tau"] == 3.0
+    assert rec["step_ms"] == pytest.approx(1000 * rec["seconds"] * 4 / 48)
+    assert s.http.peak <= 4
+    rec, _ = servers.wave_round(s, prompts, clients=8, max_new=3, temperature=1.0, requests=10, ignore_eos=False)
+    assert rec["requests"] == 10 and rec["temperature"] == 1.0 and rec["tau"] == 3.0
+    assert not s.bodies[-1]["sampling_params"]["ignore_eos"]
+    rec, _ = servers.wave_round(s, prompts, clients=8, max_new=3)
+    assert rec["requests"] == 16  # 2 waves above 4 clients
+
+
+def test_kv_pools_from_memory_records():
+    memory = {"dflash": {"max_total_num_tokens": 60000, "max_running_requests": 64},
+              "dspine": {"max_total_num_tokens": 59000}}
+    assert servers.kv_pools(memory) == {"dflash": 60000, "dspine": 59000}
+    assert servers.kv_pools({"x": {}}) == {"x": None}
