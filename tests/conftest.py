@@ -9,9 +9,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from sglang_dspine.drafter.checkpoint import init_dspine_transfer
 from sglang_dspine.drafter.model import DSpineDrafter
-from sglang_dspine.drafter.tiny import drafter_config_for, make_target
+from sglang_dspine.drafter.tiny import make_target, tiny_drafter
 
 
 def pytest_configure(config):
@@ -69,10 +68,7 @@ def edit_drafter_dir(path, tensors=None, config=None):
 
 @pytest.fixture
 def dspine(target):
-    torch.manual_seed(1)
-    d = DSpineDrafter(drafter_config_for(target)).eval()
-    init_dspine_transfer(d, target.lm_head.weight)
-    return randomize_injection(d)
+    return randomize_injection(tiny_drafter(target, seed=1))
 
 
 @pytest.fixture(scope="module")

@@ -173,16 +173,13 @@ def published(tmp_path_factory):
     import sglang_on_cpu
     from conftest import randomize_injection
 
-    from sglang_dspine.drafter.checkpoint import init_dspine_transfer, save_drafter
-    from sglang_dspine.drafter.model import DSpineDrafter
-    from sglang_dspine.drafter.tiny import drafter_config_for, make_target
+    from sglang_dspine.drafter.checkpoint import save_drafter
+    from sglang_dspine.drafter.tiny import make_target, tiny_drafter
 
     root = tmp_path_factory.mktemp("logprobs")
     target = make_target(vocab=V)
     target.save_pretrained(root / "target")
-    d = DSpineDrafter(drafter_config_for(target))
-    init_dspine_transfer(d, target.lm_head.weight)
-    save_drafter(randomize_injection(d), root / "dspine")
+    save_drafter(randomize_injection(tiny_drafter(target)), root / "dspine")
     args = sglang_on_cpu.server_args(root / "target", root / "dspine", "DSPINE", "--sampling-backend", "pytorch")
     sglang_on_cpu.setup(args)
     return args

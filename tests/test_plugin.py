@@ -10,9 +10,8 @@ import sglang_on_cpu
 import torch
 from safetensors.torch import load_file
 
-from sglang_dspine.drafter.checkpoint import init_dspine_transfer, save_drafter
-from sglang_dspine.drafter.model import DSpineDrafter
-from sglang_dspine.drafter.tiny import drafter_config_for, make_target
+from sglang_dspine.drafter.checkpoint import save_drafter
+from sglang_dspine.drafter.tiny import make_target, tiny_drafter
 from sglang_dspine.serving.plugin import sglang_version
 
 
@@ -21,12 +20,9 @@ def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
     target = make_target()
     target.save_pretrained(root / "target")
-    torch.manual_seed(0)
-    d = DSpineDrafter(drafter_config_for(target))
-    init_dspine_transfer(d, target.lm_head.weight)
+    d = tiny_drafter(target, seed=0)
     save_drafter(d, root / "dspine")
-    f = DSpineDrafter(drafter_config_for(target, kind="dflash"))
-    save_drafter(f, root / "dflash")
+    save_drafter(tiny_drafter(target, "dflash"), root / "dflash")
     return root, d
 
 

@@ -32,9 +32,8 @@ import torch
 from conftest import randomize_injection
 from safetensors.torch import load_file
 
-from sglang_dspine.drafter.checkpoint import init_dspine_transfer, save_drafter
-from sglang_dspine.drafter.model import DSpineDrafter
-from sglang_dspine.drafter.tiny import drafter_config_for, make_target
+from sglang_dspine.drafter.checkpoint import save_drafter
+from sglang_dspine.drafter.tiny import make_target, tiny_drafter
 from sglang_dspine.serving import sglang_patches, versions
 from sglang_dspine.serving.plugin import StartupRefusal
 
@@ -48,10 +47,7 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("glue")
     target = make_target(vocab=VOCAB, seed=5)
     target.save_pretrained(root / "target")
-    torch.manual_seed(2)
-    plain = DSpineDrafter(drafter_config_for(target)).eval()
-    init_dspine_transfer(plain, target.lm_head.weight)
-    randomize_injection(plain, seed=4, std=0.4)
+    plain = randomize_injection(tiny_drafter(target, seed=2), seed=4, std=0.4)
     save_drafter(plain, root / "dspine")
     args = sglang_on_cpu.server_args(root / "target", root / "dspine", "DSPINE", "--sampling-backend", "pytorch")
     sglang_on_cpu.setup(args)

@@ -11,10 +11,9 @@ import torch
 from conftest import randomize_injection as randomize
 
 from sglang_dspine.cli import main as cli_main
-from sglang_dspine.drafter.checkpoint import init_dspine_transfer, load_drafter
+from sglang_dspine.drafter.checkpoint import load_drafter
 from sglang_dspine.drafter.config import DSpineSettings
-from sglang_dspine.drafter.model import DSpineDrafter
-from sglang_dspine.drafter.tiny import drafter_config_for, make_target
+from sglang_dspine.drafter.tiny import make_target, tiny_drafter
 from sglang_dspine.training import trainer as trainer_mod
 from sglang_dspine.training.blocks import make_blocks, sample_anchors, valid_anchors
 from sglang_dspine.training.data import HFGenerator, read_done_ids, regenerate
@@ -40,10 +39,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_drafter(target, kind="dspine", seed=1, **kw):
-    torch.manual_seed(seed)
-    d = DSpineDrafter(drafter_config_for(target, kind=kind, **kw))
+    d = tiny_drafter(target, kind, seed, **kw).train()
     if kind == "dspine":
-        init_dspine_transfer(d, target.lm_head.weight)
         randomize(d, seed)
     return d
 

@@ -26,9 +26,7 @@ if not torch.cuda.is_available():
 
 from conftest import randomize_injection  # noqa: E402
 
-from sglang_dspine.drafter.checkpoint import init_dspine_transfer  # noqa: E402
-from sglang_dspine.drafter.model import DSpineDrafter  # noqa: E402
-from sglang_dspine.drafter.tiny import drafter_config_for  # noqa: E402
+from sglang_dspine.drafter.tiny import tiny_drafter  # noqa: E402
 from sglang_dspine.kernels import vocab_objective as kvl  # noqa: E402
 from sglang_dspine.training.blocks import make_blocks, sample_anchors  # noqa: E402
 from sglang_dspine.training.objective import DrafterObjective, ObjectiveSwitches  # noqa: E402
@@ -193,10 +191,8 @@ def test_bad_inputs_are_refused():
 
 # ------------------------------------------------------------------------------------------- the objective
 def _setup(target, kind, ce_weight):
-    torch.manual_seed(1)
-    d = DSpineDrafter(drafter_config_for(target, kind=kind))
+    d = tiny_drafter(target, kind, seed=1).train()
     if kind == "dspine":
-        init_dspine_transfer(d, target.lm_head.weight)
         randomize_injection(d, 1)
         d.cfg.dspine.ce_weight, d.cfg.dspine.replacement_layers = ce_weight, 1
         d.cfg.dspine.candidate_mass_threshold = 0.2

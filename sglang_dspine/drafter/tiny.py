@@ -32,3 +32,19 @@ def drafter_config_for(target, kind: str = "dspine", block_size: int = 4, layers
     settings = DSpineSettings(transfer_rank=transfer_rank, message_size=message_size, top_k=top_k)
     return new_drafter_config(target.config, kind, layers, block_size, target_layer_ids or [1, n_target - 2],
                               mask_token_id, settings if kind == "dspine" else None)
+
+
+def tiny_drafter(target, kind: str = "dspine", seed: int | None = None, **config):
+    """A drafter for `target` (drafter_config_for(target, kind, **config)), in eval mode, its parameters drawn
+    after torch.manual_seed(seed) where a seed is given; a DSpine drafter gets its transfer codes from the
+    target's head (init_dspine_transfer), as training starts one. Its injection writes stay zero (the DFlash
+    computation) unless the caller randomises them."""
+    from .checkpoint import init_dspine_transfer
+    from .model import DSpineDrafter
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    d = DSpineDrafter(drafter_config_for(target, kind=kind, **config)).eval()
+    if kind == "dspine":
+        init_dspine_transfer(d, target.lm_head.weight.detach())
+    return d
