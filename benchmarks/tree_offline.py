@@ -227,6 +227,35 @@ def summarize(rows: list[dict], suites: list[str], sizes: list[int], temperature
     return out
 
 
+def expected_summary(rows: list[dict], suites: list[str], sizes: list[int], temperatures: list[float]) -> dict:
+    """The same mean-over-suites τ and headline ratios on `tau_expected` (each round's accepted count replaced
+    by its expectation given the round's context, drafter/tree.py expected_accepted): at T > 0 the acceptance
+    draws' noise is gone (the generated text is still sampled), so small differences between tree sizes and
+    rules are readable on few prompts; at T = 0 it equals τ."""
+    tau = {(r["suite"], r["temperature"], r["arm"], r["N"]): r.get("tau_expected") for r in rows}
+
+    def mean(arm, temp, n):
+        vals = [tau.get((s, temp, arm, n)) for s in suites]
+        return sum(vals) / len(vals) if vals and all(v is not None for v in vals) else None
+
+    arms = sorted({r["arm"] for r in rows if r["N"] is not None})
+    out: dict = {"tau_expected_mean_over_suites": {}, "tau_expected_tree_over_chain": {},
+                 "tau_expected_tree_over_ddtree": {}}
+    for temp in temperatures:
+        key = f"T={temp:g}"
+        means = {c: mean(c, temp, None) for c in ("dspine_chain", "dflash_chain")}
+        for n in sizes:
+            means |= {f"{arm}@N={n}": mean(arm, temp, n) for arm in arms}
+            tree, ddtree = mean("dspine_lattice", temp, n), mean("dflash_ddtree", temp, n)
+            out["tau_expected_tree_over_chain"].setdefault(key, {})[f"N={n}"] = (
+                round(tree / means["dspine_chain"], 4) if tree is not None and means["dspine_chain"] else None)
+            out["tau_expected_tree_over_ddtree"].setdefault(key, {})[f"N={n}"] = (
+                round(tree / ddtree, 4) if tree is not None and ddtree else None)
+        out["tau_expected_mean_over_suites"][key] = {k: (round(v, 4) if v is not None else None)
+                                                     for k, v in means.items()}
+    return out
+
+
 def markdown(rows: list[dict], suites: list[str], sizes: list[int], temperatures: list[float], arms: list[str]) -> str:
     tau = {(r["suite"], r["temperature"], r["arm"], r["N"]): r["tau"] for r in rows}
     head = ["T", "suite", "N", "DSpine chain", "DFlash chain"] + arms
@@ -319,6 +348,7 @@ def main(argv=None) -> int:
                                          "settings", "N_means", "arms")},
                "source": os.path.relpath(args.out, ROOT), "calibration": calibration,
                **summarize(record["rows"], names, args.sizes, args.temperatures),
+               **expected_summary(record["rows"], names, args.sizes, args.temperatures),
                "step_cost": "not measured: tree verification in SGLang is not built",
                "seconds": record["seconds"]}
     os.makedirs(os.path.dirname(os.path.abspath(args.summary)), exist_ok=True)
@@ -332,7 +362,7 @@ def main(argv=None) -> int:
 
 def _brief(res: dict) -> dict:
     """A result's numbers; per_prompt: [accepted lengths summed, rounds] of each prompt (for the bootstrap)."""
-    return {k: res[k] for k in ("tau", "rounds", "tokens", "prompts", "seconds")} | {
+    return {k: res[k] for k in ("tau", "tau_expected", "rounds", "tokens", "prompts", "seconds")} | {
         "position_acceptance": [round(x, 4) for x in res["position_acceptance"]],
         "per_prompt": [[round(p["tau"] * p["rounds"]), p["rounds"]] for p in res["per_prompt"]]}
 

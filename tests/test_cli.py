@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from sglang_dspine.cli import main
-from sglang_dspine.drafter.checkpoint import init_dspine_transfer, load_drafter, save_drafter
+from sglang_dspine.drafter.checkpoint import load_drafter, save_drafter
 from sglang_dspine.drafter.config import DrafterConfigError
 from sglang_dspine.drafter.model import DSpineDrafter
-from sglang_dspine.drafter.tiny import drafter_config_for, make_target
+from sglang_dspine.drafter.tiny import drafter_config_for, make_target, tiny_drafter
 from sglang_dspine.training.trainer import resolve_checkpoint
 
 
@@ -23,10 +23,7 @@ def ws(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     target = make_target()
     target.save_pretrained(root / "target")
-    torch.manual_seed(0)
-    d = DSpineDrafter(drafter_config_for(target))
-    init_dspine_transfer(d, target.lm_head.weight)
-    save_drafter(d, root / "dspine")
+    save_drafter(tiny_drafter(target, seed=0), root / "dspine")
     (root / "prompts.jsonl").write_text(json.dumps({"prompt_ids": [1, 2, 3]}) + "\n")
     (root / "data.jsonl").write_text(json.dumps({"input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1]}) + "\n")
     (root / "a_file").write_text("not a model\n")
@@ -165,7 +162,12 @@ def test_eval_reports_one_tau_tokens_per_verify_round_over_all_prompts(ws, capsy
     per = res["per_prompt"]
     assert len(per) == 3 and res["rounds"] == sum(r["rounds"] for r in per)
     assert res["tau"] == pytest.approx(sum(r["tau"] * r["rounds"] for r in per) / res["rounds"], rel=1e-12)
-    assert [k for k in res if k.startswith("tau")] == ["tau"]
+    # tau_expected: the same pooling of each round's expected accepted count (equal to τ at T = 0), not a mean
+    # of per-prompt τ
+    assert [k for k in res if k.startswith("tau")] == ["tau", "tau_expected"]
+    assert res["tau_expected"] == pytest.approx(sum(r["tau_expected"] * r["rounds"] for r in per) / res["rounds"],
+                                                rel=1e-12)
+    assert res["temperature"] == 0 and res["tau_expected"] == pytest.approx(res["tau"], rel=1e-12)
 
 
 def test_eval_decoding_argmax_is_the_backbone_argmax(ws, capsys, tmp_path):

@@ -11,13 +11,14 @@ import torch
 from conftest import randomize_injection
 from scipy.stats import chi2
 
-from sglang_dspine.drafter.checkpoint import init_dspine_transfer
 from sglang_dspine.drafter.decoding import BlockDraft, walk
 from sglang_dspine.drafter.model import DSpineDrafter
-from sglang_dspine.drafter.tiny import drafter_config_for, make_target
+from sglang_dspine.drafter.tiny import drafter_config_for, make_target, tiny_drafter
 from sglang_dspine.drafter.tree import (
     DraftTree,
     ancestor_mask,
+    chain_tree,
+    expected_accepted,
     extended_lattice_tree,
     lattice_tree,
     marginal_tree,
@@ -390,6 +391,11 @@ def test_a_chain_tree_reproduces_chain_generation(temperature):
         assert tree.tokens == chain.tokens
         assert tree.accept_lengths == chain.accept_lengths
         assert max(chain.accept_lengths) > 1
+        assert tree.expected_lengths == pytest.approx(chain.expected_lengths, abs=1e-9)
+        if temperature == 0:  # the expectation of a deterministic acceptance is the acceptance
+            assert chain.expected_lengths == pytest.approx(chain.accept_lengths, abs=0)
+        else:
+            assert chain.tau_expected != chain.tau and abs(chain.tau_expected - chain.tau) < 1.0
 
 
 # ------------------------------------------------------------------------------------------ sampling
@@ -460,11 +466,50 @@ def test_verify_tree_follows_the_chain_rule_down_a_deep_tree(temperature):
     assert cells > 25 and pv > 1e-3
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.5])
+def test_expected_accepted_is_the_mean_of_the_walks_accepted_count(temperature):
+    """expected_accepted against two independent references on a branching depth-3 tree: the exact mean of the
+    accepted count over every outcome of the walk (enumerated from the target's per-node p as in the test
+    above), and the mean of verify_tree's accepted count over 20,000 draws (within 4 standard errors). At T = 0,
+    the walk's own accepted count."""
+    v = 5
+    tree = DraftTree.from_paths([[0, 1, 2], [1, 4, 0], [2], [0, 3], [1, 4, 1], [0, 1, 4]])
+    logits = torch.randn(len(tree) + 1, v, generator=torch.Generator().manual_seed(5))
+    got = expected_accepted(logits, tree, temperature)
+    if temperature == 0:
+        assert got == len(verify_tree(logits, tree, 0.0, None)[0])
+        return
+    p = torch.softmax(logits.double() / temperature, -1).tolist()
+    kids = tree.children()
+
+    def mean_accepted(row, depth):  # E[accepted | the walk is at this node, `depth` nodes accepted so far]
+        child_of = {tree.tokens[c]: c for c in kids[row]}
+        return sum(p[row][x] * (mean_accepted(child_of[x] + 1, depth + 1) if x in child_of else depth)
+                   for x in range(v))
+
+    assert got == pytest.approx(mean_accepted(0, 0), abs=1e-12)
+    g = torch.Generator().manual_seed(3)
+    draws = [len(verify_tree(logits, tree, temperature, g)[0]) for _ in range(20000)]
+    mean = sum(draws) / len(draws)
+    se = (sum((d - mean) ** 2 for d in draws) / (len(draws) - 1) / len(draws)) ** 0.5
+    assert abs(mean - got) < 4 * se and got > 0.3
+
+
+def test_expected_accepted_of_a_chain_is_the_sum_of_its_prefix_products():
+    """A chain's expectation: Σ_i Π_{j<=i} p_j(d_j), each p_j the target's distribution after the j-th prefix."""
+    logits = torch.randn(5, 7, generator=torch.Generator().manual_seed(1))
+    draft = [3, 1, 1, 6]
+    p = torch.softmax(logits.double() / 0.8, -1)
+    ref, prod = 0.0, 1.0
+    for j, d in enumerate(draft):
+        prod *= float(p[j, d])
+        ref += prod
+    assert expected_accepted(logits, chain_tree(draft), 0.8) == pytest.approx(ref, abs=1e-12)
+    assert expected_accepted(logits, DraftTree([], [], [], []), 1.0) == 0.0
+
+
 def _drafter_for(target, block_size, top_k):
-    torch.manual_seed(2)
-    d = DSpineDrafter(drafter_config_for(target, block_size=block_size, transfer_rank=4, message_size=2,
-                                        top_k=top_k)).eval()
-    init_dspine_transfer(d, target.lm_head.weight)
+    d = tiny_drafter(target, seed=2, block_size=block_size, transfer_rank=4, message_size=2, top_k=top_k)
     return randomize_injection(d)
 
 

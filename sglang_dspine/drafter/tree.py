@@ -223,6 +223,29 @@ def marginal_tree(logits: torch.Tensor, budget: int, temperature: float = 1.0) -
     return best_first([v[None] for v in vals], list(ids), budget)
 
 
+def expected_accepted(logits: torch.Tensor, tree: DraftTree, temperature: float) -> float:
+    """The expected number of draft nodes one verify round accepts, given its context: logits [n+1, V] of
+    [anchor, nodes...] as the target scored them. Under the lossless rule (training/tree_generate.py; the
+    chain's is its one-child case) the token emitted at a node is distributed as the target's p there, and the
+    walk enters the child holding it, so a node is reached with the product of p(its token | its prefix) along
+    its path (siblings hold distinct tokens). Σ over nodes of that product; at T = 0, p is the argmax's one-hot
+    and this is the accepted count itself. Its mean over rounds estimates τ - 1 as the accepted counts do, with
+    the acceptance's own sampling noise taken out (a Rao-Blackwellised τ)."""
+    n = len(tree)
+    if n == 0:
+        return 0.0
+    parent_rows = torch.tensor([p + 1 for p in tree.parents], device=logits.device)
+    tokens = torch.tensor(tree.tokens, device=logits.device)
+    if temperature == 0:
+        p_tok = (logits[: n + 1].argmax(-1)[parent_rows] == tokens).double()
+    else:
+        p_tok = torch.softmax(logits[: n + 1].double() / temperature, dim=-1)[parent_rows, tokens]
+    reach: list[float] = []
+    for p, q in zip(tree.parents, p_tok.tolist()):
+        reach.append(q * (reach[p] if p >= 0 else 1.0))
+    return float(sum(reach))
+
+
 def chain_tree(tokens: list[int]) -> DraftTree:
     """A chain (the walk's or the argmax's draft) as a tree: one node per position."""
     return DraftTree.from_paths([list(tokens)])

@@ -14,6 +14,7 @@ import torch
 
 from ..drafter.decoding import BlockDraft
 from ..drafter.model import DSpineDrafter
+from ..drafter.tree import chain_tree, expected_accepted
 
 
 @dataclass
@@ -21,11 +22,21 @@ class SpecResult:
     tokens: list[int]  # generated tokens (prompt excluded)
     accept_lengths: list[int] = field(default_factory=list)  # per round: accepted drafts + 1
     block_size: int = 0
+    # per round: 1 + the expected accepted drafts given the round's context (drafter/tree.py expected_accepted)
+    expected_lengths: list[float] = field(default_factory=list)
 
     @property
     def tau(self) -> float:
         """Mean acceptance length: tokens produced per verify round, over every round this result holds."""
         return sum(self.accept_lengths) / max(len(self.accept_lengths), 1)
+
+    @property
+    def tau_expected(self) -> float | None:
+        """τ with each round's accepted count replaced by its expectation given the round's context (the same
+        mean; at T > 0 without the acceptance draws' noise; at T = 0 equal to `tau`). None: not recorded."""
+        if len(self.expected_lengths) != len(self.accept_lengths) or not self.expected_lengths:
+            return None
+        return sum(self.expected_lengths) / len(self.expected_lengths)
 
     @classmethod
     def pooled(cls, results: list[SpecResult], block_size: int) -> SpecResult:
@@ -33,7 +44,8 @@ class SpecResult:
         everywhere in this package: tokens produced ÷ verify rounds over all of them (token-weighted), what
         SGLang's servers report (output tokens ÷ verify steps). The mean of per-prompt τ is not used: it weighs
         a prompt that ended after 3 rounds like one that ran 300, and can rank two drafters the other way."""
-        return cls([], [a for r in results for a in r.accept_lengths], block_size)
+        return cls([], [a for r in results for a in r.accept_lengths], block_size,
+                   [e for r in results for e in r.expected_lengths])
 
     def emit(self, tokens: list[int], eos: set[int], max_new_tokens: int) -> None:
         """A round's output (the accepted drafts, then the target's own token), up to an end token or the limit."""
@@ -175,6 +187,7 @@ def speculative_generate(
                      use_cache=True, output_hidden_states=True, position_ids=positions)
         accepted, nxt = verify(out.logits[0], draft, temperature, generator)
         result.accept_lengths.append(accepted + 1)
+        result.expected_lengths.append(1.0 + expected_accepted(out.logits[0], chain_tree(draft), temperature))
         # Keep the target's cache and the drafter's context up to the last verified token (anchor + accepted).
         cache.crop(s + accepted + 1)
         proposer.extend(out.hidden_states, s, accepted + 1)
@@ -212,15 +225,17 @@ def evaluate(target, drafter: DSpineDrafter, prompts: list[tuple[str, list[int]]
                                        temperature, eos_token_ids, gen)
         if progress is not None:
             progress(res)
-        row = {"id": rid, "tau": res.tau, "tokens": len(res.tokens), "rounds": len(res.accept_lengths)}
+        row = {"id": rid, "tau": res.tau, "tau_expected": res.tau_expected, "tokens": len(res.tokens),
+               "rounds": len(res.accept_lengths)}
         if reference is not None:
             row["matches_target"] = reference.generate([ids])[0].output_ids == res.tokens
         per.append(row)
         results.append(res)
     b = drafter.cfg.block_size
     overall = SpecResult.pooled(results, b)
-    out: dict = {"tau": overall.tau, "position_acceptance": overall.position_acceptance(),
-           "rounds": len(overall.accept_lengths), "tokens": sum(r["tokens"] for r in per), "prompts": len(per),
+    out: dict = {"tau": overall.tau, "tau_expected": overall.tau_expected,
+           "position_acceptance": overall.position_acceptance(), "rounds": len(overall.accept_lengths),
+           "tokens": sum(r["tokens"] for r in per), "prompts": len(per),
            "kind": drafter.cfg.kind, "decoding": decoding if drafter.cfg.is_dspine else "argmax", "block_size": b,
            "temperature": temperature, "seconds": time.time() - t0, "per_prompt": per}
     if reference is not None:

@@ -29,6 +29,7 @@ from ..drafter.model import DSpineDrafter
 from ..drafter.tree import (
     DraftTree,
     chain_tree,
+    expected_accepted,
     extended_lattice_tree,
     lattice_tree,
     marginal_tree,
@@ -162,6 +163,7 @@ def tree_generate(target, proposer, prompt_ids: list[int], max_new_tokens: int, 
                      position_ids=positions, attention_mask=tree_attention_mask(tree, s, dtype, device))
         path, nxt = verify_tree(out.logits[0], tree, temperature, generator)
         result.accept_lengths.append(len(path) + 1)
+        result.expected_lengths.append(1.0 + expected_accepted(out.logits[0], tree, temperature))
         result.tree_sizes.append(len(tree))
         result.tree_depths.append(tree.max_depth())
         rows = torch.tensor([0] + [m + 1 for m in path], device=device)  # anchor + accepted path, in this pass
