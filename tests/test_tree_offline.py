@@ -1,0 +1,42 @@
+"""benchmarks/tree_offline.py's summaries from result rows: the paper's statistic (ratio of mean τ over suites)
+on τ and on the expected τ."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sglang_dspine.source_files import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+tree_offline = load_file(os.path.join(ROOT, "benchmarks", "tree_offline.py"))
+
+
+def _rows():
+    """Two suites at T=1: chains, and the lattice and DDTree at N=32, with τ and expected τ that differ."""
+    rows = []
+    for suite, scale in (("code", 1.0), ("math", 2.0)):
+        for arm, n, tau, expected in (("dspine_chain", None, 1.0, 1.1), ("dflash_chain", None, 1.0, 1.0),
+                                      ("dspine_lattice", 32, 1.5, 1.4), ("dflash_ddtree", 32, 1.2, 1.4)):
+            rows.append({"suite": suite, "temperature": 1.0, "arm": arm, "N": n, "tau": tau * scale,
+                         "tau_expected": expected * scale, "per_prompt": [[3, 2]]})
+    return rows
+
+
+def test_expected_summary_takes_the_ratio_of_means_over_suites():
+    out = tree_offline.expected_summary(_rows(), ["code", "math"], [32], [1.0])
+    means = out["tau_expected_mean_over_suites"]["T=1"]
+    assert means["dspine_chain"] == pytest.approx(1.65) and means["dspine_lattice@N=32"] == pytest.approx(2.1)
+    assert out["tau_expected_tree_over_chain"]["T=1"]["N=32"] == pytest.approx(round(2.1 / 1.65, 4))
+    assert out["tau_expected_tree_over_ddtree"]["T=1"]["N=32"] == pytest.approx(1.0)
+    # the same rows' τ: a different statistic, from `summarize`
+    assert tree_offline.summarize(_rows(), ["code", "math"], [32], [1.0])["tau_tree_over_ddtree"]["T=1"]["N=32"] \
+        == pytest.approx(1.25)
+
+
+def test_expected_summary_leaves_a_missing_expectation_out():
+    rows = _rows()
+    rows[2].pop("tau_expected")  # code's lattice row: an older result without it
+    out = tree_offline.expected_summary(rows, ["code", "math"], [32], [1.0])
+    assert out["tau_expected_tree_over_chain"]["T=1"]["N=32"] is None
+    assert out["tau_expected_mean_over_suites"]["T=1"]["dspine_lattice@N=32"] is None
