@@ -18,7 +18,10 @@ as `sglang-dspine eval`). Two stages:
 2. evaluation, per suite and T: the chains (DSpine's walk, DFlash's argmax; generate.evaluate) and, per N,
    the trees: DSpine lattice (raw: temperature 1; calibrated), DSpine extended lattice (calibrated),
    DDTree on DFlash (raw; calibrated), and DDTree's rule on DSpine's own marginals (calibrated; an ablation of the
-   table).
+   table); and the DSpine lattice calibrated per block position (`dspine_lattice_depth`: a temperature per position
+   fitted on the rows a tree can reach, every earlier true token a candidate, plus the log of the target's mass
+   on the position's candidates; tree_generate.fit_depth_calibration). Each round also records its expected
+   accepted count (`tau_expected`).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ DEFAULT = os.path.join(ROOT, "models", "default")
 ARMS = {
     "dspine_lattice_raw": ("dspine", "lattice", None),
     "dspine_lattice": ("dspine", "lattice", "dspine"),
+    "dspine_lattice_depth": ("dspine", "lattice", "depth"),
     "dspine_extended": ("dspine", "extended", "dspine"),
     "dflash_ddtree_raw": ("dflash", "marginal", None),
     "dflash_ddtree": ("dflash", "marginal", "dflash"),
@@ -53,7 +57,10 @@ def parse_args(argv=None):
     ap.add_argument("--dspine", default=os.path.join(DEFAULT, "dspine"))
     ap.add_argument("--dflash", default=os.path.join(DEFAULT, "dflash"))
     ap.add_argument("--suites", default=os.path.join(DEFAULT, "suites"), help="folder of SUITE.heldout.jsonl")
-    ap.add_argument("--limit", type=int, default=8, help="evaluation prompts per suite: the first LIMIT")
+    ap.add_argument("--limit", type=int, default=8, help="evaluation prompts per suite: LIMIT from --eval-start")
+    ap.add_argument("--eval-start", type=int, default=0,
+                    help="evaluation prompts from this index of each suite (8: the validation prompts 8-11, between "
+                         "the held-out evaluation's 0-7 and the calibration's 12-15)")
     ap.add_argument("--calib-start", type=int, default=12, help="calibration prompts: from this index of each suite")
     ap.add_argument("--calib-limit", type=int, default=4, help="calibration prompts per suite")
     ap.add_argument("--calib-tokens", type=int, default=64, help="greedy tokens per calibration prompt")
@@ -81,7 +88,7 @@ def parse_args(argv=None):
         ap.error(f"--arms: unknown {unknown}")
     if any(n < 2 for n in args.sizes):
         ap.error("--sizes: N counts the anchor, so at least 2")
-    if args.calib_start < args.limit:
+    if args.calib_start < args.eval_start + args.limit:
         ap.error("--calib-start: calibration prompts must come after the evaluation prompts (disjoint sets)")
     return args
 
@@ -111,7 +118,8 @@ def load(args):
             continue
         name, path = f.split(".")[0], os.path.join(args.suites, f)
         recs = list(iter_records(path, "train"))
-        suites[name] = [(rid, prompt_ids(rec, tokenizer, where=f"{path} id {rid}")) for rid, rec in recs[: args.limit]]
+        chosen = recs[args.eval_start: args.eval_start + args.limit]
+        suites[name] = [(rid, prompt_ids(rec, tokenizer, where=f"{path} id {rid}")) for rid, rec in chosen]
         calib += [prompt_ids(rec, tokenizer) for _, rec in recs[args.calib_start: args.calib_start + args.calib_limit]]
     if not suites:
         raise SystemExit(f"tree_offline: no *.heldout.jsonl in {args.suites}")
@@ -120,8 +128,9 @@ def load(args):
 
 
 def calibrate(target, drafters, calib, temperatures, tokens, eos, progress) -> dict:
-    """{str(T): {"dspine": {"row": t, "marginal": t}, "dflash": {"marginal": t}, "cross_entropy": ...}}."""
-    from sglang_dspine.training.tree_generate import calibration_set, fit_temperature
+    """{str(T): {"dspine": {"row": t, "marginal": t, "row_depth": [t per position], "row_log_mass": [...]},
+    "dflash": {"marginal": t}, "cross_entropy": ...}}."""
+    from sglang_dspine.training.tree_generate import calibration_set, fit_depth_calibration, fit_temperature
 
     out = {}
     for temp in temperatures:
@@ -134,6 +143,9 @@ def calibrate(target, drafters, calib, temperatures, tokens, eos, progress) -> d
             if cal.rows is not None:
                 t_r, ce_r = fit_temperature(cal.rows, cal.row_labels)
                 entry[name].update(row=t_r, table_rows=len(cal.rows))
+                t_d, m_d = fit_depth_calibration(cal, d.cfg.block_size - 1)
+                entry[name].update(row_depth=t_d, row_log_mass=[round(m, 4) for m in m_d],
+                                   reachable_rows=int(cal.row_reached.sum()))
                 ce[f"{name}_row"] = {"at_1": ce_r[min(ce_r, key=lambda x: abs(x - 1))], "at_fit": ce_r[t_r]}
             progress(f"calibration T={temp:g} {name}")
         entry["cross_entropy"] = ce
@@ -300,10 +312,13 @@ def main(argv=None) -> int:
         **prov, "device": prov["gpu"] or f"cpu ({torch.get_num_threads()} threads)", "worktree_dirty": bool(dirty),
         "settings": {k: getattr(args, k) for k in ("target", "dspine", "dflash", "suites", "limit", "calib_start",
                                                       "calib_limit", "calib_tokens", "max_new_tokens", "sizes",
+                                                      "eval_start",
                                                       "temperatures", "arms", "seed")},
         "dtype": str(target.get_output_embeddings().weight.dtype),
         "N_means": "tokens the target verifies per round, the anchor included (tree of N - 1 draft nodes)",
-        "arms": {a: {"drafter": ARMS[a][0], "rule": ARMS[a][1], "temperature": "fitted" if ARMS[a][2] else 1.0}
+        "arms": {a: {"drafter": ARMS[a][0], "rule": ARMS[a][1],
+                     "temperature": {None: 1.0, "depth": "fitted per block position, with the candidates' mass"}.get(
+                         ARMS[a][2], "fitted")}
                  for a in args.arms},
         "calibration": calibration, "rows": [],
     }
@@ -329,12 +344,17 @@ def main(argv=None) -> int:
                     name, rule, fitted = ARMS[arm]
                     row_t = cal[name].get("row", 1.0) if fitted else 1.0
                     marg_t = cal[name]["marginal"] if fitted else 1.0
+                    log_mass = None
+                    if fitted == "depth":
+                        row_t, log_mass = cal[name]["row_depth"], cal[name]["row_log_mass"]
                     res = evaluate_tree(target, drafters[name], prompts, args.max_new_tokens, n - 1, rule, temp, eos,
-                                        seed=args.seed, row_temperature=row_t, marginal_temperature=marg_t)
+                                        seed=args.seed, row_temperature=row_t, marginal_temperature=marg_t,
+                                        row_log_mass=log_mass)
                     record["rows"].append({"suite": suite, "temperature": temp, "arm": arm, "N": n, **_brief(res),
                                            "mean_tree_nodes": res["mean_tree_nodes"],
                                            "mean_tree_depth": res["mean_tree_depth"],
-                                           "row_temperature": row_t, "marginal_temperature": marg_t})
+                                           "row_temperature": row_t, "marginal_temperature": marg_t,
+                                           "row_log_mass": log_mass})
                     step(f"T={temp:g} {suite} {arm} N={n} tau {res['tau']:.2f}")
                     save()
     bar.close()

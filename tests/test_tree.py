@@ -29,6 +29,7 @@ from sglang_dspine.training.generate import speculative_generate, target_feature
 from sglang_dspine.training.tree_generate import (
     TreeProposer,
     calibration_set,
+    fit_depth_calibration,
     fit_temperature,
     keep_cache_positions,
     tree_generate,
@@ -91,6 +92,32 @@ def test_lattice_tree_is_the_best_paths_of_the_transition_table(temperature):
     assert len(all_paths) == 3 + 9 + 27 + 81
     for budget in (1, 2, 5, 13, 40, 119, 120, 500):
         _assert_best_paths(lattice_tree(draft, budget, temperature=temperature), all_paths, budget)
+
+
+def test_lattice_tree_per_position_temperatures_and_candidate_mass():
+    """Per block position i a temperature t_i and a log mass m_i: a path's score is Σ_i (log-softmax(row / t_i)[j]
+    + m_i); the tree holds the `budget` best such paths. Equal temperatures and no mass are the scalar case;
+    wrong lengths and positive masses are refused."""
+    p, k = 4, 3
+    draft = _random_block_draft(p, k, vocab=50, seed=11)
+    cand, sc = draft.candidates[0].tolist(), draft.scores[0].double().tolist()
+    temps, mass = [0.3, 1.0, 2.5, 0.7], [-0.9, -0.05, -0.4, 0.0]
+    all_paths = {}
+    for depth in range(1, p + 1):
+        for slots in itertools.product(range(k), repeat=depth):
+            score, prev = 0.0, 0
+            for i, j in enumerate(slots):
+                score += _log_softmax_ref(sc[i][prev], temps[i])[j] + mass[i]
+                prev = j
+            all_paths[tuple(cand[i][j] for i, j in enumerate(slots))] = score
+    for budget in (1, 4, 13, 60, 120):
+        _assert_best_paths(lattice_tree(draft, budget, temperature=temps, log_mass=mass), all_paths, budget)
+    assert _tree_paths(lattice_tree(draft, 30, temperature=[0.4] * p)) == \
+        pytest.approx(_tree_paths(lattice_tree(draft, 30, temperature=0.4)))
+    with pytest.raises(ValueError, match="temperatures"):
+        lattice_tree(draft, 5, temperature=[1.0] * (p - 1))
+    with pytest.raises(ValueError, match="log_mass"):
+        lattice_tree(draft, 5, log_mass=[0.1] + [0.0] * (p - 1))
 
 
 def _assert_best_paths(tree, all_paths: dict, budget: int) -> None:
@@ -175,6 +202,34 @@ def test_calibration_set_labels_the_targets_greedy_tokens(target, dspine):
     torch.testing.assert_close(cal.row_labels[0], p_next / p_next.sum(), atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(cal.marginal[: b - 1], dspine.block_logits(bo, target.lm_head.weight)[0],
                                atol=1e-4, rtol=1e-4)
+
+
+def test_depth_calibration_fits_each_position_on_the_rows_a_tree_can_reach(target, dspine):
+    """calibration_set marks a row reachable when every earlier true token of its block is a candidate, and
+    records every reachable position's candidate mass; fit_depth_calibration fits each position on its reachable
+    rows (the pooled fit where a position has too few) and takes the log of its mean mass."""
+    prompt, b = PROMPTS[0], dspine.cfg.block_size
+    cal = calibration_set(target, dspine, [prompt, PROMPTS[2]], 12, 1.0, stride=2)
+    assert cal.row_depths.shape == cal.row_reached.shape == (len(cal.rows),)
+    assert cal.reach_depths.shape == cal.reach_mass.shape
+    assert bool(cal.row_reached.any()) and bool((cal.reach_mass <= 1 + 1e-9).all())
+    # depth 0 (block position 1) follows the anchor: always reachable
+    assert bool(cal.row_reached[cal.row_depths == 0].all())
+    temps, log_mass = fit_depth_calibration(cal, b - 1, min_rows=5)
+    assert len(temps) == len(log_mass) == b - 1 and all(m <= 0 for m in log_mass)
+    for i in range(b - 1):
+        sel = cal.row_reached & (cal.row_depths == i)
+        if int(sel.sum()) >= 5:
+            assert temps[i] == fit_temperature(cal.rows[sel], cal.row_labels[sel])[0]
+        at = cal.reach_depths == i
+        if int(at.sum()) >= 5:
+            assert log_mass[i] == pytest.approx(math.log(float(cal.reach_mass[at].mean())))
+    pooled = fit_temperature(cal.rows[cal.row_reached], cal.row_labels[cal.row_reached])[0]
+    assert fit_depth_calibration(cal, b - 1, min_rows=10**6)[0] == [pooled] * (b - 1)
+    res = tree_generate(target, TreeProposer(dspine, target, 10, "lattice", temps, row_log_mass=log_mass), prompt, 8)
+    assert res.tree_sizes and set(res.tree_sizes) == {10}  # the proposer takes them
+    with pytest.raises(ValueError, match="only the lattice"):
+        TreeProposer(dspine, target, 10, "extended", temps)
 
 
 def test_lattice_tree_of_a_drafter_starts_with_the_walks_first_pick(target, dspine):

@@ -24,6 +24,7 @@ A temperature divides the scores before each log-softmax (1: the drafter's own; 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -171,18 +172,34 @@ def best_first(logp: list[torch.Tensor], tokens: list[torch.Tensor], budget: int
     return tree
 
 
-def table_log_scores(scores: torch.Tensor, temperature: float = 1.0) -> list[torch.Tensor]:
+def table_log_scores(scores: torch.Tensor, temperature: float | Sequence[float] = 1.0,
+                     log_mass: Sequence[float] | None = None) -> list[torch.Tensor]:
     """DSpine's transition log-scores from one request's table [P, K, K]: log-softmax over the K candidates of
-    each row divided by `temperature`, in float32; depth 1 keeps row 0 (the anchor's; its other rows repeat it)."""
-    lp = torch.log_softmax(scores.float() / temperature, dim=-1)
+    each row divided by `temperature` (one, or one per block position), in float32, plus `log_mass[i]` at block
+    position i (the log of the target's mass on that position's candidates, ≤ 0: what a node's acceptance
+    chance loses to tokens outside them; none: 0); depth 1 keeps row 0 (the anchor's; its other rows repeat
+    it)."""
+    p = scores.shape[0]
+    t = torch.as_tensor(temperature, dtype=torch.float32)
+    if t.dim() == 1:
+        if len(t) != p:
+            raise ValueError(f"table_log_scores: {len(t)} temperatures for {p} block positions")
+        t = t.view(p, 1, 1)
+    lp = torch.log_softmax(scores.float() / t, dim=-1)
+    if log_mass is not None:
+        m = torch.as_tensor(log_mass, dtype=torch.float32)
+        if m.shape != (p,) or bool((m > 0).any()):
+            raise ValueError(f"table_log_scores: log_mass must be {p} values ≤ 0, found {m.tolist()}")
+        lp = lp + m.view(p, 1, 1)
     return [lp[0, :1]] + [lp[i] for i in range(1, lp.shape[0])]
 
 
-def lattice_tree(draft: BlockDraft, budget: int, index: int = 0, temperature: float = 1.0) -> DraftTree:
+def lattice_tree(draft: BlockDraft, budget: int, index: int = 0, temperature: float | Sequence[float] = 1.0,
+                 log_mass: Sequence[float] | None = None) -> DraftTree:
     """DSpine's tree for request `index` of a BlockDraft: best-first over the candidates with
     `table_log_scores` of the transition table."""
     cand = draft.candidates[index].cpu()
-    return best_first(table_log_scores(draft.scores[index].cpu(), temperature), list(cand), budget)
+    return best_first(table_log_scores(draft.scores[index].cpu(), temperature, log_mass), list(cand), budget)
 
 
 def extended_lattice_tree(draft: BlockDraft, logits: torch.Tensor, budget: int, index: int = 0,

@@ -91,25 +91,32 @@ def keep_cache_positions(cache, keep: torch.Tensor) -> None:
 
 class TreeProposer(DrafterProposer):
     """Drafts a tree per block. rule: "lattice" (DSpine: best-first over the transition table, rows at
-    `row_temperature`), "extended" (DSpine: the table on the candidates, the backbone's marginals at
+    `row_temperature`, one or one per block position, plus `row_log_mass` per position where given:
+    fit_depth_calibration), "extended" (DSpine: the table on the candidates, the backbone's marginals at
     `marginal_temperature` beyond them), "marginal" (DDTree: best-first over the backbone's independent
     marginals at `marginal_temperature`; any drafter), "chain" (the drafter's own chain,
     `DrafterProposer.propose`, as a tree). budget: draft nodes per tree (the target verifies budget + 1 tokens,
     the anchor included)."""
 
     def __init__(self, drafter: DSpineDrafter, target, budget: int, rule: str = "lattice",
-                 row_temperature: float = 1.0, marginal_temperature: float = 1.0):
+                 row_temperature: float | list[float] = 1.0, marginal_temperature: float = 1.0,
+                 row_log_mass: list[float] | None = None):
         if rule not in RULES:
             raise ValueError(f"rule: expected one of {RULES}, found {rule!r}")
         if rule in ("lattice", "extended") and not drafter.cfg.is_dspine:
             raise ValueError(f"rule {rule!r} needs a DSpine drafter (a DFlash drafter has no transition table)")
         if budget < 1:
             raise ValueError(f"budget: expected at least 1 draft node, found {budget}")
-        if row_temperature <= 0 or marginal_temperature <= 0:
+        row_ts = row_temperature if isinstance(row_temperature, list) else [row_temperature]
+        if min(row_ts) <= 0 or marginal_temperature <= 0:
             raise ValueError("row_temperature and marginal_temperature must be positive")
+        if (row_log_mass is not None or isinstance(row_temperature, list)) and rule != "lattice":
+            raise ValueError(f"per-position row temperatures and row_log_mass: only the lattice rule takes them, "
+                             f"not {rule!r}")
         super().__init__(drafter, target)
         self.budget, self.rule = budget, rule
         self.row_temperature, self.marginal_temperature = row_temperature, marginal_temperature
+        self.row_log_mass = row_log_mass
 
     def block(self, sequence: list[int]):
         """The drafter's output for the block whose anchor is the last token of `sequence` (as `propose`)."""
@@ -134,7 +141,7 @@ class TreeProposer(DrafterProposer):
             return extended_lattice_tree(drafted, self.drafter.block_logits(out, self.head)[0], self.budget,
                                          row_temperature=self.row_temperature,
                                          marginal_temperature=self.marginal_temperature)
-        return lattice_tree(drafted, self.budget, temperature=self.row_temperature)
+        return lattice_tree(drafted, self.budget, temperature=self.row_temperature, log_mass=self.row_log_mass)
 
 
 @torch.no_grad()
@@ -178,15 +185,15 @@ def tree_generate(target, proposer, prompt_ids: list[int], max_new_tokens: int, 
 @torch.no_grad()
 def evaluate_tree(target, drafter: DSpineDrafter, prompts: list[tuple[str, list[int]]], max_new_tokens: int,
                   budget: int, rule: str, temperature: float = 0.0, eos_token_ids: set[int] | None = None,
-                  seed: int = 0, row_temperature: float = 1.0, marginal_temperature: float = 1.0,
-                  progress=None) -> dict:
+                  seed: int = 0, row_temperature: float | list[float] = 1.0, marginal_temperature: float = 1.0,
+                  progress=None, row_log_mass: list[float] | None = None) -> dict:
     """τ of tree drafting over prompts [(id, prompt ids)], as `generate.evaluate` reports a chain's: tokens ÷
     verify rounds over all prompts (SpecResult.pooled), with the trees' mean size and depth. progress: called
     with each finished prompt's TreeResult (a progress bar). Seeded as `generate.evaluate`."""
     from .generate import evaluate
 
     def one(ids, gen):
-        proposer = TreeProposer(drafter, target, budget, rule, row_temperature, marginal_temperature)
+        proposer = TreeProposer(drafter, target, budget, rule, row_temperature, marginal_temperature, row_log_mass)
         res = tree_generate(target, proposer, ids, max_new_tokens, temperature, eos_token_ids, gen)
         trees.append(res)
         return res
@@ -198,6 +205,7 @@ def evaluate_tree(target, drafter: DSpineDrafter, prompts: list[tuple[str, list[
     depths = [d for r in trees for d in r.tree_depths]
     out.pop("decoding")
     out.update({"rule": rule, "budget": budget, "verify_tokens": budget + 1, "row_temperature": row_temperature,
+                "row_log_mass": row_log_mass,
                 "marginal_temperature": marginal_temperature, "mean_tree_nodes": sum(sizes) / max(len(sizes), 1),
                 "mean_tree_depth": sum(depths) / max(len(depths), 1)})
     return out
@@ -210,12 +218,21 @@ class CalibrationSet:
     accept there. marginal: backbone logits rows [M, V] with labels [M, V] (one-hot of the target's greedy token
     at T = 0, the target's softmax(logits / T) at T > 0); rows: table rows [R, K] at the true predecessor with
     labels [R, K] (the same, restricted to the candidates and renormalised; positions whose predecessor or
-    token is not a candidate are left out)."""
+    token is not a candidate are left out).
+
+    For a calibration per depth (`fit_depth_calibration`): row_depths [R], each row's block position - 1;
+    row_reached [R], whether the true tokens of every earlier block position are candidates (a tree over the
+    lattice can reach the row's node); reach_depths and reach_mass [Q], at every such reachable position
+    (whether or not its own token is a candidate), its depth and the target's mass on its candidates."""
 
     marginal: torch.Tensor
     marginal_labels: torch.Tensor
     rows: torch.Tensor | None
     row_labels: torch.Tensor | None
+    row_depths: torch.Tensor | None = None
+    row_reached: torch.Tensor | None = None
+    reach_depths: torch.Tensor | None = None
+    reach_mass: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -227,6 +244,7 @@ def calibration_set(target, drafter: DSpineDrafter, prompts: list[list[int]], ne
     eos = eos_token_ids or set()
     b = drafter.cfg.block_size
     marg, marg_lab, rows, row_lab = [], [], [], []
+    row_depth, row_reached, reach_depth, reach_mass = [], [], [], []
     for prompt in prompts:
         seq = list(prompt)
         for _ in range(new_tokens):
@@ -250,21 +268,57 @@ def calibration_set(target, drafter: DSpineDrafter, prompts: list[list[int]], ne
             d = drafter.draft(bo, prop.head, anchors.view(1))
             assert isinstance(d, _BlockDraft)
             cand, sc = d.candidates[0].cpu(), d.scores[0].float().cpu()
+            reached = True  # every earlier true token is a candidate of its position
             for i in range(b - 1):
                 if i == 0:
                     k = 0
                 else:
                     hit = (cand[i - 1] == seq[a + i]).nonzero()
                     if len(hit) == 0:
+                        reached = False
                         continue
                     k = int(hit[0])
                 on = lab[i].cpu()[cand[i]]
+                if reached:
+                    reach_depth.append(i)
+                    reach_mass.append(float(on.sum()))
                 if float(on.sum()) <= 0:
                     continue
                 rows.append(sc[i, k])
                 row_lab.append(on / on.sum())
+                row_depth.append(i)
+                row_reached.append(reached)
     cat = lambda xs: torch.stack(xs) if xs else None
-    return CalibrationSet(torch.cat(marg), torch.cat(marg_lab), cat(rows), cat(row_lab))
+    vec = lambda xs, dtype: torch.tensor(xs, dtype=dtype) if xs else None
+    return CalibrationSet(torch.cat(marg), torch.cat(marg_lab), cat(rows), cat(row_lab), vec(row_depth, torch.long),
+                          vec(row_reached, torch.bool), vec(reach_depth, torch.long),
+                          vec(reach_mass, torch.float64))
+
+
+def fit_depth_calibration(cal: CalibrationSet, depths: int, min_rows: int = 30) -> tuple[list[float], list[float]]:
+    """Per block position (depth 1..`depths`) of DSpine's table, on the reachable rows only (those a tree can
+    reach: every earlier true token a candidate): a temperature (`fit_temperature`), and the log of the target's
+    mean mass on the position's candidates (a tree over the candidates never holds the rest, so a node's
+    chance of acceptance is the row's probability times that mass). A depth with fewer than `min_rows` rows
+    takes the fit over all reachable rows (and mass). Returns (temperatures, log masses), one per depth."""
+    import math
+
+    if cal.rows is None or cal.row_depths is None or cal.reach_depths is None:
+        raise ValueError("fit_depth_calibration: the calibration set has no table rows (a DFlash drafter?)")
+    reached = cal.row_reached
+    if not bool(reached.any()):
+        raise ValueError("fit_depth_calibration: no reachable table rows")
+    pooled_t, _ = fit_temperature(cal.rows[reached], cal.row_labels[reached])
+    pooled_mass = float(cal.reach_mass.mean())
+    temps, log_mass = [], []
+    for i in range(depths):
+        sel = reached & (cal.row_depths == i)
+        temps.append(fit_temperature(cal.rows[sel], cal.row_labels[sel])[0] if int(sel.sum()) >= min_rows
+                     else pooled_t)
+        at = cal.reach_depths == i
+        mass = float(cal.reach_mass[at].mean()) if int(at.sum()) >= min_rows else pooled_mass
+        log_mass.append(math.log(max(mass, 1e-6)))
+    return temps, log_mass
 
 
 def fit_temperature(logits: torch.Tensor, labels: torch.Tensor,
