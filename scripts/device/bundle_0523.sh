@@ -17,7 +17,7 @@
 #   bash scripts/device/bundle_0523.sh plan        # the device calls for what build left in .carry-store
 #   bash scripts/device/bundle_0523.sh aot         # FlashInfer's topk and sampling modules built here for the H200
 #        AOT_MODULES="topk" ... aot                #   (sm_90a, CUDA 13.0 nvcc from PyPI, FlashInfer's own build.ninja;
-#                                                  #   topk ~40 min on 2 cores, nohup it) into BUNDLE_WORK/aot/store;
+#                                                  #   topk 626 s on 2 cores on 2026-12-04) into BUNDLE_WORK/aot/store;
 #                                                  #   build then puts them in the jit part: FlashInfer loads them as
 #                                                  #   they are there (flashinfer/data/aot), nothing compiles. Then:
 #        BUNDLE_PARTS="sglang-0523-jit" PIECE_MIB=61 ... build   # the jit part alone again, or, faster, from the
