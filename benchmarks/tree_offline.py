@@ -51,6 +51,11 @@ ARMS = {
 }
 
 
+# The DSpine tree per temperature, picked on the built-in pair's validation prompts (9-12 of each suite) by the best
+# mean τ at N = 32 (tree_summary_validation.json, docs/tree.md); fixed before the lab pair's run.
+DEFAULT_RULE = "0=dspine_lattice_depth,1=dspine_extended"
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default=os.path.join(DEFAULT, "target"))
@@ -68,6 +73,10 @@ def parse_args(argv=None):
     ap.add_argument("--sizes", default="16,32,64,128", help="N: tokens verified per round, the anchor included")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"tree arms (of {', '.join(ARMS)})")
+    ap.add_argument("--rule", default=DEFAULT_RULE,
+                    help="the DSpine tree the summary's `rule` section reports, per temperature (T=ARM,...; a "
+                         "temperature not listed: dspine_lattice); the default was picked on the built-in pair's "
+                         "validation prompts (docs/tree.md), fixed here before any other pair's run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device")
     ap.add_argument("--dtype", help="default: bf16 on GPU, fp32 on CPU")
@@ -86,6 +95,12 @@ def parse_args(argv=None):
     unknown = [a for a in args.arms if a not in ARMS]
     if unknown:
         ap.error(f"--arms: unknown {unknown}")
+    try:
+        args.rule = {float(t): a.strip() for t, a in (x.split("=") for x in args.rule.split(",") if x.strip())}
+    except ValueError:
+        ap.error(f"--rule: expected T=ARM,..., found {args.rule!r}")
+    if any(a not in ARMS or ARMS[a][0] != "dspine" for a in args.rule.values()):
+        ap.error(f"--rule: each ARM must be a DSpine arm of {', '.join(a for a in ARMS if ARMS[a][0] == 'dspine')}")
     if any(n < 2 for n in args.sizes):
         ap.error("--sizes: N counts the anchor, so at least 2")
     if args.calib_start < args.eval_start + args.limit:
@@ -268,6 +283,40 @@ def expected_summary(rows: list[dict], suites: list[str], sizes: list[int], temp
     return out
 
 
+def rule_summary(rows: list[dict], suites: list[str], sizes: list[int], temperatures: list[float],
+                 rule: dict[float, str]) -> dict:
+    """The paper's statistic for the DSpine tree `rule` picks per temperature (--rule): its mean τ over suites ÷
+    the DSpine chain's and ÷ DDTree-on-DFlash's, with 95% bootstrap intervals over prompts, and the issue's
+    goals under it. An arm the run did not make gives None."""
+    tau = {(r["suite"], r["temperature"], r["arm"], r["N"]): r["tau"] for r in rows}
+
+    def mean(arm, temp, n):
+        vals = [tau.get((s, temp, arm, n)) for s in suites]
+        return sum(vals) / len(vals) if all(v is not None for v in vals) else None
+
+    out: dict = {"arms": {}, "over_chain": {}, "over_ddtree": {}, "bootstrap_95": {}}
+    for temp in temperatures:
+        key, arm = f"T={temp:g}", rule.get(temp, "dspine_lattice")
+        out["arms"][key] = arm
+        chain = mean("dspine_chain", temp, None)
+        for n in sizes:
+            tree, ddtree = mean(arm, temp, n), mean("dflash_ddtree", temp, n)
+            out["over_chain"].setdefault(key, {})[f"N={n}"] = round(tree / chain, 4) if tree and chain else None
+            out["over_ddtree"].setdefault(key, {})[f"N={n}"] = round(tree / ddtree, 4) if tree and ddtree else None
+            out["bootstrap_95"].setdefault(key, {})[f"N={n}"] = {
+                "over_chain": bootstrap_ratio(rows, suites, temp, (arm, n), ("dspine_chain", None)),
+                "over_ddtree": bootstrap_ratio(rows, suites, temp, (arm, n), ("dflash_ddtree", n))}
+    chain, dd = out["over_chain"], out["over_ddtree"]
+    out["goals"] = {
+        "tree_N32_over_chain_ge_1.30": {k: v.get("N=32") is not None and v["N=32"] >= 1.30 for k, v in chain.items()},
+        "tree_above_ddtree_at_every_N": {k: all(x is not None and x > 1 for x in v.values()) for k, v in dd.items()},
+        "tree_N_le_64_over_chain_ge_1.2 (item 2's gate)": {
+            k: any(v.get(f"N={n}") is not None and v[f"N={n}"] >= 1.2 for n in sizes if n <= 64)
+            for k, v in chain.items()},
+    }
+    return out
+
+
 def markdown(rows: list[dict], suites: list[str], sizes: list[int], temperatures: list[float], arms: list[str]) -> str:
     tau = {(r["suite"], r["temperature"], r["arm"], r["N"]): r["tau"] for r in rows}
     head = ["T", "suite", "N", "DSpine chain", "DFlash chain"] + arms
@@ -312,7 +361,7 @@ def main(argv=None) -> int:
         **prov, "device": prov["gpu"] or f"cpu ({torch.get_num_threads()} threads)", "worktree_dirty": bool(dirty),
         "settings": {k: getattr(args, k) for k in ("target", "dspine", "dflash", "suites", "limit", "calib_start",
                                                       "calib_limit", "calib_tokens", "max_new_tokens", "sizes",
-                                                      "eval_start",
+                                                      "eval_start", "rule",
                                                       "temperatures", "arms", "seed")},
         "dtype": str(target.get_output_embeddings().weight.dtype),
         "N_means": "tokens the target verifies per round, the anchor included (tree of N - 1 draft nodes)",
@@ -369,6 +418,9 @@ def main(argv=None) -> int:
                "source": os.path.relpath(args.out, ROOT), "calibration": calibration,
                **summarize(record["rows"], names, args.sizes, args.temperatures),
                **expected_summary(record["rows"], names, args.sizes, args.temperatures),
+               "rule": {"chosen_on": ("the built-in pair's validation prompts (tree_summary_validation.json)"
+                                      if args.rule == parse_args([]).rule else "--rule as given"),
+                        **rule_summary(record["rows"], names, args.sizes, args.temperatures, args.rule)},
                "step_cost": "not measured: tree verification in SGLang is not built",
                "seconds": record["seconds"]}
     os.makedirs(os.path.dirname(os.path.abspath(args.summary)), exist_ok=True)

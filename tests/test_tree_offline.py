@@ -19,7 +19,7 @@ def _rows():
         for arm, n, tau, expected in (("dspine_chain", None, 1.0, 1.1), ("dflash_chain", None, 1.0, 1.0),
                                       ("dspine_lattice", 32, 1.5, 1.4), ("dflash_ddtree", 32, 1.2, 1.4)):
             rows.append({"suite": suite, "temperature": 1.0, "arm": arm, "N": n, "tau": tau * scale,
-                         "tau_expected": expected * scale, "per_prompt": [[3, 2]]})
+                         "tau_expected": expected * scale, "per_prompt": [[2 * tau * scale, 2]]})
     return rows
 
 
@@ -40,3 +40,24 @@ def test_expected_summary_leaves_a_missing_expectation_out():
     out = tree_offline.expected_summary(rows, ["code", "math"], [32], [1.0])
     assert out["tau_expected_tree_over_chain"]["T=1"]["N=32"] is None
     assert out["tau_expected_mean_over_suites"]["T=1"]["dspine_lattice@N=32"] is None
+
+
+def test_rule_summary_reports_the_arm_picked_per_temperature():
+    """--rule's arm per temperature against the DSpine chain and DDTree (ratio of means over suites, bootstrap
+    intervals), with the goals under it; an arm the run did not make gives None."""
+    out = tree_offline.rule_summary(_rows(), ["code", "math"], [32], [1.0], {1.0: "dspine_lattice"})
+    assert out["arms"] == {"T=1": "dspine_lattice"}
+    assert out["over_chain"]["T=1"]["N=32"] == pytest.approx(1.5) and out["over_ddtree"]["T=1"]["N=32"] == 1.25
+    assert out["bootstrap_95"]["T=1"]["N=32"]["over_chain"] == [1.5, 1.5]  # every prompt gives the same ratio
+    assert out["goals"]["tree_N32_over_chain_ge_1.30"] == {"T=1": True}
+    missing = tree_offline.rule_summary(_rows(), ["code", "math"], [32], [1.0], {1.0: "dspine_extended"})
+    assert missing["over_chain"]["T=1"]["N=32"] is None
+    assert missing["goals"]["tree_above_ddtree_at_every_N"] == {"T=1": False}
+
+
+def test_rule_argument_is_parsed_and_checked():
+    assert tree_offline.parse_args([]).rule == {0.0: "dspine_lattice_depth", 1.0: "dspine_extended"}
+    assert tree_offline.parse_args(["--rule", "0.5=dspine_lattice"]).rule == {0.5: "dspine_lattice"}
+    for bad in ("0=dflash_ddtree", "0:dspine_lattice", "0=nope"):
+        with pytest.raises(SystemExit):
+            tree_offline.parse_args(["--rule", bad])
