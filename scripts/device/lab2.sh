@@ -22,6 +22,9 @@
 #              benchmarks/lab/warm_sglang.py fills SGLang's caches and runs the serving path once
 #   2 serving  benchmarks/lab/serve_bench.py: plain / DFLASH / DSPINE with SGLang's bench_serving, no new run
 #              after lease second SERVE_END
+#              (STAGE2=tree: instead, benchmarks/tree_offline.py on the main pair, on the GPU: draft trees against
+#              the chains and DDTree, its summary's `rule` section fixed in advance; TREE_ARGS: more of its
+#              arguments; its rows are written as they finish, the summary at its end)
 #   3 summary  benchmarks/lab/summary.py: lab_summary.json fields and the plots
 # Deadlines count from LEASE_T0 (the lease's device time runs from the asking, machine start included). Models
 # and checkpoints stay in $LAB (default /tmp/lab2) on the machine; only results, metrics and logs come back.
@@ -31,6 +34,8 @@ JOB=/tmp/job_lab2
 SERVE_BY="${SERVE_BY:-1400}"    # lease second by which the lab stage ends (run.py's deadline) and serving starts
 SERVE_END="${SERVE_END:-1720}"  # lease second after which serve_bench starts no new run
 SERVE_ARGS="${SERVE_ARGS:-}"    # more serve_bench.py arguments (a rehearsal: --clients 48)
+STAGE2="${STAGE2:-serving}"     # serving | tree (stage 2 above)
+TREE_ARGS="${TREE_ARGS:-}"      # more tree_offline.py arguments
 # PRESET=recipe (or recipe_long, recipe_cross): a recipe lab instead (run.py --preset PRESET; no SGLang servers):
 # its lab stage ends at lease second LAB_BY, then benchmarks/lab/recipe.py writes lab_PRESET_summary.json and its
 # plot
@@ -105,6 +110,7 @@ lab2 stage plan (lease seconds on one H200, counted from the asking; "seen": the
         (deadline: lease SERVE_BY=1400)
   serving: 3 servers start at once (warm caches), warm-up burst,
            24 bench_serving runs (no new run after SERVE_END=1720) 240    1600
+    (STAGE2=tree instead: tree_offline.py on the main pair, not timed yet: lower SERVE_BY to leave it room)
   summary + archive                                               15    1615   (of 1800)
 device calls, none longer than ~540 s: `start && wait 510`, `wait 540`, `wait 540`, `wait` until DONE (ask status for the time left)
 EOF
@@ -135,6 +141,7 @@ start)
   echo "lab2: job starts at lease second $(( now - LEASE_T0 ))"
   GIT_COMMIT="${GIT_COMMIT:-}" LAB="$LAB" bash "$HERE/job.sh" start lab2 \
     "LAB=$LAB SERVE_BY=$SERVE_BY SERVE_END=$SERVE_END SERVE_ARGS='$SERVE_ARGS' PRESET=$PRESET LAB_BY=$LAB_BY \
+     STAGE2=$STAGE2 TREE_ARGS='$TREE_ARGS' \
      bash scripts/device/lab2.sh stages"
   ;;
 stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundle set up and OUT=$JOB/out
@@ -167,7 +174,13 @@ stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundl
   warm_pid=$!
   eval "$lab_cmd --set deadline_s=$(( t0 + SERVE_BY - $(date +%s) ))" || attention "lab failed ($?)"
   wait "$warm_pid"
-  if [ -d "$LAB/lab/drafters/dspine" ] && [ -d "$LAB/lab/drafters/dflash" ]; then
+  if [ "$STAGE2" = tree ] && [ -d "$LAB/lab/drafters/dspine" ] && [ -d "$LAB/lab/drafters/dflash" ]; then
+    step "2 tree"
+    python3 benchmarks/tree_offline.py --target "$LAB/lab/target" --dspine "$LAB/lab/drafters/dspine" \
+      --dflash "$LAB/lab/drafters/dflash" --suites "$LAB/lab/corpus/prompts" --device cuda \
+      --out "$OUT/results/tree_offline_lab.json" --summary "$OUT/results/tree_summary_lab.json" $TREE_ARGS \
+      || attention "tree failed"
+  elif [ -d "$LAB/lab/drafters/dspine" ] && [ -d "$LAB/lab/drafters/dflash" ]; then
     step "2 serving"
     python3 benchmarks/lab/serve_bench.py --lab "$LAB/lab" --out "$LAB/serving" --deadline $(( t0 + SERVE_END )) \
       $SERVE_ARGS 2>&1 | grep -v "Decode batch\|Prefill batch\|Capturing" || attention "serving failed"
@@ -179,8 +192,9 @@ stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundl
   step "3 summary"
   [ -f benchmarks/results/lab_summary.json ] && cp benchmarks/results/lab_summary.json "$OUT/results/lab_summary.json"
   labjson=$(ls -t "$OUT"/results/lab_*.json 2>/dev/null | grep -v "lab_summary.json\|lab_bench_serving.json" | head -n 1)
+  serving=(); [ "$STAGE2" = tree ] || serving=(--serving "$OUT/results/lab_bench_serving.json")
   python3 benchmarks/lab/summary.py --lab "${labjson:-$OUT/results/lab_second.json}" \
-    --serving "$OUT/results/lab_bench_serving.json" --out "$OUT/results/lab_summary.json" || attention "summary failed"
+    "${serving[@]}" --out "$OUT/results/lab_summary.json" || attention "summary failed"
   pack_lab "$OUT/lab2_runs.tar.gz" || attention "runs archive failed"  # what comes back besides results/
   step "done"
   ;;
