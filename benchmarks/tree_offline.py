@@ -191,18 +191,40 @@ def bootstrap_ratio(rows: list[dict], suites: list[str], temp: float, a: tuple, 
     return [round(out[int(0.025 * draws)], 4), round(out[int(0.975 * draws) - 1], 4)]
 
 
+def suite_means(rows: list[dict], suites: list[str], key: str = "tau"):
+    """mean(arm, temp, N): the mean over `suites` of the rows' `key` (the paper's statistic is a ratio of such
+    means); None where a suite has no value."""
+    tau = {(r["suite"], r["temperature"], r["arm"], r["N"]): r.get(key) for r in rows}
+
+    def mean(arm, temp, n):
+        vals = [tau.get((s, temp, arm, n)) for s in suites]
+        return sum(vals) / len(vals) if vals and all(v is not None for v in vals) else None
+
+    return mean
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a is not None and b else None
+
+
+def goals(over_chain: dict, over_ddtree: dict, sizes: list[int]) -> dict:
+    """The issue's goals from a tree's {T: {"N=n": ratio}} against the DSpine chain and against DDTree."""
+    return {
+        "tree_N32_over_chain_ge_1.30": {k: (v.get("N=32") is not None and v["N=32"] >= 1.30)
+                                        for k, v in over_chain.items()},
+        "tree_above_ddtree_at_every_N": {k: all(x is not None and x > 1 for x in v.values())
+                                         for k, v in over_ddtree.items()},
+        "tree_N_le_64_over_chain_ge_1.2 (item 2's gate)": {
+            k: any(v.get(f"N={n}") is not None and v[f"N={n}"] >= 1.2 for n in sizes if n <= 64)
+            for k, v in over_chain.items()},
+    }
+
+
 def summarize(rows: list[dict], suites: list[str], sizes: list[int], temperatures: list[float]) -> dict:
     """Ratios of mean τ over the suites (the paper's statistic, docs/results.md), and per suite; 95% bootstrap
     intervals over prompts for the headline ratios."""
     tau = {(r["suite"], r["temperature"], r["arm"], r["N"]): r["tau"] for r in rows}
-
-    def mean(arm, temp, n):
-        vals = [tau.get((s, temp, arm, n)) for s in suites]
-        return sum(vals) / len(vals) if all(v is not None for v in vals) else None
-
-    def ratio(a, b):
-        return round(a / b, 4) if a is not None and b else None
-
+    mean = suite_means(rows, suites)
     out: dict = {"tau_mean_over_suites": {}, "tau_tree_over_chain": {}, "tau_tree_over_chain_raw": {},
                  "tau_tree_over_ddtree": {}, "tau_tree_over_ddtree_raw": {}, "tau_extended_over_chain": {},
                  "tau_extended_over_ddtree": {}, "tau_ddtree_over_dflash_chain": {},
@@ -242,15 +264,7 @@ def summarize(rows: list[dict], suites: list[str], sizes: list[int], temperature
                            "tree_over_ddtree": ratio(tau.get((s, temp, "dspine_lattice", n)),
                                                      tau.get((s, temp, "dflash_ddtree", n)))}
                 for n in sizes}
-    t32 = out["tau_tree_over_chain"]
-    out["goals"] = {
-        "tree_N32_over_chain_ge_1.30": {k: (v.get("N=32") is not None and v["N=32"] >= 1.30) for k, v in t32.items()},
-        "tree_above_ddtree_at_every_N": {k: all(x is not None and x > 1 for x in v.values())
-                                         for k, v in out["tau_tree_over_ddtree"].items()},
-        "tree_N_le_64_over_chain_ge_1.2 (item 2's gate)": {
-            k: any(v.get(f"N={n}") is not None and v[f"N={n}"] >= 1.2 for n in sizes if n <= 64)
-            for k, v in t32.items()},
-    }
+    out["goals"] = goals(out["tau_tree_over_chain"], out["tau_tree_over_ddtree"], sizes)
     return out
 
 
@@ -259,12 +273,7 @@ def expected_summary(rows: list[dict], suites: list[str], sizes: list[int], temp
     by its expectation given the round's context, drafter/tree.py expected_accepted): at T > 0 the acceptance
     draws' noise is gone (the generated text is still sampled), so small differences between tree sizes and
     rules are readable on few prompts; at T = 0 it equals τ."""
-    tau = {(r["suite"], r["temperature"], r["arm"], r["N"]): r.get("tau_expected") for r in rows}
-
-    def mean(arm, temp, n):
-        vals = [tau.get((s, temp, arm, n)) for s in suites]
-        return sum(vals) / len(vals) if vals and all(v is not None for v in vals) else None
-
+    mean = suite_means(rows, suites, "tau_expected")
     arms = sorted({r["arm"] for r in rows if r["N"] is not None})
     out: dict = {"tau_expected_mean_over_suites": {}, "tau_expected_tree_over_chain": {},
                  "tau_expected_tree_over_ddtree": {}}
@@ -273,11 +282,10 @@ def expected_summary(rows: list[dict], suites: list[str], sizes: list[int], temp
         means = {c: mean(c, temp, None) for c in ("dspine_chain", "dflash_chain")}
         for n in sizes:
             means |= {f"{arm}@N={n}": mean(arm, temp, n) for arm in arms}
-            tree, ddtree = mean("dspine_lattice", temp, n), mean("dflash_ddtree", temp, n)
-            out["tau_expected_tree_over_chain"].setdefault(key, {})[f"N={n}"] = (
-                round(tree / means["dspine_chain"], 4) if tree is not None and means["dspine_chain"] else None)
-            out["tau_expected_tree_over_ddtree"].setdefault(key, {})[f"N={n}"] = (
-                round(tree / ddtree, 4) if tree is not None and ddtree else None)
+            tree = mean("dspine_lattice", temp, n)
+            out["tau_expected_tree_over_chain"].setdefault(key, {})[f"N={n}"] = ratio(tree, means["dspine_chain"])
+            out["tau_expected_tree_over_ddtree"].setdefault(key, {})[f"N={n}"] = ratio(
+                tree, mean("dflash_ddtree", temp, n))
         out["tau_expected_mean_over_suites"][key] = {k: (round(v, 4) if v is not None else None)
                                                      for k, v in means.items()}
     return out
@@ -288,32 +296,20 @@ def rule_summary(rows: list[dict], suites: list[str], sizes: list[int], temperat
     """The paper's statistic for the DSpine tree `rule` picks per temperature (--rule): its mean τ over suites ÷
     the DSpine chain's and ÷ DDTree-on-DFlash's, with 95% bootstrap intervals over prompts, and the issue's
     goals under it. An arm the run did not make gives None."""
-    tau = {(r["suite"], r["temperature"], r["arm"], r["N"]): r["tau"] for r in rows}
-
-    def mean(arm, temp, n):
-        vals = [tau.get((s, temp, arm, n)) for s in suites]
-        return sum(vals) / len(vals) if all(v is not None for v in vals) else None
-
+    mean = suite_means(rows, suites)
     out: dict = {"arms": {}, "over_chain": {}, "over_ddtree": {}, "bootstrap_95": {}}
     for temp in temperatures:
         key, arm = f"T={temp:g}", rule.get(temp, "dspine_lattice")
         out["arms"][key] = arm
         chain = mean("dspine_chain", temp, None)
         for n in sizes:
-            tree, ddtree = mean(arm, temp, n), mean("dflash_ddtree", temp, n)
-            out["over_chain"].setdefault(key, {})[f"N={n}"] = round(tree / chain, 4) if tree and chain else None
-            out["over_ddtree"].setdefault(key, {})[f"N={n}"] = round(tree / ddtree, 4) if tree and ddtree else None
+            tree = mean(arm, temp, n)
+            out["over_chain"].setdefault(key, {})[f"N={n}"] = ratio(tree, chain)
+            out["over_ddtree"].setdefault(key, {})[f"N={n}"] = ratio(tree, mean("dflash_ddtree", temp, n))
             out["bootstrap_95"].setdefault(key, {})[f"N={n}"] = {
                 "over_chain": bootstrap_ratio(rows, suites, temp, (arm, n), ("dspine_chain", None)),
                 "over_ddtree": bootstrap_ratio(rows, suites, temp, (arm, n), ("dflash_ddtree", n))}
-    chain, dd = out["over_chain"], out["over_ddtree"]
-    out["goals"] = {
-        "tree_N32_over_chain_ge_1.30": {k: v.get("N=32") is not None and v["N=32"] >= 1.30 for k, v in chain.items()},
-        "tree_above_ddtree_at_every_N": {k: all(x is not None and x > 1 for x in v.values()) for k, v in dd.items()},
-        "tree_N_le_64_over_chain_ge_1.2 (item 2's gate)": {
-            k: any(v.get(f"N={n}") is not None and v[f"N={n}"] >= 1.2 for n in sizes if n <= 64)
-            for k, v in chain.items()},
-    }
+    out["goals"] = goals(out["over_chain"], out["over_ddtree"], sizes)
     return out
 
 
