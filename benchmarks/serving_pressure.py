@@ -115,7 +115,8 @@ HEALTH_GRACE_S = 15.0
 # the pool's free tokens and the re-admitted requests' acceptance are checked as on the pair.
 GEOMETRY_SCENARIOS = ("kv_exhaustion",)
 GEOMETRY_MEM_FRACTION = 0.6  # of the memory free at each start: an 8B target's 16 GB weights, three servers
-GEOMETRY_ARGS = ["--load-format", "dummy", "--skip-tokenizer-init", "--speculative-draft-load-format", "safetensors"]
+GEOMETRY_TARGET_ARGS = ["--load-format", "dummy", "--skip-tokenizer-init"]
+GEOMETRY_DRAFT_ARGS = ["--speculative-draft-load-format", "safetensors"]  # the drafters' random weights are files
 RETRACT_RE = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+)")
 RUNNING_RE = re.compile(r"Decode batch.*?#running-req: (\d+)")
 LEAK_MARK = "memory leak detected"
@@ -936,7 +937,7 @@ def geometry_flags() -> list[str]:
     static memory fraction for 8B weights, dummy weights and no tokenizer."""
     flags = list(FLAGS)
     flags[flags.index("--mem-fraction-static") + 1] = str(GEOMETRY_MEM_FRACTION)
-    return flags + GEOMETRY_ARGS[:3]
+    return flags + GEOMETRY_TARGET_ARGS
 
 
 def server_args(name: str, models: str, geometry_dirs: dict | None = None) -> list[str]:
@@ -945,7 +946,7 @@ def server_args(name: str, models: str, geometry_dirs: dict | None = None) -> li
     if geometry_dirs:
         target, flags = geometry_dirs["target"], geometry_flags()
         drafter = geometry_dirs.get(name)
-        flags += GEOMETRY_ARGS[3:] if name != "plain" else []
+        flags += GEOMETRY_DRAFT_ARGS if name != "plain" else []
     else:
         target, flags, drafter = os.path.join(models, "target"), FLAGS, os.path.join(models, name)
     if name == "plain":
