@@ -177,10 +177,8 @@ def merge_recipes(paths: list[str]) -> dict:
                 r.get(k) != base.get(k) for k in same):
             raise SystemExit(f"--merge-recipes: {p} differs from the {DEFAULT_RECIPE} run in more than the recipe "
                              "and the accumulation")
-        key = r["settings"]["recipe"]
-        into = by if r["settings"]["grad_accum"] == accum else other
-        if r["settings"]["grad_accum"] != accum:
-            key = f"{key}, grad_accum {r['settings']['grad_accum']}"
+        recipe, ga = r["settings"]["recipe"], r["settings"]["grad_accum"]
+        into, key = (by, recipe) if ga == accum else (other, f"{recipe}, grad_accum {ga}")
         if key in into:
             raise SystemExit(f"--merge-recipes: {key} appears twice in {paths}")
         into[key] = {"file": os.path.basename(p), "ms_per_step": r["ms_per_step"], "tokens_per_s": r["tokens_per_s"],
