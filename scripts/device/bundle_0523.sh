@@ -117,23 +117,12 @@ _b23_build() {
     aot_line="$(python3 "$repo/scripts/device/bundle_0523.py" aot-place "$work/opt/jit" "$work/aot/store" "$lock" \
       | tee /dev/stderr | tr '\n' ';')" || return 1
   fi
-  local part dir
-  for part in $parts; do
-    case "$part" in
-      "$name_core") dir="$work/site" ;;
-      *) dir="$work/opt/${part#"$name_core"-}" ;;
-    esac
-    [ -d "$dir" ] || { echo "build: no $dir" >&2; return 1; }
-    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$dir" -cf "$work/$part.tar" .
-  done
   # The piece size that still fits one call beside the working tree (64 MiB in all).
   tree=$(_b23_tree_bytes)
   fit=$(( (64 * 1048576 - tree - 16384) / 1048576 ))  # 16 KiB: the sums file beside the piece
   mib="${PIECE_MIB:-$fit}"  # default: the largest that fits
   [ "$mib" -le "$fit" ] || echo "build: WARNING the working tree is $((tree / 1000)) kB: a ${mib} MiB piece does not fit one call; use PIECE_MIB=$fit" >&2
-  for part in $parts; do
-    (cd "$repo" && PIECE_MIB="$mib" bash scripts/device/carry.sh pack "$part" "$work/$part.tar") || return 1
-  done
+  _b23_pack_parts build "$mib" || return 1
   if [ "$name_core" = sglang-0523 ] && [ -z "${KEEP_SM:-}" ]; then  # the repo's manifest: the default build only
     cp "$work/manifest.txt" "$repo/locks/device-sglang-0.5.23.manifest.txt"
   fi
@@ -232,21 +221,26 @@ PY
   echo "aot: done; the jit part takes them at its next build: BUNDLE_PARTS=\"$name_core-jit\" PIECE_MIB=61 bash scripts/device/bundle_0523.sh build"
 }
 
-_b23_repack() {  # the parts again from the trimmed tree of the last build (BUNDLE_WORK/site, opt/): after `aot`
-  set -o pipefail
-  local part dir mib="${PIECE_MIB:-61}"
-  [ -d "$work/site" ] && [ -d "$work/opt" ] || { echo "repack: no trimmed tree in $work: run build" >&2; return 1; }
-  [ -d "$work/opt/jit/flashinfer/data" ] \
-    && { python3 "$repo/scripts/device/bundle_0523.py" aot-place "$work/opt/jit" "$work/aot/store" "$lock" || return 1; }
+_b23_pack_parts() {  # LABEL MIB: each part of $parts from the trimmed tree (core: site/, others: opt/NAME/) into
+  # $work/PART.tar, reproducibly (sorted names, no owners or times), and into MIB-MiB pieces in .carry-store
+  local part dir
   for part in $parts; do
     case "$part" in
       "$name_core") dir="$work/site" ;;
       *) dir="$work/opt/${part#"$name_core"-}" ;;
     esac
-    [ -d "$dir" ] || { echo "repack: no $dir" >&2; return 1; }
+    [ -d "$dir" ] || { echo "$1: no $dir" >&2; return 1; }
     tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$dir" -cf "$work/$part.tar" . || return 1
-    (cd "$repo" && PIECE_MIB="$mib" bash scripts/device/carry.sh pack "$part" "$work/$part.tar") || return 1
+    (cd "$repo" && PIECE_MIB="$2" bash scripts/device/carry.sh pack "$part" "$work/$part.tar") || return 1
   done
+}
+
+_b23_repack() {  # the parts again from the trimmed tree of the last build (BUNDLE_WORK/site, opt/): after `aot`
+  set -o pipefail
+  [ -d "$work/site" ] && [ -d "$work/opt" ] || { echo "repack: no trimmed tree in $work: run build" >&2; return 1; }
+  [ -d "$work/opt/jit/flashinfer/data" ] \
+    && { python3 "$repo/scripts/device/bundle_0523.py" aot-place "$work/opt/jit" "$work/aot/store" "$lock" || return 1; }
+  _b23_pack_parts repack "${PIECE_MIB:-61}"
 }
 
 _b23_measure() {  # other compressors on the core tar: size and pieces (decompression needs xz or python lzma there)
@@ -517,6 +511,6 @@ PY
 
 _b23_main "$@"
 _b23_rc=$?
-unset -f _b23_main _b23_pip_download _b23_relock _b23_tree_bytes _b23_build _b23_aot _b23_repack _b23_measure _b23_plan _b23_check_cpu \
+unset -f _b23_main _b23_pip_download _b23_relock _b23_tree_bytes _b23_build _b23_pack_parts _b23_aot _b23_repack _b23_measure _b23_plan _b23_check_cpu \
   _b23_setup
 if (return 0 2>/dev/null); then return "$_b23_rc"; else exit "$_b23_rc"; fi
