@@ -320,15 +320,20 @@ def summarize(res: dict) -> dict:
 
 def print_table(res: dict) -> None:
     s = summarize(res)
-    print("\nstep ms (mean of rounds) and DSPINE/DFLASH ratio")
+    # side by side where there are such rounds; else (--alone-only) each server's rounds alone
+    side = bool(res.get("rounds"))
+    rounds = res.get("rounds", []) if side else [{n: a.get("rounds", []) for n, a in res.get("alone", {}).items()}]
+    ratios = s["step_ratio_by_clients"] if side else {
+        "T0": (s["alone_default_graph_bs"].get("dspine") or {}).get("step_ratio_vs_dflash") or {}}
+    print("\nstep ms (mean of rounds) and DSPINE/DFLASH ratio" + ("" if side else ", each server alone"))
     for temp in res.get("temperatures", []):
         for c in res.get("clients", []):
             row = []
             for n in SERVERS:
-                vals = [r["step_ms"] for rnd in res.get("rounds", []) for r in rnd.get(n, [])
+                vals = [r["step_ms"] for rnd in rounds for r in rnd.get(n, [])
                         if r["clients"] == c and r["temperature"] == temp and r.get("step_ms")]
                 row.append(f"{n}={sum(vals) / len(vals):.2f}" if vals else f"{n}=-")
-            ratio = s["step_ratio_by_clients"].get(f"T{temp:g}", {}).get(str(c))
+            ratio = ratios.get(f"T{temp:g}", {}).get(str(c))
             print(f"T={temp:g} c={c:3d}  " + "  ".join(row) + f"  ratio={ratio}")
     for key, prof in res.get("profile", {}).items():
         if "diff" in prof:

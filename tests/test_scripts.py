@@ -392,3 +392,19 @@ def test_serving_scale_summary_keeps_alone_ratios_of_a_cut_run():
                            "step_ratio_vs_dflash2": None}
     alone["dflash2"] = {"rounds": rounds({1: 12.0, 16: 2.0})}
     assert ss.alone_step_ratios(alone)["step_ratio_vs_dflash2"] == {"1": 0.5, "16": 1.5}
+
+
+def test_serving_scale_table_prints_alone_rounds(capsys):
+    """serving_scale.py's closing table for an --alone-only run (no side-by-side rounds) prints each server's
+    alone step and DSPINE ÷ DFLASH; at f528899 it printed '-' for every server although all three had run."""
+    from sglang_dspine.source_files import load_file as load_source
+
+    ss = load_source(os.path.join(REPO, "benchmarks", "serving_scale.py"))
+    rounds = lambda steps: [{"clients": c, "temperature": 0.0, "step_ms": v} for c, v in steps.items()]  # noqa: E731
+    alone = {"dflash": {"rounds": rounds({1: 8.0, 4: 10.0})}, "dspine": {"rounds": rounds({1: 6.0, 4: 11.0})},
+             "dflash2": {"rounds": rounds({1: 12.0})}}
+    ss.print_table({"alone": alone, "rounds": [], "temperatures": [0.0], "clients": [1, 4]})
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("T=0")]
+    assert lines[0].split() == ["T=0", "c=", "1", "dflash=8.00", "dspine=6.00", "dspine_torch=-", "dflash2=12.00",
+                                "ratio=0.75"]
+    assert lines[1].split()[-1] == "ratio=1.1" and "dflash2=-" in lines[1]

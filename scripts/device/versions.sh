@@ -8,8 +8,9 @@
 #   tests     every `gpu`-marked test (scripts/device/gpu_tests.sh)
 #   features  request conformance: no speculation / DFLASH / DSPINE, 60 s of mixed load (serving_features.py)
 #   scale     per-step cost at Qwen3-8B geometry, each server alone (DFLASH, DSPINE, then DFlash2 on 0.5.23 without this plugin), 1/4/16/48
-#             clients, T=0 (serving_scale.py --alone-only; a server alone gets 420 s to start). Last: at c275234
-#             DFlash2 waited on FlashInfer's top-k JIT build, which outlasts a lease
+#             clients, T=0 (serving_scale.py --alone-only; a server alone gets 420 s to start). DFlash2 needs
+#             FlashInfer's top-k prebuilt in the bundle (bundle_0523.sh aot): its JIT build outlasts a lease.
+#             At f528899 the three servers' scale step took about 8 minutes, the setup before it 2
 # A failed serving step (scale, features: a server that did not start, or a failed run) ends the run there: the
 # steps after it would start the same servers again (at 064fd69 every server failed the same way, for 10 minutes).
 # Results: $OUT/<release>_<attention>_<sampling>/{tests,scale,features}/.
