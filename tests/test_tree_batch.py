@@ -1,0 +1,262 @@
+"""The batched, fixed-shape draft trees (sglang_dspine/drafter/tree_batch.py) against the per-request offline
+rules they must equal (drafter/tree.py's best-first heap, ancestor mask; training/tree_generate.py's walk) and
+against the exact law of the lossless walk."""
+from __future__ import annotations
+
+import pytest
+import torch
+from sampling_stats import chi_square_p
+
+from sglang_dspine.drafter.tree import DraftTree, ancestor_mask, best_first
+from sglang_dspine.drafter.tree_batch import TreeBatch, accept, ancestor_masks, lattice_trees, tree_size
+from sglang_dspine.training.tree_generate import verify_tree
+
+
+def random_lattice(bs, p, k, vocab, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    cand = torch.stack([torch.stack([torch.randperm(vocab, generator=g)[:k] for _ in range(p)]) for _ in range(bs)])
+    log_scores = torch.log_softmax(3 * torch.randn(bs, p, k, k, generator=g, dtype=dtype), dim=-1)
+    return cand, log_scores
+
+
+def heap_tree(cand, log_scores, budget) -> DraftTree:
+    """One request's tree by tree.py's heap: depth 1 reads row 0 (the anchor's), as table_log_scores gives it."""
+    logp = [log_scores[0, :1]] + [log_scores[i] for i in range(1, log_scores.shape[0])]
+    return best_first(logp, list(cand), budget)
+
+
+@pytest.mark.parametrize("p,k,budget", [(4, 3, 5), (6, 4, 20), (15, 16, 64), (15, 16, 16), (3, 2, 100), (1, 5, 3)])
+def test_lattice_trees_equal_the_heaps_best_first_trees(p, k, budget):
+    """Every request's tree equals tree.py's best_first on the same log-scores: the same nodes in the same
+    (best-first) order with the same parents, depths and path scores; its size is tree_size's."""
+    bs = 5
+    cand, log_scores = random_lattice(bs, p, k, vocab=50, seed=p * 100 + k + budget)
+    got = lattice_trees(cand, log_scores, budget)
+    assert got.size == tree_size(p, k, budget)
+    for i in range(bs):
+        ref = heap_tree(cand[i], log_scores[i], budget)
+        assert len(ref) == got.size
+        assert got.tokens[i].tolist() == ref.tokens
+        assert got.parents[i].tolist() == ref.parents
+        assert got.depths[i].tolist() == ref.depths
+        assert got.scores[i].tolist() == pytest.approx(ref.scores, abs=1e-9)
+
+
+def test_lattice_trees_keep_a_parent_before_a_child_that_ties_it():
+    """Transitions of probability 1 (log-score 0) make children tie their parents: the parent still comes first
+    and every node's parent is in the tree."""
+    cand = torch.arange(12).view(1, 4, 3)
+    log_scores = torch.full((1, 4, 3, 3), -50.0)
+    log_scores[..., 0] = 0.0  # candidate 0 after anything: certain
+    got = lattice_trees(cand, log_scores, 6)
+    assert got.tokens[0, :4].tolist() == [0, 3, 6, 9] and got.parents[0, :4].tolist() == [-1, 0, 1, 2]
+    for n, par in enumerate(got.parents[0].tolist()):
+        assert -1 <= par < n
+
+
+def test_lattice_trees_check_their_arguments():
+    cand, log_scores = random_lattice(2, 3, 4, vocab=20, seed=0)
+    with pytest.raises(ValueError, match="log_scores"):
+        lattice_trees(cand, log_scores[:, :2], 4)
+    with pytest.raises(ValueError, match="budget 0"):
+        lattice_trees(cand, log_scores, 0)
+
+
+def test_ancestor_masks_equal_the_per_tree_mask():
+    cand, log_scores = random_lattice(4, 6, 3, vocab=30, seed=7)
+    trees = lattice_trees(cand, log_scores, 17)
+    masks = ancestor_masks(trees, depth=6)
+    for i in range(4):
+        ref = DraftTree(trees.tokens[i].tolist(), trees.parents[i].tolist(), trees.depths[i].tolist(),
+                        trees.scores[i].tolist())
+        assert torch.equal(masks[i], ancestor_mask(ref))
+
+
+def test_greedy_acceptance_equals_the_offline_walk():
+    """T = 0 over a small vocabulary (so that many nodes match): each request's accepted path and next token are
+    verify_tree's; the emitted tokens are the path's tokens then the next token."""
+    bs, p, k, vocab = 64, 5, 3, 4
+    cand, log_scores = random_lattice(bs, p, k, vocab, seed=11)
+    trees = lattice_trees(cand, log_scores, 12)
+    logits = torch.randn(bs, trees.size + 1, vocab, generator=torch.Generator().manual_seed(12))
+    got = accept(trees, logits, 0.0, depth=p)
+    lengths = set()
+    for i in range(bs):
+        tree = DraftTree(trees.tokens[i].tolist(), trees.parents[i].tolist(), trees.depths[i].tolist(),
+                         trees.scores[i].tolist())
+        path, nxt = verify_tree(logits[i], tree, 0.0, None)
+        assert got.accepted[i].item() == len(path)
+        assert got.path[i].tolist() == path + [-1] * (p - len(path))
+        assert got.next_token[i].item() == nxt
+        assert got.emitted(trees)[i].tolist() == [tree.tokens[m] for m in path] + [nxt] + [-1] * (p - len(path))
+        lengths.add(len(path))
+    assert len(lengths) >= 3  # the walk ended at several depths
+
+
+# A branching depth-3 tree (tests/test_tree.py's), every parent before its children.
+PATHS = [[0, 1, 2], [1, 4, 0], [2], [0, 3], [1, 4, 1], [0, 1, 4]]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_sampled_acceptance_emits_the_targets_law(temperature):
+    """T > 0: 20,000 copies of one tree in one batch; the emitted sequences (accepted path, then the next token)
+    follow the exact law Π p_node(token) along the walk, which ends at the first token that is not a child of its
+    node (enumerated; chi-square over every sequence), and the walk reaches the deepest nodes."""
+    v, n = 5, 20000
+    tree = DraftTree.from_paths(PATHS)
+    logits = torch.randn(len(tree) + 1, v, generator=torch.Generator().manual_seed(5))
+    exact = exact_law(tree, torch.softmax(logits.double() / temperature, -1).tolist(), v)
+    trees = TreeBatch.stack([tree] * n)
+    got = accept(trees, logits.expand(n, -1, -1), temperature, depth=3, generator=torch.Generator().manual_seed(2))
+    emitted = got.emitted(trees)
+    counts = {}
+    for row, a in zip(emitted.tolist(), got.accepted.tolist()):
+        counts[tuple(row[: a + 1])] = counts.get(tuple(row[: a + 1]), 0) + 1
+    assert set(counts) <= set(exact)
+    assert (got.accepted == 3).sum() > 0.01 * n
+    pv, cells = chi_square_p(counts, exact)
+    assert cells > 25 and pv > 1e-3
+
+
+def test_tree_batch_stack_wants_one_size():
+    with pytest.raises(ValueError, match="one size"):
+        TreeBatch.stack([DraftTree.from_paths([[1, 2]]), DraftTree.from_paths([[1]])])
+
+
+def test_sglangs_tree_verify_kernel_walks_the_retrieve_links_to_the_same_path():
+    """SGLang's own greedy tree-verify kernel (its Triton version, through Triton's interpreter on CPU) fed
+    with retrieve_links of the batched trees accepts the path `accept` accepts: the same accepted count, the
+    same rows (anchor first), and the target's token written at each accepted row."""
+    from sglang.srt.speculative.eagle_utils import verify_tree_greedy_triton
+
+    from sglang_dspine.drafter.tree_batch import retrieve_links
+
+    bs, p, k, vocab = 32, 5, 3, 4
+    cand, log_scores = random_lattice(bs, p, k, vocab, seed=21)
+    trees = lattice_trees(cand, log_scores, 12)
+    n = trees.size
+    logits = torch.randn(bs, n + 1, vocab, generator=torch.Generator().manual_seed(22))
+    ours = accept(trees, logits, 0.0, depth=p)
+    links = retrieve_links(trees)
+    target = logits.argmax(-1)
+    predicts = torch.full((bs * (n + 1),), -1, dtype=torch.long)
+    accept_index = torch.full((bs, p + 1), -1, dtype=torch.long)
+    accept_num = torch.zeros(bs, dtype=torch.long)
+    candidates = torch.cat([torch.zeros(bs, 1, dtype=torch.long), trees.tokens], dim=1)  # the anchor's row first
+    verify_tree_greedy_triton(predicts, accept_index, accept_num, candidates, links.index, links.next_token,
+                              links.next_sibling, target)
+    assert accept_num.tolist() == ours.accepted.tolist()
+    for b in range(bs):
+        a = ours.accepted[b].item()
+        rows = [0] + [m + 1 for m in ours.path[b, :a].tolist()]
+        assert accept_index[b, : a + 1].tolist() == [b * (n + 1) + r for r in rows]
+        # the kernel writes the target's token at every accepted row but the last (its bonus is the caller's)
+        assert [predicts[b * (n + 1) + r].item() for r in rows[:-1]] == [trees.tokens[b, m].item()
+                                                                          for m in ours.path[b, :a].tolist()]
+    assert len(set(accept_num.tolist())) >= 3
+
+
+def test_retrieve_links_of_a_known_tree():
+    """next_token/next_sibling of the PATHS tree written out by hand (rows: 0 the anchor, m + 1 node m)."""
+    from sglang_dspine.drafter.tree_batch import retrieve_links
+
+    tree = DraftTree.from_paths(PATHS)  # nodes: 0:[0] 1:[0,1] 2:[0,1,2] 3:[1] 4:[1,4] 5:[1,4,0] 6:[2] 7:[0,3] ...
+    links = retrieve_links(TreeBatch.stack([tree, tree]))
+    kids = tree.children()
+    for r in range(len(tree) + 1):
+        first = kids[r][0] + 1 if kids[r] else -1
+        assert links.next_token[1, r].item() == first
+    for m, par in enumerate(tree.parents):
+        after = [c for c in kids[par + 1] if c > m]
+        assert links.next_sibling[0, m + 1].item() == (after[0] + 1 if after else -1)
+    assert links.next_sibling[:, 0].tolist() == [-1, -1]
+    assert links.index[1].tolist() == list(range(len(tree) + 1, 2 * (len(tree) + 1)))
+
+
+def exact_law(tree: DraftTree, p: list, v: int) -> dict:
+    """The exact law of the emitted sequence (accepted path, then the next token) for per-row target p."""
+    kids, exact = tree.children(), {}
+
+    def walk(row, prefix, prob):
+        child_of = {tree.tokens[c]: c for c in kids[row]}
+        for x in range(v):
+            if x in child_of:
+                walk(child_of[x] + 1, prefix + (x,), prob * p[row][x])
+            else:
+                exact[prefix + (x,)] = prob * p[row][x]
+
+    walk(0, (), 1.0)
+    return exact
+
+
+@pytest.mark.gpu
+def test_lattice_trees_replay_in_a_cuda_graph():
+    """The builder, mask and links at serving size (P = 15, K = 16, N = 64) captured in one CUDA graph and
+    replayed on new inputs give what they give eagerly on those inputs (no host sync, fixed shapes)."""
+    dev = torch.device("cuda")
+    bs, p, k, budget = 8, 15, 16, 64
+    from sglang_dspine.drafter.tree_batch import retrieve_links
+
+    def run(cand, ls):
+        t = lattice_trees(cand, ls, budget)
+        links = retrieve_links(t)
+        return [t.tokens, t.parents, t.depths, t.scores, ancestor_masks(t, p), links.next_token, links.next_sibling]
+
+    cand, ls = (x.to(dev) for x in random_lattice(bs, p, k, vocab=1000, seed=1, dtype=torch.float32))
+    static_cand, static_ls = cand.clone(), ls.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run(static_cand, static_ls)  # warm-up off the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = run(static_cand, static_ls)
+    cand2, ls2 = (x.to(dev) for x in random_lattice(bs, p, k, vocab=1000, seed=2, dtype=torch.float32))
+    static_cand.copy_(cand2)
+    static_ls.copy_(ls2)
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(outs, run(cand2, ls2)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_sglangs_tree_sampling_kernel_emits_the_targets_law_on_the_retrieve_links():
+    """SGLang's sampling verify kernel (sgl_kernel's tree_speculative_sampling_target_only, what its DFLASH
+    verify calls at T > 0, with point-mass drafts: draft probabilities 0, thresholds 1) walking retrieve_links of
+    the PATHS tree: the emitted sequences follow the exact law (chi-square), as `accept`'s do on the CPU."""
+    from sgl_kernel import tree_speculative_sampling_target_only
+
+    from sglang_dspine.drafter.tree_batch import retrieve_links
+
+    dev = torch.device("cuda")
+    v, n, depth = 5, 20000, 3
+    tree = DraftTree.from_paths(PATHS)
+    rows = len(tree) + 1
+    logits = torch.randn(rows, v, generator=torch.Generator().manual_seed(5))
+    probs = torch.softmax(logits.double(), -1)
+    trees = TreeBatch.stack([tree] * n, device=dev)
+    links = retrieve_links(trees)
+    candidates = torch.cat([torch.zeros(n, 1, dtype=torch.long, device=dev), trees.tokens], dim=1)
+    target_probs = probs.float().to(dev).expand(n, -1, -1).contiguous()
+    predicts = torch.full((n * rows,), -1, dtype=torch.int32, device=dev)
+    accept_index = torch.full((n, depth + 1), -1, dtype=torch.int32, device=dev)
+    accept_num = torch.zeros(n, dtype=torch.int32, device=dev)
+    g = torch.Generator(device=dev).manual_seed(3)
+    tree_speculative_sampling_target_only(
+        predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=candidates,
+        retrive_index=links.index, retrive_next_token=links.next_token, retrive_next_sibling=links.next_sibling,
+        uniform_samples=torch.rand(n, rows, device=dev, generator=g),
+        uniform_samples_for_final_sampling=torch.rand(n, device=dev, generator=g),
+        target_probs=target_probs, draft_probs=torch.zeros_like(target_probs),
+        threshold_single=1.0, threshold_acc=1.0, deterministic=True)
+    counts = {}
+    cand, idx, pred = candidates.cpu(), accept_index.cpu().long(), predicts.cpu().long()
+    for b, a in enumerate(accept_num.cpu().tolist()):
+        seq = tuple(cand[b, idx[b, j] % rows].item() for j in range(1, a + 1)) + (pred[idx[b, a]].item(),)
+        counts[seq] = counts.get(seq, 0) + 1
+    exact = exact_law(tree, probs.tolist(), v)
+    assert set(counts) <= set(exact)
+    pv, cells = chi_square_p(counts, exact)
+    assert cells > 25 and pv > 1e-3
