@@ -191,6 +191,31 @@ def test_dspine_drafts_through_dflash_hooks_from_a_padded_head(served, monkeypat
     assert (want != argmax).any()  # the walk left the argmax: DFlash's own sampler would not pass
 
 
+@pytest.mark.parametrize("kernels", ["0", "1"])
+def test_dspine_draft_tree_is_the_offline_lattice_tree(served, monkeypatch, kernels):
+    """DraftStep.draft_tree on the SGLang draft model's output (the batched builder, on the candidates and table
+    the served decoding computes, kernels or PyTorch math) gives, per request, tree.lattice_tree of the plain
+    drafter's BlockDraft on the same context: the same paths in the same best-first order."""
+    from sglang_dspine.drafter.tree import lattice_tree
+
+    monkeypatch.setenv("SGLANG_DSPINE_KERNELS", kernels)
+    model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
+    model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
+    plain, b = served.plain, served.plain.cfg.block_size
+    head = served.target.lm_head.weight.detach()
+    model.draft_step.attach_head(head)
+    budget = 12
+    with torch.no_grad():
+        out, _, refs = sglang_on_cpu.draft_forward(model, plain, served.target, REQUESTS)
+        hidden = out.hidden_states.view(len(REQUESTS), b, -1)
+        trees = model.draft_step.draft_tree(hidden[:, 1:].reshape(-1, hidden.shape[-1]), budget)
+        for r, (ref, (_, a)) in enumerate(zip(refs, REQUESTS)):
+            want = lattice_tree(plain.draft(ref, head, torch.tensor([a])), budget)
+            assert trees.tokens[r].tolist() == want.tokens and trees.parents[r].tolist() == want.parents
+            torch.testing.assert_close(trees.scores[r], torch.tensor(want.scores), atol=1e-4, rtol=1e-4)
+    assert trees.depths.amax().item() > 1  # the trees branch and go deep
+
+
 # ------------------------------------------------------------------------------ verify renormalisation patch
 def _probs_with_ties(rows, vocab, g):
     """Random distributions whose k-th largest entries tie (k = 3), for the pivot semantics."""

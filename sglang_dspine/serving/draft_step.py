@@ -22,6 +22,7 @@ import torch
 
 from ..drafter.decoding import decode_block
 from ..drafter.sharding import FULL, VocabShard
+from ..drafter.tree_batch import TreeBatch, lattice_trees
 from ..env import ENV
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,18 @@ class DraftStep:
     def decode(self, states: torch.Tensor) -> torch.Tensor:
         """Draft tokens [bs, B-1] from the final-normed states of block positions 1..B-1, [bs·(B-1), H] with
         contiguous rows, of the forward that just ran."""
+        return self.lattice(states)[0]
+
+    def draft_tree(self, states: torch.Tensor, budget: int) -> TreeBatch:
+        """The best-first tree of `budget` nodes over each request's lattice (drafter/tree_batch.py): the
+        candidates and transition table `decode` computes, each row log-softmaxed over the K candidates (the
+        drafter's own scores; `tree.lattice_tree` at temperature 1). Fixed shapes: runs inside a CUDA graph."""
+        _, candidates, scores = self.lattice(states)
+        return lattice_trees(candidates, torch.log_softmax(scores.float(), dim=-1), budget)
+
+    def lattice(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the walk's tokens [bs, P], the candidates [bs, P, K], the transition table [bs, P, K, K]) from the
+        states `decode` takes."""
         if self.head is None:
             raise RuntimeError("DraftStep.decode before attach_head")
         p, hidden = self.block_size - 1, states.shape[-1]
@@ -109,17 +122,19 @@ class DraftStep:
         logits = torch.matmul(states, self.head.T)  # one [bs·(B-1), H] × [H, V] GEMM, as DFlash's argmax has
         pre = self._pre_last.view(bs, self.block_size, hidden)[:, 1:]
         if not self.decodes_on_kernels:
-            return decode_block(logits.view(bs, p, -1), pre, self._anchors, self.top_k, self.refine_normed,
-                                self.codes, self.head, self.shard).tokens
+            draft = decode_block(logits.view(bs, p, -1), pre, self._anchors, self.top_k, self.refine_normed,
+                                 self.codes, self.head, self.shard)
+            return draft.tokens, draft.candidates, draft.scores
         from ..kernels import topk, transition_walk
 
         _, cand = topk(logits, self.top_k)
         m = self.weights.message_size
-        tokens, _, _ = transition_walk(
-            pre, cand.view(bs, p, self.top_k), self._anchors, self.weights, self.tables, self.head,
+        cand = cand.view(bs, p, self.top_k)
+        tokens, _, scores = transition_walk(
+            pre, cand, self._anchors, self.weights, self.tables, self.head,
             self.norm.weight, self.norm.variance_epsilon,
             recv=self._recv.view(bs, self.block_size, m)[:, 1:], uh=self._uh.view(bs, self.block_size, m)[:, 1:])
-        return tokens
+        return tokens, cand, scores
 
     def refine_normed(self, pre_last: torch.Tensor, pred_codes: torch.Tensor) -> torch.Tensor:
         """norm(refine(h̃, a)): [..., H], [..., K, r] -> [..., K, H] (SGLang's RMSNorm wants 2-D input)."""
