@@ -260,3 +260,60 @@ def test_sglangs_tree_sampling_kernel_emits_the_targets_law_on_the_retrieve_link
     assert set(counts) <= set(exact)
     pv, cells = chi_square_p(counts, exact)
     assert cells > 25 and pv > 1e-3
+
+
+def eagle_tree_inputs(bs, topk, depth, num_verify, seed):
+    """Inputs of SGLang's EAGLE tree builder as its draft loop makes them, from random log-probs: step 0 offers
+    topk tokens under the root; each later step expands the topk best nodes of the step before (its beam) by topk
+    children each; the num_verify - 1 best nodes over all steps are selected, in ascending flat index.
+    Flat index of a node: step 0's j is j; step i's child c of beam b is topk + (i-1)·topk² + b·topk + c.
+    parent_list[1 + i·topk + b] is the flat index of step i's beam b (parent_list[0] = -1)."""
+    g = torch.Generator().manual_seed(seed)
+    parents, scores = [torch.full((bs, 1), -1, dtype=torch.long)], []
+    cum = torch.log_softmax(torch.randn(bs, topk, generator=g), -1)  # step 0
+    scores.append(cum)
+    flat = torch.arange(topk).expand(bs, topk)
+    for i in range(1, depth):
+        beam_scores, beam = cum.topk(topk, dim=1)
+        parents.append(flat.gather(1, beam))
+        cum = (beam_scores[..., None] + torch.log_softmax(torch.randn(bs, topk, topk, generator=g), -1)).reshape(bs, -1)
+        flat = topk + (i - 1) * topk * topk + torch.arange(topk * topk).expand(bs, -1)
+        scores.append(cum)
+    selected = torch.cat(scores, 1).topk(num_verify - 1, dim=1).indices.sort(dim=1).values
+    return torch.cat(parents, 1), selected
+
+
+def test_full_tree_mask_positions_and_links_equal_sglangs_tree_builder():
+    """SGLang's EAGLE tree builder (its Triton kernel, interpreted) on random EAGLE draft trees writes a tree
+    mask (FULL_MASK layout), positions and retrieve links; the same trees as a TreeBatch (parents read off its
+    links) give the same three from full_tree_mask(ancestor_masks), verify_positions and retrieve_links."""
+    from sglang.srt.speculative.eagle_utils import sgl_build_tree_kernel_triton
+
+    from sglang_dspine.drafter.tree_batch import full_tree_mask, retrieve_links, verify_positions
+
+    bs, topk, depth, r = 3, 3, 4, 10
+    parent_list, selected = eagle_tree_inputs(bs, topk, depth, r, seed=4)
+    seq_lens = torch.tensor([5, 0, 12])
+    mask = torch.ones(int(seq_lens.sum()) * r + bs * r * r, dtype=torch.bool)
+    positions = torch.empty(bs * r, dtype=torch.long)
+    index, next_token, next_sibling = torch.full((3, bs, r), -1, dtype=torch.long)
+    sgl_build_tree_kernel_triton(parent_list, selected, seq_lens, mask, positions, index, next_token, next_sibling,
+                                 topk, depth, r)
+    parents = torch.full((bs, r - 1), -2, dtype=torch.long)
+    for b in range(bs):
+        for row in range(r):
+            c = next_token[b, row].item()
+            while c != -1:
+                parents[b, c - 1] = row - 1
+                c = next_sibling[b, c].item()
+    assert (parents >= -1).all()  # every node hangs under a row
+    depths = torch.zeros_like(parents)
+    for m in range(r - 1):
+        depths[:, m] = torch.where(parents[:, m] < 0, 1, depths.gather(1, parents[:, m:m + 1].clamp_min(0))[:, 0] + 1)
+    trees = TreeBatch(torch.zeros_like(parents), parents, depths, torch.zeros(bs, r - 1))
+    assert depths.amax().item() > 2  # the trees go deep
+    links = retrieve_links(trees)
+    assert torch.equal(links.index, index) and torch.equal(links.next_token, next_token)
+    assert torch.equal(links.next_sibling, next_sibling)
+    assert torch.equal(verify_positions(trees, seq_lens), positions)
+    assert torch.equal(full_tree_mask(ancestor_masks(trees, depth), seq_lens), mask)

@@ -130,6 +130,29 @@ def ancestor_masks(trees: TreeBatch, depth: int) -> torch.Tensor:
     return mask
 
 
+def full_tree_mask(masks: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """SGLang's flattened tree mask for a verify pass (its FULL_MASK layout, what `build_tree_kernel_efficient`
+    writes for EAGLE): per request, rows [anchor, nodes...] over columns [its seq_len cached tokens, anchor,
+    nodes...], row-major, requests one after another; True where the row may attend (every cached token, and
+    `ancestor_masks` over the tree). masks [bs, N+1, N+1], seq_lens [bs] (tokens before the anchor)."""
+    bs, r, _ = masks.shape
+    dev = masks.device
+    seq_lens = seq_lens.to(device=dev, dtype=torch.long)
+    start = (torch.cumsum(seq_lens, 0) - seq_lens) * r + torch.arange(bs, device=dev) * r * r  # each request's
+    width = (seq_lens + r)[:, None, None]
+    rows = torch.arange(r, device=dev)
+    where = start[:, None, None] + rows[None, :, None] * width + seq_lens[:, None, None] + rows[None, None, :]
+    out = torch.ones(int(seq_lens.sum()) * r + bs * r * r, dtype=torch.bool, device=dev)
+    return out.scatter_(0, where.reshape(-1), masks.reshape(-1))
+
+
+def verify_positions(trees: TreeBatch, seq_lens: torch.Tensor) -> torch.Tensor:
+    """[bs·(N+1)] position ids of the verify rows [anchor, nodes...]: the anchor at seq_len, a node at
+    seq_len + its depth (a node's keys are rotated where its path puts it)."""
+    depth = torch.cat([torch.zeros_like(trees.depths[:, :1]), trees.depths], dim=1)
+    return (seq_lens.to(depth.device, torch.long)[:, None] + depth).reshape(-1)
+
+
 @dataclass
 class RetrieveLinks:
     """A batch of trees as SGLang's tree verification walks them (its EAGLE and DFlash verify kernels:
