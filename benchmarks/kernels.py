@@ -18,7 +18,10 @@ alternating rounds so that clock drift hits them alike.
                    SGLang's fused add-RMSNorm does), final norm, then `decode` on positions 1..B-1 as
                    contiguous rows (worker.DSpineDraftSampler);
      dspine_torch  the same with `DraftStep(..., kernels=False)` (SGLANG_DSPINE_KERNELS=0: the PyTorch math);
-     dspine_injection_only (attribution) dspine's layers and injection with dflash's argmax tail.
+     dspine_injection_only (attribution) dspine's layers and injection with dflash's argmax tail;
+     dspine_tree_N dspine's layers, then `DraftStep.draft_tree` with N draft nodes (N in TREE_BUDGETS) and the
+                   verify tensors of its trees (ancestor masks, retrieve links): the draft side of a tree step,
+                   not served yet (docs/tree.md); the math check below compares its trees with tree.lattice_tree.
    Reported per batch size: µs per step, the ratio to dflash and the overhead (dspine − dflash, µs).
 2. Kernels against their references: the gate pass (`gate_message` vs `gate_message_torch`); one injection
    layer (`injection_delta` vs its reference pass vs the module's forward, which `DraftStep(kernels=False)`
@@ -65,6 +68,8 @@ import triton  # noqa: E402
 from sglang_dspine.drafter.config import DrafterConfig, DSpineSettings, new_drafter_config  # noqa: E402
 from sglang_dspine.drafter.decoding import predecessor_tokens, transition_scores, walk  # noqa: E402
 from sglang_dspine.drafter.model import DSpineDrafter  # noqa: E402
+from sglang_dspine.drafter.tree import lattice_tree  # noqa: E402
+from sglang_dspine.drafter.tree_batch import ancestor_masks, retrieve_links  # noqa: E402
 from sglang_dspine.kernels import injection as kinj  # noqa: E402
 from sglang_dspine.kernels import top_k as ktopk  # noqa: E402
 from sglang_dspine.kernels import transition as ktr  # noqa: E402
@@ -83,7 +88,11 @@ QWEN3_8B = dict(hidden=4096, rank=1024, message=512, top_k=16, block=16, vocab=1
 TINY = dict(hidden=64, rank=32, message=16, top_k=4, block=5, vocab=300, layers=2, heads=4, kv_heads=2,
             head_dim=16, inter=128, target_layers=8, ctx=8)
 
-STEP_VARIANTS = ("dflash", "dspine", "dspine_torch", "dspine_injection_only")
+# Draft-tree budgets timed (draft nodes; N = budget + 1 verify rows): the step ending in DraftStep.draft_tree and
+# the verify tensors (ancestor masks, retrieve links) instead of the walk's tokens. Not served yet (docs/tree.md).
+TREE_BUDGETS = (15, 31, 63)
+STEP_VARIANTS = ("dflash", "dspine", "dspine_torch", "dspine_injection_only") + tuple(f"dspine_tree_{n}"
+                                                                                       for n in TREE_BUDGETS)
 
 
 # ------------------------------------------------------------------------------------------- timing
@@ -371,9 +380,16 @@ class DraftStepBench:
     def dspine_injection_only(self):
         return self._argmax_tail(self.forward(self.steps["kernels"]))
 
+    def dspine_tree(self, budget: int):
+        step = self.steps["kernels"]
+        trees = step.draft_tree(self._rows(self.forward(step)), budget)
+        links = retrieve_links(trees)
+        return trees, ancestor_masks(trees, self.B - 1), links
+
     def variants(self) -> dict:
         return {"dflash": self.dflash, "dspine": self.dspine, "dspine_torch": lambda: self.dspine("torch"),
-                "dspine_injection_only": self.dspine_injection_only}
+                "dspine_injection_only": self.dspine_injection_only,
+                **{f"dspine_tree_{n}": (lambda n=n: self.dspine_tree(n)) for n in TREE_BUDGETS}}
 
 
 # ----------------------------------------------------------------------------------------- sections
@@ -414,8 +430,14 @@ def check_draft_step(model, head, steps, device, exact: bool) -> dict:
     res = {"shape": "tiny" if H == TINY["hidden"] else "qwen3-8b", "dtype": str(dt), "bs": bs, "context": S,
            "final_hidden_rel_err": rel(hidden, out.hidden[:, 0]),
            "token_agreement": agree, "exact": exact}
+    # the timed tree variant's trees against tree.lattice_tree of the plain drafter's draft, per request
+    budget = min(TREE_BUDGETS)
+    trees = db.dspine_tree(budget)[0]
+    want_trees = [lattice_tree(ref, budget, index=i) for i in range(bs)]
+    res["tree_agreement"] = sum(trees.tokens[i].tolist() == t.tokens and trees.parents[i].tolist() == t.parents
+                                for i, t in enumerate(want_trees)) / bs
     if exact:
-        res["ok"] = all(torch.equal(got[k].view(bs, B - 1), want[k]) for k in got)
+        res["ok"] = all(torch.equal(got[k].view(bs, B - 1), want[k]) for k in got) and res["tree_agreement"] == 1
     return res
 
 
@@ -427,7 +449,7 @@ def section_step(bench, model, head, steps, bs, s, res) -> dict:
     out["timing"] = t
     d = out.get("dflash")
     if d:
-        for name in ("dspine", "dspine_torch", "dspine_injection_only"):
+        for name in STEP_VARIANTS[1:]:
             if name in out:
                 out[f"ratio_{name}"] = out[name] / d
                 out[f"overhead_{name}_us"] = round(out[name] - d, 1)
@@ -617,6 +639,8 @@ def summarize(res: dict, smoke: bool) -> dict:
         "draft_step_overhead_injection_us": {k: v["overhead_dspine_injection_only_us"] for k, v in st.items()
                                              if "overhead_dspine_injection_only_us" in v},
         "draft_step_us": {k: {n: v[n] for n in STEP_VARIANTS if n in v} for k, v in st.items()},
+        "draft_tree_over_dflash_step": {k: {n: round(v[f"ratio_dspine_tree_{n}"], 4) for n in TREE_BUDGETS
+                                            if f"ratio_dspine_tree_{n}" in v} for k, v in st.items()},
         "draft_check": res.get("draft_check"), "draft_check_bf16_agreement":
             (res.get("draft_check_bf16") or {}).get("token_agreement"),
         "tables_bytes": res.get("tables_bytes"),

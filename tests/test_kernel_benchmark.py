@@ -23,8 +23,10 @@ def test_kernel_benchmark_smoke(tmp_path):
     check = res["draft_check"]
     assert check["ok"] and check["exact"] and set(check["token_agreement"]) == {"dspine", "dspine_torch", "dflash"}
     step = res["draft_step"]["2"]
-    for name in ("dflash", "dspine", "dspine_torch", "dspine_injection_only"):
+    for name in ("dflash", "dspine", "dspine_torch", "dspine_injection_only", "dspine_tree_15", "dspine_tree_63"):
         assert step[name] > 0, name
+    assert check["tree_agreement"] == 1.0  # the timed tree variant builds tree.lattice_tree's trees
+    assert set(summary["draft_tree_over_dflash_step"]["2"]) == {"15", "31", "63"}
     assert summary["draft_step_overhead_us"]["2"] == round(step["dspine"] - step["dflash"], 1)
     assert summary["commit"] and summary["versions"]["torch"] and summary["date"] and summary["command"]
     sections = {r["section"] for r in res["results"]}
