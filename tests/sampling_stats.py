@@ -34,3 +34,21 @@ def chi_square_p(counts: dict, exact: dict, min_expected: float = 5.0) -> tuple[
         return 1.0, 1
     stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
     return chi2_sf(stat, len(obs) - 1), len(obs)
+
+
+def tree_walk_law(tree, p: list, v: int) -> dict:
+    """The exact law of what one verify walk of a draft tree emits (its accepted path, then the next token), when
+    the target's distribution at verify row r is p[r] over a vocabulary of v: a token that is a child of the current
+    node moves the walk into that child, any other ends it. `tree`: a drafter.tree.DraftTree."""
+    kids, exact = tree.children(), {}
+
+    def walk(row, prefix, prob):
+        child_of = {tree.tokens[c]: c for c in kids[row]}
+        for x in range(v):
+            if x in child_of:
+                walk(child_of[x] + 1, prefix + (x,), prob * p[row][x])
+            else:
+                exact[prefix + (x,)] = prob * p[row][x]
+
+    walk(0, (), 1.0)
+    return exact

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from conftest import randomize_injection
+from sampling_stats import tree_walk_law
 from scipy.stats import chi2
 
 from sglang_dspine.drafter.decoding import BlockDraft, walk
@@ -495,19 +496,7 @@ def test_verify_tree_follows_the_chain_rule_down_a_deep_tree(temperature):
     v = 5
     tree = DraftTree.from_paths([[0, 1, 2], [1, 4, 0], [2], [0, 3], [1, 4, 1], [0, 1, 4]])
     logits = torch.randn(len(tree) + 1, v, generator=torch.Generator().manual_seed(5))
-    p = torch.softmax(logits.double() / temperature, -1).tolist()
-    kids = tree.children()
-    exact = {}
-
-    def enumerate_from(row, prefix, prob):
-        child_of = {tree.tokens[c]: c for c in kids[row]}
-        for x in range(v):
-            if x in child_of:
-                enumerate_from(child_of[x] + 1, prefix + (x,), prob * p[row][x])
-            else:
-                exact[prefix + (x,)] = prob * p[row][x]
-
-    enumerate_from(0, (), 1.0)
+    exact = tree_walk_law(tree, torch.softmax(logits.double() / temperature, -1).tolist(), v)
     g = torch.Generator().manual_seed(2)
     n, counts, deepest = 20000, {}, 0
     for _ in range(n):

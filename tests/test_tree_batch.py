@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sampling_stats import chi_square_p
+from sampling_stats import chi_square_p, tree_walk_law
 
 from sglang_dspine.drafter.tree import DraftTree, ancestor_mask, best_first
 from sglang_dspine.drafter.tree_batch import TreeBatch, accept, ancestor_masks, lattice_trees, tree_size
@@ -105,7 +105,7 @@ def test_sampled_acceptance_emits_the_targets_law(temperature):
     v, n = 5, 20000
     tree = DraftTree.from_paths(PATHS)
     logits = torch.randn(len(tree) + 1, v, generator=torch.Generator().manual_seed(5))
-    exact = exact_law(tree, torch.softmax(logits.double() / temperature, -1).tolist(), v)
+    exact = tree_walk_law(tree, torch.softmax(logits.double() / temperature, -1).tolist(), v)
     trees = TreeBatch.stack([tree] * n)
     got = accept(trees, logits.expand(n, -1, -1), temperature, depth=3, generator=torch.Generator().manual_seed(2))
     emitted = got.emitted(trees)
@@ -171,22 +171,6 @@ def test_retrieve_links_of_a_known_tree():
         assert links.next_sibling[0, m + 1].item() == (after[0] + 1 if after else -1)
     assert links.next_sibling[:, 0].tolist() == [-1, -1]
     assert links.index[1].tolist() == list(range(len(tree) + 1, 2 * (len(tree) + 1)))
-
-
-def exact_law(tree: DraftTree, p: list, v: int) -> dict:
-    """The exact law of the emitted sequence (accepted path, then the next token) for per-row target p."""
-    kids, exact = tree.children(), {}
-
-    def walk(row, prefix, prob):
-        child_of = {tree.tokens[c]: c for c in kids[row]}
-        for x in range(v):
-            if x in child_of:
-                walk(child_of[x] + 1, prefix + (x,), prob * p[row][x])
-            else:
-                exact[prefix + (x,)] = prob * p[row][x]
-
-    walk(0, (), 1.0)
-    return exact
 
 
 @pytest.mark.gpu
@@ -256,7 +240,7 @@ def test_sglangs_tree_sampling_kernel_emits_the_targets_law_on_the_retrieve_link
     for b, a in enumerate(accept_num.cpu().tolist()):
         seq = tuple(cand[b, idx[b, j] % rows].item() for j in range(1, a + 1)) + (pred[idx[b, a]].item(),)
         counts[seq] = counts.get(seq, 0) + 1
-    exact = exact_law(tree, probs.tolist(), v)
+    exact = tree_walk_law(tree, probs.tolist(), v)
     assert set(counts) <= set(exact)
     pv, cells = chi_square_p(counts, exact)
     assert cells > 25 and pv > 1e-3
