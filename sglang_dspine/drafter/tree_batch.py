@@ -81,21 +81,20 @@ def lattice_trees(candidates: torch.Tensor, log_scores: torch.Tensor, budget: in
     dev = candidates.device
     dtype = torch.promote_types(log_scores.dtype, torch.float32)
     score = log_scores[:, 0, 0].to(dtype)  # depth 1: the anchor's row
-    slot = torch.arange(k, device=dev).expand(bs, k)
-    parent = torch.full((bs, k), -1, dtype=torch.long, device=dev)
     kept_scores, kept_slots, kept_parents, kept_depths = [], [], [], []
-    offset = 0  # where the previous depth's kept nodes start in the concatenation
+    start = 0  # where the previous depth's kept nodes start in the concatenation
     for d in range(p):
-        if d:
-            rows = log_scores[:, d].to(dtype).gather(1, slot[..., None].expand(-1, -1, k))  # [bs, w, K]
+        if d:  # children of the kept nodes, listed parent by parent: flat index = parent's place · K + slot
+            rows = log_scores[:, d].to(dtype).gather(1, kept_slots[-1][..., None].expand(-1, -1, k))  # [bs, w, K]
             score = (score[..., None] + rows).reshape(bs, -1)
-            parent = torch.arange(score.shape[1] // k, device=dev).repeat_interleave(k).expand(bs, -1) + offset
-            slot = torch.arange(k, device=dev).repeat(score.shape[1] // k).expand(bs, -1)
-            offset += kept_scores[-1].shape[1]
         width = min(budget, score.shape[1])
         score, order = score.sort(dim=1, descending=True, stable=True)
         score, order = score[:, :width], order[:, :width]
-        slot, parent = slot.gather(1, order), parent.gather(1, order)
+        if d:
+            slot, parent = order % k, order // k + start
+            start += kept_scores[-1].shape[1]
+        else:
+            slot, parent = order, torch.full_like(order, -1)
         kept_scores.append(score)
         kept_slots.append(slot)
         kept_parents.append(parent)
