@@ -62,14 +62,21 @@ def test_lattice_trees_check_their_arguments():
         lattice_trees(cand, log_scores, 0)
 
 
-def test_ancestor_masks_equal_the_per_tree_mask():
+def test_ancestor_masks_hold_each_nodes_path():
+    """Row m + 1 of each request's mask sees the anchor and exactly the nodes of node m's path (DraftTree.path);
+    the anchor's row sees itself only. tree.ancestor_mask is one tree of the same mask."""
     cand, log_scores = random_lattice(4, 6, 3, vocab=30, seed=7)
     trees = lattice_trees(cand, log_scores, 17)
     masks = ancestor_masks(trees, depth=6)
     for i in range(4):
         ref = DraftTree(trees.tokens[i].tolist(), trees.parents[i].tolist(), trees.depths[i].tolist(),
                         trees.scores[i].tolist())
-        assert torch.equal(masks[i], ancestor_mask(ref))
+        want = torch.zeros(len(ref) + 1, len(ref) + 1, dtype=torch.bool)
+        want[:, 0] = True
+        for m in range(len(ref)):
+            want[m + 1, [a + 1 for a in ref.path(m)]] = True
+        assert torch.equal(masks[i], want)
+        assert torch.equal(ancestor_mask(ref), want)
 
 
 def test_greedy_acceptance_equals_the_offline_walk():

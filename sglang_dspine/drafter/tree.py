@@ -96,14 +96,11 @@ class DraftTree:
 
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:
     """[n+1, n+1] bool, row/column 0 the root (anchor), row/column m+1 node m: True where the row's token may
-    attend to the column's, i.e. the column is the row's ancestor or itself (the root is everyone's)."""
-    n = len(tree)
-    rows = [[False] * (n + 1) for _ in range(n + 1)]
-    rows[0][0] = True
-    for m, p in enumerate(tree.parents):
-        rows[m + 1] = list(rows[p + 1])
-        rows[m + 1][m + 1] = True
-    return torch.tensor(rows, dtype=torch.bool)
+    attend to the column's, i.e. the column is the row's ancestor or itself (the root is everyone's). One tree
+    through `tree_batch.ancestor_masks`."""
+    from .tree_batch import TreeBatch, ancestor_masks
+
+    return ancestor_masks(TreeBatch.stack([tree]), tree.max_depth())[0]
 
 
 def tree_attention_mask(tree: DraftTree, past: int, dtype: torch.dtype, device=None) -> torch.Tensor:

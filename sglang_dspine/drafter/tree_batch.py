@@ -116,7 +116,7 @@ def lattice_trees(candidates: torch.Tensor, log_scores: torch.Tensor, budget: in
 
 def ancestor_masks(trees: TreeBatch, depth: int) -> torch.Tensor:
     """[bs, N+1, N+1] bool over [anchor, nodes...]: row m+1 sees the anchor, node m's ancestors and node m
-    (`tree.ancestor_mask` for a batch); `depth` ≥ the trees' deepest node (P)."""
+    (`tree.ancestor_mask` is one tree of it); `depth` ≥ the trees' deepest node (P)."""
     bs, n = trees.tokens.shape
     dev = trees.tokens.device
     up = torch.cat([torch.zeros(bs, 1, dtype=torch.long, device=dev), trees.parent_rows()], dim=1)  # row -> parent row
@@ -213,8 +213,9 @@ def accept(trees: TreeBatch, logits: torch.Tensor, temperature: float, depth: in
         for _ in range(depth - 1):  # a node is accepted when it matches and its parent was accepted
             reached = match & torch.cat([torch.ones_like(match[:, :1]), reached], dim=1).gather(1, rows)
         # siblings hold distinct tokens: at most one child of a node matches, so the accepted nodes are a path
-        accepted = (reached * trees.depths).amax(1)
-        last = torch.where(accepted > 0, (reached * trees.depths).argmax(1), -1)
+        reached_depths = reached * trees.depths
+        accepted = reached_depths.amax(1)
+        last = torch.where(accepted > 0, reached_depths.argmax(1), -1)
         next_token = best[batch, last + 1]
     else:
         probs = torch.softmax(logits.float() / temperature, dim=-1)
