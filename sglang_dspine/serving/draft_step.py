@@ -114,7 +114,7 @@ class DraftStep:
         """(the walk's tokens [bs, P], the candidates [bs, P, K], the transition table [bs, P, K, K]) from the
         states `decode` takes."""
         if self.head is None:
-            raise RuntimeError("DraftStep.decode before attach_head")
+            raise RuntimeError("DraftStep.lattice (decode, draft_tree) before attach_head")
         p, hidden = self.block_size - 1, states.shape[-1]
         bs = states.shape[0] // p
         if states.dtype != self.head.dtype:
