@@ -374,6 +374,11 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
         assert r.returncode == 2 and msg in r.stderr and not log.exists()
 
 
+def _rounds(steps: dict) -> list[dict]:
+    """serving_scale.py's rounds at T=0: {clients: step ms} -> round records."""
+    return [{"clients": c, "temperature": 0.0, "step_ms": v} for c, v in steps.items()]
+
+
 def test_serving_scale_summary_keeps_alone_ratios_of_a_cut_run():
     """benchmarks/serving_scale.py's summary: DSPINE's alone step over each baseline's, per client count, from
     the rounds saved so far (at c275234 the lease ended while DFlash2 started, after DFLASH and DSPINE had run):
@@ -381,16 +386,15 @@ def test_serving_scale_summary_keeps_alone_ratios_of_a_cut_run():
     from sglang_dspine.source_files import load_file as load_source
 
     ss = load_source(os.path.join(REPO, "benchmarks", "serving_scale.py"))
-    rounds = lambda steps: [{"clients": c, "temperature": 0.0, "step_ms": v} for c, v in steps.items()]  # noqa: E731
-    alone = {"dflash": {"memory": {"max_total_num_tokens": 10}, "rounds": rounds({1: 8.0, 4: 10.0})},
-             "dspine": {"memory": {"max_total_num_tokens": 9}, "rounds": rounds({1: 6.0, 4: 11.0, 16: 3.0})},
+    alone = {"dflash": {"memory": {"max_total_num_tokens": 10}, "rounds": _rounds({1: 8.0, 4: 10.0})},
+             "dspine": {"memory": {"max_total_num_tokens": 9}, "rounds": _rounds({1: 6.0, 4: 11.0, 16: 3.0})},
              "dflash2": {"error": "did not start"}}
     s = ss.summarize({"alone": alone, "temperatures": [0.0], "clients": [1, 4, 16]})["alone_default_graph_bs"]
     assert s["dspine"]["step_ratio_vs_dflash"] == {"1": 0.75, "4": 1.1}
     assert s["dspine"]["step_ratio_vs_dflash2"] is None
     assert s["dflash"] == {"memory": {"max_total_num_tokens": 10}, "step_ratio_vs_dflash": None,
                            "step_ratio_vs_dflash2": None}
-    alone["dflash2"] = {"rounds": rounds({1: 12.0, 16: 2.0})}
+    alone["dflash2"] = {"rounds": _rounds({1: 12.0, 16: 2.0})}
     assert ss.alone_step_ratios(alone)["step_ratio_vs_dflash2"] == {"1": 0.5, "16": 1.5}
 
 
@@ -400,9 +404,8 @@ def test_serving_scale_table_prints_alone_rounds(capsys):
     from sglang_dspine.source_files import load_file as load_source
 
     ss = load_source(os.path.join(REPO, "benchmarks", "serving_scale.py"))
-    rounds = lambda steps: [{"clients": c, "temperature": 0.0, "step_ms": v} for c, v in steps.items()]  # noqa: E731
-    alone = {"dflash": {"rounds": rounds({1: 8.0, 4: 10.0})}, "dspine": {"rounds": rounds({1: 6.0, 4: 11.0})},
-             "dflash2": {"rounds": rounds({1: 12.0})}}
+    alone = {"dflash": {"rounds": _rounds({1: 8.0, 4: 10.0})}, "dspine": {"rounds": _rounds({1: 6.0, 4: 11.0})},
+             "dflash2": {"rounds": _rounds({1: 12.0})}}
     ss.print_table({"alone": alone, "rounds": [], "temperatures": [0.0], "clients": [1, 4]})
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("T=0")]
     assert lines[0].split() == ["T=0", "c=", "1", "dflash=8.00", "dspine=6.00", "dspine_torch=-", "dflash2=12.00",
