@@ -78,7 +78,7 @@ BASE_ARGS, Server, archive_logs, graph_use, spec_args = (
 
 REPO = os.path.dirname(_HERE)
 NAMES = ("plain", "dflash", "dspine")
-PORTS = {"plain": 31011, "dflash": 31012, "dspine": 31013}
+PORTS = {"plain": 31011, "dflash": 31012, "dspine": 31013}  # --port-offset moves them (runs side by side)
 SCENARIOS = ("kv_exhaustion", "graph_overflow", "long_prompts", "disconnects", "soak")
 CHUNK = 64
 GRAPH_MAX_BS = 8
@@ -440,13 +440,41 @@ def flush(api) -> None:
         raise sf.Malformed(f"/flush_cache answered {status}: {body[:200]}")
 
 
-def gpu_memory_mib() -> int | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+def session_pids(sid: int) -> set[int]:
+    """The processes of a server's session (it starts in a session of its own: the launcher, scheduler and
+    detokenizer), from /proc."""
+    pids = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+            except OSError:  # gone meanwhile
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
+            if int(fields[3]) == sid:
+                pids.add(int(d))
+    return pids
+
+
+def gpu_memory_mib(sid: int | None = None) -> tuple[int | None, str]:
+    """(MiB, scope): the GPU memory of a server's processes (`sid`: its session) where nvidia-smi lists them, so
+    that other work on the GPU does not move it; else the whole GPU's used memory (a container whose process ids
+    differ from the driver's lists none), with the scope saying which."""
+    def smi(*query: str) -> list[str]:
+        out = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits", "-i", "0"],
                              capture_output=True, text=True, timeout=20)
-        return int(out.stdout.strip().splitlines()[0])
+        return [x for x in out.stdout.strip().splitlines() if x.strip()]
+
+    try:
+        if sid is not None:
+            mine = session_pids(sid)
+            rows = [r.split(",") for r in smi("--query-compute-apps=pid,used_memory")]
+            used = [int(m) for pid, m in rows if int(pid) in mine]
+            if used:
+                return sum(used), "server"
+        return int(smi("--query-gpu=memory.used")[0]), "gpu"
     except Exception:  # noqa: BLE001 - no nvidia-smi: memory unmeasured
-        return None
+        return None, "none"
 
 
 # --------------------------------------------------------------------------------- running requests
@@ -813,8 +841,9 @@ def s_soak(s: Session, seconds: float) -> dict:
                 load = get_load(api) or {}
             except Exception:  # noqa: BLE001 - a missed sample
                 load = {}
+            mib, scope = gpu_memory_mib(s.server.proc.pid)
             samples.append({"t": round(time.time() - t0, 1), "used_tokens": load.get("num_used_tokens"),
-                            "running": load.get("num_running_reqs"), "gpu_mib": gpu_memory_mib()})
+                            "running": load.get("num_running_reqs"), "gpu_mib": mib, "gpu_scope": scope})
             done.wait(SOAK_SAMPLE_S)
 
     th = threading.Thread(target=sampler, daemon=True)
@@ -826,14 +855,17 @@ def s_soak(s: Session, seconds: float) -> dict:
         th.join(60)
     idle = wait_idle(api)
     rows = buckets(load.pop("records"), SOAK_BUCKET_S, load["seconds"])
+    # the server's own memory where any sample had it; never one scope's first minute against another's last
+    scope = "server" if any(x["gpu_scope"] == "server" for x in samples) else "gpu"
     for row in rows:
         inside = [x for x in samples if row["bucket"] * SOAK_BUCKET_S <= x["t"] < (row["bucket"] + 1) * SOAK_BUCKET_S]
         row["used_tokens_max"] = max((x["used_tokens"] for x in inside if x["used_tokens"] is not None), default=None)
-        row["gpu_mib_max"] = max((x["gpu_mib"] for x in inside if x["gpu_mib"] is not None), default=None)
+        row["gpu_mib_max"] = max((x["gpu_mib"] for x in inside if x["gpu_mib"] is not None
+                                  and x["gpu_scope"] == scope), default=None)
     gpu = [r["gpu_mib_max"] for r in rows if r["gpu_mib_max"] is not None]
     rec = {"requests": load["requests"], "errors": load["errors"], "unsupported": load["unsupported"],
            "load": load, "per_minute": rows, "samples": samples, "log": log_stats(s.log_from(off)),
-           "gpu_mib_first_last": [gpu[0], gpu[-1]] if gpu else None,
+           "gpu_mib_first_last": [gpu[0], gpu[-1]] if gpu else None, "gpu_mib_scope": scope,
            "leaked_tokens": leaked(start, [idle] if idle else [])}
     rec["checks"] = {"no_errors": load["errors"] == 0, "no_leak": no_leak(rec["leaked_tokens"]),
                      "gpu_memory_flat": (gpu[-1] - gpu[0] <= 256) if gpu else None}
@@ -895,6 +927,7 @@ def summarize(res: dict) -> dict:
                 rows[sc]["per_minute"] = [{k: m.get(k) for k in ("requests", "errors", "rps", "p99_s",
                                                                  "used_tokens_max", "gpu_mib_max")}
                                           for m in r["per_minute"]]
+                rows[sc]["gpu_mib_scope"] = r.get("gpu_mib_scope")
         out[name] = {"up": srv.get("up", False), "start_error": srv.get("error"), "scenarios": rows,
                      "accept_length_server": srv.get("accept_length")}
     prov = res.get("provenance", {})
@@ -1007,6 +1040,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="pair: the built-in pair (--models); else a target of that geometry with random weights "
                          "and random drafters (serving_scale.py's), memory scenario only (kv_exhaustion)")
     ap.add_argument("--work", default="/tmp/serving_pressure_models", help="where a geometry's models are written")
+    ap.add_argument("--port-offset", type=int, default=0,
+                    help="added to every server's port, for a run beside another on the same machine (a soak)")
     ap.add_argument("--tag", default=None,
                     help="results named serving_pressure_TAG*.json (default: none on the pair, the geometry's name)")
     args = ap.parse_args(argv)
@@ -1128,14 +1163,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         order = [n for n in NAMES if n in names]
         first = order[0]  # alone, so the kernel builds are cached for the others
-        servers[first] = Server(first, PORTS[first], server_args(first, models, dirs), args.out)
+        servers[first] = Server(first, PORTS[first] + args.port_offset, server_args(first, models, dirs), args.out)
         if not bring_up(first):
             with guard:
                 for n in order[1:]:
                     res["servers"][n] = {"up": False, "error": f"not started: {first} did not start"}
         else:
             for n in order[1:]:
-                servers[n] = Server(n, PORTS[n], server_args(n, models, dirs), args.out)
+                servers[n] = Server(n, PORTS[n] + args.port_offset, server_args(n, models, dirs), args.out)
             with cf.ThreadPoolExecutor(len(order)) as ex:
                 futs = {n: ex.submit(phase, n) for n in order}
                 for n, f in futs.items():

@@ -543,3 +543,24 @@ def test_kv_exhaustion_on_a_random_weight_geometry_server(sp, monkeypatch):
     assert rec["accept_retracted"]["retracted_equal_output"] == 12 and rec["accept_retracted"]["ratio"] == 1.0
     assert set(rec["checks"]) == {"no_errors", "retraction_seen", "no_leak", "accept_after_readmission",
                                   "server_alive"}
+
+
+def test_a_servers_processes_are_found_by_its_session(sp):
+    """The soak's memory is the server's own where nvidia-smi lists its processes: they are found by the session
+    the server starts in (a launcher and its children), and no process outside that session is."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                             "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+                             "print(c.pid, flush=True); time.sleep(30)"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        child = int(proc.stdout.readline())
+        assert sp.session_pids(proc.pid) == {proc.pid, child}
+        assert os.getpid() not in sp.session_pids(proc.pid)
+        mib, scope = sp.gpu_memory_mib(proc.pid)
+        assert scope in ("server", "gpu", "none") and (mib is None) == (scope == "none")
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()

@@ -11,6 +11,10 @@
 #   GIT_COMMIT=<hash> bash scripts/device/job.sh start soak \
 #     'bash scripts/device/serving_pressure.sh --servers dspine --scenarios soak --soak-seconds 1200 --tag soak1200'
 #   bash scripts/device/job.sh wait soak 540   # again until it says finished
+# Beside another run on the same GPU (the pressure run while the soak goes on): the bundle unpacked first
+# (`source scripts/device/setup.sh`), then the soak with its own ports and package layout,
+#   DSPINE_SITE=/tmp/dspine-site-soak ... job.sh start soak '... --tag soak1200 --port-offset 100'
+# (the soak's GPU memory is then its server's own, where nvidia-smi lists its processes: gpu_mib_scope).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1

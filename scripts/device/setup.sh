@@ -23,9 +23,12 @@ else
   fi
   source /tmp/devbundle/sglang-bundle-setup.sh /tmp/devbundle/sglang-bundle.tar.xz || return 1
   python3 -m pip uninstall -q -y sglang-dspine >/dev/null 2>&1  # an earlier editable install would shadow this layout
-  bash scripts/device/layout_package.sh /tmp/dspine-site || return 1
+  # DSPINE_SITE: a layout of its own for a job that runs beside another (their layouts would replace each other
+  # under a starting server); lab2.sh's `patch` writes into the default one.
+  site="${DSPINE_SITE:-/tmp/dspine-site}"
+  bash scripts/device/layout_package.sh "$site" || return 1
   # Not the repo root on the path (sglang_dspine/source_files.py says why).
-  export PYTHONPATH="/tmp/dspine-site:$PYTHONPATH"
+  export PYTHONPATH="$site:$PYTHONPATH"
 fi
 # Checked from /tmp, never the repo root.
 (cd /tmp && python3 - <<'PY') || return 1
