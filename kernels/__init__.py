@@ -5,17 +5,20 @@ Each kernel has a plain PyTorch reference with the same signature next to it (`*
   injection.py        fused adjacent injection on flat [bs·B, H] states (gate_message, injection_delta)
   transition.py       transition scoring + walk from per-token tables (TransitionTables, transition_walk)
   top_k.py            top-K of the draft logits in one streaming pass (topk)
+  tree_build.py       every request's draft tree in one kernel (lattice_trees_kernel; reference: drafter/tree_batch.py)
   vocab_objective.py  the training objective's per-row CE, argmax, L1 to the teacher and their gradient (vocab_loss)
   runtime.py          where the kernels run: CUDA, or the CPU under Triton's interpreter (runs_on)
 """
 from .injection import InjectionWeights, gate_message, gate_message_torch, injection_delta
 from .top_k import topk, topk_torch
+from .tree_build import lattice_trees_kernel
 from .transition import TransitionTables, transition_scores_walk, transition_scores_walk_torch, transition_walk
 from .vocab_objective import vocab_loss, vocab_loss_torch
 
 __all__ = [
     "InjectionWeights", "gate_message", "gate_message_torch", "injection_delta",
     "topk", "topk_torch",
+    "lattice_trees_kernel",
     "TransitionTables", "transition_scores_walk", "transition_scores_walk_torch", "transition_walk",
     "vocab_loss", "vocab_loss_torch",
 ]

@@ -181,15 +181,17 @@ def test_retrieve_links_of_a_known_tree():
 
 
 @pytest.mark.gpu
-def test_lattice_trees_replay_in_a_cuda_graph():
-    """The builder, mask and links at serving size (P = 15, K = 16, N = 64) captured in one CUDA graph and
-    replayed on new inputs give what they give eagerly on those inputs (no host sync, fixed shapes)."""
+@pytest.mark.parametrize("on_kernel", [False, True])
+def test_lattice_trees_replay_in_a_cuda_graph(on_kernel):
+    """The builder (its tensor operations, or the one kernel), mask and links at serving size (P = 15, K = 16,
+    N = 64) captured in one CUDA graph and replayed on new inputs give what they give eagerly on those inputs
+    (no host sync, fixed shapes); the kernel's trees equal lattice_trees' there too."""
     dev = torch.device("cuda")
     bs, p, k, budget = 8, 15, 16, 64
     from sglang_dspine.drafter.tree_batch import retrieve_links
 
     def run(cand, ls):
-        t = lattice_trees(cand, ls, budget)
+        t = _kernel_trees(cand, ls, budget) if on_kernel else lattice_trees(cand, ls, budget)
         links = retrieve_links(t)
         return [t.tokens, t.parents, t.depths, t.scores, ancestor_masks(t, p), links.next_token, links.next_sibling]
 
@@ -210,6 +212,8 @@ def test_lattice_trees_replay_in_a_cuda_graph():
     torch.cuda.synchronize()
     for got, want in zip(outs, run(cand2, ls2)):
         assert torch.equal(got, want)
+    if on_kernel:
+        _assert_same_trees(_kernel_trees(cand2, ls2, budget), lattice_trees(cand2, ls2, budget))
 
 
 @pytest.mark.gpu
@@ -308,3 +312,53 @@ def test_full_tree_mask_positions_and_links_equal_sglangs_tree_builder():
     assert torch.equal(links.next_sibling, next_sibling)
     assert torch.equal(verify_positions(trees, seq_lens), positions)
     assert torch.equal(full_tree_mask(ancestor_masks(trees, depth), seq_lens), mask)
+
+
+# ------------------------------------------------------------------------ the builder on one kernel (Triton)
+def _kernel_trees(cand, ls, budget):
+    from sglang_dspine.kernels.tree_build import lattice_trees_kernel
+
+    return TreeBatch(*lattice_trees_kernel(cand, ls, budget))
+
+
+def _assert_same_trees(got: TreeBatch, want: TreeBatch):
+    for name in ("tokens", "parents", "depths", "scores"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("p,k,budget", [(4, 3, 5), (6, 4, 20), (15, 16, 15), (5, 16, 63), (3, 2, 100), (1, 5, 3),
+                                        (2, 16, 64)])
+def test_the_tree_kernel_equals_lattice_trees(p, k, budget):
+    """The one-kernel builder (Triton; its interpreter on CPU) returns lattice_trees' trees exactly, in every
+    regime: budget below K, between K and the lattice, above the whole lattice (the serving size, P = 15 with
+    63 nodes, in test_lattice_trees_replay_in_a_cuda_graph on the GPU: its 1,024-key sorts take a minute in the
+    interpreter)."""
+    cand, ls = random_lattice(2, p, k, vocab=1000, seed=p * 31 + k + budget, dtype=torch.float32)
+    _assert_same_trees(_kernel_trees(cand, ls, budget), lattice_trees(cand, ls, budget))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_tree_kernel_breaks_ties_as_the_stable_sort(dtype):
+    """Scores rounded to halves (many exact ties, among siblings, cousins and depths) and a certain candidate
+    (transition log-score 0.0 and -0.0: a child that ties its parent): the same order as lattice_trees' stable
+    sort, from float32 and bf16 tables (bf16 read as float32 by both)."""
+    cand, ls = random_lattice(4, 6, 4, vocab=100, seed=5, dtype=torch.float32)
+    ls = (ls * 2).round() / 2
+    ls[0, :, :, 1] = 0.0
+    ls[1, :, :, 2] = -0.0
+    ls = ls.to(dtype)
+    for budget in (3, 9, 30):
+        _assert_same_trees(_kernel_trees(cand, ls, budget), lattice_trees(cand, ls, budget))
+
+
+def test_the_tree_kernel_checks_its_arguments():
+    from sglang_dspine.kernels.tree_build import lattice_trees_kernel
+
+    cand, ls = random_lattice(2, 3, 4, vocab=20, seed=0, dtype=torch.float32)
+    with pytest.raises(ValueError, match="log_scores"):
+        lattice_trees_kernel(cand, ls[:, :2], 4)
+    with pytest.raises(ValueError, match="budget"):
+        lattice_trees_kernel(cand, ls, 0)
+    with pytest.raises(ValueError, match="float64"):
+        lattice_trees_kernel(cand, ls.double(), 4)

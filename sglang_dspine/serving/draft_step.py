@@ -108,7 +108,12 @@ class DraftStep:
         candidates and transition table `decode` computes, each row log-softmaxed over the K candidates (the
         drafter's own scores; `tree.lattice_tree` at temperature 1). Fixed shapes: runs inside a CUDA graph."""
         _, candidates, scores = self.lattice(states)
-        return lattice_trees(candidates, torch.log_softmax(scores.float(), dim=-1), budget)
+        log_scores = torch.log_softmax(scores.float(), dim=-1)
+        if self.kernels:  # one kernel instead of ~8 small ones per depth; the same trees (tests/test_tree_batch.py)
+            from ..kernels import lattice_trees_kernel
+
+            return TreeBatch(*lattice_trees_kernel(candidates, log_scores, budget))
+        return lattice_trees(candidates, log_scores, budget)
 
     def lattice(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(the walk's tokens [bs, P], the candidates [bs, P, K], the transition table [bs, P, K, K]) from the
