@@ -24,7 +24,9 @@ Scenarios, each isolated (an exception is recorded and the run goes on):
                   tokens is opened and closed after 3 chunks every second: no error, the server answers after,
                   the pool drains to its start (no leak).
   soak            (--soak-seconds > 0) the mixed load for that long: requests/s, p50/p99 latency and errors per
-                  minute, the pool's used tokens and the GPU's memory per minute, the leak at the end.
+                  minute, the pool's used tokens and the GPU's memory per minute (the server's own processes'
+                  where nvidia-smi lists them), the leak at the end; the minutes so far are rewritten every
+                  15 s to serving_pressure[_TAG]_<server>_soak_minutes.json.
 After each scenario the server must still be alive: its process runs and /health answers (a dead server's
 remaining scenarios are skipped with the exception its log ends with). In the mixed load an answer that ends by
 length and keeps a stop string is counted apart (SGLang checks max_new_tokens before stop strings), not an error.
@@ -568,12 +570,14 @@ def buckets(records: list[tuple], width: float, total: float | None = None) -> l
     return rows
 
 
-def mixed_load(api, ctx: dict, seconds: float, clients: int, seed: int = 0, refusable: bool = False) -> dict:
+def mixed_load(api, ctx: dict, seconds: float, clients: int, seed: int = 0, refusable: bool = False,
+               records: list | None = None) -> dict:
     """serving_features' request kinds from `clients` threads for `seconds`, every answer checked; per request
     (start second, latency, kind, outcome). With `refusable`, a refused feature (unsupported) is counted apart
-    from errors; an answer ended by length that keeps a stop string only where SGLang checks the length first."""
+    from errors; an answer ended by length that keeps a stop string only where SGLang checks the length first.
+    records: a list the per-request records are appended to as they come (a soak reads it while it runs)."""
     kinds = sorted(sf.LOAD_KINDS)
-    records: list[tuple] = []
+    records = [] if records is None else records
     samples: dict[str, list[str]] = {}
     lock = threading.Lock()
     t0 = time.time()
@@ -625,8 +629,9 @@ class AfterEvent:
 class Session:
     """One server as the scenarios see it."""
 
-    def __init__(self, name: str, server, ctx: dict, margin_api=None):
+    def __init__(self, name: str, server, ctx: dict, margin_api=None, progress_path: str | None = None):
         self.name, self.server, self.ctx = name, server, ctx
+        self.progress_path = progress_path  # where a soak writes its minutes so far
         self.api = sf.Api(server.url, REQUEST_TIMEOUT)
         self.spec = name != "plain"
         # a target of a real geometry with random weights (ctx["geometry"]): ids only, greedy compared for information
@@ -827,11 +832,26 @@ def s_disconnects(s: Session) -> dict:
     return rec
 
 
+def soak_minutes(records: list[tuple], samples: list[dict], total: float | None = None) -> tuple[list[dict], str]:
+    """The soak's per-minute rows (buckets) with the pool's and the GPU's peak from the samples taken in each
+    minute, and the memory's scope: the server's own where any sample had it (never one scope's first minute
+    against another's last)."""
+    rows = buckets(records, SOAK_BUCKET_S, total)
+    scope = "server" if any(x["gpu_scope"] == "server" for x in samples) else "gpu"
+    for row in rows:
+        inside = [x for x in samples if row["bucket"] * SOAK_BUCKET_S <= x["t"] < (row["bucket"] + 1) * SOAK_BUCKET_S]
+        row["used_tokens_max"] = max((x["used_tokens"] for x in inside if x["used_tokens"] is not None), default=None)
+        row["gpu_mib_max"] = max((x["gpu_mib"] for x in inside if x["gpu_mib"] is not None
+                                  and x["gpu_scope"] == scope), default=None)
+    return rows, scope
+
+
 def s_soak(s: Session, seconds: float) -> dict:
     api, ctx = s.api, s.ctx
     start = wait_idle(api)
     off = len(s.server.text())
     samples: list[dict] = []
+    live: list[tuple] = []  # the load's records as they come
     done = threading.Event()
     t0 = time.time()
 
@@ -844,24 +864,22 @@ def s_soak(s: Session, seconds: float) -> dict:
             mib, scope = gpu_memory_mib(s.server.proc.pid)
             samples.append({"t": round(time.time() - t0, 1), "used_tokens": load.get("num_used_tokens"),
                             "running": load.get("num_running_reqs"), "gpu_mib": mib, "gpu_scope": scope})
+            if s.progress_path:  # the minutes so far, should the run end before the soak does (a lost lease)
+                rows, scope = soak_minutes(list(live), samples)
+                with open(s.progress_path, "w") as f:
+                    json.dump({"seconds": round(time.time() - t0, 1), "of_seconds": seconds,
+                               "gpu_mib_scope": scope, "per_minute": rows}, f, indent=1)
             done.wait(SOAK_SAMPLE_S)
 
     th = threading.Thread(target=sampler, daemon=True)
     th.start()
     try:
-        load = mixed_load(api, ctx, seconds, SOAK_CLIENTS, seed=11, refusable=s.refusable)
+        load = mixed_load(api, ctx, seconds, SOAK_CLIENTS, seed=11, refusable=s.refusable, records=live)
     finally:
         done.set()
         th.join(60)
     idle = wait_idle(api)
-    rows = buckets(load.pop("records"), SOAK_BUCKET_S, load["seconds"])
-    # the server's own memory where any sample had it; never one scope's first minute against another's last
-    scope = "server" if any(x["gpu_scope"] == "server" for x in samples) else "gpu"
-    for row in rows:
-        inside = [x for x in samples if row["bucket"] * SOAK_BUCKET_S <= x["t"] < (row["bucket"] + 1) * SOAK_BUCKET_S]
-        row["used_tokens_max"] = max((x["used_tokens"] for x in inside if x["used_tokens"] is not None), default=None)
-        row["gpu_mib_max"] = max((x["gpu_mib"] for x in inside if x["gpu_mib"] is not None
-                                  and x["gpu_scope"] == scope), default=None)
+    rows, scope = soak_minutes(load.pop("records"), samples, load["seconds"])
     gpu = [r["gpu_mib_max"] for r in rows if r["gpu_mib_max"] is not None]
     rec = {"requests": load["requests"], "errors": load["errors"], "unsupported": load["unsupported"],
            "load": load, "per_minute": rows, "samples": samples, "log": log_stats(s.log_from(off)),
@@ -1140,7 +1158,8 @@ def main(argv: list[str] | None = None) -> int:
         margin_api = None
         if name == "dflash" and "plain" in servers:  # DFLASH refuses log-probs
             margin_api = AfterEvent(sf.Api(servers["plain"].url, REQUEST_TIMEOUT), done["plain"])
-        sess = Session(name, servers[name], ctx, margin_api)
+        minutes = os.path.join(args.out, files["json"][:-len(".json")] + f"_{name}_soak_minutes.json")
+        sess = Session(name, servers[name], ctx, margin_api, progress_path=minutes)
         for sc in scenarios:
             rec = scenario_or_skip(sess, sc, args.soak_seconds)
             with guard:

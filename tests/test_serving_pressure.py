@@ -564,3 +564,44 @@ def test_a_servers_processes_are_found_by_its_session(sp):
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()
+
+
+def test_soak_minutes_take_the_servers_own_memory_where_any_sample_has_it(sp):
+    """The soak's minutes (also written while it runs): requests and p99 per minute, the pool's and the GPU's
+    peak within it, on one memory scope: the whole GPU's samples are left out once the server's own were read."""
+    records = [(1.0, 0.5, "greedy", "ok"), (61.0, 0.7, "greedy", "errors"), (62.0, 0.2, "stop", "ok")]
+    samples = [{"t": 0.0, "used_tokens": 5, "gpu_mib": 900, "gpu_scope": "server"},
+               {"t": 15.0, "used_tokens": 9, "gpu_mib": 80_000, "gpu_scope": "gpu"},
+               {"t": 60.0, "used_tokens": 7, "gpu_mib": 910, "gpu_scope": "server"}]
+    rows, scope = sp.soak_minutes(records, samples)
+    assert scope == "server"
+    assert [(r["requests"], r["errors"], r["used_tokens_max"], r["gpu_mib_max"]) for r in rows] == [
+        (1, 0, 9, 900), (2, 1, 7, 910)]
+    rows, scope = sp.soak_minutes(records, [dict(x, gpu_scope="gpu") for x in samples])
+    assert scope == "gpu" and rows[0]["gpu_mib_max"] == 80_000
+
+
+def test_a_soak_writes_its_minutes_while_it_runs(sp, ctx, monkeypatch, tmp_path):
+    """A lease can end inside the 20-minute soak: its minutes so far are on disk after every sample, and the
+    finished soak's rows agree with the last of them."""
+    monkeypatch.setattr(sp, "SOAK_SAMPLE_S", 0.3)
+    monkeypatch.setattr(sp, "SOAK_CLIENTS", 4)
+    fake = FakeSglang(generate=lambda body: {"text": "x", "meta_info": {"finish_reason": {"type": "length"}}})
+    path = tmp_path / "soak_minutes.json"
+    seen = []
+    real_dump = sp.json.dump
+
+    def dump(obj, f, **kw):  # every write of the minutes, as the sampler makes them
+        if getattr(f, "name", "") == str(path):
+            seen.append(obj["per_minute"][0]["requests"] if obj["per_minute"] else 0)
+        return real_dump(obj, f, **kw)
+
+    monkeypatch.setattr(sp.json, "dump", dump)
+    server = SimpleNamespace(url=fake.url, proc=SimpleNamespace(poll=lambda: None, pid=os.getpid()), text=lambda: "")
+    try:
+        rec = sp.s_soak(sp.Session("dspine", server, ctx, progress_path=str(path)), 2.0)
+    finally:
+        fake.close()
+    assert len(seen) >= 3 and seen == sorted(seen) and seen[-1] > 0
+    assert rec["requests"] > 0 and rec["per_minute"][0]["requests"] == rec["requests"] >= seen[-1]
+    assert rec["gpu_mib_scope"] in ("server", "gpu")
