@@ -77,6 +77,9 @@ def parse_args(argv=None):
                     help="the DSpine tree the summary's `rule` section reports, per temperature (T=ARM,...; a "
                          "temperature not listed: dspine_lattice); the default was picked on the built-in pair's "
                          "validation prompts (docs/tree.md), fixed here before any other pair's run")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="seconds from the start after which no new evaluation starts (a lease's end); the summary "
+                         "is then made of the rows done, and says it was cut")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device")
     ap.add_argument("--dtype", help="default: bf16 on GPU, fp32 on CPU")
@@ -374,10 +377,18 @@ def main(argv=None) -> int:
             json.dump(record, f, indent=1)
         os.replace(args.out + ".tmp", args.out)
 
+    def out_of_time() -> bool:
+        if args.deadline_s is not None and time.time() - t_start > args.deadline_s:
+            record["cut_at_deadline_s"] = args.deadline_s  # the rows stop here; the summary is of what was done
+            return True
+        return False
+
     for temp in args.temperatures:
         cal = calibration[f"{temp:g}"]
         for suite, prompts in suites.items():
             for name in ("dspine", "dflash"):
+                if out_of_time():
+                    break
                 res = evaluate(target, drafters[name], prompts, args.max_new_tokens, temp, eos, seed=args.seed)
                 record["rows"].append({"suite": suite, "temperature": temp, "arm": f"{name}_chain", "N": 16,
                                        "chain_N": drafters[name].cfg.block_size, **_brief(res)})
@@ -386,6 +397,8 @@ def main(argv=None) -> int:
                 save()
             for n in args.sizes:
                 for arm in args.arms:
+                    if out_of_time():
+                        break
                     name, rule, fitted = ARMS[arm]
                     row_t = cal[name].get("row", 1.0) if fitted else 1.0
                     marg_t = cal[name]["marginal"] if fitted else 1.0
@@ -417,8 +430,9 @@ def main(argv=None) -> int:
                "rule": {"chosen_on": ("the built-in pair's validation prompts (tree_summary_validation.json)"
                                       if args.rule == parse_args([]).rule else "--rule as given"),
                         **rule_summary(record["rows"], names, args.sizes, args.temperatures, args.rule)},
-               "step_cost": "not measured: tree verification in SGLang is not built",
-               "seconds": record["seconds"]}
+               "step_cost": ("not measured end to end: tree verification in SGLang is not built; the draft side's "
+                             "cost is kernels_summary.json's draft_tree_over_dflash_step"),
+               "cut_at_deadline_s": record.get("cut_at_deadline_s"), "seconds": record["seconds"]}
     os.makedirs(os.path.dirname(os.path.abspath(args.summary)), exist_ok=True)
     with open(args.summary, "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)

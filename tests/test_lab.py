@@ -696,3 +696,18 @@ def test_recipe_cross_preset_is_the_objective_cross_at_two_seeds():
                                                                                                    "0.1"]
     assert p["dspine_recipe"] == "ce" and p["temperatures"] == "0,1" and p["mps"] and p["train_jobs"] == 6
     assert [v.name for v in grid.by_priority(vs)][:4] == ["dflash", "dspine", "dflash_seed1", "dspine_seed1"]
+
+
+def test_tree_preset_trains_the_main_pair_only():
+    """run.py --preset tree (lab2.sh PRESET=tree STAGE2=tree): the second edition's data and shapes, only DFlash
+    and DSpine on the trainer's default recipe, 1,200 steps, two trainings at a time; and lab2.sh sends it down
+    the lab path (not the recipe lab's) with no warm-up servers and a deadline for the tree stage."""
+    run, grid = lab_module("run"), lab_module("grid")
+    p, base = run.PRESETS["tree"], run.PRESETS["second"]
+    assert not grid.active(p) and grid.active(base)
+    assert [v.name for v in grid.variants(p)] == ["dflash", "dspine"] and {v.steps for v in grid.variants(p)} == {1200}
+    assert p["dspine_recipe"] is None and p["train_jobs"] == 2
+    assert {k: p[k] for k in ("corpus_mb", "target_args", "target_seconds", "draft_layers", "train_batch")} == {
+        k: base[k] for k in ("corpus_mb", "target_args", "target_seconds", "draft_layers", "train_batch")}
+    sh = open(os.path.join(os.path.dirname(LAB), "..", "scripts", "device", "lab2.sh")).read()
+    assert 'if [ "${PRESET#recipe}" != "$PRESET" ]; then' in sh and "--deadline-s $(( t0 + SERVE_END" in sh

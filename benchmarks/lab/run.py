@@ -162,6 +162,18 @@ PRESETS["recipe_long"] = {
 }
 
 
+# The draft-tree lab (scripts/device/lab2.sh with PRESET=tree STAGE2=tree): the second edition's corpus, target
+# and drafter shape, only the main pair (DFlash, and DSpine on the trainer's default recipe), trained 1,200 steps
+# two at a time, then benchmarks/tree_offline.py on it (the lab's own evaluations left out: tree_offline
+# evaluates the chains on the same prompts as the trees).
+PRESETS["tree"] = {
+    **{k: v for k, v in PRESETS["second"].items()
+       if k not in ("curve_steps", "seeds", "depth_layers", "depth_steps", "upgrade_frac", "grid_temperatures",
+                    "walk_off")},
+    "train_steps": 1200, "train_jobs": 2,
+}
+
+
 # Keys every preset has (the grid's, grid.py; off unless a preset or --set turns them on).
 # train_jobs: trainings of the grid in flight at once (0: all); step_threads: CPU threads of each step run as a
 # subprocess (OMP_NUM_THREADS; 0: torch's default, one per core, which oversubscribes the cores when many steps

@@ -36,6 +36,7 @@ SERVE_END="${SERVE_END:-1720}"  # lease second after which serve_bench starts no
 SERVE_ARGS="${SERVE_ARGS:-}"    # more serve_bench.py arguments (a rehearsal: --clients 48)
 STAGE2="${STAGE2:-serving}"     # serving | tree (stage 2 above)
 TREE_ARGS="${TREE_ARGS:-}"      # more tree_offline.py arguments
+# PRESET=tree (with STAGE2=tree): the main pair only, then the tree stage (`lab2.sh plan` prints how to start it).
 # PRESET=recipe (or recipe_long, recipe_cross): a recipe lab instead (run.py --preset PRESET; no SGLang servers):
 # its lab stage ends at lease second LAB_BY, then benchmarks/lab/recipe.py writes lab_PRESET_summary.json and its
 # plot
@@ -44,6 +45,27 @@ LAB_BY="${LAB_BY:-1690}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 plan() {
+  [ "$PRESET" = tree ] && { cat <<'EOF'
+tree lab plan (lease seconds on one H200; PRESET=tree STAGE2=tree; not run yet: the training and tree rows are
+estimates from the second edition's runs)
+  stage                                                          plan   cumulative
+  machine start, setup, corpus, tokenizer                          135     135
+  target: the second edition's (46M, 480 s of training, no servers) 535     670
+  data: 9,000 responses regenerated (75 s cap)                     100     770
+  the main pair, DFlash and DSpine (default recipe), 1,200 steps
+    two at a time (~5 steps/s each expected)                       260    1030
+    (deadline: lease SERVE_BY; give 1100)
+  tree_offline.py on the main pair on the GPU: calibration, the
+    chains and the trees per suite and T; no new evaluation after
+    lease SERVE_END (give 1700), its summary of what was done      600    1700
+  archive                                                           15    1715   (of 1800)
+start (the lab's own evaluations left out; tree_offline evaluates the chains on the trees' prompts):
+  PRESET=tree STAGE2=tree SERVE_BY=1100 SERVE_END=1700 LEASE_T0=<t> GIT_COMMIT=<hash> \
+    TREE_ARGS='--sizes 16,32,64 --arms dspine_lattice_depth,dspine_extended,dflash_ddtree' \
+    bash scripts/device/lab2.sh start --stages corpus,tokenizer,target,data,train,export
+device calls, none longer than ~540 s: `start && wait 510`, `wait 540`, `wait 540`, `wait` until DONE
+EOF
+  return; }
   [ "$PRESET" = recipe_long ] && { cat <<'EOF'
 recipe_long lab plan (lease seconds on one H200; PRESET=recipe_long; "seen": the f462d5c lease, whose job
 started at lease second ~53 and was done at ~1,440)
@@ -155,7 +177,7 @@ stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundl
   lab_cmd="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 benchmarks/lab/run.py --preset $PRESET \
     --out $LAB/lab --results $OUT/results $(cat "$LAB/run_args")"
   eval "$lab_cmd --stages corpus,tokenizer" || attention "lab corpus/tokenizer failed ($?)"
-  if [ "$PRESET" != second ]; then  # the recipe lab: no servers; its summary
+  if [ "${PRESET#recipe}" != "$PRESET" ]; then  # a recipe lab: no servers; its summary
     eval "$lab_cmd --set deadline_s=$(( t0 + LAB_BY - $(date +%s) ))" || attention "lab failed ($?)"
     step "2 summary"
     python3 benchmarks/lab/recipe.py --lab "$LAB/lab" --report "$OUT/results/lab_$PRESET.json" \
@@ -164,21 +186,24 @@ stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundl
     step "done"
     exit 0
   fi
-  # while the target trains: SGLang's JIT/Triton/sampling caches built on random models of the same shapes
-  ( python3 benchmarks/lab/warm_sglang.py --lab "$LAB/lab" --out "$LAB/warm" 2>&1 \
+  # while the target trains: SGLang's JIT/Triton/sampling caches built on random models of the same shapes (for
+  # the serving stage only: the tree stage serves nothing, and the target's training time is fixed)
+  warm_pid=""
+  [ "$STAGE2" = tree ] || ( python3 benchmarks/lab/warm_sglang.py --lab "$LAB/lab" --out "$LAB/warm" 2>&1 \
       | grep -v "Decode batch\|Prefill batch\|Capturing" > "$LAB/warm.log"
     cp "$LAB/warm/warm_sglang.json" "$LAB/warm/warm_server_logs.tar.gz" "$OUT/results/" 2>/dev/null
     grep "warm_sglang: bench_serving check\|Traceback\|Error" "$LAB/warm.log" | tail -n 8
     python3 -c "import json,sys; sys.exit(0 if json.load(open('$LAB/warm/warm_sglang.json')).get('ok') else 1)" \
       2>/dev/null && step "warm servers: ok" || attention "warm servers: not ok (see $LAB/warm.log)" ) &
-  warm_pid=$!
+  [ "$STAGE2" = tree ] || warm_pid=$!
   eval "$lab_cmd --set deadline_s=$(( t0 + SERVE_BY - $(date +%s) ))" || attention "lab failed ($?)"
-  wait "$warm_pid"
+  [ -n "$warm_pid" ] && wait "$warm_pid"
   if [ "$STAGE2" = tree ] && [ -d "$LAB/lab/drafters/dspine" ] && [ -d "$LAB/lab/drafters/dflash" ]; then
     step "2 tree"
     python3 benchmarks/tree_offline.py --target "$LAB/lab/target" --dspine "$LAB/lab/drafters/dspine" \
       --dflash "$LAB/lab/drafters/dflash" --suites "$LAB/lab/corpus/prompts" --device cuda \
-      --out "$OUT/results/tree_offline_lab.json" --summary "$OUT/results/tree_summary_lab.json" $TREE_ARGS \
+      --out "$OUT/results/tree_offline_lab.json" --summary "$OUT/results/tree_summary_lab.json" \
+      --deadline-s $(( t0 + SERVE_END - $(date +%s) )) $TREE_ARGS \
       || attention "tree failed"
   elif [ -d "$LAB/lab/drafters/dspine" ] && [ -d "$LAB/lab/drafters/dflash" ]; then
     step "2 serving"
