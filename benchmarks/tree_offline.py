@@ -44,6 +44,7 @@ ARMS = {
     "dspine_lattice_raw": ("dspine", "lattice", None),
     "dspine_lattice": ("dspine", "lattice", "dspine"),
     "dspine_lattice_depth": ("dspine", "lattice", "depth"),
+    "dspine_anchored_depth": ("dspine", "anchored", "depth"),
     "dspine_extended": ("dspine", "extended", "dspine"),
     "dflash_ddtree_raw": ("dflash", "marginal", None),
     "dflash_ddtree": ("dflash", "marginal", "dflash"),

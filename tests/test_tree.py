@@ -18,6 +18,7 @@ from sglang_dspine.drafter.tiny import drafter_config_for, make_target, tiny_dra
 from sglang_dspine.drafter.tree import (
     DraftTree,
     ancestor_mask,
+    best_first,
     chain_tree,
     expected_accepted,
     extended_lattice_tree,
@@ -93,6 +94,36 @@ def test_lattice_tree_is_the_best_paths_of_the_transition_table(temperature):
     assert len(all_paths) == 3 + 9 + 27 + 81
     for budget in (1, 2, 5, 13, 40, 119, 120, 500):
         _assert_best_paths(lattice_tree(draft, budget, temperature=temperature), all_paths, budget)
+
+
+def test_anchored_lattice_tree_is_the_walk_then_the_best_other_paths():
+    """anchored: the walk's chain (BlockDraft.choice) as the first nodes, as far as the budget goes, then the
+    best paths outside it: the tree holds the chain's prefixes and the (budget - P) best of every other path,
+    each with its own score (brute force over the whole lattice)."""
+    p, k = 4, 3
+    draft = _random_block_draft(p, k, vocab=50, seed=11)
+    cand, sc, choice = draft.candidates[0].tolist(), draft.scores[0].double().tolist(), draft.choice[0].tolist()
+    all_paths = {}
+    for depth in range(1, p + 1):
+        for slots in itertools.product(range(k), repeat=depth):
+            score, prev = 0.0, 0
+            for i, j in enumerate(slots):
+                score += _log_softmax_ref(sc[i][prev])[j]
+                prev = j
+            all_paths[tuple(cand[i][j] for i, j in enumerate(slots))] = score
+    chain = [tuple(cand[i][choice[i]] for i in range(d)) for d in range(1, p + 1)]
+    for budget in (1, 3, 4, 5, 9, 30, 120, 500):
+        tree = lattice_tree(draft, budget, anchored=True)
+        got = _tree_paths(tree)
+        assert len(tree) == min(budget, len(all_paths))
+        assert [tuple(tree.path_tokens(n)) for n in range(min(budget, p))] == chain[:budget]
+        assert all(abs(got[path] - all_paths[path]) < 1e-5 for path in got)
+        others = {q: v for q, v in all_paths.items() if q not in chain}
+        want = sorted(others.values(), reverse=True)[: max(0, budget - p)]
+        assert sorted((v for q, v in got.items() if q not in chain), reverse=True) == pytest.approx(want, abs=1e-5)
+        assert all(pa < n for n, pa in enumerate(tree.parents))
+    with pytest.raises(ValueError, match="forced"):
+        best_first([torch.zeros(1, 2)], [torch.tensor([5, 6])], 2, forced=[2])
 
 
 def test_lattice_tree_per_position_temperatures_and_candidate_mass():

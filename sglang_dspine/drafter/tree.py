@@ -119,10 +119,15 @@ def tree_positions(tree: DraftTree, start: int) -> list[int]:
     return [start] + [start + d for d in tree.depths]
 
 
-def best_first(logp: list[torch.Tensor], tokens: list[torch.Tensor], budget: int) -> DraftTree:
+def best_first(logp: list[torch.Tensor], tokens: list[torch.Tensor], budget: int,
+               forced: Sequence[int] | None = None) -> DraftTree:
     """The `budget` best nodes (module docstring): logp[i] [R_i, K_i] transition log-scores of depth i+1 (every
     entry ≤ 0; R_0 == 1, the root; R_i is 1 or K_{i-1}), tokens[i] [K_i] the slots' token ids. Nodes come out in
     best-first order (non-increasing path score; ties: first pushed first).
+
+    forced: one slot per depth, a path from the root (a drafter's own chain) taken first, as far as the budget
+    goes; the rest of the budget is then the best nodes outside it, best-first. The tree then holds the chain, so
+    at T = 0 it accepts at least what the chain accepts.
 
     Lazy expansion: popping a node pushes its best child and its next-best sibling, so each pop costs O(log N)
     and a row is sorted once."""
@@ -154,10 +159,32 @@ def best_first(logp: list[torch.Tensor], tokens: list[torch.Tensor], budget: int
             heapq.heappush(heap, (-(base + vals[depth][row][rank]), count, depth, parent, base, row, rank))
             count += 1
 
-    push(0, -1, 0.0, 0, 0)
+    chain = list(forced or [])[: min(budget, len(vals))]
+    if forced is not None and (len(forced) != len(vals) or any(not 0 <= c < len(t) for c, t in zip(forced, toks))):
+        raise ValueError(f"best_first: forced {list(forced)} is not one slot per depth of {len(vals)}")
+    base, row = 0.0, 0
+    for depth, slot in enumerate(chain):  # the forced path: node `depth` at depth + 1, under node depth - 1
+        row = 0 if shared[depth] else row
+        base += vals[depth][row][order[depth][row].index(slot)]
+        tree.tokens.append(int(toks[depth][slot]))
+        tree.parents.append(depth - 1)
+        tree.depths.append(depth + 1)
+        tree.scores.append(base)
+        row = slot
+    for depth in range(len(chain)):  # the other children of the root and of every forced node
+        parent_row = 0 if depth == 0 or shared[depth] else chain[depth - 1]
+        push(depth, depth - 1, tree.scores[depth - 1] if depth else 0.0, parent_row, 0)
+    if not chain:
+        push(0, -1, 0.0, 0, 0)
+    if len(chain) < len(vals) and chain:  # the forced path's last node's children
+        d = len(chain)
+        push(d, d - 1, tree.scores[d - 1], 0 if shared[d] else chain[d - 1], 0)
     while heap and len(tree) < budget:
         neg, _, depth, parent, base, row, rank = heapq.heappop(heap)
         slot = order[depth][row][rank]
+        if parent == depth - 1 and depth < len(chain) and slot == chain[depth]:  # a forced node: taken already
+            push(depth, parent, base, row, rank + 1)
+            continue
         node = len(tree)
         tree.tokens.append(int(toks[depth][slot]))
         tree.parents.append(parent)
@@ -192,11 +219,14 @@ def table_log_scores(scores: torch.Tensor, temperature: float | Sequence[float] 
 
 
 def lattice_tree(draft: BlockDraft, budget: int, index: int = 0, temperature: float | Sequence[float] = 1.0,
-                 log_mass: Sequence[float] | None = None) -> DraftTree:
+                 log_mass: Sequence[float] | None = None, anchored: bool = False) -> DraftTree:
     """DSpine's tree for request `index` of a BlockDraft: best-first over the candidates with
-    `table_log_scores` of the transition table."""
+    `table_log_scores` of the transition table; `anchored`: the walk's chain (BlockDraft.choice) first, the rest
+    of the budget best-first around it (best_first's `forced`)."""
     cand = draft.candidates[index].cpu()
-    return best_first(table_log_scores(draft.scores[index].cpu(), temperature, log_mass), list(cand), budget)
+    forced = draft.choice[index].tolist() if anchored else None
+    return best_first(table_log_scores(draft.scores[index].cpu(), temperature, log_mass), list(cand), budget,
+                      forced=forced)
 
 
 def extended_lattice_tree(draft: BlockDraft, logits: torch.Tensor, budget: int, index: int = 0,

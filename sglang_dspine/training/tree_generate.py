@@ -38,7 +38,7 @@ from ..drafter.tree import (
 )
 from .generate import DrafterProposer, SpecResult, prefill
 
-RULES = ("lattice", "extended", "marginal", "chain")
+RULES = ("lattice", "anchored", "extended", "marginal", "chain")
 
 
 @dataclass
@@ -92,7 +92,7 @@ def keep_cache_positions(cache, keep: torch.Tensor) -> None:
 class TreeProposer(DrafterProposer):
     """Drafts a tree per block. rule: "lattice" (DSpine: best-first over the transition table, rows at
     `row_temperature`, one or one per block position, plus `row_log_mass` per position where given:
-    fit_depth_calibration), "extended" (DSpine: the table on the candidates, the backbone's marginals at
+    fit_depth_calibration), "anchored" (the same around the walk's chain, taken first), "extended" (DSpine: the table on the candidates, the backbone's marginals at
     `marginal_temperature` beyond them), "marginal" (DDTree: best-first over the backbone's independent
     marginals at `marginal_temperature`; any drafter), "chain" (the drafter's own chain,
     `DrafterProposer.propose`, as a tree). budget: draft nodes per tree (the target verifies budget + 1 tokens,
@@ -103,15 +103,15 @@ class TreeProposer(DrafterProposer):
                  row_log_mass: list[float] | None = None):
         if rule not in RULES:
             raise ValueError(f"rule: expected one of {RULES}, found {rule!r}")
-        if rule in ("lattice", "extended") and not drafter.cfg.is_dspine:
+        if rule in ("lattice", "anchored", "extended") and not drafter.cfg.is_dspine:
             raise ValueError(f"rule {rule!r} needs a DSpine drafter (a DFlash drafter has no transition table)")
         if budget < 1:
             raise ValueError(f"budget: expected at least 1 draft node, found {budget}")
         row_ts = row_temperature if isinstance(row_temperature, list) else [row_temperature]
         if min(row_ts) <= 0 or marginal_temperature <= 0:
             raise ValueError("row_temperature and marginal_temperature must be positive")
-        if (row_log_mass is not None or isinstance(row_temperature, list)) and rule != "lattice":
-            raise ValueError(f"per-position row temperatures and row_log_mass: only the lattice rule takes them, "
+        if (row_log_mass is not None or isinstance(row_temperature, list)) and rule not in ("lattice", "anchored"):
+            raise ValueError(f"per-position row temperatures and row_log_mass: only the lattice rules take them, "
                              f"not {rule!r}")
         super().__init__(drafter, target)
         self.budget, self.rule = budget, rule
@@ -141,7 +141,8 @@ class TreeProposer(DrafterProposer):
             return extended_lattice_tree(drafted, self.drafter.block_logits(out, self.head)[0], self.budget,
                                          row_temperature=self.row_temperature,
                                          marginal_temperature=self.marginal_temperature)
-        return lattice_tree(drafted, self.budget, temperature=self.row_temperature, log_mass=self.row_log_mass)
+        return lattice_tree(drafted, self.budget, temperature=self.row_temperature, log_mass=self.row_log_mass,
+                            anchored=self.rule == "anchored")
 
 
 @torch.no_grad()
