@@ -126,12 +126,9 @@ def lattice_trees_kernel(candidates: torch.Tensor, log_scores: torch.Tensor, bud
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tokens, parents, depths, scores), each [bs, n]: `lattice_trees` on the kernel (module docstring).
     candidates [bs, P, K] int64; log_scores [bs, P, K, K] (float32, bf16 or fp16; scored in float32)."""
-    bs, p, k = candidates.shape
-    if log_scores.shape != (bs, p, k, k):
-        raise ValueError(f"lattice_trees_kernel: log_scores {tuple(log_scores.shape)} for candidates "
-                         f"{tuple(candidates.shape)}")
-    if budget < 1:
-        raise ValueError(f"lattice_trees_kernel: budget {budget} < 1")
+    from ..drafter.tree_batch import check_lattice
+
+    bs, p, k = check_lattice("lattice_trees_kernel", candidates, log_scores, budget)
     if log_scores.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"lattice_trees_kernel: log_scores of {log_scores.dtype}; float32, bf16 or fp16")
     dev = candidates.device

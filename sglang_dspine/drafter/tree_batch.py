@@ -65,6 +65,16 @@ def tree_size(positions: int, top_k: int, budget: int) -> int:
     return min(budget, total)
 
 
+def check_lattice(who: str, candidates: torch.Tensor, log_scores: torch.Tensor, budget: int) -> tuple[int, int, int]:
+    """(bs, P, K) of a lattice a tree builder is given, or a ValueError naming `who`."""
+    bs, p, k = candidates.shape
+    if log_scores.shape != (bs, p, k, k):
+        raise ValueError(f"{who}: log_scores {tuple(log_scores.shape)} for candidates {tuple(candidates.shape)}")
+    if budget < 1:
+        raise ValueError(f"{who}: budget {budget} < 1")
+    return bs, p, k
+
+
 def lattice_trees(candidates: torch.Tensor, log_scores: torch.Tensor, budget: int) -> TreeBatch:
     """The `budget` best nodes of each request's lattice (module docstring).
 
@@ -72,12 +82,7 @@ def lattice_trees(candidates: torch.Tensor, log_scores: torch.Tensor, budget: in
     log-score (≤ 0) of candidate j of position i after candidate k of position i-1 (position 0 reads row 0, the
     anchor's). The per-request rule of `tree.lattice_tree` with `table_log_scores`, whose output equals this
     one's for the same log-scores (tests/test_tree_batch.py)."""
-    bs, p, k = candidates.shape
-    if log_scores.shape != (bs, p, k, k):
-        raise ValueError(f"lattice_trees: log_scores {tuple(log_scores.shape)} for candidates "
-                         f"{tuple(candidates.shape)}")
-    if budget < 1:
-        raise ValueError(f"lattice_trees: budget {budget} < 1")
+    bs, p, k = check_lattice("lattice_trees", candidates, log_scores, budget)
     dev = candidates.device
     dtype = torch.promote_types(log_scores.dtype, torch.float32)
     score = log_scores[:, 0, 0].to(dtype)  # depth 1: the anchor's row
