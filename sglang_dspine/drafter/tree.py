@@ -20,6 +20,7 @@ Three lattices:
 - DSpine extended (`extended_lattice_tree`): the table on the candidates, the backbone's marginals beyond them,
   so a node may have more than K children.
 A temperature divides the scores before each log-softmax (1: the drafter's own; docs/tree.md on calibrating it).
+Anchored (`lattice_tree(anchored=True)`): the walk's own chain taken first, the rest of the budget best-first.
 """
 from __future__ import annotations
 
@@ -126,8 +127,8 @@ def best_first(logp: list[torch.Tensor], tokens: list[torch.Tensor], budget: int
     best-first order (non-increasing path score; ties: first pushed first).
 
     forced: one slot per depth, a path from the root (a drafter's own chain) taken first, as far as the budget
-    goes; the rest of the budget is then the best nodes outside it, best-first. The tree then holds the chain, so
-    at T = 0 it accepts at least what the chain accepts.
+    goes; the rest of the budget is then the best nodes outside it, in best-first order after the path. The tree
+    then holds the chain, so at T = 0 it accepts at least what the chain accepts.
 
     Lazy expansion: popping a node pushes its best child and its next-best sibling, so each pop costs O(log N)
     and a row is sorted once."""
@@ -171,14 +172,10 @@ def best_first(logp: list[torch.Tensor], tokens: list[torch.Tensor], budget: int
         tree.depths.append(depth + 1)
         tree.scores.append(base)
         row = slot
-    for depth in range(len(chain)):  # the other children of the root and of every forced node
-        parent_row = 0 if depth == 0 or shared[depth] else chain[depth - 1]
-        push(depth, depth - 1, tree.scores[depth - 1] if depth else 0.0, parent_row, 0)
-    if not chain:
-        push(0, -1, 0.0, 0, 0)
-    if len(chain) < len(vals) and chain:  # the forced path's last node's children
-        d = len(chain)
-        push(d, d - 1, tree.scores[d - 1], 0 if shared[d] else chain[d - 1], 0)
+    for parent in range(-1, len(chain)):  # the children of the root and of every forced node (forced ones skipped)
+        if parent + 1 < len(vals):
+            push(parent + 1, parent, tree.scores[parent] if parent >= 0 else 0.0,
+                 0 if parent < 0 or shared[parent + 1] else chain[parent], 0)
     while heap and len(tree) < budget:
         neg, _, depth, parent, base, row, rank = heapq.heappop(heap)
         slot = order[depth][row][rank]
