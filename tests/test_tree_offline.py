@@ -56,7 +56,7 @@ def test_rule_summary_reports_the_arm_picked_per_temperature():
 
 
 def test_rule_argument_is_parsed_and_checked():
-    assert tree_offline.parse_args([]).rule == {0.0: "dspine_lattice_depth", 1.0: "dspine_extended"}
+    assert tree_offline.parse_args([]).rule == {0.0: "dspine_anchored_depth", 1.0: "dspine_extended"}
     assert tree_offline.parse_args(["--rule", "0.5=dspine_lattice"]).rule == {0.5: "dspine_lattice"}
     for bad in ("0=dflash_ddtree", "0:dspine_lattice", "0=nope"):
         with pytest.raises(SystemExit):
