@@ -11,8 +11,8 @@ Each kernel has a plain PyTorch reference with the same signature next to it (`*
 """
 from .injection import InjectionWeights, gate_message, gate_message_torch, injection_delta
 from .top_k import topk, topk_torch
-from .tree_build import lattice_trees_kernel
 from .transition import TransitionTables, transition_scores_walk, transition_scores_walk_torch, transition_walk
+from .tree_build import lattice_trees_kernel
 from .vocab_objective import vocab_loss, vocab_loss_torch
 
 __all__ = [

@@ -92,11 +92,11 @@ def keep_cache_positions(cache, keep: torch.Tensor) -> None:
 class TreeProposer(DrafterProposer):
     """Drafts a tree per block. rule: "lattice" (DSpine: best-first over the transition table, rows at
     `row_temperature`, one or one per block position, plus `row_log_mass` per position where given:
-    fit_depth_calibration), "anchored" (the same around the walk's chain, taken first), "extended" (DSpine: the table on the candidates, the backbone's marginals at
-    `marginal_temperature` beyond them), "marginal" (DDTree: best-first over the backbone's independent
-    marginals at `marginal_temperature`; any drafter), "chain" (the drafter's own chain,
-    `DrafterProposer.propose`, as a tree). budget: draft nodes per tree (the target verifies budget + 1 tokens,
-    the anchor included)."""
+    fit_depth_calibration), "anchored" (the same around the walk's chain, taken first), "extended" (DSpine:
+    the table on the candidates, the backbone's marginals at `marginal_temperature` beyond them), "marginal"
+    (DDTree: best-first over the backbone's independent marginals at `marginal_temperature`; any drafter),
+    "chain" (the drafter's own chain, `DrafterProposer.propose`, as a tree). budget: draft nodes per tree (the
+    target verifies budget + 1 tokens, the anchor included)."""
 
     def __init__(self, drafter: DSpineDrafter, target, budget: int, rule: str = "lattice",
                  row_temperature: float | list[float] = 1.0, marginal_temperature: float = 1.0,
