@@ -208,6 +208,12 @@ def test_fit_temperature_recovers_the_temperature_of_the_labels():
         assert ce[t] == min(ce.values()) and ce[t] < ce[max(ce)] and ce[t] < ce[min(ce)]
 
 
+def test_calibration_set_without_a_whole_block_says_so(target, dspine):
+    """Continuations shorter than a block leave no anchor to score: a clear error, not an empty concatenation."""
+    with pytest.raises(ValueError, match="no anchor with a whole block"):
+        calibration_set(target, dspine, [PROMPTS[0]], dspine.cfg.block_size - 2, 0.0)
+
+
 def test_calibration_set_labels_the_targets_greedy_tokens(target, dspine):
     """At T=0 each backbone row's label is the target's greedy next token given the true prefix, and the table
     rows are taken at the true predecessor (the anchor's row for position 1)."""

@@ -61,3 +61,19 @@ def test_rule_argument_is_parsed_and_checked():
     for bad in ("0=dflash_ddtree", "0:dspine_lattice", "0=nope"):
         with pytest.raises(SystemExit):
             tree_offline.parse_args(["--rule", bad])
+
+
+def test_a_deadline_stops_new_evaluations_and_the_summary_says_so(tmp_path):
+    """--deadline-s (a lease's end): on the built-in pair, a deadline already past at the first evaluation leaves
+    no rows and a summary that says where it was cut; without one every row is made and nothing is cut."""
+    import json
+
+    common = ["--limit", "1", "--calib-limit", "1", "--calib-tokens", "16", "--max-new-tokens", "8", "--sizes", "16",
+              "--temperatures", "0", "--arms", "dspine_anchored_depth", "--rule", "0=dspine_anchored_depth"]
+    for deadline, cut in ((["--deadline-s", "0"], 0.0), ([], None)):
+        out, summary = tmp_path / f"rows{bool(deadline)}.json", tmp_path / f"summary{bool(deadline)}.json"
+        assert tree_offline.main(common + deadline + ["--out", str(out), "--summary", str(summary)]) == 0
+        rows, s = json.load(open(out))["rows"], json.load(open(summary))
+        assert s["cut_at_deadline_s"] == cut
+        suites = len({r["suite"] for r in rows}) if rows else 0
+        assert len(rows) == (0 if deadline else 3 * suites) and (deadline or suites == 3)

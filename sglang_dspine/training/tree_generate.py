@@ -289,6 +289,9 @@ def calibration_set(target, drafter: DSpineDrafter, prompts: list[list[int]], ne
                 row_lab.append(on / on.sum())
                 row_depth.append(i)
                 row_reached.append(reached)
+    if not marg:
+        raise ValueError(f"calibration_set: no anchor with a whole block of {b} tokens after it in the target's "
+                         f"continuations ({new_tokens} new tokens a prompt, fewer where an EOS came first)")
     cat = lambda xs: torch.stack(xs) if xs else None
     vec = lambda xs, dtype: torch.tensor(xs, dtype=dtype) if xs else None
     return CalibrationSet(torch.cat(marg), torch.cat(marg_lab), cat(rows), cat(row_lab), vec(row_depth, torch.long),
