@@ -115,7 +115,6 @@ def parse_args(argv=None):
 
 
 def load(args):
-    import torch
 
     from sglang_dspine.drafter.checkpoint import load_drafter
     from sglang_dspine.training.data import eos_ids_of, iter_records, prompt_ids
@@ -144,7 +143,6 @@ def load(args):
         calib += [prompt_ids(rec, tokenizer) for _, rec in recs[args.calib_start: args.calib_start + args.calib_limit]]
     if not suites:
         raise SystemExit(f"tree_offline: no *.heldout.jsonl in {args.suites}")
-    torch.set_grad_enabled(False)
     return target, drafters, eos, suites, calib, dev
 
 
@@ -336,15 +334,26 @@ def markdown(rows: list[dict], suites: list[str], sizes: list[int], temperatures
 
 def main(argv=None) -> int:
     import torch
+
+    args = parse_args(argv)
+    threads = torch.get_num_threads()
+    try:  # no gradients and --threads for this run only (a caller's settings come back: tests call main)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        with torch.no_grad():
+            return _run(args, argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(args, argv) -> int:
+    import torch
     from tqdm import tqdm
 
     from sglang_dspine.provenance import provenance
     from sglang_dspine.training.generate import evaluate
     from sglang_dspine.training.tree_generate import evaluate_tree
 
-    args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     t_start = time.time()
     target, drafters, eos, suites, calib, dev = load(args)
     names = list(suites)

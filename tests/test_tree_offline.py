@@ -70,6 +70,9 @@ def test_a_deadline_stops_new_evaluations_and_the_summary_says_so(tmp_path):
 
     common = ["--limit", "1", "--calib-limit", "1", "--calib-tokens", "16", "--max-new-tokens", "8", "--sizes", "16",
               "--temperatures", "0", "--arms", "dspine_anchored_depth", "--rule", "0=dspine_anchored_depth"]
+    import torch
+
+    threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
     for deadline, cut in ((["--deadline-s", "0"], 0.0), ([], None)):
         out, summary = tmp_path / f"rows{bool(deadline)}.json", tmp_path / f"summary{bool(deadline)}.json"
         assert tree_offline.main(common + deadline + ["--out", str(out), "--summary", str(summary)]) == 0
@@ -77,3 +80,4 @@ def test_a_deadline_stops_new_evaluations_and_the_summary_says_so(tmp_path):
         assert s["cut_at_deadline_s"] == cut
         suites = len({r["suite"] for r in rows}) if rows else 0
         assert len(rows) == (0 if deadline else 3 * suites) and (deadline or suites == 3)
+    assert (torch.get_num_threads(), torch.is_grad_enabled()) == (threads, grad)  # the run's settings are its own
