@@ -115,7 +115,6 @@ def parse_args(argv=None):
 
 
 def load(args):
-
     from sglang_dspine.drafter.checkpoint import load_drafter
     from sglang_dspine.training.data import eos_ids_of, iter_records, prompt_ids
     from sglang_dspine.training.target_loading import default_device, load_target, load_tokenizer

@@ -11,7 +11,7 @@ in registers, its kept nodes in a scratch row:
   - the first `width` keys name the kept children; their scores, slots, parents and depths go to the scratch
     row (a barrier before the next depth reads them).
   - the final `budget` best of the kept nodes the same way; each kept parent's node index through a scatter.
-The outputs equal lattice_trees' exactly (tests/test_tree_build.py: ties, bf16 tables, every budget regime).
+The outputs equal lattice_trees' exactly (tests/test_tree_batch.py: ties, bf16 tables, every budget regime).
 NaN scores are not supported.
 """
 from __future__ import annotations
