@@ -5,6 +5,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -372,6 +373,38 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
     for args, msg in ((["triton"], "want ATTENTION/SAMPLING"), (["triton/pytorch", "tests", "bench"], "unknown step bench")):
         r = versions(*args)
         assert r.returncode == 2 and msg in r.stderr and not log.exists()
+
+
+def test_device_job_wait_returns_every_jobs_files(tmp_path):
+    """scripts/device/job.sh: two detached jobs; waiting on the finished one packs both jobs' files so far (a
+    machine lost before the next call has still returned the running one's), says which finished with which rc;
+    waiting on a job the machine does not have (a fresh machine) fails at once instead of sleeping its limit."""
+    import tarfile
+    repo = tmp_path / "repo"
+    (repo / "scripts" / "device").mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, "scripts", "device", "job.sh"), repo / "scripts" / "device")
+    (repo / "scripts" / "device" / "setup.sh").write_text("true\n")  # stands for the bundle's set-up only
+    env = {**os.environ, "JOB_ROOT": str(tmp_path / "jobs"), "OUT": str(tmp_path / "out")}
+    (tmp_path / "jobs").mkdir()
+
+    def job(*args):
+        return subprocess.run(["bash", "scripts/device/job.sh", *args], cwd=repo, capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    assert job("start", "quick", 'echo done > "$OUT/quick.txt"; exit 4').returncode == 0
+    assert job("start", "long", 'echo minute1 > "$OUT/minutes.json"; sleep 30').returncode == 0
+    assert job("start", "quick", "true").returncode == 2  # one name, one job
+    r = job("wait", "quick", "20")
+    assert r.returncode == 0, r.stderr
+    assert "job.sh: quick finished, rc 4" in r.stdout and "job.sh: long still running" in r.stdout
+    with tarfile.open(tmp_path / "out" / "quick.tar.gz") as t:
+        assert t.extractfile("out/quick.txt").read() == b"done\n"
+    with tarfile.open(tmp_path / "out" / "long.tar.gz") as t:
+        assert t.extractfile("out/minutes.json").read() == b"minute1\n"
+    t0 = time.monotonic()
+    r = job("wait", "gone", "60")
+    assert r.returncode == 3 and "no " in r.stderr and time.monotonic() - t0 < 30
+    os.killpg(int((tmp_path / "jobs" / "job_long" / "pid").read_text()), 9)
 
 
 def _rounds(steps: dict) -> list[dict]:

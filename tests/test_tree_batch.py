@@ -218,10 +218,13 @@ def test_lattice_trees_replay_in_a_cuda_graph(on_kernel):
 
 @pytest.mark.gpu
 def test_sglangs_tree_sampling_kernel_emits_the_targets_law_on_the_retrieve_links():
-    """SGLang's sampling verify kernel (sgl_kernel's tree_speculative_sampling_target_only, what its DFLASH
-    verify calls at T > 0, with point-mass drafts: draft probabilities 0, thresholds 1) walking retrieve_links of
-    the PATHS tree: the emitted sequences follow the exact law (chi-square), as `accept`'s do on the CPU."""
-    from sgl_kernel import tree_speculative_sampling_target_only
+    """SGLang's sampling verify kernel (tree_speculative_sampling_target_only, what its DFLASH verify calls at
+    T > 0, with point-mass drafts: draft probabilities 0, thresholds 1) walking retrieve_links of the PATHS tree:
+    the emitted sequences follow the exact law (chi-square), as `accept`'s do on the CPU. Taken from where the
+    release's DFLASH takes it (sgl_kernel on 0.5.17, a JIT-built sglang.kernels op on 0.5.23)."""
+    from sglang.srt.speculative.dflash_utils import tree_speculative_sampling_target_only
+
+    assert tree_speculative_sampling_target_only is not None, "this SGLang has no tree sampling kernel on CUDA"
 
     from sglang_dspine.drafter.tree_batch import retrieve_links
 
