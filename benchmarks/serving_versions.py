@@ -27,12 +27,12 @@ ROWS = [
      "features": "serving_features_0523_sglang_default_summary.json",
      "step_cost": "device_f528899_0523/serving_scale_summary.json",
      "alone_runs": "device_f528899_0523/serving_scale.json",
-     "runs": ["device_3e3192e_0523", "device_c275234_0523", "device_f528899_0523"],
-     "features_note": "every feature that failed, failed for the server without speculation too: the checker "
-                      "read 0.5.23's answers as 0.5.17's (chat's emitted ids are in response_token_ids; a "
-                      "partial UTF-8 token's log-prob text is its bytes as latin-1). Fixed in the checker after "
-                      "3e3192e (tests on both releases' answer shapes); the conformance run was started again at "
-                      "f528899 and cut off by the end of the lease's device time, after the first server started",
+     "runs": ["device_3e3192e_0523", "device_c275234_0523", "device_f528899_0523", "device_c85e20d_0523"],
+     "features_note": "conformance at c85e20d (device_c85e20d_0523): 17 of 17 features for each server, 0 errors in "
+                      "the mixed load, run beside a soak of a 0.5.17 DSPINE server on the same GPU. At 3e3192e two "
+                      "checks had failed for every server, the plain one too: the checker read 0.5.23's answers as "
+                      "0.5.17's (chat's emitted ids are in response_token_ids; a partial UTF-8 token's log-prob "
+                      "text is its bytes as latin-1); fixed in the checker since",
      "step_cost_note": "DFlash2 first ran at f528899, on FlashInfer's top-k built ahead of time into the bundle "
                        "(bundle_0523.sh aot; at 35f24d8 and c275234 its JIT build outlasted the lease). The "
                        "earlier run without DFlash2 (c275234) gave DSPINE/DFLASH 0.962/1.017/1.003/0.998 at "
