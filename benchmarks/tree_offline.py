@@ -142,6 +142,9 @@ def load(args):
         calib += [prompt_ids(rec, tokenizer) for _, rec in recs[args.calib_start: args.calib_start + args.calib_limit]]
     if not suites:
         raise SystemExit(f"tree_offline: no *.heldout.jsonl in {args.suites}")
+    if not calib:
+        raise SystemExit(f"tree_offline: no calibration prompts: no suite in {args.suites} has a prompt at index "
+                         f"--calib-start {args.calib_start} or after (lower it, keeping it past the evaluation's)")
     return target, drafters, eos, suites, calib, dev
 
 

@@ -711,3 +711,34 @@ def test_tree_preset_trains_the_main_pair_only():
         k: base[k] for k in ("corpus_mb", "target_args", "target_seconds", "draft_layers", "train_batch")}
     sh = open(os.path.join(os.path.dirname(LAB), "..", "scripts", "device", "lab2.sh")).read()
     assert 'if [ "${PRESET#recipe}" != "$PRESET" ]; then' in sh and "--deadline-s $(( t0 + SERVE_END" in sh
+
+
+def test_tree_stage_reads_a_lab_as_lab2_passes_it(tiny_lab, tmp_path):
+    """lab2.sh's tree stage (STAGE2=tree): benchmarks/tree_offline.py on a lab's own layout, the arguments lab2.sh
+    gives (target, drafters/{dspine,dflash}, corpus/prompts as the suites) plus the plan's arms: every suite and
+    arm gets rows, and the summary has the paper's statistic for each size."""
+    out = tiny_lab[0]
+    sh = open(os.path.join(os.path.dirname(LAB), "..", "scripts", "device", "lab2.sh")).read()
+    for flag in ('--target "$LAB/lab/target"', '--dspine "$LAB/lab/drafters/dspine"',
+                 '--dflash "$LAB/lab/drafters/dflash"', '--suites "$LAB/lab/corpus/prompts"'):
+        assert flag in sh, flag  # the layout this test reads is the one lab2.sh passes
+    tree_offline = load_file(os.path.join(os.path.dirname(LAB), "tree_offline.py"), "dspine_tree_offline_lab")
+    rows_path, summary_path = tmp_path / "rows.json", tmp_path / "summary.json"
+    arms = "dspine_anchored_depth,dflash_ddtree"
+    with pytest.raises(SystemExit, match="no calibration prompts"):  # the tiny lab's suites hold 4 prompts each
+        tree_offline.main(["--target", str(out / "target"), "--dspine", str(out / "drafters" / "dspine"),
+                           "--dflash", str(out / "drafters" / "dflash"), "--suites", str(out / "corpus" / "prompts"),
+                           "--limit", "1", "--calib-start", "4", "--out", str(rows_path)])
+    assert tree_offline.main([
+        "--target", str(out / "target"), "--dspine", str(out / "drafters" / "dspine"),
+        "--dflash", str(out / "drafters" / "dflash"), "--suites", str(out / "corpus" / "prompts"),
+        "--limit", "1", "--calib-start", "1", "--calib-limit", "3", "--calib-tokens", "48", "--max-new-tokens", "8",
+        "--sizes", "16,32",
+        "--temperatures", "0", "--arms", arms, "--rule", "0=dspine_anchored_depth",
+        "--out", str(rows_path), "--summary", str(summary_path)]) == 0
+    rows, summary = json.load(open(rows_path))["rows"], json.load(open(summary_path))
+    suites = {f.split(".")[0] for f in os.listdir(out / "corpus" / "prompts") if f.endswith(".heldout.jsonl")}
+    assert {r["suite"] for r in rows} == suites
+    assert {r["arm"] for r in rows} >= set(arms.split(","))
+    assert summary["cut_at_deadline_s"] is None
+    assert {"N=16", "N=32"} <= set(summary["tau_tree_over_chain"]["T=0"])
