@@ -332,7 +332,7 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
     dev.mkdir(parents=True)
     shutil.copy(os.path.join(REPO, "scripts", "device", "versions.sh"), dev)
     log = tmp_path / "calls.txt"
-    for name, rc in (("gpu_tests.sh", 0), ("serving_scale.sh", 3), ("serving_features.sh", 0)):
+    for name, rc in (("gpu_tests.sh", 0), ("serving_scale.sh", 3), ("serving_features.sh", 0), ("serve.sh", 0)):
         (dev / name).write_text(f'#!/usr/bin/env bash\necho "{name} OUT=$OUT $*" >> {shlex.quote(str(log))}\nexit {rc}\n')
 
     def versions(*args, release=None):
@@ -369,6 +369,11 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
     assert r.returncode == 1 and [c.split(" OUT=")[0] for c in log.read_text().splitlines()] == [
         "gpu_tests.sh", "serving_features.sh", "serving_scale.sh"]
     assert "--servers dflash,dspine " in log.read_text()  # 0.5.17 (the default): no DFlash2
+    log.unlink()
+    r = versions("sglang-default/sglang-default", "e2e", release="0.5.23")  # by name only: the T=1 test there
+    assert r.returncode == 0 and log.read_text().splitlines() == [
+        f"serve.sh OUT={root}/e2e e2e --no-deterministic --attention-backend sglang-default "
+        "--sampling-backend sglang-default"]
     log.unlink()
     for args, msg in ((["triton"], "want ATTENTION/SAMPLING"), (["triton/pytorch", "tests", "bench"], "unknown step bench")):
         r = versions(*args)

@@ -136,3 +136,22 @@ def test_kv_pools_from_memory_records():
               "dspine": {"max_total_num_tokens": 59000}}
     assert servers.kv_pools(memory) == {"dflash": 60000, "dspine": 59000}
     assert servers.kv_pools({"x": {}}) == {"x": None}
+
+
+def test_e2e_servers_take_the_backends_asked_for():
+    """scripts/device/serve_e2e.py (the T=1 two-sample test among its items): its servers' flags name the backends
+    given, and leave a flag out for 'sglang-default' (SGLang's own choice, FA3 and FlashInfer on an H200), with the
+    script's own flags after them either way."""
+    import argparse
+
+    e2e = load_file(os.path.join(ROOT, "scripts", "device", "serve_e2e.py"), "dspine_serve_e2e")
+    ap = argparse.ArgumentParser()
+    servers.add_backend_args(ap)
+    default = e2e.server_args(servers.backends_from_args(ap.parse_args([])))
+    assert default == e2e.SERVER_ARGS  # what it ran with before the flags: triton, pytorch
+    assert default[default.index("--attention-backend") + 1] == "triton"
+    assert default[default.index("--sampling-backend") + 1] == "pytorch"
+    chosen = e2e.server_args(servers.backends_from_args(ap.parse_args(
+        ["--attention-backend", "sglang-default", "--sampling-backend", "sglang-default"])))
+    assert "--attention-backend" not in chosen and "--sampling-backend" not in chosen
+    assert chosen[-len(e2e.E2E_ARGS):] == e2e.E2E_ARGS == default[-len(e2e.E2E_ARGS):]

@@ -37,8 +37,14 @@ bench_servers = load_file(os.path.join(os.path.dirname(os.path.dirname(os.path.d
 # The benchmark servers' flags (benchmarks/servers.py) and this script's own: no grammar backend, decode graphs up
 # to the 48 load clients, a small KV pool so five servers fit on one GPU; no prefill graphs (they only change
 # prefill speed, and capturing them slows every start).
-SERVER_ARGS = [*bench_servers.BASE_ARGS, "--grammar-backend", "none", "--cuda-graph-max-bs-decode", "48",
-               "--mem-fraction-static", "0.12", "--disable-prefill-cuda-graph"]
+E2E_ARGS = ["--grammar-backend", "none", "--cuda-graph-max-bs-decode", "48", "--mem-fraction-static", "0.12",
+            "--disable-prefill-cuda-graph"]
+SERVER_ARGS = [*bench_servers.BASE_ARGS, *E2E_ARGS]  # main() sets the backends of --attention/--sampling-backend
+
+
+def server_args(backends: dict) -> list[str]:
+    """Every server's flags for these backends ({'attention', 'sampling'}: a name, or None for SGLang's choice)."""
+    return [*bench_servers.base_args(backends["attention"], backends["sampling"]), *E2E_ARGS]
 spec_args, archive_logs = bench_servers.spec_args, bench_servers.archive_logs
 
 
@@ -408,7 +414,11 @@ def main():
     ap.add_argument("--t1-prompts", type=int, default=3)
     ap.add_argument("--load-seconds", type=int, default=120)
     ap.add_argument("--no-deterministic", action="store_true")
+    bench_servers.add_backend_args(ap)  # e.g. sglang-default for both: the T=1 test under FA3 and FlashInfer sampling
     args = ap.parse_args()
+    global SERVER_ARGS
+    backends = bench_servers.backends_from_args(args)
+    SERVER_ARGS = server_args(backends)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     models = args.models
@@ -435,7 +445,8 @@ def main():
                                        args.out)
     refusals = {n: Server("bad_" + n, 30010 + i, spec("DSPINE", d, *extra), args.out)
                 for i, (n, (d, extra, _)) in enumerate(bad.items())}
-    results = {"models": label, "provenance": provenance(sys.argv), "server_args": SERVER_ARGS}
+    results = {"models": label, "provenance": provenance(sys.argv), "server_args": SERVER_ARGS,
+               "backends": {k: v or bench_servers.SGLANG_DEFAULT for k, v in backends.items()}}
     try:
         up = wait_all(servers, results)
         refused = {}
@@ -543,7 +554,8 @@ def summarize(r):
     srv = r.get("dspine_server", {})
     return {
         "models": r.get("models"),
-        "exact_setting": ("--enable-deterministic-inference (bf16, triton)" if "greedy_deterministic" in r
+        "backends": r.get("backends", {"attention": "triton", "sampling": "pytorch"}),
+        "exact_setting": ("--enable-deterministic-inference (bf16)" if "greedy_deterministic" in r
                           else "plain bf16"),
         "exact_greedy_match": exact.get("match_rate"),
         "bf16_greedy_match": r.get("greedy_bf16", {}).get("match_rate"),

@@ -11,7 +11,10 @@
 #             clients, T=0 (serving_scale.py --alone-only; a server alone gets 420 s to start). DFlash2 needs
 #             FlashInfer's top-k prebuilt in the bundle (bundle_0523.sh aot): its JIT build outlasts a lease.
 #             At f528899 the three servers' scale step took about 8 minutes, the setup before it 2
-# A failed serving step (scale, features: a server that did not start, or a failed run) ends the run there: the
+#   e2e       (asked for by name only) serve_e2e.py on the built-in pair (scripts/device/serve.sh e2e) with the
+#             pair's backends, no deterministic-inference servers:
+#             greedy agreement, the T=1 two-sample test against the server without speculation, a 48-client load
+# A failed serving step (scale, features, e2e: a server that did not start, or a failed run) ends the run there: the
 # steps after it would start the same servers again (at 064fd69 every server failed the same way, for 10 minutes).
 # Results: $OUT/<release>_<attention>_<sampling>/{tests,scale,features}/.
 set -uo pipefail
@@ -26,7 +29,7 @@ root="${OUT:-/tmp/out}/${release}_${attention}_${sampling}"
 servers="dflash,dspine"
 [ "$release" = 0.5.23 ] && servers="dflash,dspine,dflash2"
 for step in $steps; do
-  case "$step" in tests|scale|features) ;; *) echo "versions.sh: unknown step $step (tests, scale, features)" >&2; exit 2 ;; esac
+  case "$step" in tests|scale|features|e2e) ;; *) echo "versions.sh: unknown step $step (tests, scale, features, e2e)" >&2; exit 2 ;; esac
 done
 mkdir -p "$root"
 rc=0
@@ -38,6 +41,8 @@ for step in $steps; do
              --clients 1,4,16,48 --temperatures 0 --start-timeout 420 --attention-backend "$attention" --sampling-backend "$sampling" ;;
     features) OUT="$root/features" bash scripts/device/serving_features.sh --load-seconds 60 \
                 --attention-backend "$attention" --sampling-backend "$sampling" ;;
+    e2e) OUT="$root/e2e" bash scripts/device/serve.sh e2e --no-deterministic \
+           --attention-backend "$attention" --sampling-backend "$sampling" ;;
   esac
   r=$?
   echo "versions.sh: $release $pair $step rc $r in $(( $(date +%s) - t0 )) s" | tee -a "$root/steps.txt"
