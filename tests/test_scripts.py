@@ -399,6 +399,10 @@ def test_device_job_wait_returns_every_jobs_files(tmp_path):
     assert job("start", "quick", 'echo done > "$OUT/quick.txt"; exit 4').returncode == 0
     assert job("start", "long", 'echo minute1 > "$OUT/minutes.json"; sleep 30').returncode == 0
     assert job("start", "quick", "true").returncode == 2  # one name, one job
+    minutes = tmp_path / "jobs" / "job_long" / "out" / "minutes.json"
+    t0 = time.monotonic()
+    while not minutes.exists() and time.monotonic() - t0 < 30:  # the long job has written its first file
+        time.sleep(0.1)
     r = job("wait", "quick", "20")
     assert r.returncode == 0, r.stderr
     assert "job.sh: quick finished, rc 4" in r.stdout and "job.sh: long still running" in r.stdout

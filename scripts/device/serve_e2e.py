@@ -40,12 +40,12 @@ bench_servers = load_file(os.path.join(os.path.dirname(os.path.dirname(os.path.d
 E2E_ARGS = ["--grammar-backend", "none", "--cuda-graph-max-bs-decode", "48", "--mem-fraction-static", "0.12",
             "--disable-prefill-cuda-graph"]
 SERVER_ARGS = [*bench_servers.BASE_ARGS, *E2E_ARGS]  # main() sets the backends of --attention/--sampling-backend
+spec_args, archive_logs = bench_servers.spec_args, bench_servers.archive_logs
 
 
 def server_args(backends: dict) -> list[str]:
     """Every server's flags for these backends ({'attention', 'sampling'}: a name, or None for SGLang's choice)."""
     return [*bench_servers.base_args(backends["attention"], backends["sampling"]), *E2E_ARGS]
-spec_args, archive_logs = bench_servers.spec_args, bench_servers.archive_logs
 
 
 # ----------------------------------------------------------------------------------------- models

@@ -16,7 +16,7 @@
 #             greedy agreement, the T=1 two-sample test against the server without speculation, a 48-client load
 # A failed serving step (scale, features, e2e: a server that did not start, or a failed run) ends the run there: the
 # steps after it would start the same servers again (at 064fd69 every server failed the same way, for 10 minutes).
-# Results: $OUT/<release>_<attention>_<sampling>/{tests,scale,features}/.
+# Results: $OUT/<release>_<attention>_<sampling>/{tests,scale,features,e2e}/.
 set -uo pipefail
 pair="${1:?versions.sh ATTENTION/SAMPLING [STEP ...]}"; shift
 attention="${pair%/*}" sampling="${pair#*/}"
