@@ -16,7 +16,8 @@
 #                                                    # no stage step), keeps it in /tmp/carry/; one received by an
 #                                                    # earlier call of the lease is skipped
 #   bash scripts/device/carry.sh assemble NAME DEST  # all pieces present and checked: joins, checks the whole
-#                                                    # compressed file, decompresses to DEST
+#                                                    # compressed file, decompresses to DEST (xz -T0: the pack's
+#                                                    # blocks in parallel)
 # Each step prints one line and fails (exit 1) on a missing piece or a wrong hash.
 set -euo pipefail
 store="${CARRY_STORE:-.carry-store}" stage="${CARRY_STAGE:-.carry}" there="${CARRY_THERE:-/tmp/carry}"
@@ -81,7 +82,7 @@ case "${1:-}" in
     cat "$there/$name".xz.part* >"$there/$name.xz"
     (cd "$there" && sha256sum -c --quiet <(grep -v part "$name.sha256")) \
       || { echo "carry.sh: $name: the joined file's sha256 is wrong" >&2; exit 1; }
-    mkdir -p "$(dirname "$dest")" && xz -dc "$there/$name.xz" >"$dest.tmp" && mv "$dest.tmp" "$dest"
+    mkdir -p "$(dirname "$dest")" && xz -dc -T0 "$there/$name.xz" >"$dest.tmp" && mv "$dest.tmp" "$dest"
     echo "carry.sh: $name assembled into $dest ($(du -h "$dest" | cut -f1))"
     ;;
   aside)  # here, before the piece calls: the tree's bulk out of the way (into ignored .carry-aside/), so pieces

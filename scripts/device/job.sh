@@ -5,10 +5,11 @@
 #   bash scripts/device/job.sh wait NAME SECONDS                        # then copies what every job has done to $OUT
 # COMMAND runs (bash -c) in a copy of the repo at /tmp/job_NAME/repo, so a later call's fresh working tree
 # cannot change it, with SGLang's bundle and this package set up, OUT=/tmp/job_NAME/out and the log at
-# /tmp/job_NAME/log. `wait` tails NAME's log and packs each job's out/ and log into $OUT/<job>.tar.gz (one file a job: at
-# most 8 files come back from a call), every job's at every wait, so that whatever a lost machine had done by the
-# last call came back. Keep a call's waits within its timeout (several `wait`s in one call add up), and the next
-# call within ~30 s of the last: the machine is released after that, with every job on it.
+# /tmp/job_NAME/log. `wait` tails NAME's log and packs each job's out/ and log into $OUT/<job>.tar.gz (one
+# file a job: at most 8 files come back from a call), every job's at every wait, so that whatever a lost
+# machine had done by the last call came back. Keep a call's waits within its timeout (several `wait`s in one
+# call add up), and the next call within ~30 s of the last: the machine is released after that, with every job
+# on it.
 set -uo pipefail
 cmd="${1:?usage: job.sh start NAME COMMAND | wait NAME SECONDS}"; name="${2:?job name}"
 ROOT="${JOB_ROOT:-/tmp}"  # where the jobs live (tests use their own)
