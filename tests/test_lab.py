@@ -711,6 +711,10 @@ def test_tree_preset_trains_the_main_pair_only():
         k: base[k] for k in ("corpus_mb", "target_args", "target_seconds", "draft_layers", "train_batch")}
     sh = open(os.path.join(os.path.dirname(LAB), "..", "scripts", "device", "lab2.sh")).read()
     assert 'if [ "${PRESET#recipe}" != "$PRESET" ]; then' in sh and "--deadline-s $(( t0 + SERVE_END" in sh
+    # the plan's start command evaluates every arm of tree_offline's default rule (the summary's `rule` reads them)
+    plan_arms = set(sh.split("TREE_ARGS='--sizes 16,32,64 --arms ")[1].split("'")[0].split(","))
+    tree_offline = load_file(os.path.join(os.path.dirname(LAB), "tree_offline.py"), "dspine_tree_offline_plan")
+    assert set(tree_offline.parse_args([]).rule.values()) <= plan_arms
 
 
 def test_tree_stage_reads_a_lab_as_lab2_passes_it(tiny_lab, tmp_path):

@@ -61,7 +61,7 @@ estimates from the second edition's runs)
   archive                                                           15    1715   (of 1800)
 start (the lab's own evaluations left out; tree_offline evaluates the chains on the trees' prompts):
   PRESET=tree STAGE2=tree SERVE_BY=1100 SERVE_END=1700 LEASE_T0=<t> GIT_COMMIT=<hash> \
-    TREE_ARGS='--sizes 16,32,64 --arms dspine_lattice_depth,dspine_extended,dflash_ddtree' \
+    TREE_ARGS='--sizes 16,32,64 --arms dspine_lattice_depth,dspine_anchored_depth,dspine_extended,dflash_ddtree' \
     bash scripts/device/lab2.sh start --stages corpus,tokenizer,target,data,train,export
 device calls, none longer than ~540 s: `start && wait 510`, `wait 540`, `wait 540`, `wait` until DONE
 EOF
@@ -189,13 +189,15 @@ stages)  # runs detached (job.sh), in the job's copy of the repo, with the bundl
   # while the target trains: SGLang's JIT/Triton/sampling caches built on random models of the same shapes (for
   # the serving stage only: the tree stage serves nothing, and the target's training time is fixed)
   warm_pid=""
-  [ "$STAGE2" = tree ] || ( python3 benchmarks/lab/warm_sglang.py --lab "$LAB/lab" --out "$LAB/warm" 2>&1 \
-      | grep -v "Decode batch\|Prefill batch\|Capturing" > "$LAB/warm.log"
-    cp "$LAB/warm/warm_sglang.json" "$LAB/warm/warm_server_logs.tar.gz" "$OUT/results/" 2>/dev/null
-    grep "warm_sglang: bench_serving check\|Traceback\|Error" "$LAB/warm.log" | tail -n 8
-    python3 -c "import json,sys; sys.exit(0 if json.load(open('$LAB/warm/warm_sglang.json')).get('ok') else 1)" \
-      2>/dev/null && step "warm servers: ok" || attention "warm servers: not ok (see $LAB/warm.log)" ) &
-  [ "$STAGE2" = tree ] || warm_pid=$!
+  if [ "$STAGE2" != tree ]; then
+    ( python3 benchmarks/lab/warm_sglang.py --lab "$LAB/lab" --out "$LAB/warm" 2>&1 \
+        | grep -v "Decode batch\|Prefill batch\|Capturing" > "$LAB/warm.log"
+      cp "$LAB/warm/warm_sglang.json" "$LAB/warm/warm_server_logs.tar.gz" "$OUT/results/" 2>/dev/null
+      grep "warm_sglang: bench_serving check\|Traceback\|Error" "$LAB/warm.log" | tail -n 8
+      python3 -c "import json,sys; sys.exit(0 if json.load(open('$LAB/warm/warm_sglang.json')).get('ok') else 1)" \
+        2>/dev/null && step "warm servers: ok" || attention "warm servers: not ok (see $LAB/warm.log)" ) &
+    warm_pid=$!
+  fi
   eval "$lab_cmd --set deadline_s=$(( t0 + SERVE_BY - $(date +%s) ))" || attention "lab failed ($?)"
   [ -n "$warm_pid" ] && wait "$warm_pid"
   if [ "$STAGE2" = tree ] && [ -d "$LAB/lab/drafters/dspine" ] && [ -d "$LAB/lab/drafters/dflash" ]; then
