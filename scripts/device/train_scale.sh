@@ -3,8 +3,9 @@
 # 2048-token sequences, the target forward included (benchmarks/train_scale.py). No SGLang bundle needed (training
 # imports none): the package is laid out as installed under /tmp and runs on the image's torch and transformers.
 # One GPU:   GIT_COMMIT=<hash> bash scripts/device/train_scale.sh [args]        -> $OUT/train_scale_summary.json
-#   each recipe of TIME_RECIPES (default "ce_anneal specforge") timed ($OUT/train_scale_<recipe>.json), and each of
-#   ACCUM1_RECIPES (default "ce_anneal") at --grad-accum 1 (no CE prepass: $OUT/train_scale_<recipe>_accum1.json),
+#   each recipe of TIME_RECIPES (default "ce_anneal specforge"; empty: none) timed ($OUT/train_scale_<recipe>.json),
+#   and each of ACCUM1_RECIPES (default "ce_anneal") at --grad-accum 1 (no CE prepass:
+#   $OUT/train_scale_<recipe>_accum1.json),
 #   then merged (the accumulation runs apart, `by_grad_accum`)
 # N GPUs (adds the one-GPU run and the scaling fields):   NGPUS=N GIT_COMMIT=<hash> bash scripts/device/train_scale.sh
 # Profile:   GIT_COMMIT=<hash> bash scripts/device/train_scale.sh profile [args]
@@ -49,7 +50,7 @@ else
   launch=(python3)
 fi
 # each recipe timed on its own (TIME_RECIPES, the default recipe first), then one summary of them
-recipes=(${TIME_RECIPES:-ce_anneal specforge})
+recipes=(${TIME_RECIPES-ce_anneal specforge})
 rc=0 files=()
 for r in "${recipes[@]}"; do
   "${launch[@]}" "$REPO/benchmarks/train_scale.py" --work /tmp/train_scale_work --recipe "$r" \
