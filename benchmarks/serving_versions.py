@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,7 +28,16 @@ ROWS = [
      "features": "serving_features_0523_sglang_default_summary.json",
      "step_cost": "device_f528899_0523/serving_scale_summary.json",
      "alone_runs": "device_f528899_0523/serving_scale.json",
-     "runs": ["device_3e3192e_0523", "device_c275234_0523", "device_f528899_0523", "device_c85e20d_0523"],
+     "runs": ["device_3e3192e_0523", "device_c275234_0523", "device_f528899_0523", "device_c85e20d_0523",
+              "device_bb9ff95_0523"],
+     "gpu_tests": "device_bb9ff95_0523/gpu_tests.log",
+     "e2e": "device_bb9ff95_0523/e2e/serving_e2e_summary.json",
+     "main_job": "device_bb9ff95_0523/main_job.json",
+     "e2e_note": "at bb9ff95, beside a soak of a 0.5.17 DSPINE server on the same GPU: its agreement, T=1 test and "
+                 "load errors hold; its throughputs do not measure anything alone",
+     "main_job_note": "the README's main job at bb9ff95 (scripts/device/main_job.sh), beside the same soak: its "
+                      "cleanup's global pkill then stopped the soak's server too (now session-scoped: "
+                      "scripts/device/stop_session.sh)",
      "features_note": "conformance at c85e20d (device_c85e20d_0523): 17 of 17 features for each server, 0 errors in "
                       "the mixed load, run beside a soak of a 0.5.17 DSPINE server on the same GPU. At 3e3192e two "
                       "checks had failed for every server, the plain one too: the checker read 0.5.23's answers as "
@@ -57,7 +67,16 @@ def features_row(summary: dict) -> dict:
 def build(results: str) -> dict:
     rows = []
     for spec in ROWS:
-        row = {k: v for k, v in spec.items() if k not in ("features", "step_cost", "alone_runs")}
+        row = {k: v for k, v in spec.items() if k not in ("features", "step_cost", "alone_runs", "gpu_tests",
+                                                            "e2e", "main_job")}
+        if spec.get("gpu_tests"):
+            row["gpu_tests"] = {"file": spec["gpu_tests"],
+                                "result": pytest_result(open(os.path.join(results, spec["gpu_tests"])).read())}
+        if spec.get("e2e"):
+            row["e2e"] = {"file": spec["e2e"], **e2e_row(json.load(open(os.path.join(results, spec["e2e"]))))}
+        if spec.get("main_job"):
+            row["main_job"] = {"file": spec["main_job"],
+                               **main_job_row(json.load(open(os.path.join(results, spec["main_job"]))))}
         if spec["features"]:
             row["features_file"] = spec["features"]
             row["features"] = features_row(json.load(open(os.path.join(results, spec["features"]))))
@@ -74,6 +93,31 @@ def build(results: str) -> dict:
     if not beside:
         out["dflash2_not_run"] = "DFlash2 ships in SGLang 0.5.23, not run on the GPU (see the 0.5.23 row)"
     return out
+
+
+def pytest_result(log: str) -> str:
+    """The closing line of a pytest run ("12 passed, 108 deselected, ... in 135.98s")."""
+    lines = [ln.strip("= ") for ln in log.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
+    if not lines:
+        raise ValueError("no pytest result line in the log")
+    return lines[-1]
+
+
+def e2e_row(summary: dict) -> dict:
+    """serve_e2e.py's summary on the built-in pair: greedy agreement with the server without speculation, the T=1
+    two-sample test's Bonferroni-adjusted p, the 48-client load's errors."""
+    keys = ("commit", "backends", "exact_greedy_match", "bf16_greedy_match", "t1_test_pvalue", "load_requests",
+            "load_errors", "bad_drafters_refused", "bad_drafters_tried")
+    return {k: summary.get(k) for k in keys}
+
+
+def main_job_row(run: dict) -> dict:
+    """main_job.sh's result: per case (built-in default pair, pair given), ready in how many seconds and the
+    README's curl and OpenAI-client requests' exit codes."""
+    prov = run.get("provenance", {})
+    return {"commit": prov.get("commit"), "sglang": (prov.get("versions") or {}).get("sglang"),
+            "cases": {n: {"ready": c["ready"], "seconds_to_ready": c["seconds_to_ready_or_give_up"],
+                          "curl_rc": c["curl_rc"], "openai_rc": c["openai_rc"]} for n, c in run["cases"].items()}}
 
 
 def alone_steps(run: dict) -> dict:

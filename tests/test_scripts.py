@@ -416,6 +416,30 @@ def test_device_job_wait_returns_every_jobs_files(tmp_path):
     os.killpg(int((tmp_path / "jobs" / "job_long" / "pid").read_text()), 9)
 
 
+def test_device_stop_session_stops_its_own_servers_only(tmp_path):
+    """scripts/device/stop_session.sh, as main_job.sh stops the server it started (`setsid serve.sh &`): every
+    process of that session goes, one that ignores SIGTERM included, and a server of another session with the
+    same command line (a soak beside it, which a global `pkill -f sglang.launch_server` killed) keeps running."""
+    (tmp_path / "fake.sh").write_text('[ "$2" = ignore ] && trap "" TERM\n'
+                                      'exec -a "python -m sglang.launch_server --port $1" sleep 300\n')
+    script = f"""
+source {REPO}/scripts/device/stop_session.sh
+cd {tmp_path}
+setsid bash -c 'bash fake.sh 1 ignore & wait' &
+mine=$!
+setsid bash fake.sh 2 &
+other=$!
+for i in $(seq 100); do pgrep -s "$mine" -f '[s]glang' >/dev/null && pgrep -s "$other" -f '[s]glang' >/dev/null && break
+  sleep 0.1; done
+stop_session "$mine" && echo stopped
+ps -o stat=,args= -s "$mine" | grep -v '^Z' | grep -q sglang && echo mine-left
+ps -o stat= -p "$other" | grep -qv Z && echo other-alive
+kill -9 "$other"
+"""
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["stopped", "other-alive"], (r.stdout, r.stderr)
+
+
 def _rounds(steps: dict) -> list[dict]:
     """serving_scale.py's rounds at T=0: {clients: step ms} -> round records."""
     return [{"clients": c, "temperature": 0.0, "step_ms": v} for c, v in steps.items()]

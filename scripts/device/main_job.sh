@@ -16,6 +16,7 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 WAIT="${1:-300}"
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 source scripts/device/setup.sh || exit 1
+source scripts/device/stop_session.sh  # its own servers only: a soak may share the GPU
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 rm -rf .venv && python3 -m venv .venv || exit 1
 # python3 there is itself a virtualenv (/opt/torch/.venv): its packages (torch, numpy, ...) reach the new one by a .pth
@@ -60,10 +61,10 @@ run_case() {  # run_case NAME MODEL_NAME [serve.sh args...]
     echo "--- $name: OpenAI client (rc $openai_rc):"; cat "$OUT/openai_$name.txt"
   else
     echo "--- $name: NOT ready after $secs s; stacks (SIGABRT with PYTHONFAULTHANDLER) into its log"
-    pkill -ABRT -f "sglang" ; sleep 5
+    stop_session "$pid" stacks
     tail -n 60 "$log"
   fi
-  kill -- -"$pid" 2>/dev/null; sleep 3; kill -9 -- -"$pid" 2>/dev/null; pkill -9 -f sglang.launch_server; sleep 2
+  stop_session "$pid" || echo "main_job: processes of session $pid outlived SIGKILL"; sleep 2
   python3 - "$OUT" "$name" "$ready" "$secs" "$curl_rc" "$openai_rc" "$log" <<'PY'
 import json, os, sys
 out, name, ready, secs, curl_rc, openai_rc, log = sys.argv[1:]
