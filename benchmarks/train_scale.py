@@ -37,6 +37,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import time
 
@@ -192,6 +193,35 @@ def merge_recipes(paths: list[str]) -> dict:
     return out
 
 
+# What a training run times: a run at another commit is comparable only where none of this changed in between.
+TRAINING_CODE = ("sglang_dspine", "kernels", "benchmarks/train_scale.py")
+
+
+def later_runs(summary: dict, paths: list[str]) -> list[dict]:
+    """Runs timed after the summary's base run, at a later commit (a repeat of one recipe and accumulation, when a
+    lease had no time for the whole set): each with its own commit and date, kept beside by_recipe and
+    by_grad_accum rather than in them, and the files under TRAINING_CODE that changed between the base commit and
+    its own (git; None where this checkout cannot tell), so that a reader sees whether the two compare."""
+    base_settings = {k: v for k, v in summary["settings"].items() if k not in ("recipe", "grad_accum")}
+    out = []
+    for p in paths:
+        r = json.load(open(p))
+        if {k: v for k, v in r["settings"].items() if k not in ("recipe", "grad_accum")} != base_settings or any(
+                r.get(k) != summary.get(k) for k in ("gpu", "geometry", "world_size")):
+            raise SystemExit(f"--later: {p} differs from the summary's run in more than the recipe, the accumulation "
+                             "and the commit")
+        git = subprocess.run(["git", "diff", "--name-only", summary["commit"], r["commit"], "--", *TRAINING_CODE],
+                             capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+        out.append({"file": os.path.basename(p), "commit": r["commit"], "date": r["date"],
+                    "recipe": r["settings"]["recipe"], "grad_accum": r["settings"]["grad_accum"],
+                    "ms_per_step": r["ms_per_step"], "tokens_per_s": r["tokens_per_s"],
+                    "peak_mem_gb": r["peak_mem_gb"], "dspine_over_dflash_step": r["dspine_over_dflash_step"],
+                    "versions": r.get("versions"),
+                    "training_code_changed_since_base": git.stdout.split() if git.returncode == 0 else None})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -219,9 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge-recipes", nargs="+", metavar="RUN_JSON",
                     help="no training: one summary (--out) from timing runs of several recipes, one file each "
                          f"(the {DEFAULT_RECIPE} run's whole, per recipe its ratio)")
+    ap.add_argument("--later", nargs="+", metavar="RUN_JSON", default=[],
+                    help="with --merge-recipes: runs at a later commit, kept apart with their commit and the "
+                         "training code changed since the base run (`later_runs`)")
     args = ap.parse_args(argv)
+    if args.later and not args.merge_recipes:
+        ap.error("--later goes with --merge-recipes")
     if args.merge_recipes:
         out = merge_recipes(args.merge_recipes)
+        if args.later:
+            out["later_runs"] = later_runs(out, args.later)
         _write(args.out or default_output("train_scale_summary.json"), out)
         print(json.dumps(out["dspine_over_dflash_step_by_recipe"]))
         return 0

@@ -66,3 +66,35 @@ def test_merge_recipes_of_the_h200_runs(tmp_path):
     r = subprocess.run([sys.executable, script, "--merge-recipes", *files, files[0], "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "appears twice" in r.stderr
+
+
+def test_a_later_run_is_kept_apart_with_the_training_code_changed_since(tmp_path):
+    """--later: the clean --grad-accum 1 timing of SpecForge's recipe at bb9ff95 beside the e5b9d6a summary: its
+    numbers as its file has them, its own commit, and the files under the training code that changed in between
+    (as git tells, where this checkout has both commits); a run of other settings is refused."""
+    base = os.path.join(ROOT, "benchmarks", "results", "device_e5b9d6a_train")
+    later = os.path.join(ROOT, "benchmarks", "results", "device_bb9ff95_train", "train_scale_specforge_accum1.json")
+    script = os.path.join(ROOT, "benchmarks", "train_scale.py")
+    files = [os.path.join(base, f"train_scale_{r}.json") for r in ("ce_anneal", "specforge")]
+    out = tmp_path / "summary.json"
+    r = subprocess.run([sys.executable, script, "--merge-recipes", *files, "--later", later, "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (run,) = json.loads(out.read_text())["later_runs"]
+    want = json.load(open(later))
+    assert (run["commit"], run["recipe"], run["grad_accum"]) == ("bb9ff95", "specforge", 1)
+    assert run["dspine_over_dflash_step"] == want["dspine_over_dflash_step"] and run["ms_per_step"] == want["ms_per_step"]
+    both = all(subprocess.run(["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=ROOT, capture_output=True).returncode == 0
+               for c in ("e5b9d6a", "bb9ff95"))
+    if both:  # between them only the draft tree's files (kernels/__init__.py: its export) and the serving step's
+        assert run["training_code_changed_since_base"] == [
+            "kernels/__init__.py", "kernels/tree_build.py", "sglang_dspine/drafter/tree.py",
+            "sglang_dspine/drafter/tree_batch.py", "sglang_dspine/serving/draft_step.py",
+            "sglang_dspine/training/tree_generate.py"]
+    else:
+        assert run["training_code_changed_since_base"] is None
+    other = dict(want, settings=dict(want["settings"], seq_len=1024))
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    r = subprocess.run([sys.executable, script, "--merge-recipes", *files, "--later", str(tmp_path / "other.json"),
+                        "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "differs from the summary's run" in r.stderr
