@@ -571,11 +571,12 @@ def buckets(records: list[tuple], width: float, total: float | None = None) -> l
 
 
 def mixed_load(api, ctx: dict, seconds: float, clients: int, seed: int = 0, refusable: bool = False,
-               records: list | None = None) -> dict:
+               records: list | None = None, stop: threading.Event | None = None) -> dict:
     """serving_features' request kinds from `clients` threads for `seconds`, every answer checked; per request
     (start second, latency, kind, outcome). With `refusable`, a refused feature (unsupported) is counted apart
     from errors; an answer ended by length that keeps a stop string only where SGLang checks the length first.
-    records: a list the per-request records are appended to as they come (a soak reads it while it runs)."""
+    records: a list the per-request records are appended to as they come (a soak reads it while it runs).
+    stop: once set, each client ends after its request in flight (a soak whose server has exited)."""
     kinds = sorted(sf.LOAD_KINDS)
     records = [] if records is None else records
     samples: dict[str, list[str]] = {}
@@ -585,7 +586,7 @@ def mixed_load(api, ctx: dict, seconds: float, clients: int, seed: int = 0, refu
 
     def client(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
-        while time.time() < deadline:
+        while time.time() < deadline and not (stop and stop.is_set()):
             kind = rng.choice(kinds)
             t, msg = time.time(), None
             try:
@@ -852,11 +853,16 @@ def s_soak(s: Session, seconds: float) -> dict:
     off = len(s.server.text())
     samples: list[dict] = []
     live: list[tuple] = []  # the load's records as they come
-    done = threading.Event()
+    done, server_gone = threading.Event(), threading.Event()
+    exited: dict = {}
     t0 = time.time()
 
     def sampler():
         while not done.is_set():
+            if s.server.proc.poll() is not None:  # the server has exited: the rest of the soak would only count
+                exited.update(at_s=round(time.time() - t0, 1), returncode=s.server.proc.poll())  # refusals
+                server_gone.set()
+                break
             try:
                 load = get_load(api) or {}
             except Exception:  # noqa: BLE001 - a missed sample
@@ -874,17 +880,22 @@ def s_soak(s: Session, seconds: float) -> dict:
     th = threading.Thread(target=sampler, daemon=True)
     th.start()
     try:
-        load = mixed_load(api, ctx, seconds, SOAK_CLIENTS, seed=11, refusable=s.refusable, records=live)
+        load = mixed_load(api, ctx, seconds, SOAK_CLIENTS, seed=11, refusable=s.refusable, records=live,
+                          stop=server_gone)
     finally:
         done.set()
         th.join(60)
-    idle = wait_idle(api)
     rows, scope = soak_minutes(load.pop("records"), samples, load["seconds"])
     gpu = [r["gpu_mib_max"] for r in rows if r["gpu_mib_max"] is not None]
     rec = {"requests": load["requests"], "errors": load["errors"], "unsupported": load["unsupported"],
            "load": load, "per_minute": rows, "samples": samples, "log": log_stats(s.log_from(off)),
-           "gpu_mib_first_last": [gpu[0], gpu[-1]] if gpu else None, "gpu_mib_scope": scope,
-           "leaked_tokens": leaked(start, [idle] if idle else [])}
+           "gpu_mib_first_last": [gpu[0], gpu[-1]] if gpu else None, "gpu_mib_scope": scope}
+    if exited:  # ended early: no pool to read after it
+        rec["server_exited"] = exited
+        rec["checks"] = {"no_errors": load["errors"] == 0, "lasted": False}
+        return rec
+    idle = wait_idle(api)
+    rec["leaked_tokens"] = leaked(start, [idle] if idle else [])
     rec["checks"] = {"no_errors": load["errors"] == 0, "no_leak": no_leak(rec["leaked_tokens"]),
                      "gpu_memory_flat": (gpu[-1] - gpu[0] <= 256) if gpu else None}
     return rec

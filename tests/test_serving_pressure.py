@@ -605,3 +605,23 @@ def test_a_soak_writes_its_minutes_while_it_runs(sp, ctx, monkeypatch, tmp_path)
     assert len(seen) >= 3 and seen == sorted(seen) and seen[-1] > 0
     assert rec["requests"] > 0 and rec["per_minute"][0]["requests"] == rec["requests"] >= seen[-1]
     assert rec["gpu_mib_scope"] in ("server", "gpu")
+
+
+def test_a_soak_ends_when_its_server_exits(sp, ctx, monkeypatch):
+    """A server that exits inside the soak (at stop 47 another job's cleanup killed it 10 minutes in) ends the
+    soak at the next sample: the rest of the 20 minutes would only count refused connections on the GPU's time.
+    The record keeps the minutes served and says when the server went."""
+    monkeypatch.setattr(sp, "SOAK_SAMPLE_S", 0.2)
+    monkeypatch.setattr(sp, "SOAK_CLIENTS", 2)
+    fake = FakeSglang(generate=lambda body: {"text": "x", "meta_info": {"finish_reason": {"type": "length"}}})
+    t_exit = time.time() + 1.0
+    proc = SimpleNamespace(poll=lambda: None if time.time() < t_exit else -9, pid=os.getpid())
+    server = SimpleNamespace(url=fake.url, proc=proc, text=lambda: "")
+    t0 = time.time()
+    try:
+        rec = sp.s_soak(sp.Session("dspine", server, ctx), 60.0)
+    finally:
+        fake.close()
+    assert time.time() - t0 < 20
+    assert rec["server_exited"]["returncode"] == -9 and 0.8 <= rec["server_exited"]["at_s"] < 5
+    assert rec["checks"]["lasted"] is False and rec["requests"] > 0 and rec["per_minute"][0]["requests"] > 0
