@@ -440,6 +440,30 @@ kill -9 "$other"
     assert r.stdout.split() == ["stopped", "other-alive"], (r.stdout, r.stderr)
 
 
+def test_lab2_stop_stops_the_labs_servers_only(tmp_path):
+    """scripts/device/lab2.sh stop: a server of the lab (its model under $LAB) goes; a server of the same kind
+    serving another pair (a soak beside the lab) keeps running."""
+    lab = tmp_path / "lab2"
+    (lab / "lab").mkdir(parents=True)
+    (tmp_path / "fake.sh").write_text('exec -a "python -m sglang.launch_server --model-path $1" sleep 300\n')
+    script = f"""
+cd {tmp_path}
+setsid bash fake.sh {lab}/lab/target &
+mine=$!
+setsid bash fake.sh /models/default/target &
+other=$!
+for i in $(seq 100); do pgrep -s "$mine" -f '[s]glang' >/dev/null && pgrep -s "$other" -f '[s]glang' >/dev/null && break
+  sleep 0.1; done
+LAB={lab} bash {REPO}/scripts/device/lab2.sh stop
+ps -o stat= -p "$mine" | grep -qv Z && echo mine-alive
+ps -o stat= -p "$other" | grep -qv Z && echo other-alive
+kill -9 "$mine" "$other" 2>/dev/null
+"""
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["lab2:", "stopped", "and", "cleared", "other-alive"], (r.stdout, r.stderr)
+    assert not lab.exists()
+
+
 def _rounds(steps: dict) -> list[dict]:
     """serving_scale.py's rounds at T=0: {clients: step ms} -> round records."""
     return [{"clients": c, "temperature": 0.0, "step_ms": v} for c, v in steps.items()]

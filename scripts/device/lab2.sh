@@ -258,8 +258,9 @@ patch)
   ;;
 stop)
   [ -f "$JOB/pid" ] && kill -- -"$(cat "$JOB/pid")" 2>/dev/null
-  # bracketed patterns: they never match the command line of the shell that runs this
-  pkill -f "[s]glang[.]launch_server" 2>/dev/null; pkill -f "[s]glang_dspine[.]cli" 2>/dev/null
+  # bracketed patterns: they never match the command line of the shell that runs this. Only servers of this lab
+  # (their model paths under $LAB): another job's servers (a soak beside it) keep running.
+  pkill -f "[s]glang[.]launch_server.*$LAB/" 2>/dev/null; pkill -f "[s]glang_dspine[.]cli.*$LAB/" 2>/dev/null
   pkill -f "[b]enchmarks/lab/" 2>/dev/null
   sleep 2; rm -rf "$JOB" "$LAB"; echo "lab2: stopped and cleared"
   ;;
