@@ -20,6 +20,7 @@ and `loss_diff_{N}gpu_vs_1gpu` (largest |loss| difference over the steps: both r
     torchrun --nproc_per_node 2 benchmarks/train_scale.py --out ...                 # 2 GPUs, with the 1-GPU run
     python benchmarks/train_scale.py --smoke --out /tmp/ts.json                     # toy geometry on CPU (a check)
     python benchmarks/train_scale.py --merge-recipes ce_anneal.json specforge.json --out summary.json  # per recipe
+    python benchmarks/train_scale.py --merge-recipes ... --later run.json --out summary.json   # + a later commit's run
 
 `--profile` (one process): instead of the timing runs, each kind trains `--warmup` + `--profile-steps` steps under
 torch.profiler and the last `--profile-steps` are read: time and launches per part of a step and per kernel,
