@@ -22,8 +22,9 @@ ROWS = [
      "features": "serving_features_summary.json", "step_cost": "serving_scale_summary.json"},
     {"sglang": "0.5.17", "attention": "fa3 (SGLang's default on an H200)", "sampling": "flashinfer (SGLang's default)",
      "features": "serving_features_sglang_default_backends_summary.json", "step_cost": None,
-     "step_cost_not_run": "the per-step cost under FA3 was not measured (FA3's kernel library reaches the GPU "
-                          "machine in four pieces; that lease ran the conformance run only)"},
+     "step_cost_not_run": "the per-step cost under FA3 was not measured (FA3's kernel library, which the 0.5.17 "
+                          "bundle leaves out, reaches the GPU machine in three pieces: scripts/device/fa3_0517.sh; "
+                          "the lease that carried it at 3fa0d07 ran the conformance run only)"},
     {"sglang": "0.5.23", "attention": "fa3 (SGLang's default on an H200)", "sampling": "flashinfer (SGLang's default)",
      "features": "serving_features_0523_sglang_default_summary.json",
      "step_cost": "device_f528899_0523/serving_scale_summary.json",

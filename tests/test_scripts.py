@@ -327,7 +327,7 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
     """scripts/device/versions.sh: the steps it is given in order, each device script with the pair's backends and
     its own OUT, DFlash2 among the step-cost servers on 0.5.23 only; a failed serving step fails the run and ends
     it there, failed GPU tests fail it without stopping the serving steps; a malformed pair or an unknown step
-    refused before anything runs."""
+    refused before anything runs; 0.5.17 under SGLang's default attention refused until FA3 is in its site."""
     dev = tmp_path / "scripts" / "device"
     dev.mkdir(parents=True)
     shutil.copy(os.path.join(REPO, "scripts", "device", "versions.sh"), dev)
@@ -335,8 +335,8 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
     for name, rc in (("gpu_tests.sh", 0), ("serving_scale.sh", 3), ("serving_features.sh", 0), ("serve.sh", 0)):
         (dev / name).write_text(f'#!/usr/bin/env bash\necho "{name} OUT=$OUT $*" >> {shlex.quote(str(log))}\nexit {rc}\n')
 
-    def versions(*args, release=None):
-        env = {**os.environ, "OUT": str(tmp_path / "out")}
+    def versions(*args, release=None, site=None):
+        env = {**os.environ, "OUT": str(tmp_path / "out"), "SGLANG_SITE": str(site or tmp_path / "no-site")}
         env.pop("DEVICE_SGLANG", None)
         if release:
             env["DEVICE_SGLANG"] = release
@@ -378,6 +378,17 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
     for args, msg in ((["triton"], "want ATTENTION/SAMPLING"), (["triton/pytorch", "tests", "bench"], "unknown step bench")):
         r = versions(*args)
         assert r.returncode == 2 and msg in r.stderr and not log.exists()
+    # 0.5.17 under SGLang's default attention (FA3) serves only once FA3 is carried into its site
+    site = tmp_path / "site"
+    (site / "sgl_kernel").mkdir(parents=True)
+    r = versions("sglang-default/sglang-default", "scale", site=site)
+    assert r.returncode == 2 and "fa3_0517.sh setup" in r.stderr and not log.exists()
+    versions("sglang-default/sglang-default", "tests", site=site)  # the GPU tests need no FA3
+    assert log.read_text().startswith("gpu_tests.sh")
+    (site / "sgl_kernel" / "flash_ops.abi3.so").write_bytes(b"")
+    log.unlink()
+    r = versions("sglang-default/sglang-default", "scale", site=site)
+    assert r.returncode == 1 and log.read_text().startswith("serving_scale.sh")  # ran (and failed: the stand-in)
 
 
 def test_device_job_wait_returns_every_jobs_files(tmp_path):

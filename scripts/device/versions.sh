@@ -31,6 +31,13 @@ servers="dflash,dspine"
 for step in $steps; do
   case "$step" in tests|scale|features|e2e) ;; *) echo "versions.sh: unknown step $step (tests, scale, features, e2e)" >&2; exit 2 ;; esac
 done
+# 0.5.17's .devbundle leaves FA3 out (1.07 GB), SGLang's default attention on an H200: carried apart first
+if [ "$release" = 0.5.17 ] && { [ "$attention" = sglang-default ] || [ "$attention" = fa3 ]; } \
+   && [ "$steps" != tests ] && [ ! -f "${SGLANG_SITE:-/tmp/site}/sgl_kernel/flash_ops.abi3.so" ]; then
+  echo "versions.sh: 0.5.17 with $attention attention needs FA3, which the .devbundle leaves out: carry" \
+    ".carry-store/fa3-0517 and run scripts/device/fa3_0517.sh setup first (its header says how)" >&2
+  exit 2
+fi
 mkdir -p "$root"
 rc=0
 for step in $steps; do
