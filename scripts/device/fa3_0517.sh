@@ -33,7 +33,9 @@ case "${1:-}" in
   setup)
     site="${SGLANG_SITE:-/tmp/site}"
     [ -d "$site/sgl_kernel" ] || { echo "fa3_0517: no $site/sgl_kernel: set up the .devbundle first (scripts/device/setup.sh)" >&2; exit 1; }
-    if [ ! -f "$site/$SO" ]; then bash scripts/device/carry.sh assemble "$NAME" "$site/$SO"; fi
+    if [ ! -f "$site/$SO" ]; then  # under another name until whole: a cut assembly is never taken for FA3
+      bash scripts/device/carry.sh assemble "$NAME" "$site/$SO.partial" && mv "$site/$SO.partial" "$site/$SO"
+    fi
     (cd /tmp && PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" python3 -c \
       "import torch, sgl_kernel.flash_ops as f; print('fa3_0517: FA3 imported from', f.__file__)")
     ;;
