@@ -623,5 +623,6 @@ def test_a_soak_ends_when_its_server_exits(sp, ctx, monkeypatch):
     finally:
         fake.close()
     assert time.time() - t0 < 20
-    assert rec["server_exited"]["returncode"] == -9 and 0.8 <= rec["server_exited"]["at_s"] < 5
+    # at_s counts from the load's start, after the idle check that follows t_exit's clock: only an upper bound
+    assert rec["server_exited"]["returncode"] == -9 and rec["server_exited"]["at_s"] < 5
     assert rec["checks"]["lasted"] is False and rec["requests"] > 0 and rec["per_minute"][0]["requests"] > 0
