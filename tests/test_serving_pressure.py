@@ -613,16 +613,21 @@ def test_a_soak_ends_when_its_server_exits(sp, ctx, monkeypatch):
     The record keeps the minutes served and says when the server went."""
     monkeypatch.setattr(sp, "SOAK_SAMPLE_S", 0.2)
     monkeypatch.setattr(sp, "SOAK_CLIENTS", 2)
-    fake = FakeSglang(generate=lambda body: {"text": "x", "meta_info": {"finish_reason": {"type": "length"}}})
-    t_exit = time.time() + 1.0
-    proc = SimpleNamespace(poll=lambda: None if time.time() < t_exit else -9, pid=os.getpid())
+    served = []
+
+    def generate(body):
+        served.append(1)
+        return {"text": "x", "meta_info": {"finish_reason": {"type": "length"}}}
+
+    fake = FakeSglang(generate=generate)
+    # the server "exits" once it has answered a few of the soak's requests (whatever the machine's speed)
+    proc = SimpleNamespace(poll=lambda: None if len(served) < 5 else -9, pid=os.getpid())
     server = SimpleNamespace(url=fake.url, proc=proc, text=lambda: "")
     t0 = time.time()
     try:
         rec = sp.s_soak(sp.Session("dspine", server, ctx), 60.0)
     finally:
         fake.close()
-    assert time.time() - t0 < 20
-    # at_s counts from the load's start, after the idle check that follows t_exit's clock: only an upper bound
-    assert rec["server_exited"]["returncode"] == -9 and rec["server_exited"]["at_s"] < 5
+    assert time.time() - t0 < 30
+    assert rec["server_exited"]["returncode"] == -9 and rec["server_exited"]["at_s"] < 20
     assert rec["checks"]["lasted"] is False and rec["requests"] > 0 and rec["per_minute"][0]["requests"] > 0
