@@ -66,6 +66,9 @@ def features_row(summary: dict) -> dict:
 
 
 def build(results: str) -> dict:
+    def read(rel: str) -> dict:  # a result file named in ROWS, relative to the results folder
+        return json.load(open(os.path.join(results, rel)))
+
     rows = []
     for spec in ROWS:
         row = {k: v for k, v in spec.items() if k not in ("features", "step_cost", "alone_runs", "gpu_tests",
@@ -74,19 +77,17 @@ def build(results: str) -> dict:
             row["gpu_tests"] = {"file": spec["gpu_tests"],
                                 "result": pytest_result(open(os.path.join(results, spec["gpu_tests"])).read())}
         if spec.get("e2e"):
-            row["e2e"] = {"file": spec["e2e"], **e2e_row(json.load(open(os.path.join(results, spec["e2e"]))))}
+            row["e2e"] = {"file": spec["e2e"], **e2e_row(read(spec["e2e"]))}
         if spec.get("main_job"):
-            row["main_job"] = {"file": spec["main_job"],
-                               **main_job_row(json.load(open(os.path.join(results, spec["main_job"]))))}
+            row["main_job"] = {"file": spec["main_job"], **main_job_row(read(spec["main_job"]))}
         if spec["features"]:
             row["features_file"] = spec["features"]
-            row["features"] = features_row(json.load(open(os.path.join(results, spec["features"]))))
+            row["features"] = features_row(read(spec["features"]))
         if spec.get("alone_runs"):
-            row.update(alone_steps(json.load(open(os.path.join(results, spec["alone_runs"])))))
+            row.update(alone_steps(read(spec["alone_runs"])))
         if spec["step_cost"]:
-            s = json.load(open(os.path.join(results, spec["step_cost"])))
             row["step_cost_file"] = spec["step_cost"]
-            row.update(step_ratios(s))
+            row.update(step_ratios(read(spec["step_cost"])))
         rows.append(row)
     beside = [{"sglang": r["sglang"], "attention": r["attention"], "sampling": r["sampling"],
                **r["dspine_over_dflash2_step"]} for r in rows if r.get("dspine_over_dflash2_step")]
