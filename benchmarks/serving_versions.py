@@ -21,10 +21,17 @@ ROWS = [
     {"sglang": "0.5.17", "attention": "triton", "sampling": "pytorch",
      "features": "serving_features_summary.json", "step_cost": "serving_scale_summary.json"},
     {"sglang": "0.5.17", "attention": "fa3 (SGLang's default on an H200)", "sampling": "flashinfer (SGLang's default)",
-     "features": "serving_features_sglang_default_backends_summary.json", "step_cost": None,
-     "step_cost_not_run": "the per-step cost under FA3 was not measured (FA3's kernel library, which the 0.5.17 "
-                          "bundle leaves out, reaches the GPU machine in three pieces: scripts/device/fa3_0517.sh; "
-                          "the lease that carried it at 3fa0d07 ran the conformance run only)"},
+     "features": "serving_features_sglang_default_backends_summary.json",
+     "step_cost": "device_e7e0441_0517_defaults/scale/serving_scale_summary.json",
+     "alone_runs": "device_e7e0441_0517_defaults/scale/serving_scale.json",
+     "e2e": "device_e7e0441_0517_defaults/e2e/serving_e2e_summary.json",
+     "step_cost_note": "at e7e0441, FA3's kernel library carried in three pieces (scripts/device/fa3_0517.sh) and "
+                       "each server alone on the GPU, no flags (versions.sh sglang-default/sglang-default scale "
+                       "e2e); one run per server",
+     "e2e_note": "alone on the GPU at e7e0441. The T=1 test passed after Bonferroni (0.092 over 11 tests); its "
+                 "smallest raw p-values, 0.008 and 0.027, are at position 0, the token the target's own sampler "
+                 "draws after prefill in both servers. Its throughputs are cells of 1-2 s each (192 requests of "
+                 "96 tokens at 48 clients), one run"},
     {"sglang": "0.5.23", "attention": "fa3 (SGLang's default on an H200)", "sampling": "flashinfer (SGLang's default)",
      "features": "serving_features_0523_sglang_default_summary.json",
      "step_cost": "device_f528899_0523/serving_scale_summary.json",
