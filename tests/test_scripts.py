@@ -305,6 +305,46 @@ def test_carry_brings_a_file_over_in_checked_pieces(tmp_path):
     assert (tmp_path / "again.bin").read_bytes() == data
 
 
+def test_carry_size_counts_what_a_device_call_carries(tmp_path):
+    """`carry.sh size PATH...` sums what the device tool sends: tracked files that exist and untracked ones git does
+    not ignore, shared/ where there is one, and the carry paths; over the limit it fails with the way out."""
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text("ignored/\n")  # 9 bytes
+    (tmp_path / "tracked.bin").write_bytes(b"t" * 300_000)
+    (tmp_path / "gone.bin").write_bytes(b"g" * 500_000)
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    (tmp_path / "gone.bin").unlink()  # deleted here: not sent
+    (tmp_path / "new.bin").write_bytes(b"n" * 200_000)  # untracked, not ignored: sent
+    (tmp_path / "ignored").mkdir()
+    (tmp_path / "ignored" / "big.bin").write_bytes(b"i" * 600_000)  # ignored: sent only when carried
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "s.bin").write_bytes(b"s" * 100_000)  # the workplace's shared/: always sent
+
+    def size(*paths, limit="1"):
+        return subprocess.run(["bash", os.path.join(REPO, "scripts", "device", "carry.sh"), "size", *paths],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                              env={**os.environ, "CARRY_LIMIT_MIB": limit})
+
+    out = size()
+    tree = 9 + 300_000 + 200_000 + 100_000  # shared/ not ignored: among the untracked files, counted once
+    assert out.returncode == 0, out.stderr
+    assert f"carries {tree / 2**20:.1f} MiB of 1.0 (tree {tree / 2**20:.1f}, carried 0.0)" in out.stdout
+    (tmp_path / ".gitignore").write_text("ignored/\nshared/\n")  # 17 bytes; shared/ ignored: sent all the same
+    tree, shared = 17 + 300_000 + 200_000, 100_000
+    out = size()
+    assert f"carries {(tree + shared) / 2**20:.1f} MiB of 1.0 (tree {tree / 2**20:.1f}" in out.stdout
+    over = size("ignored")
+    assert over.returncode == 1 and "CARRY_ASIDE=benchmarks/results" in over.stderr
+    assert f"carried {(600_000 + shared) / 2**20:.1f}" in over.stdout
+    assert size("ignored", limit="2").returncode == 0
+    missing = size("nowhere")
+    assert missing.returncode == 1 and "nowhere is not here" in missing.stderr
+
+
 def test_a_virtualenv_from_another_checkout_installs_again(tmp_path):
     """The install key holds the checkout's path besides the files' contents: the editable install points at the
     checkout, so a virtualenv made for another copy of the repository is installed again rather than trusted."""

@@ -6,6 +6,7 @@
 #                                                    # under .carry-store/NAME/ with sha256 sums of each and all
 #   bash scripts/device/carry.sh resplit NAME        # the same compressed file cut again at PIECE_MIB (when the
 #                                                    # tree that travels with each piece grew), no recompression
+#   bash scripts/device/carry.sh size [PATH ...]     # what a call carrying PATHs takes of the 64 MiB (exit 1 over it)
 #   bash scripts/device/carry.sh aside / back        # models/ and benchmarks/results/ out of the tree that travels
 #                                                    # (1.6 MiB instead of 25: 61 MiB pieces) and back afterwards
 #   bash scripts/device/carry.sh stage NAME K [NAME K ...]  # puts piece K (1-based) and the sums into .carry/ (the
@@ -84,6 +85,26 @@ case "${1:-}" in
       || { echo "carry.sh: $name: the joined file's sha256 is wrong" >&2; exit 1; }
     mkdir -p "$(dirname "$dest")" && xz -dc -T0 "$there/$name.xz" >"$dest.tmp" && mv "$dest.tmp" "$dest"
     echo "carry.sh: $name assembled into $dest ($(du -h "$dest" | cut -f1))"
+    ;;
+  size)  # here, before a call: what it carries against the device's 64 MiB (tracked and untracked-not-ignored files
+          # that exist, shared/ where there is one, and the carry PATHs), so a refused call costs no lease time
+    shift
+    limit=$(( ${CARRY_LIMIT_MIB:-64} * 1024 * 1024 ))
+    tree=$( { git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null || true; } \
+      | awk '{s += $1} END {print s + 0}')
+    extra=0
+    # shared/ travels whether git ignores it or not; not ignored, the tree's sum has it already
+    for p in "$@" $( [ -d shared ] && git check-ignore -q shared && echo shared ); do
+      [ -e "$p" ] || { echo "carry.sh: carry path $p is not here" >&2; exit 1; }
+      extra=$(( extra + $(du -sb "$p" | cut -f1) ))
+    done
+    mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
+    echo "carry.sh: a call carries $(mib $(( tree + extra ))) MiB of $(mib "$limit") (tree $(mib "$tree"), carried $(mib "$extra"))"
+    if [ $(( tree + extra )) -gt "$limit" ]; then
+      echo "carry.sh: over the limit: set the results aside for the call (CARRY_ASIDE=benchmarks/results" \
+        "bash scripts/device/carry.sh aside; back after), or carry less" >&2
+      exit 1
+    fi
     ;;
   aside)  # here, before the piece calls: the tree's bulk out of the way (into ignored .carry-aside/), so pieces
            # can be larger; `back` after the last piece call, before anything else (git status shows them deleted)

@@ -9,7 +9,8 @@
 # file a job: at most 8 files come back from a call), every job's at every wait, so that whatever a lost
 # machine had done by the last call came back. Keep a call's waits within its timeout (several `wait`s in one
 # call add up), and the next call within ~30 s of the last: the machine is released after that, with every job
-# on it.
+# on it. Before the lease: `bash scripts/device/carry.sh size .devbundle` says whether the tree and the bundle fit
+# one call's 64 MiB (at 8d38b20 they did not: 64.2 MiB; the results set aside, 56.8).
 set -uo pipefail
 cmd="${1:?usage: job.sh start NAME COMMAND | wait NAME SECONDS}"; name="${2:?job name}"
 ROOT="${JOB_ROOT:-/tmp}"  # where the jobs live (tests use their own)
