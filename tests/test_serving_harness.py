@@ -28,6 +28,8 @@ class _Handler(BaseHTTPRequestHandler):
         srv = self.server
         with srv.lock:
             srv.bodies.append(body)
+            if srv.order is not None:  # several servers' requests in the order they came
+                srv.order.append(srv.name)
             srv.active += 1
             srv.peak = max(srv.peak, srv.active)
         time.sleep(srv.delay)
@@ -41,7 +43,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         n = body["sampling_params"]["max_new_tokens"]
         answer = {"output_ids": list(range(n)),
-                  "meta_info": {"completion_tokens": n, "spec_verify_ct": math.ceil(n / ACCEPT)}}
+                  "meta_info": {"completion_tokens": n, "spec_verify_ct": math.ceil(n / ACCEPT),
+                                "spec_accept_length": n / math.ceil(n / ACCEPT)}}
         data = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -53,10 +56,10 @@ class _Handler(BaseHTTPRequestHandler):
 class _Answering:
     """A server on 127.0.0.1 with the harness' request side of `servers.Server` (post, generate_ids)."""
 
-    def __init__(self, name: str, delay: float = 0.05, refuse=None):
+    def __init__(self, name: str, delay: float = 0.05, refuse=None, order: list | None = None):
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.http.lock, self.http.bodies, self.http.active, self.http.peak = threading.Lock(), [], 0, 0
-        self.http.delay, self.http.refuse = delay, refuse
+        self.http.delay, self.http.refuse, self.http.name, self.http.order = delay, refuse, name, order
         self.name, self.url = name, f"http://127.0.0.1:{self.http.server_address[1]}"
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
 
@@ -129,6 +132,36 @@ def test_wave_round_counts_whole_waves_after_an_unmeasured_one(answering):
     assert not s.bodies[-1]["sampling_params"]["ignore_eos"]
     rec, _ = servers.wave_round(s, prompts, clients=8, max_new=3)
     assert rec["requests"] == 16  # 2 waves above 4 clients
+
+
+def test_e2e_throughput_cells_take_rounds_in_turn(answering):
+    """serve_e2e.throughput: each cell is `rounds` measured rounds, the servers taking turns round by round (a drift
+    of the machine falls on each alike); tokens/s over all rounds, each round's and their spread, τ and SGLang's
+    accept length per suite from the answers."""
+    e2e = load_file(os.path.join(ROOT, "scripts", "device", "serve_e2e.py"), "dspine_serve_e2e")
+    order = []
+    a, b = answering("a", delay=0.01, order=order), answering("b", delay=0.01, order=order)
+    prompts = [("code", [1, 2]), ("math", [3, 4, 5, 6]), ("code", [7])]
+    res = e2e.throughput({"a": a, "b": b}, prompts, [1, 4], max_new=7, rounds=2)
+    turns = [n for i, n in enumerate(order) if i == 0 or order[i - 1] != n]
+    assert turns == ["a", "b"] * 4  # 2 client counts x 2 rounds, a then b each time
+    for srv in (a, b):
+        assert len(srv.bodies) == 2 * (1 + 12) + 2 * (4 + 16)  # per round: a warm wave, then the measured requests
+    for name in ("a", "b"):
+        one, four = res[name][1], res[name][4]
+        assert one["rounds"] == 2 and one["requests"] == 24 and four["requests"] == 32
+        assert one["output_tokens"] == 24 * 7 and four["verify_steps"] == 32 * 3
+        assert four["tokens_per_s"] == pytest.approx(four["output_tokens"] / four["seconds"])
+        assert len(four["tokens_per_s_rounds"]) == 2 and four["round_spread"] >= 0
+        assert four["tau_by_suite"] == {"code": pytest.approx(7 / 3), "math": pytest.approx(7 / 3)}
+        assert four["accept_length_by_suite"] == {"code": pytest.approx(7 / 3), "math": pytest.approx(7 / 3)}
+    rounds = [({"requests": 3, "output_tokens": 30, "seconds": 1.0, "tokens_per_s": 30.0},
+               [{"meta_info": {"completion_tokens": 10, "spec_verify_ct": 5, "spec_accept_length": 2.0}}] * 3),
+              ({"requests": 3, "output_tokens": 30, "seconds": 2.0, "tokens_per_s": 15.0},
+               [{"meta_info": {"completion_tokens": 10}}] * 3)]  # a server without speculation reports no steps
+    cell = e2e.throughput_cell(rounds, ["code", "math"])
+    assert cell["tokens_per_s"] == 20.0 and cell["round_spread"] == 1.0
+    assert cell["tau_by_suite"] == {"code": 2.0, "math": 2.0} and cell["verify_steps"] == 15
 
 
 def test_kv_pools_from_memory_records():

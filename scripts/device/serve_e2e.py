@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures as cf
+import functools
 import json
 import os
 import random
@@ -39,7 +40,7 @@ bench_servers = load_file(os.path.join(os.path.dirname(os.path.dirname(os.path.d
 # prefill speed, and capturing them slows every start).
 E2E_ARGS = ["--grammar-backend", "none", "--cuda-graph-max-bs-decode", "48", "--mem-fraction-static", "0.12",
             "--disable-prefill-cuda-graph"]
-SERVER_ARGS = [*bench_servers.BASE_ARGS, *E2E_ARGS]  # main() sets the backends of --attention/--sampling-backend
+SERVER_ARGS = [*bench_servers.BASE_ARGS, *E2E_ARGS]  # a Server's flags unless given others (main: the backends asked)
 spec_args, archive_logs = bench_servers.spec_args, bench_servers.archive_logs
 
 
@@ -156,12 +157,13 @@ _servers = []
 
 
 class Server(bench_servers.Server):
-    """A benchmark server with SERVER_ARGS whose scheduler prints its Python stacks on SIGUSR1 (dump_stacks)."""
+    """A benchmark server with `base_args` (default SERVER_ARGS) whose scheduler prints its Python stacks on
+    SIGUSR1 (dump_stacks)."""
 
-    def __init__(self, name, port, args, out, env=None):
+    def __init__(self, name, port, args, out, env=None, base_args=None):
         """env: variables set for this server only (e.g. CUDA_VISIBLE_DEVICES), over the machine's."""
         super().__init__(name, port, args, out, env={"SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1", **(env or {})},
-                         base_args=SERVER_ARGS)
+                         base_args=SERVER_ARGS if base_args is None else base_args)
         _servers.append(self)
 
     def wait(self, timeout=420) -> bool:
@@ -268,34 +270,50 @@ def prompts_for(tokenizer, n, suites_dir=None, seed=0):
     return out
 
 
-def throughput(servers, prompts, concurrencies, max_new, temperature=0.0, ignore_eos=True):
-    """Output tokens/s at each concurrency, the same requests to each server, one server at a time; and the
-    per-request accept length SGLang reports, per suite."""
-    res = {}
-    for name, srv in servers.items():
-        res[name] = {}
-        for c in concurrencies:
-            count = max(4 * c, 12)
-            reqs = [prompts[i % len(prompts)] for i in range(count)]
-            rnd, outs = bench_servers.wave_round(srv, [ids for _, ids in prompts], c, max_new, temperature,
-                                                 requests=count, ignore_eos=ignore_eos)
-            acc, steps = collections.defaultdict(list), collections.defaultdict(lambda: [0, 0])
-            for (suite, _), o in zip(reqs, outs):
-                m = o["meta_info"]
-                if m.get("spec_accept_length") is not None:
-                    acc[suite].append(float(m["spec_accept_length"]))
-                    steps[suite][0] += m["completion_tokens"]
-                    steps[suite][1] += m["spec_verify_ct"]
-            # tau: tokens over verify steps of the suite's requests together (the offline lab's tau);
-            # accept_length: SGLang's per-request figure, averaged over requests.
-            res[name][c] = {"requests": count, "output_tokens": rnd["output_tokens"], "seconds": rnd["seconds"],
-                            "tokens_per_s": rnd["tokens_per_s"],
-                            "accept_length_by_suite": {k: sum(v) / len(v) for k, v in acc.items()},
-                            "tau_by_suite": {k: t / n for k, (t, n) in steps.items() if n},
-                            "verify_steps": sum(n for _, n in steps.values())}
-        print("throughput", f"T={temperature}", name, {c: round(v["tokens_per_s"]) for c, v in res[name].items()},
-              flush=True)
+def throughput(servers, prompts, concurrencies, max_new, temperature=0.0, ignore_eos=True, rounds=1):
+    """Output tokens/s at each concurrency, the same requests to each server, one server at a time, `rounds`
+    rounds a cell with the servers taking turns round by round (a drift of the machine falls on each alike: one
+    round of 4 waves at 48 clients lasts 1-2 s on the built-in pair); and the per-request accept length SGLang
+    reports, per suite."""
+    runs = {name: {c: [] for c in concurrencies} for name in servers}
+    for c in concurrencies:
+        count = max(4 * c, 12)
+        for _ in range(rounds):
+            for name, srv in servers.items():
+                runs[name][c].append(bench_servers.wave_round(srv, [ids for _, ids in prompts], c, max_new,
+                                                              temperature, requests=count, ignore_eos=ignore_eos))
+    res = {name: {c: throughput_cell(runs[name][c], [suite for suite, _ in prompts]) for c in concurrencies}
+           for name in servers}
+    for name, cells in res.items():
+        print("throughput", f"T={temperature}", name, {c: round(v["tokens_per_s"]) for c, v in cells.items()},
+              "spread", {c: v["round_spread"] for c, v in cells.items()}, flush=True)
     return res
+
+
+def throughput_cell(rounds, suites):
+    """One server's cell from its rounds ((record, answers) of bench_servers.wave_round, requests round-robin over
+    the prompts whose suites are `suites`): tokens/s over all rounds (tokens ÷ seconds summed), each round's,
+    their spread (fastest ÷ slowest − 1), τ per suite (tokens over verify steps of its requests together, the
+    offline lab's τ) and SGLang's per-request accept length averaged per suite."""
+    acc, steps = collections.defaultdict(list), collections.defaultdict(lambda: [0, 0])
+    for _, outs in rounds:
+        for i, o in enumerate(outs):
+            m = o["meta_info"]
+            if m.get("spec_accept_length") is not None:
+                suite = suites[i % len(suites)]
+                acc[suite].append(float(m["spec_accept_length"]))
+                steps[suite][0] += m["completion_tokens"]
+                steps[suite][1] += m["spec_verify_ct"]
+    recs = [rec for rec, _ in rounds]
+    tokens, seconds = sum(r["output_tokens"] for r in recs), sum(r["seconds"] for r in recs)
+    per_round = [r["tokens_per_s"] for r in recs]
+    return {"requests": sum(r["requests"] for r in recs), "rounds": len(recs), "output_tokens": tokens,
+            "seconds": seconds, "tokens_per_s": tokens / seconds if seconds > 0 else None,
+            "tokens_per_s_rounds": per_round,
+            "round_spread": round(max(per_round) / min(per_round) - 1, 4) if per_round and min(per_round) else None,
+            "accept_length_by_suite": {k: sum(v) / len(v) for k, v in acc.items()},
+            "tau_by_suite": {k: t / n for k, (t, n) in steps.items() if n},
+            "verify_steps": sum(n for _, n in steps.values())}
 
 
 def greedy_agreement(base, spec, prompts, max_new, pool, judge=None):
@@ -413,12 +431,13 @@ def main():
     ap.add_argument("--t1-samples", type=int, default=400)
     ap.add_argument("--t1-prompts", type=int, default=3)
     ap.add_argument("--load-seconds", type=int, default=120)
+    ap.add_argument("--throughput-rounds", type=int, default=3, help="rounds a throughput cell, servers in turn")
     ap.add_argument("--no-deterministic", action="store_true")
     bench_servers.add_backend_args(ap)  # e.g. sglang-default for both: the T=1 test under FA3 and FlashInfer sampling
     args = ap.parse_args()
-    global SERVER_ARGS
     backends = bench_servers.backends_from_args(args)
-    SERVER_ARGS = server_args(backends)
+    base = server_args(backends)
+    serve = functools.partial(Server, base_args=base)  # every server of the run under the backends asked for
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     models = args.models
@@ -432,20 +451,20 @@ def main():
     target = os.path.join(models, "target")
     spec = lambda algo, d, *extra: spec_args(target, algo, d, *extra)
     # The plain server starts alone first so the JIT kernel builds are cached before the others start.
-    servers = {"plain": Server("plain", 30001, ["--model-path", target], args.out)}
+    servers = {"plain": serve("plain", 30001, ["--model-path", target], args.out)}
     servers["plain"].wait()
     servers |= {
-        "dspine": Server("dspine", 30002, spec("DSPINE", os.path.join(models, "dspine")), args.out),
-        "dflash": Server("dflash", 30003, spec("DFLASH", os.path.join(models, "dflash")), args.out),
+        "dspine": serve("dspine", 30002, spec("DSPINE", os.path.join(models, "dspine")), args.out),
+        "dflash": serve("dflash", 30003, spec("DFLASH", os.path.join(models, "dflash")), args.out),
     }
     if not args.no_deterministic:
         det = ["--enable-deterministic-inference"]
-        servers["plain_det"] = Server("plain_det", 30004, ["--model-path", target, *det], args.out)
-        servers["dspine_det"] = Server("dspine_det", 30005, spec("DSPINE", os.path.join(models, "dspine"), *det),
+        servers["plain_det"] = serve("plain_det", 30004, ["--model-path", target, *det], args.out)
+        servers["dspine_det"] = serve("dspine_det", 30005, spec("DSPINE", os.path.join(models, "dspine"), *det),
                                        args.out)
-    refusals = {n: Server("bad_" + n, 30010 + i, spec("DSPINE", d, *extra), args.out)
+    refusals = {n: serve("bad_" + n, 30010 + i, spec("DSPINE", d, *extra), args.out)
                 for i, (n, (d, extra, _)) in enumerate(bad.items())}
-    results = {"models": label, "provenance": provenance(sys.argv), "server_args": SERVER_ARGS,
+    results = {"models": label, "provenance": provenance(sys.argv), "server_args": base,
                "backends": {k: v or bench_servers.SGLANG_DEFAULT for k, v in backends.items()}}
     try:
         up = wait_all(servers, results)
@@ -505,10 +524,12 @@ def main():
         collect_server_info(servers, up, results)
         checkpoint()
         results["throughput"] = throughput({n: servers[n] for n in ("plain", "dflash", "dspine") if up.get(n)},
-                                           suite_prompts, [1, 4, 16, 48], args.max_new)
+                                           suite_prompts, [1, 4, 16, 48], args.max_new,
+                                           rounds=args.throughput_rounds)
         checkpoint()
         results["throughput_t1"] = throughput({n: servers[n] for n in ("dflash", "dspine") if up.get(n)},
-                                              suite_prompts, [16], args.max_new, temperature=1.0)
+                                              suite_prompts, [16], args.max_new, temperature=1.0,
+                                              rounds=args.throughput_rounds)
         collect_server_info(servers, up, results)
     finally:
         for s in list(servers.values()) + list(refusals.values()):
@@ -569,6 +590,8 @@ def summarize(r):
         "throughput_tokens_per_s": {n: {c: round(v["tokens_per_s"], 1) for c, v in d.items()}
                                     for n, d in r.get("throughput", {}).items()},
         "throughput_ratio_dspine_over_dflash": _ratios(r.get("throughput", {}), "tokens_per_s"),
+        "throughput_round_spread_max": max((v["round_spread"] for d in r.get("throughput", {}).values()
+                                            for v in d.values() if v.get("round_spread") is not None), default=None),
         "tau_by_suite": {t: {n: {c: v.get("tau_by_suite") for c, v in d.items()}
                              for n, d in r.get(key, {}).items() if n != "plain"}
                          for t, key in (("T0", "throughput"), ("T1", "throughput_t1"))},
