@@ -467,28 +467,39 @@ def test_device_job_wait_returns_every_jobs_files(tmp_path):
     os.killpg(int((tmp_path / "jobs" / "job_long" / "pid").read_text()), 9)
 
 
+def _beside_another_server(tmp_path, mine: str, other: str, action: str) -> list[str]:
+    """Two fake SGLang servers, each in a session of its own as the device scripts start them (`setsid`):
+    `bash fake.sh ARG [ignore]` is a `sleep` whose command line reads `python -m sglang.launch_server
+    --model-path ARG`, deaf to SIGTERM with `ignore`. `mine` and `other` are the commands in each session
+    (their ids: $mine, $other); `action` runs once both are up. Returns what `action` printed, then mine-alive /
+    other-alive for each session that still has a live server process."""
+    (tmp_path / "fake.sh").write_text('[ "$2" = ignore ] && trap "" TERM\n'
+                                      'exec -a "python -m sglang.launch_server --model-path $1" sleep 300\n')
+    script = f"""
+cd {tmp_path}
+setsid {mine} &
+mine=$!
+setsid {other} &
+other=$!
+for i in $(seq 100); do pgrep -s "$mine" -f '[s]glang' >/dev/null && pgrep -s "$other" -f '[s]glang' >/dev/null && break
+  sleep 0.1; done
+{action}
+ps -o stat=,args= -s "$mine" | grep -v '^Z' | grep -q sglang && echo mine-alive
+ps -o stat=,args= -s "$other" | grep -v '^Z' | grep -q sglang && echo other-alive
+pkill -9 -s "$mine"; pkill -9 -s "$other"; true
+"""
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
 def test_device_stop_session_stops_its_own_servers_only(tmp_path):
     """scripts/device/stop_session.sh, as main_job.sh stops the server it started (`setsid serve.sh &`): every
     process of that session goes, one that ignores SIGTERM included, and a server of another session with the
     same command line (a soak beside it, which a global `pkill -f sglang.launch_server` killed) keeps running."""
-    (tmp_path / "fake.sh").write_text('[ "$2" = ignore ] && trap "" TERM\n'
-                                      'exec -a "python -m sglang.launch_server --port $1" sleep 300\n')
-    script = f"""
-source {REPO}/scripts/device/stop_session.sh
-cd {tmp_path}
-setsid bash -c 'bash fake.sh 1 ignore & wait' &
-mine=$!
-setsid bash fake.sh 2 &
-other=$!
-for i in $(seq 100); do pgrep -s "$mine" -f '[s]glang' >/dev/null && pgrep -s "$other" -f '[s]glang' >/dev/null && break
-  sleep 0.1; done
-stop_session "$mine" && echo stopped
-ps -o stat=,args= -s "$mine" | grep -v '^Z' | grep -q sglang && echo mine-left
-ps -o stat= -p "$other" | grep -qv Z && echo other-alive
-kill -9 "$other"
-"""
-    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
-    assert r.stdout.split() == ["stopped", "other-alive"], (r.stdout, r.stderr)
+    out = _beside_another_server(tmp_path, "bash -c 'bash fake.sh /m ignore & wait'", "bash fake.sh /m",
+                                 f'source {REPO}/scripts/device/stop_session.sh && stop_session "$mine" && echo stopped')
+    assert out == ["stopped", "other-alive"]
 
 
 def test_lab2_stop_stops_the_labs_servers_only(tmp_path):
@@ -496,22 +507,9 @@ def test_lab2_stop_stops_the_labs_servers_only(tmp_path):
     serving another pair (a soak beside the lab) keeps running."""
     lab = tmp_path / "lab2"
     (lab / "lab").mkdir(parents=True)
-    (tmp_path / "fake.sh").write_text('exec -a "python -m sglang.launch_server --model-path $1" sleep 300\n')
-    script = f"""
-cd {tmp_path}
-setsid bash fake.sh {lab}/lab/target &
-mine=$!
-setsid bash fake.sh /models/default/target &
-other=$!
-for i in $(seq 100); do pgrep -s "$mine" -f '[s]glang' >/dev/null && pgrep -s "$other" -f '[s]glang' >/dev/null && break
-  sleep 0.1; done
-LAB={lab} bash {REPO}/scripts/device/lab2.sh stop
-ps -o stat= -p "$mine" | grep -qv Z && echo mine-alive
-ps -o stat= -p "$other" | grep -qv Z && echo other-alive
-kill -9 "$mine" "$other" 2>/dev/null
-"""
-    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
-    assert r.stdout.split() == ["lab2:", "stopped", "and", "cleared", "other-alive"], (r.stdout, r.stderr)
+    out = _beside_another_server(tmp_path, f"bash fake.sh {lab}/lab/target", "bash fake.sh /models/default/target",
+                                 f"LAB={lab} bash {REPO}/scripts/device/lab2.sh stop")
+    assert out == ["lab2:", "stopped", "and", "cleared", "other-alive"]
     assert not lab.exists()
 
 
