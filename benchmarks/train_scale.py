@@ -158,6 +158,9 @@ def profile_kinds(args, kinds: list[str], target, data: str, device: torch.devic
     return out
 
 
+NO_DEFAULT_RUN = 3  # merge_recipes' exit status without a run of the default recipe
+
+
 def merge_recipes(paths: list[str]) -> dict:
     """One summary from timing runs of several DSpine recipes (one file each, same commit and settings but the
     recipe): the default recipe's run whole, and per recipe its step time, peak memory and DSpine ÷ DFlash.
@@ -165,8 +168,11 @@ def merge_recipes(paths: list[str]) -> dict:
     apart, per recipe and accumulation (`by_grad_accum`)."""
     runs = [(json.load(open(p)), p) for p in paths]
     defaults = [(r, p) for r, p in runs if r["settings"]["recipe"] == DEFAULT_RECIPE]
-    if not defaults:
-        raise SystemExit(f"--merge-recipes: no run of the default recipe {DEFAULT_RECIPE} in {paths}")
+    if not defaults:  # exit status NO_DEFAULT_RUN: train_scale.sh ends with this hint, not as a failure
+        print(f"--merge-recipes: no run of the default recipe {DEFAULT_RECIPE} in {paths}: no summary (a summary is "
+              "built on the default recipe's run; the others join one later: --merge-recipes ... --later)",
+              file=sys.stderr)
+        raise SystemExit(NO_DEFAULT_RUN)
     base = defaults[0][0]
     accum = base["settings"]["grad_accum"]
     same = ("commit", "gpu", "versions", "geometry", "world_size")

@@ -52,6 +52,11 @@ def test_merge_recipes_of_the_h200_runs(tmp_path):
     r = subprocess.run([sys.executable, script, "--merge-recipes", files[1], str(tmp_path / "other.json"),
                         "--out", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "differs from the ce_anneal run" in r.stderr
+    # without the default recipe's run: no summary, the status train_scale.sh takes for "a hint, not a failure"
+    r = subprocess.run([sys.executable, script, "--merge-recipes", files[0], "--out", str(tmp_path / "none.json")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3 and "no run of the default recipe ce_anneal" in r.stderr and "--later" in r.stderr
+    assert not (tmp_path / "none.json").exists()
     # a run at another --grad-accum is kept apart (its own ratio), the default recipe's first run stays the base
     accum1 = dict(each[files[1]], settings=dict(each[files[1]]["settings"], grad_accum=1),
                   dspine_over_dflash_step=1.1)
