@@ -13,8 +13,14 @@ import argparse
 import json
 import os
 import re
+import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # run as a script from a checkout: the package's provenance helpers
+from sglang_dspine.provenance import changed_files, git_commit  # noqa: E402
+
+# What a GPU row measured: a row at an older commit still describes the code where none of this changed since.
+SERVING_CODE = ("sglang_dspine/serving", "sglang_dspine/drafter", "kernels", "setup.py")
 
 # (release, attention, sampling) -> the result files of its GPU runs (None: not run, with why)
 ROWS = [
@@ -104,6 +110,32 @@ def build(results: str) -> dict:
     return out
 
 
+def commits_of(rows: list[dict]) -> list[str]:
+    """Every commit a row's results name (its runs' provenance), in the order met."""
+    found: list[str] = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k == "commit" and isinstance(v, str) and v not in found:
+                    found.append(v)
+                else:
+                    walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(rows)
+    return found
+
+
+def serving_code_since(rows: list[dict], until: str) -> dict:
+    """Per commit the rows were measured at, the serving code (SERVING_CODE) git says changed from it to `until`
+    (None where this checkout cannot tell): an empty list means the row still describes the code at `until`."""
+    return {"until": until, "paths": list(SERVING_CODE),
+            "changed_by_commit": {c: changed_files(c, until, SERVING_CODE) for c in commits_of(rows)}}
+
+
 def pytest_result(log: str) -> str:
     """The closing line of a pytest run ("12 passed, 108 deselected, ... in 135.98s")."""
     lines = [ln.strip("= ") for ln in log.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
@@ -164,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results-dir", default=os.path.join(REPO, "benchmarks", "results"))
     args = ap.parse_args(argv)
     out = build(args.results_dir)
+    # beside what the files say: how far the code moved since each run (as of this checkout's commit)
+    out["serving_code_changed_since_runs"] = serving_code_since(out["rows"], git_commit())
     path = os.path.join(args.results_dir, "serving_versions_summary.json")
     json.dump(out, open(path, "w"), indent=1)
     for r in out["rows"]:
@@ -174,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
               f"features {f.get('features_ok')}/{f.get('features_total')} greedy {f.get('greedy_vs_plain')} "
               f"step/DFLASH {steps}" + (f" step/DFlash2 {steps2}" if steps2 else "")
               + (f"  NOT RUN: {r['not_run']}" if r.get("not_run") else ""))
+    since = out["serving_code_changed_since_runs"]
+    for c, files in since["changed_by_commit"].items():
+        print(f"serving code changed from {c[:7]} to {since['until'][:7]}: "
+              + ("unknown (git cannot tell)" if files is None else ", ".join(files) or "nothing"))
     print(path)
     return 0
 

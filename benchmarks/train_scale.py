@@ -38,13 +38,12 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import time
 
 import torch
 
-from sglang_dspine.provenance import default_output
+from sglang_dspine.provenance import changed_files, default_output
 from sglang_dspine.training.train_config import DEFAULT_RECIPE, RECIPES
 
 QWEN3_8B = dict(hidden=4096, layers=36, vocab=151936, heads=32, kv_heads=8, head_dim=128, intermediate=12288,
@@ -217,15 +216,12 @@ def later_runs(summary: dict, paths: list[str]) -> list[dict]:
                 r.get(k) != summary.get(k) for k in ("gpu", "geometry", "world_size")):
             raise SystemExit(f"--later: {p} differs from the summary's run in more than the recipe, the accumulation "
                              "and the commit")
-        git = subprocess.run(["git", "diff", "--name-only", summary["commit"], r["commit"], "--", *TRAINING_CODE],
-                             capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
         out.append({"file": os.path.basename(p), "commit": r["commit"], "date": r["date"],
                     "recipe": r["settings"]["recipe"], "grad_accum": r["settings"]["grad_accum"],
                     "ms_per_step": r["ms_per_step"], "tokens_per_s": r["tokens_per_s"],
                     "peak_mem_gb": r["peak_mem_gb"], "dspine_over_dflash_step": r["dspine_over_dflash_step"],
                     "versions": r.get("versions"),
-                    "training_code_changed_since_base": git.stdout.split() if git.returncode == 0 else None})
+                    "training_code_changed_since_base": changed_files(summary["commit"], r["commit"], TRAINING_CODE)})
     return out
 
 

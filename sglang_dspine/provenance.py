@@ -21,6 +21,19 @@ def git_commit() -> str:
         return "unknown"
 
 
+def changed_files(since: str, until: str, paths: tuple[str, ...] | list[str]) -> list[str] | None:
+    """The files under `paths` (repo-relative) that git says changed between two commits of this checkout, for
+    telling whether a result measured at `since` still describes the code at `until`. None where this checkout
+    cannot tell (no git, or a commit it does not have)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run(["git", "-C", root, "diff", "--name-only", since, until, "--", *paths],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.split() if out.returncode == 0 else None
+
+
 def provenance(argv: list[str] | None = None) -> dict:
     import torch
 
