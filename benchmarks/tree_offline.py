@@ -445,7 +445,8 @@ def _run(args, argv) -> int:
                                       "tree_summary_validation_anchored.json)"
                                       if args.rule == parse_args([]).rule else "--rule as given"),
                         **rule_summary(record["rows"], names, args.sizes, args.temperatures, args.rule)},
-               "step_cost": ("not measured end to end: tree verification in SGLang is not built; the draft side's "
+               "step_cost": ("not measured end to end: tree verification in SGLang (SGLANG_DSPINE_TREE=1) has not "
+                             "run on a GPU yet; the draft side's "
                              "cost is kernels_summary.json's draft_tree_over_dflash_step"),
                "cut_at_deadline_s": record.get("cut_at_deadline_s"), "seconds": record["seconds"]}
     os.makedirs(os.path.dirname(os.path.abspath(args.summary)), exist_ok=True)

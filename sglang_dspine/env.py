@@ -29,6 +29,10 @@ VARIABLES = (
     _Variable("SGLANG_DSPINE_KERNELS", True,
               "1 (default): DSPINE's draft step and the training objective's vocabulary-sized terms run on the "
               "Triton kernels on CUDA; 0: on the plain PyTorch math"),
+    _Variable("SGLANG_DSPINE_TREE", False,
+              "1: sampled requests verify a best-first tree of B-1 nodes over the transition lattice instead of "
+              "the walk's chain, greedy ones keep the chain (docs/tree.md; not yet run on a GPU, refused at start "
+              "where it is not built)"),
     _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
               "1: `kill -USR1 <scheduler pid>` prints every thread's Python stack to the server log"),
     _Variable("DSPINE_SUITES_DIR", None,
@@ -40,6 +44,10 @@ class _Env:
     @property
     def kernels(self) -> bool:
         return _flag("SGLANG_DSPINE_KERNELS", True)
+
+    @property
+    def tree(self) -> bool:
+        return _flag("SGLANG_DSPINE_TREE", False)
 
     @property
     def stacks_on_sigusr1(self) -> bool:

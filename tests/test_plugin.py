@@ -221,6 +221,44 @@ def test_what_dspine_cannot_serve_here_is_refused(dirs, flags, refusal):
         assert not isinstance(stock.value, StartupRefusal)
 
 
+TREE_REFUSED = "DSPINE: refusing SGLANG_DSPINE_TREE=1: "
+TREE_CASES = [  # flags; the refusal's reason on 0.5.17 (None: the server starts)
+    ("triton", ["--attention-backend", "triton"], None),
+    ("fa3", ["--attention-backend", "fa3"], "the target's verify pass must read the tree mask: pass "
+     "--attention-backend triton (found --attention-backend fa3"),
+    ("flashinfer", ["--attention-backend", "flashinfer"], "the target's verify pass must read the tree mask"),
+    ("triton, fa3 decode", ["--attention-backend", "triton", "--decode-attention-backend", "fa3"],
+     "the target's verify pass must read the tree mask"),
+    ("pages", ["--attention-backend", "triton", "--page-size", "16"],
+     "the accepted path's KV slots are reordered token by token: pass --page-size 1 (found 16)"),
+    ("two ranks", ["--attention-backend", "triton", "--tp-size", "2"],
+     "it runs on one rank, without data-parallel attention or disaggregation, so far"),
+]
+
+
+@pytest.mark.parametrize("flags,reason", [case[1:] for case in TREE_CASES], ids=[case[0] for case in TREE_CASES])
+def test_tree_verification_starts_only_where_it_is_built(dirs, monkeypatch, flags, reason):
+    """SGLANG_DSPINE_TREE=1 starts a DSPINE server on SGLang 0.5.17, one rank, the triton attention backend and
+    page size 1 (what the tree step is built for), and refuses anything else in one line naming the flag to pass;
+    on 0.5.23 it is refused whatever the flags (its DFlash decode step differs). Without the variable the same
+    flags are not its business."""
+    from sglang_dspine.serving.plugin import StartupRefusal
+
+    root, _ = dirs
+    monkeypatch.setenv("SGLANG_DSPINE_TREE", "1")
+    if ON_0_5_23:
+        reason = "it is built on SGLang 0.5.17's DFlash decode step; install sglang==0.5.17 or unset it"
+    if reason is None:
+        assert _resolved(_args(root, root / "dspine", "DSPINE", *flags)).attention_backend == "triton"
+    else:
+        with pytest.raises(StartupRefusal) as refused:
+            _args(root, root / "dspine", "DSPINE", *flags)
+        assert str(refused.value).startswith(TREE_REFUSED + reason)
+    monkeypatch.setenv("SGLANG_DSPINE_TREE", "0")
+    if "--page-size" in flags:  # refused above only for the tree
+        assert _resolved(_args(root, root / "dspine", "DSPINE", *flags)).speculative_algorithm == "DSPINE"
+
+
 def test_version_facts_are_what_the_installed_sglang_does(dirs):
     """The release facts the refusals above follow (`versions`), against what the installed SGLang's DFlash code
     does: stock DFLASH's argument handling accepts data-parallel attention (with the DP LM head) exactly where
@@ -524,6 +562,36 @@ def test_dummy_weights_run_the_same_draft_step_as_loaded_ones(sglang_cpu, dirs, 
                for r in caplog.records), [r.getMessage() for r in caplog.records]
     _post_load_weights(loaded)  # a loader calling both: the step is set up once
     assert loaded.draft_step is not None
+
+
+@pytest.mark.parametrize("algorithm,tree", [("DSPINE", "1"), ("DSPINE", "0"), ("DFLASH", "1")])
+def test_tree_verify_graphs_are_captured_reading_the_mask(dirs, monkeypatch, algorithm, tree):
+    """Patch 6: where the target's verify CUDA graphs are captured (the decode graph runner imports SGLang's mask
+    policy when it captures), a DSPINE server verifying trees is told to build the custom mask on the triton
+    backend, which SGLang skips for the DFlash family's chains; DSPINE chains and DFLASH keep SGLang's answer."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.speculative import dflash_utils
+
+    if ON_0_5_23:  # the tree is refused at start there (test above), and SGLang's policy is left alone
+        assert not hasattr(dflash_utils.resolve_dflash_verify_mask_policy, "_dspine_trees")
+        return
+    root, _ = dirs
+    monkeypatch.setenv("SGLANG_DSPINE_TREE", tree)
+    args = _args(root, root / ("dspine" if algorithm == "DSPINE" else "dflash"), algorithm,
+                 *(["--attention-backend", "triton"] if algorithm == "DSPINE" else []))
+    publish(args, role="test")
+    from sglang_dspine.serving import sglang_patches
+
+    # registration applies it (in every SGLang process); again here: an earlier test reloads dflash_utils
+    assert "tree_verify_graphs_read_the_mask" in sglang_patches.apply_at_registration.__code__.co_names
+    sglang_patches.tree_verify_graphs_read_the_mask()
+    from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy  # as the graph runner does
+
+    backend = TritonAttnBackend.__new__(TritonAttnBackend)  # the policy reads the backend's class only
+    stock = resolve_dflash_verify_mask_policy.__wrapped__(backend)
+    assert stock == ("TritonAttnBackend", False)
+    assert resolve_dflash_verify_mask_policy(backend) == ("TritonAttnBackend", algorithm == "DSPINE" and tree == "1")
 
 
 @pytest.mark.parametrize("algorithm", ["DSPINE", "DFLASH"])

@@ -65,7 +65,8 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
     from sglang_dspine.serving.sglang_model import DSpineDraftModel
     from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineWorker
 
-    own = {DSpineWorker: {"_vocab_shard"}, DSpineLogprobWorker: {"_logprob_batch"},
+    own = {DSpineWorker: {"_vocab_shard", "verifies_trees", "_forward_tree_decode", "_logprobs_asked"},
+           DSpineLogprobWorker: {"_logprob_batch"},
            DSpineDraftModel: {"_check_names", "_set_up_draft_step", "post_load_weights"}}
     parent = {DSpineWorker: DFlashWorkerV2, DSpineLogprobWorker: DFlashWorkerV2, DSpineDraftModel: DFlashDraftModel}
     def members(cls):  # what the class body defines (not Python's own entries: dunders, the ABC cache)
@@ -77,7 +78,8 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
         for name in overridden:
             assert hasattr(parent[cls], name), f"{parent[cls].__name__}.{name}"
     checked = {name for module, owner, name, _ in sglang_patches.DFLASH_HOOKS if owner == "DFlashWorkerV2"}
-    assert members(DSpineWorker) - own[DSpineWorker] == checked
+    # the scheduler's entry point, overridden to take tree steps (SGLANG_DSPINE_TREE=1) past DFlash's decode step
+    assert members(DSpineWorker) - own[DSpineWorker] - {"forward_batch_generation"} == checked
     # SGLang's loaders call post_load_weights (how a dummy-loaded drafter sets up its draft step)
     from sglang.srt.model_loader import loader
 
@@ -100,6 +102,53 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
     for module, name in patched:
         assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
     assert sglang_patches.missing_dflash_hooks() == []
+
+
+def test_what_the_tree_step_reads_from_sglang_exists(served, monkeypatch):
+    """The tree step (`DSpineWorker._forward_tree_decode`, tree_verify.py, patch 6) repeats DFlash's decode step
+    around its own verify: every DFlash worker member and SGLang function it reads is in the installed 0.5.17.
+    On 0.5.23, whose DFlash decode step differs (and lacks SGLang's Triton tree walk), the tree is refused."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    if sglang_on_cpu.on_0_5_23():
+        from sglang.srt.speculative import eagle_utils
+
+        from sglang_dspine.serving.startup_checks import StartupRefusal, check_tree
+
+        assert not hasattr(eagle_utils, "verify_tree_greedy_triton")
+        monkeypatch.setenv("SGLANG_DSPINE_TREE", "1")
+        with pytest.raises(StartupRefusal, match="built on SGLang 0.5.17's DFlash decode step"):
+            check_tree(served.args)
+        return
+
+    methods = ["_ensure_draft_block_buffers", "_append_target_hidden_to_draft_kv_by_loc",
+               "_make_next_draft_input_decode", "_validate_phase1_sampling_support", "forward_batch_generation"]
+    for name in methods:
+        assert callable(getattr(DFlashWorkerV2, name, None)), f"DFlashWorkerV2.{name}"
+    init = DFlashWorkerV2.__init__.__code__.co_names  # the attributes its constructor sets
+    for name in ["_draft_block_ids_buf", "_draft_block_positions_buf", "_draft_verify_out_cache_loc_buf",
+                 "_draft_seq_lens_cpu_buf", "_block_pos_offsets", "_mask_token_id", "_draft_block_spec_info",
+                 "use_compact_draft_cache", "_need_mamba_verify_commit", "draft_model_runner", "_draft_sampler"]:
+        assert name in init or name in _names_of_class(DFlashWorkerV2), f"DFlashWorkerV2 sets no {name}"
+    functions = [("sglang.kernels.ops.speculative.cache_locs", "assign_extend_cache_locs_func"),
+                 ("sglang.srt.speculative.eagle_utils", "verify_tree_greedy_triton"),
+                 ("sglang.srt.speculative.dflash_utils", "build_dflash_verify_target_probs"),
+                 ("sglang.srt.speculative.dflash_utils", "tree_speculative_sampling_target_only"),
+                 ("sglang.srt.speculative.dflash_utils", "apply_dflash_verify_logits_adjustments"),
+                 ("sglang.srt.speculative.dflash_utils", "resolve_dflash_verify_mask_policy"),
+                 ("sglang.srt.speculative.spec_utils", "build_grammar_vocab_mask"),
+                 ("sglang.srt.speculative.dflash_info", "DFlashVerifyInput")]
+    for module, name in functions:
+        assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
+    from sglang.srt.speculative.spec_utils import GrammarTree
+
+    assert callable(GrammarTree.from_device)
+
+
+def _names_of_class(cls) -> set[str]:
+    """Every name the methods of `cls` store or read as attributes."""
+    return set().union(*(sglang_patches._names_used(f.__code__) for f in vars(cls).values()
+                         if hasattr(f, "__code__")))
 
 
 def _break(monkeypatch, module_name, owner_name, name, how):
@@ -195,8 +244,11 @@ def test_dspine_drafts_through_dflash_hooks_from_a_padded_head(served, monkeypat
 def test_dspine_draft_tree_is_the_offline_lattice_tree(served, monkeypatch, kernels):
     """DraftStep.draft_tree on the SGLang draft model's output (the batched builder, on the candidates and table
     the served decoding computes, kernels or PyTorch math) gives, per request, tree.lattice_tree of the plain
-    drafter's BlockDraft on the same context: the same paths in the same best-first order."""
+    drafter's BlockDraft on the same context: the same paths in the same best-first order. The tree step's
+    draft-graph tail (`TreeDraftSampler`, B - 1 nodes, handed the forward's whole hidden states) writes those
+    trees and the walk's tokens; `chains_where` gives the requests it marks their walk as a chain."""
     from sglang_dspine.drafter.tree import lattice_tree
+    from sglang_dspine.serving.tree_verify import TreeDraftSampler, chains_where
 
     monkeypatch.setenv("SGLANG_DSPINE_KERNELS", kernels)
     model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
@@ -213,6 +265,26 @@ def test_dspine_draft_tree_is_the_offline_lattice_tree(served, monkeypatch, kern
             want = lattice_tree(plain.draft(ref, head, torch.tensor([a])), budget)
             assert trees.tokens[r].tolist() == want.tokens and trees.parents[r].tolist() == want.parents
             torch.testing.assert_close(trees.scores[r], torch.tensor(want.scores), atol=1e-4, rtol=1e-4)
+        n = len(REQUESTS)
+        sampler = TreeDraftSampler(model.draft_step, max_bs=n + 2)  # the graph's buffers: more rows than used
+        sampler(out.hidden_states)
+        walk, served_trees = sampler.drafts(n)
+        full = model.draft_step.draft_tree(hidden[:, 1:].reshape(-1, hidden.shape[-1]), b - 1)
+        assert torch.equal(served_trees.tokens, full.tokens) and torch.equal(served_trees.parents, full.parents)
+        for r, (ref, (_, a)) in enumerate(zip(refs, REQUESTS)):
+            want = plain.draft(ref, head, torch.tensor([a]))
+            assert walk[r].tolist() == want.tokens[0].tolist()
+            assert served_trees.tokens[r].tolist() == lattice_tree(want, b - 1).tokens
+        greedy = torch.arange(n) % 2 == 0
+        mixed = chains_where(greedy, walk, served_trees)
+        for r in range(n):
+            if greedy[r]:
+                assert mixed.tokens[r].tolist() == walk[r].tolist()
+                assert mixed.parents[r].tolist() == list(range(-1, b - 2))
+                assert mixed.depths[r].tolist() == list(range(1, b))
+            else:
+                assert torch.equal(mixed.tokens[r], served_trees.tokens[r])
+                assert torch.equal(mixed.parents[r], served_trees.parents[r])
     assert trees.depths.amax().item() > 1  # the trees branch and go deep
 
 

@@ -107,13 +107,17 @@ class DraftStep:
         """The best-first tree of `budget` nodes over each request's lattice (drafter/tree_batch.py): the
         candidates and transition table `decode` computes, each row log-softmaxed over the K candidates (the
         drafter's own scores; `tree.lattice_tree` at temperature 1). Fixed shapes: runs inside a CUDA graph."""
-        _, candidates, scores = self.lattice(states)
+        return self.walk_and_tree(states, budget)[1]
+
+    def walk_and_tree(self, states: torch.Tensor, budget: int) -> tuple[torch.Tensor, TreeBatch]:
+        """(`decode`'s tokens [bs, B-1], `draft_tree`'s trees) from one pass over the lattice."""
+        tokens, candidates, scores = self.lattice(states)
         log_scores = torch.log_softmax(scores.float(), dim=-1)
         if self.kernels:  # one kernel instead of ~8 small ones per depth; the same trees (tests/test_tree_batch.py)
             from ..kernels import lattice_trees_kernel
 
-            return TreeBatch(*lattice_trees_kernel(candidates, log_scores, budget))
-        return lattice_trees(candidates, log_scores, budget)
+            return tokens, TreeBatch(*lattice_trees_kernel(candidates, log_scores, budget))
+        return tokens, lattice_trees(candidates, log_scores, budget)
 
     def lattice(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(the walk's tokens [bs, P], the candidates [bs, P, K], the transition table [bs, P, K, K]) from the

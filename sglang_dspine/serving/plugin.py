@@ -32,6 +32,7 @@ from .startup_checks import (  # noqa: F401
     check_not_a_dspine_drafter,
     check_placement,
     check_server_args,
+    check_tree,
     dflash_refusal_as_dspine,
 )
 from .versions import SUPPORTED_SGLANG, check_sglang_version, dflash_returns_logprobs, sglang_version  # noqa: F401
@@ -67,6 +68,7 @@ def _dspine_algo_class():
             # code read the drafter's config (sglang_patches.check_drafters_first). What DSPINE cannot serve on this
             # release is refused first, in DSPINE's name; a refusal of DFlash's own checks is reworded to it.
             check_placement(server_args)
+            check_tree(server_args)
             try:
                 SpeculativeAlgorithm.handle_server_args(self, server_args)
             except ValueError as e:

@@ -24,7 +24,7 @@ when the DSPINE worker is created.
    scheduling), worded for DSPINE. 0.5.23's scheduler admits them itself (its DFlash worker returns them) and
    is left alone.
 
-Patches 3 to 5 are applied at plugin registration, in every SGLang process (`apply_at_registration`):
+Patches 3 to 6 are applied at plugin registration, in every SGLang process (`apply_at_registration`):
 
 3. Drafters are checked before SGLang reads them.
    SGLang's speculative argument handling (the resolution step `handle_speculative_decoding`, run in the
@@ -52,6 +52,15 @@ Patches 3 to 5 are applied at plugin registration, in every SGLang process (`app
    and SGLang's idle check ended the server ("pool memory leak detected"). The row width's one caller
    (`kv_cache_configurator`) gets, for DSPINE servers only, at least `2 × block + page_size - 1`: 12 more int32
    per request row. Stock DFLASH keeps SGLang's width (the baseline is SGLang's own).
+6. A DSPINE server verifying trees captures the target's verify CUDA graphs with the tree mask (SGLang 0.5.17
+   only: 0.5.23 refuses the tree at start).
+   For the DFlash family, SGLang captures the target's verify graphs without a custom mask on the backends that
+   verify a chain with their causal path (`dflash_utils.resolve_dflash_verify_mask_policy`; triton among them),
+   and a replay then ignores whatever mask the step brings. Under `SGLANG_DSPINE_TREE=1` (tree_verify.py) every
+   verify row must see only its own path, so for DSPINE servers the policy says "build the mask": the graphs
+   read the backend's mask buffer, which each replay fills with the step's tree mask (the triton backend copies
+   `spec_info.custom_mask` into it). The function's one caller imports it when it captures, so the module
+   attribute is replaced. DFLASH servers, and DSPINE servers verifying chains, keep SGLang's answer.
 
 What DSPINE relies on in SGLang's DFlash code is checked when a DSPINE server starts (`check_dflash_hooks`, from
 the algorithm's server-argument handling in the launcher, and again when the worker is created): the DFlash
@@ -290,7 +299,35 @@ def rows_hold_the_decode_reservation() -> None:
         configurator.get_req_to_token_extra_context_len = get_req_to_token_extra_context_len
 
 
+def tree_verify_graphs_read_the_mask() -> None:
+    """Patch 6 (see the module docstring). Idempotent. Not on 0.5.23, where the tree is refused at start."""
+    if sglang_version() >= (0, 5, 23):
+        return
+    from sglang.srt.speculative import dflash_utils
+
+    stock = getattr(dflash_utils, "resolve_dflash_verify_mask_policy", None)
+    if stock is None:
+        raise _not_found("sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy")
+    if getattr(stock, "_dspine_trees", False):
+        return
+
+    @functools.wraps(stock)
+    def resolve_dflash_verify_mask_policy(attn_backend):
+        from sglang.srt.runtime_context import get_spec
+
+        from ..env import ENV
+
+        name, build_custom_mask = stock(attn_backend)
+        if ENV.tree and (get_spec().speculative_algorithm or "").upper() == ALGORITHM:
+            return name, True
+        return name, build_custom_mask
+
+    resolve_dflash_verify_mask_policy._dspine_trees = True
+    dflash_utils.resolve_dflash_verify_mask_policy = resolve_dflash_verify_mask_policy
+
+
 def apply_at_registration() -> None:
     check_drafters_first()
     refusals_end_the_launcher_in_one_line()
     rows_hold_the_decode_reservation()
+    tree_verify_graphs_read_the_mask()

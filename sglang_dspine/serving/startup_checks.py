@@ -129,6 +129,34 @@ def check_placement(server_args) -> None:
         )
 
 
+def check_tree(server_args) -> None:
+    """SGLANG_DSPINE_TREE=1 (tree verification, tree_verify.py) is built on SGLang 0.5.17's DFlash decode step, for
+    one rank, the triton attention backend (it reads the tree mask in the target's verify pass; FA3 reads one
+    only for EAGLE's top-k trees), page size 1 (the accepted path's slots are reordered token by token) and the
+    whole draft cache (no sliding window). Anything else is refused in one line, never run untried."""
+    from ..env import ENV
+    from .versions import argument_view, dp_attention_enabled, sglang_version
+
+    if not ENV.tree:
+        return
+    view = argument_view(server_args)
+    why = None
+    if sglang_version() >= (0, 5, 23):
+        why = "it is built on SGLang 0.5.17's DFlash decode step; install sglang==0.5.17 or unset it"
+    elif view.attention_backend != "triton" or (view.decode_attention_backend or "triton") != "triton":
+        why = ("the target's verify pass must read the tree mask: pass --attention-backend triton (found "
+               f"--attention-backend {view.attention_backend}, "
+               f"--decode-attention-backend {view.decode_attention_backend})")
+    elif int(view.page_size or 1) != 1:
+        why = f"the accepted path's KV slots are reordered token by token: pass --page-size 1 (found {view.page_size})"
+    elif int(view.tp_size) != 1 or dp_attention_enabled(view) or view.disaggregation_mode not in (None, "null"):
+        why = "it runs on one rank, without data-parallel attention or disaggregation, so far"
+    elif getattr(view, "speculative_draft_window_size", None):
+        why = "the draft cache must be whole: drop --speculative-draft-window-size"
+    if why:
+        raise StartupRefusal(f"{ALGORITHM}: refusing SGLANG_DSPINE_TREE=1: {why}")
+
+
 def dflash_refusal_as_dspine(error: ValueError) -> StartupRefusal | None:
     """A refusal of SGLang's DFlash argument checks (which a DSPINE server runs), worded in DFLASH's name: the same
     refusal as one DSPINE line, SGLang's words kept; None for any other error."""

@@ -24,6 +24,8 @@ import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from ..drafter.sharding import VocabShard
+from ..env import ENV
+from .tree_verify import TreeDraftSampler
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +80,11 @@ class DSpineDraftSampler:
 
 
 class DSpineWorker(DFlashWorkerV2):
+    @property
+    def verifies_trees(self) -> bool:
+        """SGLANG_DSPINE_TREE=1: each decode step verifies a tree over the lattice (tree_verify.py)."""
+        return ENV.tree
+
     def _maybe_build_draft_sampler(self):
         base = super()._maybe_build_draft_sampler()  # DFlash's checks: head present, unquantized, no added vocab
         if base is None:
@@ -87,9 +94,143 @@ class DSpineWorker(DFlashWorkerV2):
         step = self.draft_model.draft_step
         step.attach_head(base.weight[: base.num_org], VocabShard(base.org_vocab_start, base.num_org, base.tp_group))
         max_bs = base.out.numel() // (self.block_size - 1)
-        logger.info("DSPINE candidate decoding folded into the draft cuda graph (max bs %d, tp %d)", max_bs,
-                    step.shard.world)
-        return DSpineDraftSampler(step, max_bs)
+        what = "tree building" if self.verifies_trees else "candidate decoding"
+        logger.info("DSPINE %s folded into the draft cuda graph (max bs %d, tp %d)", what, max_bs, step.shard.world)
+        return TreeDraftSampler(step, max_bs) if self.verifies_trees else DSpineDraftSampler(step, max_bs)
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if self.verifies_trees and is_verify_step(batch):
+            return self._forward_tree_decode(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+        return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+
+    def _forward_tree_decode(self, batch, on_publish=None, grammar_barrier=None):
+        """DFlash's decode step (SGLang 0.5.17's `DFlashWorkerV2.forward_batch_generation`, its eager block
+        preparation) with a tree verified instead of the chain: tree_verify.py says what differs and why."""
+        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+        from sglang.srt.managers.scheduler import GenerationBatchResult
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+        from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+        from sglang.srt.speculative.dflash_utils import (
+            apply_dflash_verify_logits_adjustments,
+            is_dflash_sampling_verify_available,
+        )
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+
+        from .tree_verify import (
+            accept_tree,
+            bring_to_front,
+            chains_where,
+            committed_rows,
+            rows_to_front,
+            tree_verify_inputs,
+            walks_and_trees,
+        )
+
+        if self.use_compact_draft_cache or self._need_mamba_verify_commit:  # refused at start (check_tree)
+            raise RuntimeError("DSPINE tree verify: a draft sliding window or a hybrid (mamba) target is not built")
+        self._validate_phase1_sampling_support(batch)
+        draft_input = batch.spec_info
+        if not isinstance(draft_input, DFlashDraftInputV2):
+            raise RuntimeError(f"DSPINE tree verify: expected DFlashDraftInputV2 on the batch, found {draft_input!r}")
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        bs, b, dev = len(batch.seq_lens), int(self.block_size), self.device
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        prefix_lens = batch.seq_lens
+
+        # 1) the draft forward over [anchor, mask...], as DFlash's (eager block preparation)
+        self._ensure_draft_block_buffers(bs)
+        block_ids, positions_2d = self._draft_block_ids_buf[:bs], self._draft_block_positions_buf[:bs]
+        loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
+        block_ids.fill_(int(self._mask_token_id))
+        block_ids[:, 0].copy_(draft_input.bonus_tokens)
+        torch.add(prefix_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
+        loc_2d.copy_(assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token, start_offset=prefix_lens,
+            end_offset=prefix_lens + b, batch_size=bs, draft_token_num=b, device=dev).view(bs, b))
+        positions, loc = positions_2d.reshape(-1), loc_2d.reshape(-1)
+        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]  # a safe host bound, as DFlash's non-windowed path
+        if batch.seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(batch.seq_lens_cpu)
+            seq_lens_cpu.add_(b)
+        elif draft_input.reserved_seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(draft_input.reserved_seq_lens_cpu)
+        else:
+            seq_lens_cpu.copy_(prefix_lens.to("cpu", dtype=torch.int32))
+        embed = self.target_worker.model_runner.model.get_input_embeddings()(block_ids)
+        draft_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens, out_cache_loc=loc,
+            seq_lens_sum=int(seq_lens_cpu.sum()), seq_lens_cpu=seq_lens_cpu, positions=positions,
+            input_embeds=embed.view(-1, embed.shape[-1]), spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info, capture_hidden_mode=CaptureHiddenMode.NULL)
+        with torch.inference_mode():
+            draft_out = self.draft_model_runner.forward(draft_batch)
+        if self._draft_sampler is not None and draft_out.can_run_graph:
+            walk, trees = self._draft_sampler.drafts(bs)
+        else:  # above the captured batch sizes, or graphs off
+            step, lm_head = self.draft_model.draft_step, self.target_worker.model_runner.model.lm_head
+            shard = self._vocab_shard(lm_head)
+            step.attach_head(lm_head.weight[: shard.size], shard)
+            walk, trees = walks_and_trees(step, draft_out.logits_output.hidden_states)
+        sampling_info = batch.sampling_info  # greedy requests (top-k 1) verify their walk (chains_where says why)
+        greedy = torch.ones(bs, dtype=torch.bool, device=walk.device) if sampling_info is None or \
+            sampling_info.is_all_greedy else sampling_info.top_ks.view(-1) <= 1
+        trees = chains_where(greedy, walk, trees)
+
+        # 2) the target's verify pass over [anchor, nodes...] under the tree mask
+        verify = tree_verify_inputs(trees, block_ids[:, 0], prefix_lens, depth=b - 1)
+        grammar_tree = GrammarTree.from_device(verify.links.next_token, verify.links.next_sibling, verify.tokens) \
+            if batch.has_grammar else None
+        verify_input = DFlashVerifyInput(draft_token=verify.tokens.reshape(-1), positions=verify.positions,
+                                         draft_token_num=b, custom_mask=verify.custom_mask,
+                                         capture_hidden_mode=CaptureHiddenMode.FULL)
+        batch.out_cache_loc = loc
+        seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
+        if seq_lens_cpu_backup is not None:
+            batch.seq_lens_cpu = seq_lens_cpu_backup + b
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        elif draft_input.reserved_seq_lens_cpu is not None:
+            batch.seq_lens_cpu = draft_input.reserved_seq_lens_cpu
+            batch.seq_lens_sum = int(draft_input.reserved_seq_lens_sum)
+        verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
+        target_out = self.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch,
+                                                                 is_verify=True, skip_attn_backend_init=True)
+        logits_output = target_out.logits_output
+        grammar_mask = build_grammar_vocab_mask(reqs=batch.reqs, tree=grammar_tree, sampling_info=sampling_info,
+                                                device=logits_output.next_token_logits.device,
+                                                barrier=grammar_barrier) if batch.has_grammar else None
+        if sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(next_token_logits=logits_output.next_token_logits,
+                                                   sampling_info=sampling_info, draft_token_num=b)
+        if grammar_mask is not None:
+            grammar_mask.apply(logits_output.next_token_logits)
+
+        # 3) the walk down the tree; the accepted path to the front of the block: from here on, a chain
+        sample = sampling_info is not None and not sampling_info.is_all_greedy and is_dflash_sampling_verify_available()
+        acc = accept_tree(verify, logits_output.next_token_logits, sampling_info if sample else None,
+                          max_top_k=draft_input.max_top_k, uniform_top_k_value=draft_input.uniform_top_k_value)
+        rows = committed_rows(verify, acc)
+        front = bring_to_front(rows.order, loc_2d, req_to_token, batch.req_pool_indices, prefix_lens)
+        if batch.return_logprob or self._logprobs_asked():  # log-probs read rows n·B + j ([bs·B, V]: only then)
+            logits_output.next_token_logits = rows_to_front(logits_output.next_token_logits, rows.order)
+        new_seq_lens = prefix_lens + rows.commit_lens.to(prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DSPINE tree verify: the target returned no hidden states")
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=rows_to_front(hidden, rows.order), cache_loc=front.reshape(-1), cache_loc_2d=front,
+            positions=positions, commit_lens=rows.commit_lens)
+        logits_output.hidden_states = None
+        next_draft_input = self._make_next_draft_input_decode(bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens)
+        return GenerationBatchResult(
+            logits_output=logits_output, next_token_ids=rows.out_tokens.reshape(-1), accept_lens=rows.commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph, next_draft_input=next_draft_input,
+            speculative_num_draft_tokens=b, new_seq_lens=new_seq_lens)
 
     def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
         """Eager path (above the captured batch sizes, or graphs off): DFlash hands over positions 1..B-1."""
@@ -97,6 +238,11 @@ class DSpineWorker(DFlashWorkerV2):
         shard = self._vocab_shard(lm_head)
         step.attach_head(lm_head.weight[: shard.size], shard)  # once; a no-op after
         return step.decode(hidden_states.contiguous()).reshape(-1)
+
+    def _logprobs_asked(self) -> bool:
+        """Whether the batch being stepped asked for log-probs that this worker computes after the step
+        (`DSpineLogprobWorker`, which hides them from DFlash's code)."""
+        return getattr(self, "_logprob_batch", None) is not None
 
     @staticmethod
     def _vocab_shard(lm_head) -> VocabShard:

@@ -1,0 +1,210 @@
+"""Tree verification in the server: a DSPINE decode step that verifies a best-first tree over the drafter's
+transition lattice instead of the walk's one path (docs/tree.md, "Verifying the tree in SGLang").
+
+The tree has B - 1 nodes, so a step keeps every shape of the chain's: the draft forward over [anchor, mask...]
+(B rows), the target's verify pass over [anchor, nodes...] (B rows, the KV slots DFlash's worker reserves
+for the block), B emitted tokens at most. What differs from the chain:
+- the draft graph's tail writes the walk and the tree (`TreeDraftSampler`, `DraftStep.walk_and_tree`); greedy
+  requests verify their walk as a chain-shaped tree, sampled ones the tree (`chains_where` says why);
+- the verify pass reads a tree mask and puts each node at position seq_len + its depth (`tree_verify_inputs`);
+- acceptance walks the tree with SGLang's own tree kernels (`accept_tree`: `verify_tree_greedy` at T = 0,
+  `tree_speculative_sampling_target_only` at T > 0, the rule EAGLE's trees use);
+- the accepted path is brought to the front of the block (`committed_rows`, `bring_to_front`): its KV slots by
+  reordering the request's slots in `req_to_token` within the block (no KV is copied, no slot changes owner:
+  the block's slots stay the request's, those past the path are rewritten by the next step as the chain's
+  are), its hidden states and logits by a gather. After that the block reads as a chain whose first
+  `commit_lens` rows were accepted, and DFlash's chain code applies unchanged: the draft KV written from the
+  target's hidden states at the chain's positions, log-probs from rows n·B + j, the next step's anchor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..drafter.tree_batch import (
+    RetrieveLinks,
+    TreeBatch,
+    ancestor_masks,
+    full_tree_mask,
+    retrieve_links,
+    verify_positions,
+)
+
+
+class TreeDraftSampler:
+    """The draft CUDA graph's tail for trees (the slot of DFlash's argmax, `DSpineDraftSampler`'s for the
+    chain): `__call__(hidden, input_ids)` writes each request's walk (B - 1 tokens) and tree of B - 1 nodes into
+    static buffers, read after the graph by `drafts(bs)`."""
+
+    def __init__(self, step, max_bs: int):
+        self.step = step
+        self.nodes = step.block_size - 1
+        dev = step.head.device
+        shape = (max_bs, self.nodes)
+        self.walk, self.tokens, self.parents, self.depths = (
+            torch.empty(shape, dtype=torch.int64, device=dev) for _ in range(4))
+        self.scores = torch.empty(shape, dtype=torch.float32, device=dev)
+
+    def __call__(self, hidden_states, input_ids=None):
+        walk, trees = walks_and_trees(self.step, hidden_states)
+        bs = trees.tokens.shape[0]
+        for buf, src in zip((self.walk, self.tokens, self.parents, self.depths, self.scores),
+                            (walk, trees.tokens, trees.parents, trees.depths, trees.scores)):
+            buf[:bs].copy_(src)
+
+    def drafts(self, bs: int) -> tuple[torch.Tensor, TreeBatch]:
+        return self.walk[:bs], TreeBatch(self.tokens[:bs], self.parents[:bs], self.depths[:bs], self.scores[:bs])
+
+
+def walks_and_trees(step, hidden_states: torch.Tensor) -> tuple[torch.Tensor, TreeBatch]:
+    """Each request's walk [bs, B-1] and tree of B - 1 nodes from the draft forward's final-normed states
+    [bs·B, H]."""
+    b, h = step.block_size, hidden_states.shape[-1]
+    states = hidden_states.reshape(-1, b, h)[:, 1:].reshape(-1, h)  # positions 1..B-1, rows contiguous
+    return step.walk_and_tree(states, b - 1)
+
+
+def chains_where(greedy: torch.Tensor, walk: torch.Tensor, trees: TreeBatch) -> TreeBatch:
+    """The trees, with each request where `greedy` [bs] (bool) is True verifying its walk instead: a chain
+    of the same size (node i the walk's token i, under node i - 1).
+
+    Why: at B - 1 nodes the lattice tree gains where the target samples (a child is accepted with the target's
+    probability of its token, and siblings are further chances) and loses at T = 0, where only the argmax
+    path counts and the walk already is the drafter's best guess of it (docs/tree.md)."""
+    n, dev = walk.shape[1], walk.device
+    chain_parents = torch.arange(-1, n - 1, device=dev).expand_as(walk)
+    chain_depths = torch.arange(1, n + 1, device=dev).expand_as(walk)
+    g = greedy.view(-1, 1)
+    return TreeBatch(tokens=torch.where(g, walk, trees.tokens), parents=torch.where(g, chain_parents, trees.parents),
+                     depths=torch.where(g, chain_depths, trees.depths),
+                     scores=torch.where(g, torch.zeros_like(trees.scores), trees.scores))
+
+
+@dataclass
+class TreeVerify:
+    """A verify pass over a batch of trees, B = N + 1 rows per request [anchor, nodes...]: tokens [bs, B];
+    positions [bs·B]; custom_mask (SGLang's flattened tree mask, FULL_MASK layout); links (what SGLang's tree
+    kernels walk); depth (P, the deepest a node can be)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    custom_mask: torch.Tensor
+    links: RetrieveLinks
+    depth: int
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.shape[1]
+
+
+def tree_verify_inputs(trees: TreeBatch, anchors: torch.Tensor, seq_lens: torch.Tensor, depth: int) -> TreeVerify:
+    """The verify pass's inputs for `trees` after `anchors` [bs], the requests' committed lengths `seq_lens`."""
+    tokens = torch.cat([anchors.view(-1, 1).to(trees.tokens.dtype), trees.tokens], dim=1)
+    return TreeVerify(tokens=tokens, positions=verify_positions(trees, seq_lens),
+                      custom_mask=full_tree_mask(ancestor_masks(trees, depth), seq_lens),
+                      links=retrieve_links(trees), depth=depth)
+
+
+@dataclass
+class TreeAcceptance:
+    """SGLang's tree kernels' outcome: accept_index [bs, P+1] (the flat verify row of the anchor, then of each
+    accepted node; -1 past them); accepted [bs] (accepted draft nodes); bonus [bs] (the target's token after
+    the last accepted row)."""
+
+    accept_index: torch.Tensor
+    accepted: torch.Tensor
+    bonus: torch.Tensor
+
+
+def accept_tree(verify: TreeVerify, logits: torch.Tensor, sampling_info=None, max_top_k=None,
+                uniform_top_k_value=None) -> TreeAcceptance:
+    """Walk the trees against the verify logits [bs·rows, V] (penalties, bias and grammar masks applied): greedy
+    when `sampling_info` is None or all greedy, else SGLang's lossless tree sampling with each request's
+    temperature, top-k and top-p (the target probabilities DFlash's chain sampling builds)."""
+    from sglang.srt.speculative.eagle_utils import verify_tree_greedy_triton
+
+    bs, rows = verify.tokens.shape
+    dev = logits.device
+    accept_index = torch.full((bs, verify.depth + 1), -1, dtype=torch.int32, device=dev)
+    accepted = torch.zeros(bs, dtype=torch.int32, device=dev)
+    predicts = torch.zeros(bs * rows, dtype=torch.int32, device=dev)
+    links = verify.links
+    if sampling_info is None or sampling_info.is_all_greedy:
+        target = logits.argmax(-1).view(bs, rows)
+        # SGLang's Triton walk (EAGLE's CUDA op has the same contract): one code path on every device
+        verify_tree_greedy_triton(predicts, accept_index, accepted, verify.tokens, links.index, links.next_token,
+                                  links.next_sibling, target)
+        bonus = target.view(-1)[accept_index.gather(1, accepted.long()[:, None]).squeeze(1).long()]
+        return TreeAcceptance(accept_index, accepted, bonus.to(torch.int64))
+    from sglang.srt.runtime_context import get_spec
+    from sglang.srt.speculative.dflash_utils import (
+        build_dflash_verify_target_probs,
+        tree_speculative_sampling_target_only,
+    )
+
+    probs = build_dflash_verify_target_probs(next_token_logits=logits, sampling_info=sampling_info,
+                                             draft_token_num=rows, bs=bs, max_top_k=max_top_k,
+                                             uniform_top_k_value=uniform_top_k_value).view(bs, rows, -1)
+    spec = get_spec()
+    tree_speculative_sampling_target_only(
+        predicts=predicts, accept_index=accept_index, accept_token_num=accepted, candidates=verify.tokens,
+        retrive_index=links.index, retrive_next_token=links.next_token, retrive_next_sibling=links.next_sibling,
+        uniform_samples=torch.rand(bs, rows, device=dev), uniform_samples_for_final_sampling=torch.rand(bs, device=dev),
+        target_probs=probs, draft_probs=torch.zeros_like(probs),
+        threshold_single=float(spec.speculative_accept_threshold_single),
+        threshold_acc=max(float(spec.speculative_accept_threshold_acc), 1e-9), deterministic=True)
+    bonus = predicts[accept_index.gather(1, accepted.long()[:, None]).squeeze(1).long()]
+    return TreeAcceptance(accept_index, accepted, bonus.to(torch.int64))
+
+
+@dataclass
+class CommittedRows:
+    """A verify step's outcome in the chain's layout: order [bs, B] (the block's rows, the committed ones first:
+    the anchor, then the accepted nodes root's child first, then the others ascending); commit_lens [bs]
+    (anchor + accepted nodes); out_tokens [bs, B] (the accepted nodes' tokens, then the bonus, 0 past it)."""
+
+    order: torch.Tensor
+    commit_lens: torch.Tensor
+    out_tokens: torch.Tensor
+
+
+def committed_rows(verify: TreeVerify, acc: TreeAcceptance) -> CommittedRows:
+    bs, rows = verify.tokens.shape
+    width = acc.accept_index.shape[1]  # P + 1: the anchor and at most P accepted nodes
+    dev = verify.tokens.device
+    if width > rows:
+        raise ValueError(f"committed_rows: accept_index {tuple(acc.accept_index.shape)} for {rows} verify rows")
+    local = acc.accept_index.long() - torch.arange(bs, device=dev)[:, None] * rows  # the request's own rows
+    step = torch.arange(width, device=dev).expand(bs, width)
+    accepted = acc.accepted.long()[:, None]
+    on_path = step <= accepted
+    # sort key: a committed row's place on the path; any other row after them, in its own order (entries past
+    # the path go to a spare column)
+    key = torch.cat([rows + torch.arange(rows, device=dev), torch.zeros(1, dtype=torch.long, device=dev)])
+    key = key.expand(bs, rows + 1).clone()
+    key.scatter_(1, torch.where(on_path, local, rows), torch.where(on_path, step, 0))
+    order = key[:, :rows].argsort(dim=1)
+    path_tokens = verify.tokens.gather(1, order[:, 1:width])  # the accepted nodes' tokens, root's child first
+    out = torch.zeros(bs, rows, dtype=torch.int64, device=dev)
+    out[:, : width - 1] = torch.where(step[:, : width - 1] < accepted, path_tokens, 0)
+    out.scatter_(1, accepted, acc.bonus.view(-1, 1).to(torch.int64))
+    return CommittedRows(order=order, commit_lens=acc.accepted.to(torch.int32) + 1, out_tokens=out)
+
+
+def bring_to_front(order: torch.Tensor, cache_loc_2d: torch.Tensor, req_to_token: torch.Tensor,
+                   req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """Reorder each request's block slots in `req_to_token` (from its committed length on) by `order`, so
+    position seq_len + j holds the slot of the block's j-th committed row, whose K/V was written for that
+    position (a node's position is seq_len + its depth). Returns the block's slots in the new order [bs, B]."""
+    slots = cache_loc_2d.gather(1, order)
+    cols = seq_lens.view(-1, 1).long() + torch.arange(order.shape[1], device=order.device)
+    req_to_token[req_pool_indices.view(-1, 1).long(), cols] = slots.to(req_to_token.dtype)
+    return slots
+
+
+def rows_to_front(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """x [bs·B, ...] (a verify pass's rows) with each request's rows in `order` [bs, B]."""
+    bs, rows = order.shape
+    flat = (order + torch.arange(bs, device=order.device)[:, None] * rows).reshape(-1)
+    return x.index_select(0, flat)

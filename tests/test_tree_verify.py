@@ -1,0 +1,170 @@
+"""Tree verification in the server (sglang_dspine/serving/tree_verify.py): SGLang's own tree walk (its Triton
+kernel, through Triton's interpreter) on the verify inputs, and the accepted path brought to the front of the
+block, against plain forwards of the target over the accepted path: after it the block reads as a chain step
+over that path (the slots req_to_token gives each position hold the K/V a chain would have written there)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_tree_batch import random_lattice
+
+from sglang_dspine.drafter.tree import DraftTree, tree_attention_mask, tree_positions
+from sglang_dspine.drafter.tree_batch import TreeBatch, accept, lattice_trees
+from sglang_dspine.serving.tree_verify import (
+    accept_tree,
+    bring_to_front,
+    chains_where,
+    committed_rows,
+    rows_to_front,
+    tree_verify_inputs,
+)
+
+pytestmark = pytest.mark.usefixtures("no_grad", "one_thread")  # conftest.py
+
+
+def test_committed_rows_are_the_walks_path_then_the_other_rows():
+    """On 64 random lattice trees: SGLang's greedy tree walk accepts what `tree_batch.accept` (the offline rule's
+    batch form) accepts; `committed_rows` orders the block [anchor, accepted nodes root's child first, every other
+    row ascending] and emits the accepted tokens then the target's next token."""
+    bs, p, k, vocab = 64, 5, 3, 4
+    cand, log_scores = random_lattice(bs, p, k, vocab, seed=31)
+    trees = lattice_trees(cand, log_scores, 12)
+    n = trees.size
+    logits = torch.randn(bs, n + 1, vocab, generator=torch.Generator().manual_seed(32))
+    anchors = torch.randint(0, vocab, (bs,), generator=torch.Generator().manual_seed(33))
+    verify = tree_verify_inputs(trees, anchors, torch.arange(bs) % 7 + 3, depth=p)
+    acc = accept_tree(verify, logits.view(bs * (n + 1), vocab))
+    ref = accept(trees, logits, 0.0, depth=p)
+    assert acc.accepted.tolist() == ref.accepted.tolist() and acc.bonus.tolist() == ref.next_token.tolist()
+    rows = committed_rows(verify, acc)
+    assert rows.commit_lens.tolist() == (ref.accepted + 1).tolist()
+    emitted = ref.emitted(trees)
+    for b in range(bs):
+        a = ref.accepted[b].item()
+        path = [0] + [m + 1 for m in ref.path[b, :a].tolist()]
+        assert rows.order[b].tolist() == path + sorted(set(range(n + 1)) - set(path))
+        assert rows.out_tokens[b].tolist() == emitted[b, : a + 1].tolist() + [0] * (n - a)
+    assert set(ref.accepted.tolist()) >= {0, 1, 2}  # empty, short and longer paths all seen
+
+
+def test_greedy_requests_verify_their_walk_as_a_chain():
+    """`chains_where`: a marked request's tree becomes its walk as a chain (each node under the one before), the
+    others keep their trees; verified as a tree, the chain accepts the chain rule's longest prefix of the target's
+    argmax tokens, then the target's token after it."""
+    bs, p, k, vocab = 16, 5, 3, 6
+    cand, log_scores = random_lattice(bs, p, k, vocab, seed=41)
+    trees = lattice_trees(cand, log_scores, p)  # p nodes: the chain's size
+    walk = torch.randint(0, vocab, (bs, p), generator=torch.Generator().manual_seed(42))
+    greedy = torch.arange(bs) % 3 != 0
+    mixed = chains_where(greedy, walk, trees)
+    assert torch.equal(mixed.tokens[~greedy], trees.tokens[~greedy])
+    assert torch.equal(mixed.parents[~greedy], trees.parents[~greedy])
+    assert (trees.parents[~greedy] != torch.arange(-1, p - 1)).any(dim=1).any()  # some of those trees branch
+    logits = torch.randn(bs, p + 1, vocab, generator=torch.Generator().manual_seed(43))
+    for b in torch.nonzero(greedy).view(-1).tolist():  # the walk's first b mod (p+1) tokens: the target's argmax
+        cut = b % (p + 1)
+        for j in range(cut):
+            logits[b, j, walk[b, j]] = 50.0
+    verify = tree_verify_inputs(mixed, torch.zeros(bs, dtype=torch.long), torch.full((bs,), 4), depth=p)
+    rows = committed_rows(verify, acc := accept_tree(verify, logits.view(-1, vocab)))
+    for b in torch.nonzero(greedy).view(-1).tolist():
+        assert mixed.tokens[b].tolist() == walk[b].tolist()
+        assert mixed.parents[b].tolist() == list(range(-1, p - 1))
+        assert mixed.depths[b].tolist() == list(range(1, p + 1))
+        best = logits[b].argmax(-1)
+        a = 0
+        while a < p and walk[b, a] == best[a]:
+            a += 1
+        assert acc.accepted[b].item() == a and a >= b % (p + 1)
+        assert rows.out_tokens[b, : a + 1].tolist() == walk[b, :a].tolist() + [best[a].item()]
+        assert rows.order[b, : a + 1].tolist() == list(range(a + 1))
+
+
+def _tree(g: list[int], wrong_at: int | None, v: int) -> DraftTree:
+    """A depth-4 tree whose branches interleave in node order, the target's greedy continuation g on its long
+    branch, made wrong at `wrong_at`; the same shape whatever `wrong_at` (decoys differ from g by 1, the wrong
+    token by 2)."""
+    long = list(g[:4])
+    if wrong_at is not None:
+        long[wrong_at] = (long[wrong_at] + 2) % v
+    decoy = lambda t: (t + 1) % v  # noqa: E731
+    return DraftTree.from_paths([[decoy(g[0])], g[:1] + [decoy(g[1])], g[:2] + [decoy(g[2]), 0], long])
+
+
+def _greedy(target, seq, n):
+    out = []
+    for _ in range(n):
+        out.append(int(target(input_ids=torch.tensor([seq + out])).logits[0, -1].argmax()))
+    return out
+
+
+def test_a_tree_step_brought_to_front_is_a_chain_step_over_the_accepted_path(target):
+    """Three requests (contexts of 5, 1 and 10 tokens) each verify a tree of 8 nodes in one target pass under
+    the tree mask, their greedy paths through non-contiguous nodes (accepting 4, 3 and 2 of them). The verify
+    pass writes each row's state into the row's KV slot. After acceptance (SGLang's walk), `committed_rows` and
+    `bring_to_front`:
+    - the emitted tokens are the target's own greedy continuation;
+    - for every committed position, the slot req_to_token gives it holds the state a plain causal forward over
+      context, anchor and accepted path computes there (what a chain step would have written), and the hidden
+      states and logits brought to the front are that forward's;
+    - each request's block keeps its slots (a permutation of them), everything else in req_to_token is as it was."""
+    v = target.config.vocab_size
+    prompts, anchors, wrong = [[1, 2, 3, 4, 5], [7], [9, 9, 9, 9, 9, 9, 9, 9, 30, 31]], [17, 3, 40], [None, 3, 2]
+    greedy = [_greedy(target, p + [a], 5) for p, a in zip(prompts, anchors)]
+    trees = [_tree(g, w, v) for g, w in zip(greedy, wrong)]
+    rows = len(trees[0]) + 1
+    logits, hidden = [], []
+    for prompt, anchor, tree in zip(prompts, anchors, trees):
+        s = len(prompt)
+        mask = tree_attention_mask(tree, s, torch.float32)  # [1, 1, rows, s + rows], additive
+        assert mask.shape[-2:] == (rows, s + rows)
+        ctx = torch.tensor([prompt + [anchor] + tree.tokens])
+        pos = torch.tensor([list(range(s)) + tree_positions(tree, s)])
+        causal = torch.full((s + rows, s + rows), torch.finfo(torch.float32).min).triu(1)
+        causal[s:, :] = mask[0, 0]
+        out = target(input_ids=ctx, position_ids=pos, attention_mask=causal[None, None], output_hidden_states=True)
+        logits.append(out.logits[0, s:])
+        hidden.append(out.hidden_states[-1][0, s:])
+    batch = TreeBatch.stack(trees)
+    seq_lens = torch.tensor([len(p) for p in prompts])
+    verify = tree_verify_inputs(batch, torch.tensor(anchors), seq_lens, depth=4)
+    assert verify.positions.view(3, rows).tolist() == [tree_positions(t, len(p)) for t, p in zip(trees, prompts)]
+    acc = accept_tree(verify, torch.cat(logits))
+    committed = committed_rows(verify, acc)
+    assert committed.commit_lens.tolist() == [5, 4, 3]
+
+    # the block's slots: request n lives in req_to_token row req[n]; its block at [seq_len, seq_len + rows)
+    req = torch.tensor([2, 0, 3])
+    req_to_token = torch.randperm(400, generator=torch.Generator().manual_seed(4))[:4 * 100].view(4, 100).int()
+    before = req_to_token.clone()
+    cols = seq_lens[:, None] + torch.arange(rows)
+    loc_2d = req_to_token[req[:, None], cols].long()
+    pool = torch.zeros(400, hidden[0].shape[-1])
+    pool[loc_2d.reshape(-1)] = torch.cat(hidden)  # the verify pass writes row r's state into slot loc_2d[n, r]
+    front = bring_to_front(committed.order, loc_2d, req_to_token, req, seq_lens)
+    front_hidden = rows_to_front(torch.cat(hidden), committed.order).view(3, rows, -1)
+    front_logits = rows_to_front(torch.cat(logits), committed.order).view(3, rows, -1)
+    for n, (prompt, anchor) in enumerate(zip(prompts, anchors)):
+        c, s = committed.commit_lens[n].item(), len(prompt)
+        assert committed.out_tokens[n, :c].tolist() == greedy[n][:c]
+        seq = prompt + [anchor] + greedy[n][: c - 1]  # context, anchor, the accepted path
+        ref = target(input_ids=torch.tensor([seq]), output_hidden_states=True)
+        for j in range(c):
+            slot = req_to_token[req[n], s + j].item()
+            torch.testing.assert_close(pool[slot], ref.hidden_states[-1][0, s + j], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(front_hidden[n, :c], ref.hidden_states[-1][0, s:], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(front_logits[n, :c], ref.logits[0, s:], atol=1e-4, rtol=1e-4)
+        block = req_to_token[req[n], s: s + rows]
+        assert block.tolist() == front[n].tolist()
+        assert sorted(block.tolist()) == sorted(before[req[n], s: s + rows].tolist())
+        req_to_token[req[n], s: s + rows] = before[req[n], s: s + rows]
+    assert torch.equal(req_to_token, before)  # nothing outside the blocks moved
+
+
+def test_committed_rows_refuse_a_path_wider_than_the_block():
+    trees = TreeBatch.stack([DraftTree.from_paths([[1, 2]])])
+    verify = tree_verify_inputs(trees, torch.tensor([0]), torch.tensor([3]), depth=2)
+    acc = accept_tree(verify, torch.randn(3, 5))
+    wide = type(acc)(torch.cat([acc.accept_index, acc.accept_index], 1), acc.accepted, acc.bonus)
+    with pytest.raises(ValueError, match="accept_index"):
+        committed_rows(verify, wide)
