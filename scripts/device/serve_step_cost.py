@@ -1,12 +1,14 @@
 """DFLASH vs DSPINE in SGLang, side by side on one GPU: throughput, tau and the per-step cost.
 
-Servers (`--servers`, default all but plain): the target without speculation (plain); stock DFLASH; DFLASH on
+Servers (`--servers`, default the first five but plain): the target without speculation (plain); stock DFLASH; DFLASH on
 the same drafter with `is_causal: true` (DSpine's block mask: does the bidirectional draft attention cost
 DFLASH its steps?); DSPINE; DSPINE with SGLANG_DSPINE_KERNELS=0 (its PyTorch math: the kernels' effect in
-serving). Measured, after a warm-up: output tokens/s and tau (tokens per verify step) at T=0 and
-concurrency 1, 4, 16, 48, the servers in turn, `--repeats` times (so the spread between repeats is visible),
-and verify steps per second = tokens/s / tau (the per-step cost, whatever the acceptance); with
-`--t1-concurrency C`, also tokens/s and tau at T=1 for the speculative servers.
+serving); DSPINE with SGLANG_DSPINE_TREE=1 (sampled requests verify a tree over the lattice, greedy ones their
+walk through the same tree verify: at T=0 its step cost against DSPINE's, at T=1 its tau). Measured, after a
+warm-up: output tokens/s and tau (tokens per verify step) at T=0 and concurrency 1, 4, 16, 48, the servers in
+turn, `--repeats` times (so the spread between repeats is visible), and verify steps per second = tokens/s /
+tau (the per-step cost, whatever the acceptance); with `--t1-concurrency C`, also tokens/s and tau at T=1 for
+the speculative servers.
 
 Usage: `bash scripts/device/serve.sh step_cost` on the GPU machine, or (repo root, after
 `source scripts/device/setup.sh`):
@@ -36,7 +38,7 @@ from serve_e2e import (
 
 from sglang_dspine.provenance import provenance
 
-SERVERS = ["plain", "dflash", "dflash_causal", "dspine", "dspine_torch"]
+SERVERS = ["plain", "dflash", "dflash_causal", "dspine", "dspine_torch", "dspine_tree"]
 
 
 def main():
@@ -46,7 +48,7 @@ def main():
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--servers", default="dflash,dflash_causal,dspine,dspine_torch",
-                    help=f"comma-separated subset of {','.join(SERVERS)} (default: all but plain)")
+                    help=f"comma-separated subset of {','.join(SERVERS)} (default: these four)")
     ap.add_argument("--t1-concurrency", type=int, default=0, help="also measure at T=1 at this concurrency (0: no)")
     ap.add_argument("--name", default="serving_step_cost", help="results file name (without .json)")
     ap.add_argument("--stop-at-eos", action="store_true",
@@ -66,7 +68,8 @@ def main():
                 "dflash": (spec("DFLASH", os.path.join(models, "dflash")), None),
                 "dflash_causal": (spec("DFLASH", causal), None),
                 "dspine": (spec("DSPINE", os.path.join(models, "dspine")), None),
-                "dspine_torch": (spec("DSPINE", os.path.join(models, "dspine")), {"SGLANG_DSPINE_KERNELS": "0"})}
+                "dspine_torch": (spec("DSPINE", os.path.join(models, "dspine")), {"SGLANG_DSPINE_KERNELS": "0"}),
+                "dspine_tree": (spec("DSPINE", os.path.join(models, "dspine")), {"SGLANG_DSPINE_TREE": "1"})}
     servers = {n: Server(n, 32000 + SERVERS.index(n), args_env[n][0], args.out, env=args_env[n][1]) for n in names}
     results = {"provenance": provenance(sys.argv), "models": models}
     out = os.path.join(args.out, f"{args.name}.json")
