@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_tree_batch import random_lattice
+from sampling_stats import chi_square_p, tree_walk_law
+from test_tree_batch import PATHS, random_lattice
 
 from sglang_dspine.drafter.tree import DraftTree, tree_attention_mask, tree_positions
 from sglang_dspine.drafter.tree_batch import TreeBatch, accept, lattice_trees
@@ -168,3 +169,46 @@ def test_committed_rows_refuse_a_path_wider_than_the_block():
     wide = type(acc)(torch.cat([acc.accept_index, acc.accept_index], 1), acc.accepted, acc.bonus)
     with pytest.raises(ValueError, match="accept_index"):
         committed_rows(verify, wide)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_gpu_tree_sampling_keeps_the_target_law(tmp_path, target, temperature):
+    """`accept_tree` at T > 0 as the served step runs it (SGLang's SamplingBatchInfo for the requests, DFlash's
+    target probabilities, SGLang's tree sampling kernel over `retrieve_links`, the server's lossless thresholds):
+    20,000 copies of a branching depth-3 tree emit their sequences with the exact law of the target sampling one
+    token at a time (chi-square), and `committed_rows` emits those tokens."""
+    import sglang_on_cpu
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from test_serving_glue import _sampling_info
+
+    from sglang_dspine.drafter.checkpoint import save_drafter
+    from sglang_dspine.drafter.tiny import tiny_drafter
+
+    # SGLang builds a batch's sampling info from the published configuration: a DSPINE server's on a tiny pair
+    target.save_pretrained(tmp_path / "target")
+    save_drafter(tiny_drafter(target, seed=0), tmp_path / "dspine")
+    publish(sglang_on_cpu.server_args(tmp_path / "target", tmp_path / "dspine"), role="test")
+    dev, v, n = torch.device("cuda"), 5, 20000
+    tree = DraftTree.from_paths(PATHS)
+    rows = len(tree) + 1
+    logits = torch.randn(rows, v, generator=torch.Generator().manual_seed(5))
+    probs = torch.softmax(logits.double() / temperature, -1)
+    params = SamplingParams(temperature=temperature, top_k=-1, top_p=1.0)
+    params.normalize(None)
+    info = _sampling_info([params] * n, v, "cuda")
+    trees = TreeBatch.stack([tree] * n, device=dev)
+    verify = tree_verify_inputs(trees, torch.zeros(n, dtype=torch.long, device=dev),
+                                torch.full((n,), 3, device=dev), depth=3)
+    torch.manual_seed(3)
+    acc = accept_tree(verify, logits.to(dev).repeat(n, 1), info, thresholds=(1.0, 1.0))
+    out = committed_rows(verify, acc).out_tokens.cpu()
+    counts = {}
+    for b, a in enumerate(acc.accepted.cpu().tolist()):
+        seq = tuple(out[b, : a + 1].tolist())
+        counts[seq] = counts.get(seq, 0) + 1
+    exact = tree_walk_law(tree, probs.tolist(), v)
+    assert set(counts) <= set(exact)
+    pv, cells = chi_square_p(counts, exact)
+    assert cells > 25 and pv > 1e-3

@@ -118,10 +118,11 @@ class TreeAcceptance:
 
 
 def accept_tree(verify: TreeVerify, logits: torch.Tensor, sampling_info=None, max_top_k=None,
-                uniform_top_k_value=None) -> TreeAcceptance:
+                uniform_top_k_value=None, thresholds: tuple[float, float] | None = None) -> TreeAcceptance:
     """Walk the trees against the verify logits [bs·rows, V] (penalties, bias and grammar masks applied): greedy
     when `sampling_info` is None or all greedy, else SGLang's lossless tree sampling with each request's
-    temperature, top-k and top-p (the target probabilities DFlash's chain sampling builds)."""
+    temperature, top-k and top-p (the target probabilities DFlash's chain sampling builds). `thresholds`: the
+    kernel's (single, accumulated) acceptance thresholds, by default the server's (1, 1: lossless)."""
     from sglang.srt.speculative.eagle_utils import verify_tree_greedy_triton
 
     bs, rows = verify.tokens.shape
@@ -137,23 +138,26 @@ def accept_tree(verify: TreeVerify, logits: torch.Tensor, sampling_info=None, ma
                                   links.next_sibling, target)
         bonus = target.view(-1)[accept_index.gather(1, accepted.long()[:, None]).squeeze(1).long()]
         return TreeAcceptance(accept_index, accepted, bonus.to(torch.int64))
-    from sglang.srt.runtime_context import get_spec
     from sglang.srt.speculative.dflash_utils import (
         build_dflash_verify_target_probs,
         tree_speculative_sampling_target_only,
     )
 
+    if thresholds is None:
+        from sglang.srt.runtime_context import get_spec
+
+        spec = get_spec()
+        thresholds = spec.speculative_accept_threshold_single, spec.speculative_accept_threshold_acc
+
     probs = build_dflash_verify_target_probs(next_token_logits=logits, sampling_info=sampling_info,
                                              draft_token_num=rows, bs=bs, max_top_k=max_top_k,
-                                             uniform_top_k_value=uniform_top_k_value).view(bs, rows, -1)
-    spec = get_spec()
+                                             uniform_top_k_value=uniform_top_k_value).reshape(bs, rows, -1)
     tree_speculative_sampling_target_only(
         predicts=predicts, accept_index=accept_index, accept_token_num=accepted, candidates=verify.tokens,
         retrive_index=links.index, retrive_next_token=links.next_token, retrive_next_sibling=links.next_sibling,
         uniform_samples=torch.rand(bs, rows, device=dev), uniform_samples_for_final_sampling=torch.rand(bs, device=dev),
         target_probs=probs, draft_probs=torch.zeros_like(probs),
-        threshold_single=float(spec.speculative_accept_threshold_single),
-        threshold_acc=max(float(spec.speculative_accept_threshold_acc), 1e-9), deterministic=True)
+        threshold_single=float(thresholds[0]), threshold_acc=max(float(thresholds[1]), 1e-9), deterministic=True)
     bonus = predicts[accept_index.gather(1, accepted.long()[:, None]).squeeze(1).long()]
     return TreeAcceptance(accept_index, accepted, bonus.to(torch.int64))
 
