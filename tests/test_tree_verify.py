@@ -10,12 +10,13 @@ from sampling_stats import chi_square_p, tree_walk_law
 from test_tree_batch import PATHS, random_lattice
 
 from sglang_dspine.drafter.tree import DraftTree, tree_attention_mask, tree_positions
-from sglang_dspine.drafter.tree_batch import TreeBatch, accept, lattice_trees
+from sglang_dspine.drafter.tree_batch import TreeBatch, accept, ancestor_masks, full_tree_mask, lattice_trees
 from sglang_dspine.serving.tree_verify import (
     accept_tree,
     bring_to_front,
     chains_where,
     committed_rows,
+    mask_cells_bound,
     rows_to_front,
     tree_verify_inputs,
 )
@@ -79,6 +80,35 @@ def test_greedy_requests_verify_their_walk_as_a_chain():
         assert acc.accepted[b].item() == a and a >= b % (p + 1)
         assert rows.out_tokens[b, : a + 1].tolist() == walk[b, :a].tolist() + [best[a].item()]
         assert rows.order[b, : a + 1].tolist() == list(range(a + 1))
+
+
+def test_the_tree_mask_sized_from_host_lengths_is_the_mask():
+    """The tree mask sized without a read from the device (`mask_cells_bound` on host lengths that bound the
+    committed ones from above, as DFlash's host bound does): the layout's cells are the mask's, every cell past
+    them True (SGLang pads the same way); capped at the backend's mask buffer (SGLang's VerifyMask) where the
+    batch fits it, not where it does not."""
+    from sglang.srt.layers.attention.verify_mask import VerifyMask, tree_mask_numel
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode
+
+    bs, p, k = 6, 4, 3
+    cand, log_scores = random_lattice(bs, p, k, 20, seed=51)
+    trees = lattice_trees(cand, log_scores, 9)
+    rows = trees.size + 1
+    seq_lens = torch.tensor([3, 0, 17, 5, 9, 1])
+    host = seq_lens + torch.tensor([4, 4, 0, 2, 4, 1])  # lagging committed length + up to a block
+    exact = full_tree_mask(ancestor_masks(trees, p), seq_lens)
+    assert exact.numel() == int(seq_lens.sum()) * rows + bs * rows * rows
+    cells = mask_cells_bound(host, rows)
+    assert cells > exact.numel()
+    sized = tree_verify_inputs(trees, torch.zeros(bs, dtype=torch.long), seq_lens, depth=p, mask_cells=cells)
+    assert sized.custom_mask.numel() == cells
+    assert torch.equal(sized.custom_mask[: exact.numel()], exact) and sized.custom_mask[exact.numel():].all()
+    context = 32
+    buffer = torch.zeros(tree_mask_numel(TreeMaskMode.FULL_MASK, bs, rows, context), dtype=torch.uint8)
+    assert mask_cells_bound(host + 40, rows, VerifyMask(buffer=buffer, mode=TreeMaskMode.FULL_MASK, max_bs=bs)) \
+        == buffer.numel() >= exact.numel()
+    small = VerifyMask(buffer=buffer, mode=TreeMaskMode.FULL_MASK, max_bs=bs - 1)  # the batch is above its graphs
+    assert mask_cells_bound(host + 40, rows, small) == int((host + 40).sum()) * rows + bs * rows * rows
 
 
 def _tree(g: list[int], wrong_at: int | None, v: int) -> DraftTree:

@@ -134,11 +134,14 @@ def ancestor_masks(trees: TreeBatch, depth: int) -> torch.Tensor:
     return mask
 
 
-def full_tree_mask(masks: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+def full_tree_mask(masks: torch.Tensor, seq_lens: torch.Tensor, cells: int | None = None) -> torch.Tensor:
     """SGLang's flattened tree mask for a verify pass (its FULL_MASK layout, what `build_tree_kernel_efficient`
     writes for EAGLE): per request, rows [anchor, nodes...] over columns [its seq_len cached tokens, anchor,
     nodes...], row-major, requests one after another; True where the row may attend (every cached token, and
-    `ancestor_masks` over the tree). masks [bs, N+1, N+1], seq_lens [bs] (tokens before the anchor)."""
+    `ancestor_masks` over the tree). masks [bs, N+1, N+1], seq_lens [bs] (tokens before the anchor).
+
+    cells: the mask's length, at least the layout's (Σ seq_len·(N+1) + bs·(N+1)²; True past it), when the caller
+    knows a bound on the host; by default the layout's own, which reads seq_lens' sum from the device."""
     bs, r, _ = masks.shape
     dev = masks.device
     seq_lens = seq_lens.to(device=dev, dtype=torch.long)
@@ -146,7 +149,9 @@ def full_tree_mask(masks: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
     width = (seq_lens + r)[:, None, None]
     rows = torch.arange(r, device=dev)
     where = start[:, None, None] + rows[None, :, None] * width + seq_lens[:, None, None] + rows[None, None, :]
-    out = torch.ones(int(seq_lens.sum()) * r + bs * r * r, dtype=torch.bool, device=dev)
+    if cells is None:
+        cells = int(seq_lens.sum()) * r + bs * r * r
+    out = torch.ones(cells, dtype=torch.bool, device=dev)
     return out.scatter_(0, where.reshape(-1), masks.reshape(-1))
 
 

@@ -98,12 +98,27 @@ class TreeVerify:
         return self.tokens.shape[1]
 
 
-def tree_verify_inputs(trees: TreeBatch, anchors: torch.Tensor, seq_lens: torch.Tensor, depth: int) -> TreeVerify:
-    """The verify pass's inputs for `trees` after `anchors` [bs], the requests' committed lengths `seq_lens`."""
+def tree_verify_inputs(trees: TreeBatch, anchors: torch.Tensor, seq_lens: torch.Tensor, depth: int,
+                       mask_cells: int | None = None) -> TreeVerify:
+    """The verify pass's inputs for `trees` after `anchors` [bs], the requests' committed lengths `seq_lens`;
+    mask_cells: the tree mask's length where the caller has a host bound (`full_tree_mask`)."""
     tokens = torch.cat([anchors.view(-1, 1).to(trees.tokens.dtype), trees.tokens], dim=1)
     return TreeVerify(tokens=tokens, positions=verify_positions(trees, seq_lens),
-                      custom_mask=full_tree_mask(ancestor_masks(trees, depth), seq_lens),
+                      custom_mask=full_tree_mask(ancestor_masks(trees, depth), seq_lens, cells=mask_cells),
                       links=retrieve_links(trees), depth=depth)
+
+
+def mask_cells_bound(host_seq_lens: torch.Tensor, rows: int, verify_mask=None) -> int:
+    """A length for the tree mask from host-side lengths, with no read from the device: `host_seq_lens` [bs]
+    (CPU) bound each request's committed length from above (DFlash's host bound: the lagging committed length
+    plus one block, or the reservation), so the layout fits. Where the attention backend keeps a mask buffer
+    for its CUDA graphs (`verify_mask`, which a replay copies the mask into) and the batch fits it, no longer
+    than that buffer: the real layout always fits there (a committed length is below the context length)."""
+    bs = host_seq_lens.numel()
+    cells = int(host_seq_lens.sum()) * rows + bs * rows * rows
+    if verify_mask is not None and verify_mask.fits(bs):
+        cells = min(cells, verify_mask.buffer.numel())
+    return cells
 
 
 @dataclass

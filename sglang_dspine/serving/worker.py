@@ -123,6 +123,7 @@ class DSpineWorker(DFlashWorkerV2):
             bring_to_front,
             chains_where,
             committed_rows,
+            mask_cells_bound,
             rows_to_front,
             tree_verify_inputs,
             walks_and_trees,
@@ -180,7 +181,9 @@ class DSpineWorker(DFlashWorkerV2):
         trees = chains_where(greedy, walk, trees)
 
         # 2) the target's verify pass over [anchor, nodes...] under the tree mask
-        verify = tree_verify_inputs(trees, block_ids[:, 0], prefix_lens, depth=b - 1)
+        cells = mask_cells_bound(seq_lens_cpu, b, getattr(self.target_worker.model_runner.attn_backend,
+                                                          "verify_mask", None))
+        verify = tree_verify_inputs(trees, block_ids[:, 0], prefix_lens, depth=b - 1, mask_cells=cells)
         grammar_tree = GrammarTree.from_device(verify.links.next_token, verify.links.next_sibling, verify.tokens) \
             if batch.has_grammar else None
         verify_input = DFlashVerifyInput(draft_token=verify.tokens.reshape(-1), positions=verify.positions,
