@@ -42,9 +42,12 @@ VOCAB = 50  # SGLang pads a head's vocabulary to a multiple of 64: rows 50..63 a
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
+    return served_pair(tmp_path_factory.mktemp("glue"))
+
+
+def served_pair(root):
     """A target with a vocabulary SGLang pads, a DSpine drafter for it (random injection: its walk leaves the
     backbone's argmax), the launch's server arguments published, SGLang's parallel state on one rank."""
-    root = tmp_path_factory.mktemp("glue")
     target = make_target(vocab=VOCAB, seed=5)
     target.save_pretrained(root / "target")
     plain = randomize_injection(tiny_drafter(target, seed=2), seed=4, std=0.4)
@@ -65,7 +68,8 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
     from sglang_dspine.serving.sglang_model import DSpineDraftModel
     from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineWorker
 
-    own = {DSpineWorker: {"_vocab_shard", "verifies_trees", "_forward_tree_decode", "_logprobs_asked"},
+    own = {DSpineWorker: {"_vocab_shard", "verifies_trees", "_forward_tree_decode", "_commit_tree_path",
+                          "_logprobs_asked"},
            DSpineLogprobWorker: {"_logprob_batch"},
            DSpineDraftModel: {"_check_names", "_set_up_draft_step", "post_load_weights"}}
     parent = {DSpineWorker: DFlashWorkerV2, DSpineLogprobWorker: DFlashWorkerV2, DSpineDraftModel: DFlashDraftModel}

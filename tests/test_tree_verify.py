@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from sampling_stats import chi_square_p, tree_walk_law
+from test_serving_glue import VOCAB, _padded_head, served_pair
 from test_tree_batch import PATHS, random_lattice
 
 from sglang_dspine.drafter.tree import DraftTree, tree_attention_mask, tree_positions
@@ -22,6 +23,12 @@ from sglang_dspine.serving.tree_verify import (
 )
 
 pytestmark = pytest.mark.usefixtures("no_grad", "one_thread")  # conftest.py
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """test_serving_glue's pair: a target SGLang pads the vocabulary of, a DSpine drafter, the launch published."""
+    return served_pair(tmp_path_factory.mktemp("tree_glue"))
 
 
 def test_committed_rows_are_the_walks_path_then_the_other_rows():
@@ -242,3 +249,92 @@ def test_gpu_tree_sampling_keeps_the_target_law(tmp_path, target, temperature):
     assert set(counts) <= set(exact)
     pv, cells = chi_square_p(counts, exact)
     assert cells > 25 and pv > 1e-3
+
+
+def test_a_tree_steps_tail_leaves_dspine_a_chains_state(served):
+    """The tree step after its acceptance (`DSpineWorker._commit_tree_path`), on the SGLang draft model with a draft
+    KV pool on the CPU and DFlash's own context writer: three requests verify trees of B - 1 = 3 nodes (each verify
+    row's target features random, the target's argmax walking node 1 then its child node 2 for the first request,
+    so the path skips row 1; node 0 alone for the second; nothing for the third). After it:
+    - the tokens out and accept lengths are the walk's;
+    - at every committed position seq_len + j, the slot req_to_token now gives holds the draft K/V DFlash's writer
+      makes from the features of the j-th committed row ([anchor, accepted nodes]) at that position: a chain
+      step's draft K/V over the accepted path;
+    - the next decode step's draft, from the bonus tokens and the new lengths, is the plain drafter's draft on the
+      context extended by those features: DSpine's per-request state after a tree step is a chain's."""
+    import sglang_on_cpu
+    from safetensors.torch import load_file
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+    from sglang_dspine.drafter.tree_batch import TreeBatch
+    from sglang_dspine.serving.tree_verify import accept_tree, tree_verify_inputs
+
+    plain, head = served.plain, served.target.lm_head.weight.detach()
+    dc, b = plain.cfg, plain.cfg.block_size
+    assert b == 4
+    rows_n, n = b, 3  # verify rows per request [anchor, 3 nodes]
+    model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
+    model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
+    pool, req_to_token = sglang_on_cpu.draft_kv(dc)
+    worker = sglang_on_cpu.worker_shell(model, _padded_head(served), b, draft_pool=pool)
+    g = torch.Generator().manual_seed(8)
+    width = len(dc.target_layer_ids) * dc.hidden_size
+    seq_lens, anchors, req = torch.tensor([6, 3, 8]), torch.tensor([5, 11, 30]), torch.tensor([2, 0, 1])
+    ctx_feats = [torch.randn(s, width, generator=g) for s in seq_lens.tolist()]
+    nxt = 1
+    for r, s, feats in zip(req.tolist(), seq_lens.tolist(), ctx_feats):
+        req_to_token.req_to_token[r, : s + 2 * b] = torch.arange(nxt, nxt + s + 2 * b).to(torch.int32)
+        sglang_on_cpu.write_context(model, pool, torch.arange(nxt, nxt + s), feats)
+        nxt += s + 2 * b
+    # the trees: node 0 and node 1 under the anchor, node 2 under node 1 (rows 1, 2, 3)
+    tokens = torch.tensor([[7, 8, 9], [12, 13, 14], [20, 21, 22]])
+    trees = TreeBatch(tokens, torch.tensor([[-1, -1, 1]] * 3), torch.tensor([[1, 1, 2]] * 3), torch.zeros(3, n))
+    verify = tree_verify_inputs(trees, anchors, seq_lens, depth=b - 1)
+    logits = torch.randn(3, rows_n, VOCAB, generator=g)
+    wanted = {0: [(0, 8), (2, 9), (3, 40)], 1: [(0, 12), (1, 41)], 2: [(0, 42)]}  # (row, the target's argmax)
+    for i, picks in wanted.items():
+        for row, tok in picks:
+            logits[i, row, tok] = 100.0
+    acc = accept_tree(verify, logits.view(-1, VOCAB))
+    assert acc.accepted.tolist() == [2, 1, 0] and acc.bonus.tolist() == [40, 41, 42]
+    verify_feats = torch.randn(3 * rows_n, width, generator=g)
+    out = LogitsProcessorOutput(next_token_logits=logits.view(-1, VOCAB).clone(), hidden_states=verify_feats.clone())
+    cols = seq_lens[:, None] + torch.arange(rows_n)
+    loc_2d = req_to_token.req_to_token[req[:, None], cols].long()
+    with torch.no_grad():
+        result = worker._commit_tree_path(verify, acc, out, loc_2d=loc_2d, positions=cols.reshape(-1),
+                                          prefix_lens=seq_lens, req_to_token=req_to_token.req_to_token,
+                                          req_pool_indices=req, logprobs=True)
+    assert result.accept_lens.tolist() == [3, 2, 1]
+    emitted = result.next_token_ids.view(3, rows_n)
+    assert [emitted[i, : c].tolist() for i, c in enumerate([3, 2, 1])] == [[8, 9, 40], [12, 41], [42]]
+    committed = [[0, 2, 3], [0, 1], [0]]  # each request's committed verify rows
+    for i, rows in enumerate(committed):
+        torch.testing.assert_close(out.next_token_logits.view(3, rows_n, -1)[i, : len(rows)], logits[i, rows])
+    nd = result.next_draft_input
+    assert nd.bonus_tokens.tolist() == [40, 41, 42] and nd.new_seq_lens.tolist() == (seq_lens + result.accept_lens).tolist()
+
+    # the draft K/V at each committed position: what the writer makes for the committed rows' features there
+    ref_pool, _ = sglang_on_cpu.draft_kv(dc)
+    full_feats = []
+    for i, (r, s, rows) in enumerate(zip(req.tolist(), seq_lens.tolist(), committed)):
+        feats = torch.cat([ctx_feats[i], verify_feats.view(3, rows_n, -1)[i, rows]])
+        full_feats.append(feats)
+        slots = req_to_token.req_to_token[r, : s + len(rows)].long()
+        with torch.no_grad():
+            sglang_on_cpu.write_context(model, ref_pool, slots, feats)
+        for layer in range(dc.num_hidden_layers):
+            for got, want in ((pool.get_key_buffer(layer), ref_pool.get_key_buffer(layer)),
+                              (pool.get_value_buffer(layer), ref_pool.get_value_buffer(layer))):
+                torch.testing.assert_close(got[slots], want[slots], atol=1e-5, rtol=1e-5)
+
+    # the next step's draft: the plain drafter's on the extended context
+    blk, _, emb = sglang_on_cpu.draft_block(worker.draft_model, served.target, pool, req_to_token, req,
+                                            nd.new_seq_lens, nd.bonus_tokens, dc.mask_token_id)
+    states = blk.hidden_states.view(3, b, -1)[:, 1:].reshape(-1, dc.hidden_size)
+    with torch.no_grad():
+        drafted = worker._greedy_sample_from_vocab_parallel_head(
+            hidden_states=states, lm_head=worker._target_worker.model_runner.model.lm_head).view(3, b - 1)
+    refs = sglang_on_cpu.plain_refs(plain, emb, full_feats, nd.bonus_tokens.tolist())
+    want = [plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist() for ref, a in zip(refs, nd.bonus_tokens)]
+    assert drafted.tolist() == want

@@ -107,7 +107,6 @@ class DSpineWorker(DFlashWorkerV2):
         """DFlash's decode step (SGLang 0.5.17's `DFlashWorkerV2.forward_batch_generation`, its eager block
         preparation) with a tree verified instead of the chain: tree_verify.py says what differs and why."""
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
-        from sglang.srt.managers.scheduler import GenerationBatchResult
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
         from sglang.srt.speculative.dflash_info import DFlashVerifyInput
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
@@ -118,16 +117,7 @@ class DSpineWorker(DFlashWorkerV2):
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
         from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
-        from .tree_verify import (
-            accept_tree,
-            bring_to_front,
-            chains_where,
-            committed_rows,
-            mask_cells_bound,
-            rows_to_front,
-            tree_verify_inputs,
-            walks_and_trees,
-        )
+        from .tree_verify import accept_tree, chains_where, mask_cells_bound, tree_verify_inputs, walks_and_trees
 
         if self.use_compact_draft_cache or self._need_mamba_verify_commit:  # refused at start (check_tree)
             raise RuntimeError("DSPINE tree verify: a draft sliding window or a hybrid (mamba) target is not built")
@@ -215,9 +205,26 @@ class DSpineWorker(DFlashWorkerV2):
         sample = sampling_info is not None and not sampling_info.is_all_greedy and is_dflash_sampling_verify_available()
         acc = accept_tree(verify, logits_output.next_token_logits, sampling_info if sample else None,
                           max_top_k=draft_input.max_top_k, uniform_top_k_value=draft_input.uniform_top_k_value)
+        result = self._commit_tree_path(
+            verify, acc, logits_output, loc_2d=loc_2d, positions=positions, prefix_lens=prefix_lens,
+            req_to_token=req_to_token, req_pool_indices=batch.req_pool_indices,
+            logprobs=batch.return_logprob or self._logprobs_asked(), on_publish=on_publish)
+        result.can_run_cuda_graph = target_out.can_run_cuda_graph
+        return result
+
+    def _commit_tree_path(self, verify, acc, logits_output, *, loc_2d, positions, prefix_lens, req_to_token,
+                          req_pool_indices, logprobs: bool, on_publish=None):
+        """A tree step after its acceptance: the accepted path brought to the front of each block (its KV slots in
+        `req_to_token`, its hidden states, with `logprobs` its logits), then DFlash's chain tail: the draft K/V of
+        the committed rows at the chain's `positions`, the next step's anchors and lengths. Returns the step's
+        GenerationBatchResult (`can_run_cuda_graph` False: the caller sets what its verify pass did)."""
+        from sglang.srt.managers.scheduler import GenerationBatchResult
+
+        from .tree_verify import bring_to_front, committed_rows, rows_to_front
+
         rows = committed_rows(verify, acc)
-        front = bring_to_front(rows.order, loc_2d, req_to_token, batch.req_pool_indices, prefix_lens)
-        if batch.return_logprob or self._logprobs_asked():  # log-probs read rows n·B + j ([bs·B, V]: only then)
+        front = bring_to_front(rows.order, loc_2d, req_to_token, req_pool_indices, prefix_lens)
+        if logprobs:  # log-probs read rows n·B + j; the logits are [bs·B, V]: moved only then
             logits_output.next_token_logits = rows_to_front(logits_output.next_token_logits, rows.order)
         new_seq_lens = prefix_lens + rows.commit_lens.to(prefix_lens.dtype)
         if on_publish is not None:
@@ -232,8 +239,8 @@ class DSpineWorker(DFlashWorkerV2):
         next_draft_input = self._make_next_draft_input_decode(bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens)
         return GenerationBatchResult(
             logits_output=logits_output, next_token_ids=rows.out_tokens.reshape(-1), accept_lens=rows.commit_lens,
-            can_run_cuda_graph=target_out.can_run_cuda_graph, next_draft_input=next_draft_input,
-            speculative_num_draft_tokens=b, new_seq_lens=new_seq_lens)
+            can_run_cuda_graph=False, next_draft_input=next_draft_input,
+            speculative_num_draft_tokens=verify.rows, new_seq_lens=new_seq_lens)
 
     def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
         """Eager path (above the captured batch sizes, or graphs off): DFlash hands over positions 1..B-1."""
