@@ -184,14 +184,15 @@ class TargetModel(torch.nn.Module):
         self.lm_head = lm_head
 
 
-def worker_shell(model, lm_head, block_size, draft_pool=None):
+def worker_shell(model, lm_head, block_size, draft_pool=None, cls=None):
     """A DSpineWorker as DFlash's own draft-decoding methods see it: its block size, its draft model, the target
     worker's model (rank 0 of SGLang's TP group: the logging rank); with `draft_pool`, what DFlash's context writer
     (`_append_target_hidden_to_draft_kv_by_loc`) reads too: the draft KV pool, the device, the draft's placement
     and no fused writer. Nothing else of a worker is built (no model runners on a CPU)."""
     from sglang_dspine.serving.worker import DSpineWorker
 
-    worker = DSpineWorker.__new__(DSpineWorker)
+    cls = cls or DSpineWorker  # or one of its subclasses (DSpineTreeWorker)
+    worker = cls.__new__(cls)
     runner = SimpleNamespace(model=TargetModel(lm_head))
     attrs = dict(block_size=block_size, draft_model=model, _target_worker=SimpleNamespace(model_runner=runner),
                  ps=SimpleNamespace(tp_rank=0), _target_tp_rank=0)

@@ -249,7 +249,15 @@ def test_tree_verification_starts_only_where_it_is_built(dirs, monkeypatch, flag
     if ON_0_5_23:
         reason = "it is built on SGLang 0.5.17's DFlash decode step; install sglang==0.5.17 or unset it"
     if reason is None:
-        assert _resolved(_args(root, root / "dspine", "DSPINE", *flags)).attention_backend == "triton"
+        from sglang.srt.runtime_context import publish
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        from sglang_dspine.serving.worker import DSpineTreeLogprobWorker
+
+        args = _args(root, root / "dspine", "DSPINE", *flags)
+        assert _resolved(args).attention_backend == "triton"
+        publish(args, role="test")  # what a scheduler process does before it creates the worker
+        assert SpeculativeAlgorithm.from_string("DSPINE").create_worker(args) is DSpineTreeLogprobWorker
     else:
         with pytest.raises(StartupRefusal) as refused:
             _args(root, root / "dspine", "DSPINE", *flags)

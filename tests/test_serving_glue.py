@@ -66,13 +66,13 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
     from sglang_dspine.serving.sglang_model import DSpineDraftModel
-    from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineWorker
+    from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineTreeWorker, DSpineWorker
 
-    own = {DSpineWorker: {"_vocab_shard", "verifies_trees", "_forward_tree_decode", "_commit_tree_path",
-                          "_logprobs_asked"},
-           DSpineLogprobWorker: {"_logprob_batch"},
+    own = {DSpineWorker: {"_vocab_shard", "verifies_trees"}, DSpineLogprobWorker: {"_logprob_batch"},
+           DSpineTreeWorker: {"verifies_trees", "_forward_tree_decode", "_commit_tree_path", "_logprobs_asked"},
            DSpineDraftModel: {"_check_names", "_set_up_draft_step", "post_load_weights"}}
-    parent = {DSpineWorker: DFlashWorkerV2, DSpineLogprobWorker: DFlashWorkerV2, DSpineDraftModel: DFlashDraftModel}
+    parent = {DSpineWorker: DFlashWorkerV2, DSpineLogprobWorker: DFlashWorkerV2, DSpineTreeWorker: DFlashWorkerV2,
+              DSpineDraftModel: DFlashDraftModel}
     def members(cls):  # what the class body defines (not Python's own entries: dunders, the ABC cache)
         return {n for n in vars(cls) if not n.startswith("__") and n != "_abc_impl"}
 
@@ -82,8 +82,7 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
         for name in overridden:
             assert hasattr(parent[cls], name), f"{parent[cls].__name__}.{name}"
     checked = {name for module, owner, name, _ in sglang_patches.DFLASH_HOOKS if owner == "DFlashWorkerV2"}
-    # the scheduler's entry point, overridden to take tree steps (SGLANG_DSPINE_TREE=1) past DFlash's decode step
-    assert members(DSpineWorker) - own[DSpineWorker] - {"forward_batch_generation"} == checked
+    assert members(DSpineWorker) - own[DSpineWorker] == checked
     # SGLang's loaders call post_load_weights (how a dummy-loaded drafter sets up its draft step)
     from sglang.srt.model_loader import loader
 
@@ -109,7 +108,7 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
 
 
 def test_what_the_tree_step_reads_from_sglang_exists(served, monkeypatch):
-    """The tree step (`DSpineWorker._forward_tree_decode`, tree_verify.py, patch 6) repeats DFlash's decode step
+    """The tree step (`DSpineTreeWorker._forward_tree_decode`, tree_verify.py, patch 6) repeats DFlash's decode step
     around its own verify: every DFlash worker member and SGLang function it reads is in the installed 0.5.17.
     On 0.5.23, whose DFlash decode step differs (and lacks SGLang's Triton tree walk), the tree is refused."""
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2

@@ -252,7 +252,7 @@ def test_gpu_tree_sampling_keeps_the_target_law(tmp_path, target, temperature):
 
 
 def test_a_tree_steps_tail_leaves_dspine_a_chains_state(served):
-    """The tree step after its acceptance (`DSpineWorker._commit_tree_path`), on the SGLang draft model with a draft
+    """The tree step after its acceptance (`DSpineTreeWorker._commit_tree_path`), on the SGLang draft model with a draft
     KV pool on the CPU and DFlash's own context writer: three requests verify trees of B - 1 = 3 nodes (each verify
     row's target features random, the target's argmax walking node 1 then its child node 2 for the first request,
     so the path skips row 1; node 0 alone for the second; nothing for the third). After it:
@@ -276,7 +276,9 @@ def test_a_tree_steps_tail_leaves_dspine_a_chains_state(served):
     model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
     model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
     pool, req_to_token = sglang_on_cpu.draft_kv(dc)
-    worker = sglang_on_cpu.worker_shell(model, _padded_head(served), b, draft_pool=pool)
+    from sglang_dspine.serving.worker import DSpineTreeWorker
+
+    worker = sglang_on_cpu.worker_shell(model, _padded_head(served), b, draft_pool=pool, cls=DSpineTreeWorker)
     g = torch.Generator().manual_seed(8)
     width = len(dc.target_layer_ids) * dc.hidden_size
     seq_lens, anchors, req = torch.tensor([6, 3, 8]), torch.tensor([5, 11, 30]), torch.tensor([2, 0, 1])

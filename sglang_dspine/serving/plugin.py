@@ -86,12 +86,16 @@ def _dspine_algo_class():
 
 
 def _worker_factory(server_args):
-    from .worker import DSpineLogprobWorker, DSpineWorker
+    from ..env import ENV
+    from .worker import DSpineLogprobWorker, DSpineTreeLogprobWorker, DSpineTreeWorker, DSpineWorker
 
     sglang_patches.check_dflash_hooks()  # checked in the launcher already; this process's SGLang too
     sglang_patches.apply()
     # Where DFlash's own verify step returns log-probs, DSPINE's worker leaves them to it (computing them twice,
-    # or hiding the request from it, would be wrong); elsewhere it supplies them.
+    # or hiding the request from it, would be wrong); elsewhere it supplies them. SGLANG_DSPINE_TREE=1: the
+    # same two, verifying trees (check_tree has refused it where it is not built).
+    if ENV.tree:
+        return DSpineTreeWorker if dflash_returns_logprobs() else DSpineTreeLogprobWorker
     return DSpineWorker if dflash_returns_logprobs() else DSpineLogprobWorker
 
 

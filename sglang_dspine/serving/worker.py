@@ -24,7 +24,6 @@ import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from ..drafter.sharding import VocabShard
-from ..env import ENV
 from .tree_verify import TreeDraftSampler
 
 logger = logging.getLogger(__name__)
@@ -80,10 +79,7 @@ class DSpineDraftSampler:
 
 
 class DSpineWorker(DFlashWorkerV2):
-    @property
-    def verifies_trees(self) -> bool:
-        """SGLANG_DSPINE_TREE=1: each decode step verifies a tree over the lattice (tree_verify.py)."""
-        return ENV.tree
+    verifies_trees = False  # DSpineTreeWorker: the draft graph's tail builds trees
 
     def _maybe_build_draft_sampler(self):
         base = super()._maybe_build_draft_sampler()  # DFlash's checks: head present, unquantized, no added vocab
@@ -98,8 +94,84 @@ class DSpineWorker(DFlashWorkerV2):
         logger.info("DSPINE %s folded into the draft cuda graph (max bs %d, tp %d)", what, max_bs, step.shard.world)
         return TreeDraftSampler(step, max_bs) if self.verifies_trees else DSpineDraftSampler(step, max_bs)
 
+    def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
+        """Eager path (above the captured batch sizes, or graphs off): DFlash hands over positions 1..B-1."""
+        step = self.draft_model.draft_step
+        shard = self._vocab_shard(lm_head)
+        step.attach_head(lm_head.weight[: shard.size], shard)  # once; a no-op after
+        return step.decode(hidden_states.contiguous()).reshape(-1)
+
+    @staticmethod
+    def _vocab_shard(lm_head) -> VocabShard:
+        """This rank's rows of the target head (SGLang's `shard_indices`; the whole head without them), with
+        SGLang's TP group (graph-safe collectives) when there are other ranks."""
+        from sglang.srt.distributed import get_tp_group
+
+        info = getattr(lm_head, "shard_indices", None)
+        if info is None:
+            return VocabShard(0, int(lm_head.weight.shape[0]))
+        if int(info.num_added_elements):
+            raise ValueError("DSPINE: target heads with added vocabulary are not supported")
+        group = get_tp_group()
+        return VocabShard(int(info.org_vocab_start_index), int(info.num_org_elements),
+                          group if group.world_size > 1 else None)
+
+
+class DSpineLogprobWorker(DSpineWorker):
+    """DSPINE on an SGLang whose DFlash worker refuses log-prob requests: DFlash's code runs on a view of the
+    batch that hides `return_logprob`, the target worker gets the real batch, and the verify step's log-probs
+    are computed here."""
+
+    _logprob_batch = None  # the batch asking for log-probs while DFlash's code runs on it
+
+    @property
+    def target_worker(self):
+        return self._target_worker if self._logprob_batch is None else _TargetWorker(self._target_worker)
+
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
-        if self.verifies_trees and is_verify_step(batch):
+        if not getattr(batch, "return_logprob", False):
+            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+        # Decided before DFlash's code runs: its verify step sets the batch's mode to TARGET_VERIFY, which
+        # SGLang counts as an extend mode.
+        verify = is_verify_step(batch)
+        self._logprob_batch = batch
+        try:
+            result = super().forward_batch_generation(_LogprobsHidden(batch), on_publish=on_publish,
+                                                      grammar_barrier=grammar_barrier)
+        finally:
+            self._logprob_batch = None
+        if verify:
+            verify_logprobs(batch, result, self.block_size)
+        return result
+
+
+def is_verify_step(batch) -> bool:
+    """Whether DFlash's worker will run a draft + verify step on `batch` (not a prefill, not an idle batch)."""
+    return not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
+
+
+def verify_logprobs(batch, result, block_size: int) -> None:
+    """Log-probs of every token a verify step emits, from its logits, into `result.logits_output`.
+
+    Row n·B + j of the verify logits is the target's distribution for request n's j-th emitted token (the
+    accepted draft tokens, then the bonus token: DFlash's linear chain), and `result.next_token_ids` holds
+    those tokens at n·B + j; entries past a request's accept length are computed and not read."""
+    from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
+
+    out = result.logits_output
+    bs = out.next_token_logits.shape[0] // block_size
+    rows = torch.arange(bs * block_size, device=out.next_token_logits.device).view(bs, block_size)
+    compute_spec_v2_logprobs(batch, out, result.next_token_ids.view(-1), rows, block_size - 1)
+
+
+class DSpineTreeWorker(DSpineWorker):
+    """SGLANG_DSPINE_TREE=1 (SGLang 0.5.17): each decode step verifies, for sampled requests, a tree over the
+    lattice, and for greedy ones their walk (tree_verify.py); prefill and idle steps are DFlash's."""
+
+    verifies_trees = True
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if is_verify_step(batch):
             return self._forward_tree_decode(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
         return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
 
@@ -242,76 +314,12 @@ class DSpineWorker(DFlashWorkerV2):
             can_run_cuda_graph=False, next_draft_input=next_draft_input,
             speculative_num_draft_tokens=verify.rows, new_seq_lens=new_seq_lens)
 
-    def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
-        """Eager path (above the captured batch sizes, or graphs off): DFlash hands over positions 1..B-1."""
-        step = self.draft_model.draft_step
-        shard = self._vocab_shard(lm_head)
-        step.attach_head(lm_head.weight[: shard.size], shard)  # once; a no-op after
-        return step.decode(hidden_states.contiguous()).reshape(-1)
-
     def _logprobs_asked(self) -> bool:
         """Whether the batch being stepped asked for log-probs that this worker computes after the step
         (`DSpineLogprobWorker`, which hides them from DFlash's code)."""
         return getattr(self, "_logprob_batch", None) is not None
 
-    @staticmethod
-    def _vocab_shard(lm_head) -> VocabShard:
-        """This rank's rows of the target head (SGLang's `shard_indices`; the whole head without them), with
-        SGLang's TP group (graph-safe collectives) when there are other ranks."""
-        from sglang.srt.distributed import get_tp_group
 
-        info = getattr(lm_head, "shard_indices", None)
-        if info is None:
-            return VocabShard(0, int(lm_head.weight.shape[0]))
-        if int(info.num_added_elements):
-            raise ValueError("DSPINE: target heads with added vocabulary are not supported")
-        group = get_tp_group()
-        return VocabShard(int(info.org_vocab_start_index), int(info.num_org_elements),
-                          group if group.world_size > 1 else None)
-
-
-class DSpineLogprobWorker(DSpineWorker):
-    """DSPINE on an SGLang whose DFlash worker refuses log-prob requests: DFlash's code runs on a view of the
-    batch that hides `return_logprob`, the target worker gets the real batch, and the verify step's log-probs
-    are computed here."""
-
-    _logprob_batch = None  # the batch asking for log-probs while DFlash's code runs on it
-
-    @property
-    def target_worker(self):
-        return self._target_worker if self._logprob_batch is None else _TargetWorker(self._target_worker)
-
-    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
-        if not getattr(batch, "return_logprob", False):
-            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
-        # Decided before DFlash's code runs: its verify step sets the batch's mode to TARGET_VERIFY, which
-        # SGLang counts as an extend mode.
-        verify = is_verify_step(batch)
-        self._logprob_batch = batch
-        try:
-            result = super().forward_batch_generation(_LogprobsHidden(batch), on_publish=on_publish,
-                                                      grammar_barrier=grammar_barrier)
-        finally:
-            self._logprob_batch = None
-        if verify:
-            verify_logprobs(batch, result, self.block_size)
-        return result
-
-
-def is_verify_step(batch) -> bool:
-    """Whether DFlash's worker will run a draft + verify step on `batch` (not a prefill, not an idle batch)."""
-    return not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
-
-
-def verify_logprobs(batch, result, block_size: int) -> None:
-    """Log-probs of every token a verify step emits, from its logits, into `result.logits_output`.
-
-    Row n·B + j of the verify logits is the target's distribution for request n's j-th emitted token (the
-    accepted draft tokens, then the bonus token: DFlash's linear chain), and `result.next_token_ids` holds
-    those tokens at n·B + j; entries past a request's accept length are computed and not read."""
-    from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
-
-    out = result.logits_output
-    bs = out.next_token_logits.shape[0] // block_size
-    rows = torch.arange(bs * block_size, device=out.next_token_logits.device).view(bs, block_size)
-    compute_spec_v2_logprobs(batch, out, result.next_token_ids.view(-1), rows, block_size - 1)
+class DSpineTreeLogprobWorker(DSpineLogprobWorker, DSpineTreeWorker):
+    """The tree worker where DFlash's worker refuses log-prob requests (0.5.17): DSpineLogprobWorker's step
+    around the tree step (its `super()` call reaches DSpineTreeWorker's)."""
