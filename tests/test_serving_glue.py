@@ -68,8 +68,8 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
     from sglang_dspine.serving.sglang_model import DSpineDraftModel
     from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineTreeWorker, DSpineWorker
 
-    own = {DSpineWorker: {"_vocab_shard", "verifies_trees"}, DSpineLogprobWorker: {"_logprob_batch"},
-           DSpineTreeWorker: {"verifies_trees", "_forward_tree_decode", "_commit_tree_path", "_logprobs_asked"},
+    own = {DSpineWorker: {"_vocab_shard", "draft_sampler", "_attached_step"}, DSpineLogprobWorker: {"_logprob_batch"},
+           DSpineTreeWorker: {"draft_sampler", "_forward_tree_decode", "_commit_tree_path", "_logprobs_asked"},
            DSpineDraftModel: {"_check_names", "_set_up_draft_step", "post_load_weights"}}
     parent = {DSpineWorker: DFlashWorkerV2, DSpineLogprobWorker: DFlashWorkerV2, DSpineTreeWorker: DFlashWorkerV2,
               DSpineDraftModel: DFlashDraftModel}

@@ -98,6 +98,12 @@ class DraftStep:
             logger.info("DSPINE candidate decoding on the PyTorch math across %d vocabulary shards (the kernels' "
                         "per-token tables index the whole head); the injection stays on the kernels", shard.world)
 
+    def rows_after_anchor(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The states `decode` and `draft_tree` take, block positions 1..B-1 [bs·(B-1), H] with contiguous rows,
+        from a draft forward's [bs·B, H]."""
+        b, h = self.block_size, hidden_states.shape[-1]
+        return hidden_states.reshape(-1, b, h)[:, 1:].reshape(-1, h)
+
     def decode(self, states: torch.Tensor) -> torch.Tensor:
         """Draft tokens [bs, B-1] from the final-normed states of block positions 1..B-1, [bs·(B-1), H] with
         contiguous rows, of the forward that just ran."""

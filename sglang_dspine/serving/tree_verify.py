@@ -37,6 +37,8 @@ class TreeDraftSampler:
     chain): `__call__(hidden, input_ids)` writes each request's walk (B - 1 tokens) and tree of B - 1 nodes into
     static buffers, read after the graph by `drafts(bs)`."""
 
+    what = "tree building"
+
     def __init__(self, step, max_bs: int):
         self.step = step
         self.nodes = step.block_size - 1
@@ -60,9 +62,7 @@ class TreeDraftSampler:
 def walks_and_trees(step, hidden_states: torch.Tensor) -> tuple[torch.Tensor, TreeBatch]:
     """Each request's walk [bs, B-1] and tree of B - 1 nodes from the draft forward's final-normed states
     [bs·B, H]."""
-    b, h = step.block_size, hidden_states.shape[-1]
-    states = hidden_states.reshape(-1, b, h)[:, 1:].reshape(-1, h)  # positions 1..B-1, rows contiguous
-    return step.walk_and_tree(states, b - 1)
+    return step.walk_and_tree(step.rows_after_anchor(hidden_states), step.block_size - 1)
 
 
 def chains_where(greedy: torch.Tensor, walk: torch.Tensor, trees: TreeBatch) -> TreeBatch:

@@ -24,7 +24,17 @@ import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from ..drafter.sharding import VocabShard
-from .tree_verify import TreeDraftSampler
+from .tree_verify import (
+    TreeDraftSampler,
+    accept_tree,
+    bring_to_front,
+    chains_where,
+    committed_rows,
+    mask_cells_bound,
+    rows_to_front,
+    tree_verify_inputs,
+    walks_and_trees,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -66,20 +76,20 @@ class DSpineDraftSampler:
     """Capture-safe DSpine decoding with the DFlash sampler's contract: `__call__(hidden, input_ids)` writes
     the bs*(B-1) draft tokens into the static buffer `out`."""
 
+    what = "candidate decoding"
+
     def __init__(self, step, max_bs: int):
         self.step = step
         b = step.block_size
         self.out = torch.empty(max_bs * (b - 1), dtype=torch.int64, device=step.head.device)
 
     def __call__(self, hidden_states, input_ids=None):
-        b, h = self.step.block_size, hidden_states.shape[-1]
-        states = hidden_states.view(-1, b, h)[:, 1:].reshape(-1, h)  # positions 1..B-1, rows contiguous
-        tokens = self.step.decode(states)
+        tokens = self.step.decode(self.step.rows_after_anchor(hidden_states))
         self.out[: tokens.numel()].copy_(tokens.reshape(-1))
 
 
 class DSpineWorker(DFlashWorkerV2):
-    verifies_trees = False  # DSpineTreeWorker: the draft graph's tail builds trees
+    draft_sampler = DSpineDraftSampler  # the draft graph's tail (DSpineTreeWorker: TreeDraftSampler)
 
     def _maybe_build_draft_sampler(self):
         base = super()._maybe_build_draft_sampler()  # DFlash's checks: head present, unquantized, no added vocab
@@ -90,16 +100,21 @@ class DSpineWorker(DFlashWorkerV2):
         step = self.draft_model.draft_step
         step.attach_head(base.weight[: base.num_org], VocabShard(base.org_vocab_start, base.num_org, base.tp_group))
         max_bs = base.out.numel() // (self.block_size - 1)
-        what = "tree building" if self.verifies_trees else "candidate decoding"
-        logger.info("DSPINE %s folded into the draft cuda graph (max bs %d, tp %d)", what, max_bs, step.shard.world)
-        return TreeDraftSampler(step, max_bs) if self.verifies_trees else DSpineDraftSampler(step, max_bs)
+        logger.info("DSPINE %s folded into the draft cuda graph (max bs %d, tp %d)", self.draft_sampler.what, max_bs,
+                    step.shard.world)
+        return self.draft_sampler(step, max_bs)
 
     def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
         """Eager path (above the captured batch sizes, or graphs off): DFlash hands over positions 1..B-1."""
+        return self._attached_step(lm_head).decode(hidden_states.contiguous()).reshape(-1)
+
+    def _attached_step(self, lm_head):
+        """The draft step, given this rank's rows of the target head `lm_head` (once; a no-op after): where the
+        draft graph's tail did not run, which would have been given them when it was built."""
         step = self.draft_model.draft_step
         shard = self._vocab_shard(lm_head)
-        step.attach_head(lm_head.weight[: shard.size], shard)  # once; a no-op after
-        return step.decode(hidden_states.contiguous()).reshape(-1)
+        step.attach_head(lm_head.weight[: shard.size], shard)
+        return step
 
     @staticmethod
     def _vocab_shard(lm_head) -> VocabShard:
@@ -168,7 +183,7 @@ class DSpineTreeWorker(DSpineWorker):
     """SGLANG_DSPINE_TREE=1 (SGLang 0.5.17): each decode step verifies, for sampled requests, a tree over the
     lattice, and for greedy ones their walk (tree_verify.py); prefill and idle steps are DFlash's."""
 
-    verifies_trees = True
+    draft_sampler = TreeDraftSampler
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
         if is_verify_step(batch):
@@ -188,8 +203,6 @@ class DSpineTreeWorker(DSpineWorker):
         )
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
         from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
-
-        from .tree_verify import accept_tree, chains_where, mask_cells_bound, tree_verify_inputs, walks_and_trees
 
         if self.use_compact_draft_cache or self._need_mamba_verify_commit:  # refused at start (check_tree)
             raise RuntimeError("DSPINE tree verify: a draft sliding window or a hybrid (mamba) target is not built")
@@ -213,19 +226,22 @@ class DSpineTreeWorker(DSpineWorker):
             req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token, start_offset=prefix_lens,
             end_offset=prefix_lens + b, batch_size=bs, draft_token_num=b, device=dev).view(bs, b))
         positions, loc = positions_2d.reshape(-1), loc_2d.reshape(-1)
-        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]  # a safe host bound, as DFlash's non-windowed path
-        if batch.seq_lens_cpu is not None:
+        # a host bound on the committed lengths, as DFlash's non-windowed path has it, for the draft and the verify
+        seq_lens_cpu, bounded = self._draft_seq_lens_cpu_buf[:bs], True
+        if batch.seq_lens_cpu is not None:  # the host's lengths (one step behind under overlap) + one block
             seq_lens_cpu.copy_(batch.seq_lens_cpu)
             seq_lens_cpu.add_(b)
         elif draft_input.reserved_seq_lens_cpu is not None:
             seq_lens_cpu.copy_(draft_input.reserved_seq_lens_cpu)
-        else:
+        else:  # the lengths themselves: the draft reads them, the verify keeps the batch's own
             seq_lens_cpu.copy_(prefix_lens.to("cpu", dtype=torch.int32))
+            bounded = False
+        seq_lens_sum = int(seq_lens_cpu.sum())
         embed = self.target_worker.model_runner.model.get_input_embeddings()(block_ids)
         draft_batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.flatten(),
             req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens, out_cache_loc=loc,
-            seq_lens_sum=int(seq_lens_cpu.sum()), seq_lens_cpu=seq_lens_cpu, positions=positions,
+            seq_lens_sum=seq_lens_sum, seq_lens_cpu=seq_lens_cpu, positions=positions,
             input_embeds=embed.view(-1, embed.shape[-1]), spec_algorithm=SpeculativeAlgorithm.DFLASH,
             spec_info=self._draft_block_spec_info, capture_hidden_mode=CaptureHiddenMode.NULL)
         with torch.inference_mode():
@@ -233,9 +249,7 @@ class DSpineTreeWorker(DSpineWorker):
         if self._draft_sampler is not None and draft_out.can_run_graph:
             walk, trees = self._draft_sampler.drafts(bs)
         else:  # above the captured batch sizes, or graphs off
-            step, lm_head = self.draft_model.draft_step, self.target_worker.model_runner.model.lm_head
-            shard = self._vocab_shard(lm_head)
-            step.attach_head(lm_head.weight[: shard.size], shard)
+            step = self._attached_step(self.target_worker.model_runner.model.lm_head)
             walk, trees = walks_and_trees(step, draft_out.logits_output.hidden_states)
         sampling_info = batch.sampling_info  # greedy requests (top-k 1) verify their walk (chains_where says why)
         greedy = torch.ones(bs, dtype=torch.bool, device=walk.device) if sampling_info is None or \
@@ -253,12 +267,8 @@ class DSpineTreeWorker(DSpineWorker):
                                          capture_hidden_mode=CaptureHiddenMode.FULL)
         batch.out_cache_loc = loc
         seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
-        if seq_lens_cpu_backup is not None:
-            batch.seq_lens_cpu = seq_lens_cpu_backup + b
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        elif draft_input.reserved_seq_lens_cpu is not None:
-            batch.seq_lens_cpu = draft_input.reserved_seq_lens_cpu
-            batch.seq_lens_sum = int(draft_input.reserved_seq_lens_sum)
+        if bounded:  # the verify plans on the same host bound (a copy: the buffer is the next step's)
+            batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu.clone(), seq_lens_sum
         verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
         target_out = self.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch,
@@ -291,8 +301,6 @@ class DSpineTreeWorker(DSpineWorker):
         the committed rows at the chain's `positions`, the next step's anchors and lengths. Returns the step's
         GenerationBatchResult (`can_run_cuda_graph` False: the caller sets what its verify pass did)."""
         from sglang.srt.managers.scheduler import GenerationBatchResult
-
-        from .tree_verify import bring_to_front, committed_rows, rows_to_front
 
         rows = committed_rows(verify, acc)
         front = bring_to_front(rows.order, loc_2d, req_to_token, req_pool_indices, prefix_lens)
