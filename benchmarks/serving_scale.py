@@ -70,7 +70,10 @@ TINY_DRAFTER = dict(layers=2, block_size=4, transfer_rank=16, message_size=8, to
 # DFlash 2's published shape: 2 taps, 16 channels a convolution group, selector rank 256, top-K 16.
 DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=256, selector_top_k=16)
 TINY_DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
-SERVERS = ("dflash", "dspine", "dspine_torch", "dflash2")  # the servers this benchmark knows
+# the servers this benchmark knows; dspine_treeN: SGLANG_DSPINE_TREE=1 verifying N rows a request (N = the block:
+# greedy requests verify their walk through the tree verify; N > B: trees of N - 1 nodes)
+TREE_SERVERS = {"dspine_tree16": 16, "dspine_tree32": 32, "dspine_tree64": 64}
+SERVERS = ("dflash", "dspine", "dspine_torch", "dflash2", *TREE_SERVERS)
 DEFAULT_SERVERS = ("dflash", "dspine", "dspine_torch")
 
 
@@ -97,6 +100,8 @@ def write_drafters(root: str, geometry: dict, shape: dict, device: str, dflash2:
     from sglang_dspine.drafter.config import default_target_layer_ids
     from sglang_dspine.drafter.model import DSpineDrafter
     from sglang_dspine.drafter.tiny import drafter_config_for
+    from sglang_dspine.drafter.tree_calibration import FILE_NAME as CALIBRATION_FILE
+    from sglang_dspine.drafter.tree_calibration import TreeCalibration
 
     target = Qwen3Config(**{k: v for k, v in geometry.items()})
     holder = type("Target", (), {"config": target})
@@ -122,6 +127,12 @@ def write_drafters(root: str, geometry: dict, shape: dict, device: str, dflash2:
         save_drafter(model, path)
         out[kind] = path
         del model
+    # what a DSPINE server verifying trees wider than the block reads (random weights: the drafter's own scores;
+    # the step's cost does not depend on the values)
+    p = shape["block_size"] - 1
+    TreeCalibration(shape["block_size"], [1.0] * p, [0.0] * p,
+                    {"what": "placeholder for random weights (serving_scale.py)"}).save(
+        os.path.join(out["dspine"], CALIBRATION_FILE))
     if dflash2 is not None:
         out["dflash2"] = write_dflash2(out["dflash"], os.path.join(root, "dflash2"), dflash2, gen)
     return out
@@ -178,6 +189,12 @@ def check_servers(names: list[str]) -> None:
 
         if sglang_version() < (0, 5, 23):
             raise SystemExit("--servers dflash2: DFlash2 ships in SGLang 0.5.23; this is SGLang "
+                             + ".".join(map(str, sglang_version())))
+    if set(names) & set(TREE_SERVERS):
+        from sglang_dspine.serving.versions import sglang_version
+
+        if sglang_version() >= (0, 5, 23):
+            raise SystemExit("--servers dspine_tree*: tree verification is built on SGLang 0.5.17; this is SGLang "
                              + ".".join(map(str, sglang_version())))
 
 
@@ -277,6 +294,13 @@ def summarize(res: dict) -> dict:
                 torch_by[key][str(c)] = round(t / d, 4)
             if d2 and s:
                 by_dflash2[key][str(c)] = round(s / d2, 4)
+    tree_by = {}  # each tree server's step ÷ DSPINE's chain step
+    for name in TREE_SERVERS:
+        for temp in res.get("temperatures", []):
+            for c in res.get("clients", []):
+                s, t = mean_step("dspine", temp, c), mean_step(name, temp, c)
+                if s and t:
+                    tree_by.setdefault(name, {}).setdefault(f"T{temp:g}", {})[str(c)] = round(t / s, 4)
     ratios = [v for d in by.values() for v in d.values()]
     spread = {}
     for name in SERVERS:  # repeat-to-repeat spread of each server's step time
@@ -295,6 +319,7 @@ def summarize(res: dict) -> dict:
         "step_ratio_by_clients": by,
         "torch_path_step_ratio_by_clients": torch_by,
         "step_ratio_vs_dflash2_by_clients": {k: v for k, v in by_dflash2.items() if v},
+        "tree_step_ratio_vs_dspine_by_clients": tree_by,
         "repeat_spread_max": max(spread.values()) if spread else None,
         "kv_pools_side_by_side": _servers.kv_pools(res.get("memory", {})),
         "alone_default_graph_bs": {n: {"memory": a.get("memory"),
@@ -365,6 +390,9 @@ def server_args_for(name: str, target: str, drafters: dict, extra: list[str]) ->
         return spec_args(target, "DSPINE", drafters["dspine"], *common), None
     if name == "dspine_torch":
         return spec_args(target, "DSPINE", drafters["dspine"], *common), {"SGLANG_DSPINE_KERNELS": "0"}
+    if name in TREE_SERVERS:
+        return spec_args(target, "DSPINE", drafters["dspine"], *common, "--speculative-num-draft-tokens",
+                         str(TREE_SERVERS[name])), {"SGLANG_DSPINE_TREE": "1"}
     raise ValueError(name)
 
 

@@ -389,6 +389,97 @@ def _export_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pair_and_prompts(args: argparse.Namespace, as_dspine: bool = False, check=None):
+    """(drafter folder, target, drafter, EOS ids, [(id, prompt ids)]) for `eval` and `tree-calibrate`: the drafter
+    and the prompts file checked (and `check(folder, config)`) before the target is loaded."""
+    from .drafter.checkpoint import check_drafter_dir, load_drafter
+    from .training.data import eos_ids_of, iter_records, prompt_ids
+    from .training.trainer import resolve_checkpoint
+
+    try:
+        src = resolve_checkpoint(args.drafter)
+    except FileNotFoundError as e:
+        raise CLIError(f"--drafter {e}") from None
+    cfg = check_drafter_dir(src)  # before the target is loaded
+    check_records("--prompts", args.prompts, "prompts")
+    if check is not None:
+        check(src, cfg)
+    tokenizer = load_tokenizer(args.tokenizer, args.target)  # before the target: a bad --tokenizer fails fast
+    dev = default_device(args.device)
+    target = load_target(args.target, args.dtype, dev)
+    head = target.get_output_embeddings().weight
+    drafter = load_drafter(src, as_dspine=as_dspine, target_head=head.detach().float().cpu(),
+                           dtype=head.dtype, device=dev)
+    drafter.cfg.check_target(head.shape[1], head.shape[0], target.config.num_hidden_layers)
+    eos = eos_ids_of(tokenizer, target, args.eos_token_id)
+    prompts = []
+    for i, (rid, rec) in enumerate(iter_records(args.prompts, args.split)):
+        if args.limit is not None and i >= args.limit:
+            break
+        prompts.append((rid, prompt_ids(rec, tokenizer, _thinking(args.thinking), args.system_prompt,
+                                        where=f"{args.prompts} id {rid}", chat_template=args.chat_template)))
+    if not prompts:
+        raise CLIError(f"--prompts {args.prompts}: no prompts")
+    return src, target, drafter, eos, prompts
+
+
+# ------------------------------------------------------------------------------------- tree-calibrate
+def _tree_calibrate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", type=_path, required=True,
+                   help="target model directory (transformers), or a hub repo id")
+    p.add_argument("--drafter", type=_path, required=True,
+                   help="the DSpine drafter folder a server loads; the calibration is written into it")
+    p.add_argument("--prompts", type=_path, required=True,
+                   help="JSONL with `prompt`/`messages`/`prompt_ids` (or regenerated data: input_ids + prompt_len); "
+                        "prompts like the ones served, not those you evaluate on")
+    _add_prompt_args(p)
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="tokens of the target's greedy continuation per prompt, read teacher-forced")
+    p.add_argument("--stride", type=int, default=4, help="draft a block at every STRIDE-th position of them")
+    p.add_argument("--eos-token-id", type=_int_list, default=[], help="extra end tokens, comma-separated")
+    p.add_argument("--dtype", help="target and drafter dtype (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--device", help="default: cuda if present, else cpu")
+    p.add_argument("--output", type=_path,
+                   help="write the file here instead of into --drafter (a server reads it only from there)")
+
+
+def _tree_calibrate_run(args: argparse.Namespace) -> int:
+    import datetime
+
+    import torch
+
+    from .drafter.tree_calibration import FILE_NAME, TreeCalibration
+    from .provenance import git_commit
+    from .training.tree_generate import calibration_set, fit_depth_calibration
+
+    def dspine_only(src, cfg):
+        if not cfg.is_dspine:
+            raise CLIError(f"--drafter {src} is a {cfg.kind} drafter; trees over the lattice need a DSpine drafter")
+
+    if args.max_new_tokens < 1 or args.stride < 1:
+        raise CLIError(f"--max-new-tokens and --stride must be >= 1 (found {args.max_new_tokens}, {args.stride})")
+    src, target, drafter, eos, prompts = _pair_and_prompts(args, check=dspine_only)
+    with torch.no_grad():
+        cal = calibration_set(target, drafter, [ids for _, ids in prompts], args.max_new_tokens, 0.0,
+                              stride=args.stride, eos_token_ids=set(eos))
+        if cal.row_reached is None or not bool(cal.row_reached.any()):
+            raise CLIError(f"--prompts {args.prompts}: no table row a tree can reach in the target's continuations "
+                           "(more prompts, or a longer --max-new-tokens)")
+        temps, log_mass = fit_depth_calibration(cal, drafter.cfg.block_size - 1)
+    fitted = {"target": args.target, "prompts": args.prompts, "num_prompts": len(prompts),
+              "max_new_tokens": args.max_new_tokens, "stride": args.stride, "table_rows": int(len(cal.rows)),
+              "reachable_rows": int(cal.row_reached.sum()), "commit": git_commit(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    calibration = TreeCalibration(drafter.cfg.block_size, [float(t) for t in temps],
+                                  [round(float(m), 6) for m in log_mass], fitted)
+    written = args.output or os.path.join(src, FILE_NAME)
+    os.makedirs(os.path.dirname(os.path.abspath(written)), exist_ok=True)
+    calibration.save(written)
+    print(json.dumps({"written": written, "block_size": calibration.block_size,
+                      "temperature": calibration.temperature, "log_mass": calibration.log_mass, **fitted}))
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- eval
 def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=_path, required=True,
@@ -413,36 +504,15 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def _eval_run(args: argparse.Namespace) -> int:
-    from .drafter.checkpoint import check_drafter_dir, load_drafter
-    from .training.data import HFGenerator, eos_ids_of, iter_records, prompt_ids
+    from .training.data import HFGenerator
     from .training.generate import evaluate
-    from .training.trainer import resolve_checkpoint
 
-    try:
-        src = resolve_checkpoint(args.drafter)
-    except FileNotFoundError as e:
-        raise CLIError(f"--drafter {e}") from None
-    cfg = check_drafter_dir(src)  # before the target is loaded
-    check_records("--prompts", args.prompts, "prompts")
-    if args.decoding == "argmax" and not (cfg.is_dspine or args.as_dspine):
-        raise CLIError(f"--decoding argmax: drafter {src} is a DFlash drafter, which always drafts the argmax "
-                       "(the walk-off ablation is for DSpine drafters)")
-    tokenizer = load_tokenizer(args.tokenizer, args.target)  # before the target: a bad --tokenizer fails fast
-    dev = default_device(args.device)
-    target = load_target(args.target, args.dtype, dev)
-    head = target.get_output_embeddings().weight
-    drafter = load_drafter(src, as_dspine=args.as_dspine, target_head=head.detach().float().cpu(),
-                           dtype=head.dtype, device=dev)
-    drafter.cfg.check_target(head.shape[1], head.shape[0], target.config.num_hidden_layers)
-    eos = eos_ids_of(tokenizer, target, args.eos_token_id)
-    prompts = []
-    for i, (rid, rec) in enumerate(iter_records(args.prompts, args.split)):
-        if args.limit is not None and i >= args.limit:
-            break
-        prompts.append((rid, prompt_ids(rec, tokenizer, _thinking(args.thinking), args.system_prompt,
-                                        where=f"{args.prompts} id {rid}", chat_template=args.chat_template)))
-    if not prompts:
-        raise CLIError(f"--prompts {args.prompts}: no prompts")
+    def refuse_argmax(src, cfg):
+        if args.decoding == "argmax" and not (cfg.is_dspine or args.as_dspine):
+            raise CLIError(f"--decoding argmax: drafter {src} is a DFlash drafter, which always drafts the argmax "
+                           "(the walk-off ablation is for DSpine drafters)")
+
+    src, target, drafter, eos, prompts = _pair_and_prompts(args, args.as_dspine, refuse_argmax)
     check = args.check_greedy and args.temperature == 0
     ref = HFGenerator(target, eos, args.max_new_tokens) if check else None
     res = evaluate(target, drafter, prompts, args.max_new_tokens, args.temperature, eos, args.decoding, args.seed,
@@ -463,6 +533,9 @@ register_command("train", "train a DSpine or DFlash drafter (torchrun for severa
 register_command("export", "write the serving checkpoint of a trained drafter", _export_args, _export_run)
 register_command("eval", "offline acceptance length τ of a drafter with the target (JSON; τ = tokens ÷ verify "
                  "rounds over all prompts)", _eval_args, _eval_run)
+register_command("tree-calibrate", "fit a DSpine drafter's tree calibration for greedy requests (what a server "
+                 "verifying trees wider than the block reads; docs/tree.md)", _tree_calibrate_args,
+                 _tree_calibrate_run)
 
 
 # ---------------------------------------------------------------------------------------------- main

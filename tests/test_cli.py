@@ -314,3 +314,44 @@ def test_a_tokenizer_that_does_not_load_is_one_line(ws, capsys, monkeypatch, com
     monkeypatch.setattr(cli, "load_target", never)
     rc, err = run(capsys, commands(ws)[command] + ["--tokenizer", ws / "a_file"])
     assert_one_line(rc, err, f"sglang-dspine {command}: error: --tokenizer {ws / 'a_file'}: cannot load a tokenizer")
+
+
+def test_tree_calibrate_writes_what_the_server_reads(ws, capsys, tmp_path):
+    """`tree-calibrate` writes, beside the drafter, the calibration the tree fits teacher-forced along the
+    target's greedy text (`fit_depth_calibration` of `calibration_set` at T = 0, run here directly on the same
+    pair and prompts), in the file a server verifying wide trees loads (`TreeCalibration.load`); a DFlash
+    drafter is refused in one line."""
+    from transformers import AutoModelForCausalLM
+
+    from sglang_dspine.drafter.tree_calibration import FILE_NAME, TreeCalibration
+    from sglang_dspine.training.data import eos_ids_of
+    from sglang_dspine.training.target_loading import load_tokenizer
+    from sglang_dspine.training.tree_generate import calibration_set, fit_depth_calibration
+
+    drafter_dir = tmp_path / "dspine"
+    shutil.copytree(ws / "dspine", drafter_dir)
+    prompts = [[1, 2, 3], [7, 8], [9, 9, 30, 31, 5], [4, 40, 4]]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts))
+    rc, err = run(capsys, ["tree-calibrate", "--target", ws / "target", "--drafter", drafter_dir, "--prompts",
+                           tmp_path / "p.jsonl", "--max-new-tokens", "24", "--stride", "2"])
+    assert rc == 0, err
+    b = json.loads((drafter_dir / "config.json").read_text())["block_size"]
+    cal = TreeCalibration.load(str(drafter_dir), b)
+    assert cal.fitted["num_prompts"] == 4 and cal.fitted["reachable_rows"] > 0
+
+    target = AutoModelForCausalLM.from_pretrained(str(ws / "target")).float().eval()
+    drafter = load_drafter(str(drafter_dir), target_head=target.get_output_embeddings().weight.detach().float())
+    eos = eos_ids_of(load_tokenizer(None, str(ws / "target")), target)  # the end tokens, as the command takes them
+    with torch.no_grad():
+        want_t, want_m = fit_depth_calibration(calibration_set(target, drafter, prompts, 24, 0.0, stride=2,
+                                                               eos_token_ids=eos), b - 1)
+    assert cal.temperature == pytest.approx(want_t) and cal.log_mass == pytest.approx(want_m, abs=1e-6)
+    assert json.loads((drafter_dir / FILE_NAME).read_text())["format"] == "sglang-dspine tree calibration"
+
+    dflash = tmp_path / "dflash"
+    save_drafter(tiny_drafter(target, seed=0, kind="dflash"), dflash)
+    capsys.readouterr()  # what loading the models above printed
+    rc, err = run(capsys, ["tree-calibrate", "--target", ws / "target", "--drafter", dflash, "--prompts",
+                           tmp_path / "p.jsonl"])
+    assert rc == 2 and err.strip() == (f"sglang-dspine tree-calibrate: error: --drafter {dflash} is a dflash drafter; "
+                                       "trees over the lattice need a DSpine drafter")

@@ -23,7 +23,7 @@ def _verify_step_logprobs(batch, result, block):
 
         compute_spec_logprobs(batch, result.logits_output, result.next_token_ids, chain_stride=block)
     else:
-        verify_logprobs(batch, result, block)
+        verify_logprobs(batch, result)
 
 
 def _verify_result(bs, block, vocab, seed=0):
@@ -33,7 +33,8 @@ def _verify_result(bs, block, vocab, seed=0):
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
     out = LogitsProcessorOutput(next_token_logits=logits.clone())
-    return SimpleNamespace(logits_output=out, next_token_ids=tokens.view(-1)), logits, tokens
+    return SimpleNamespace(logits_output=out, next_token_ids=tokens.view(-1), speculative_num_draft_tokens=block), \
+        logits, tokens
 
 
 def _batch(bs, temperatures, greedy, top=None, token_ids=None):
@@ -264,7 +265,8 @@ def _served_verify_logprobs(batch, logits, candidates, accept_len, bonus, block)
         grammar_mask.apply(out.next_token_logits)
     tokens = torch.cat([candidates[:, 1:], torch.zeros(bs, 1, dtype=torch.long)], 1)
     tokens.scatter_(1, accept_len.view(-1, 1), bonus.view(-1, 1))
-    _verify_step_logprobs(batch, SimpleNamespace(logits_output=out, next_token_ids=tokens.view(-1)), block)
+    _verify_step_logprobs(batch, SimpleNamespace(logits_output=out, next_token_ids=tokens.view(-1),
+                                                 speculative_num_draft_tokens=block), block)
     return out, tokens
 
 

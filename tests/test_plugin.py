@@ -267,6 +267,107 @@ def test_tree_verification_starts_only_where_it_is_built(dirs, monkeypatch, flag
         assert _resolved(_args(root, root / "dspine", "DSPINE", *flags)).speculative_algorithm == "DSPINE"
 
 
+def _calibrated(root, name):
+    from sglang_dspine.drafter.tree_calibration import FILE_NAME, TreeCalibration
+
+    draft = _variant(root, name)
+    TreeCalibration(4, [0.3, 0.2, 0.1], [-0.2, -0.1, 0.0], {"by": "test_plugin"}).save(str(draft / FILE_NAME))
+    return draft
+
+
+def test_a_tree_wider_than_the_block_starts_only_with_a_calibration(dirs, monkeypatch):
+    """--speculative-num-draft-tokens N above the drafter's block B = 4: with SGLANG_DSPINE_TREE=1 on 0.5.17 and
+    the drafter's tree calibration beside it, the server starts verifying N = 8 rows; without the calibration,
+    below the block, or without the variable it is refused in one line saying why (on 0.5.23 the variable is
+    refused whatever N)."""
+    from sglang_dspine.drafter.tree_calibration import FILE_NAME
+    from sglang_dspine.serving.plugin import StartupRefusal
+
+    root, _ = dirs
+    calibrated = _calibrated(root, "calibrated")
+    wide = ["DSPINE", "--attention-backend", "triton", "--speculative-num-draft-tokens"]
+    monkeypatch.setenv("SGLANG_DSPINE_TREE", "1")
+    if ON_0_5_23:
+        with pytest.raises(StartupRefusal, match="^" + re.escape(TREE_REFUSED + "it is built on SGLang 0.5.17")):
+            _args(root, calibrated, *wide, "8")
+    else:
+        assert _resolved(_args(root, calibrated, *wide, "8")).speculative_num_draft_tokens == 8
+        plain = root / "dspine"
+        with pytest.raises(StartupRefusal, match="^" + re.escape(
+                f"DSPINE: refusing drafter {plain}: no tree calibration {plain / FILE_NAME}: fit one with "
+                f"`sglang-dspine tree-calibrate --drafter {plain} --target TARGET --prompts PROMPTS.jsonl`")):
+            _args(root, plain, *wide, "8")
+        with pytest.raises(StartupRefusal, match="^" + re.escape(
+                f"DSPINE: refusing drafter {calibrated}: --speculative-num-draft-tokens/--speculative-dflash-block-size "
+                "2 is below the drafter's block_size 4")):
+            _args(root, calibrated, *wide, "2")
+    monkeypatch.setenv("SGLANG_DSPINE_TREE", "0")
+    with pytest.raises(StartupRefusal, match=re.escape(
+            "drafter block_size 4 but --speculative-num-draft-tokens/--speculative-dflash-block-size is 8; they must "
+            "be equal (or, with SGLANG_DSPINE_TREE=1, larger")):
+        _args(root, calibrated, *wide, "8")
+
+
+def test_the_draft_forward_is_the_blocks_width_in_sglang(dirs, monkeypatch):
+    """What SGLang sizes a runner's TARGET_VERIFY CUDA graphs from (`resolve_num_tokens_per_req`, the hook DSpark
+    uses): N for the target, the block for the draft worker once the tree worker has said it
+    (`draft_rows_per_req`), N for both before."""
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_utils import resolve_num_tokens_per_req
+
+    root, _ = dirs
+    args = _args(root, root / "dspine", "DSPINE")
+    publish(args, role="test")  # what a scheduler process does before its model runners size their graphs
+    algo = SpeculativeAlgorithm.from_string("DSPINE")
+
+    def width(draft):  # 0.5.23 reads its settled arguments itself
+        known = {} if ON_0_5_23 else {"server_args": args}
+        return resolve_num_tokens_per_req(phase="target_verify", spec_algorithm=algo, is_draft_worker=draft,
+                                          num_draft_tokens=8, **known)
+
+    assert (width(False), width(True)) == (8, 8)
+    monkeypatch.setattr(algo, "draft_rows_per_req", 4)
+    assert (width(False), width(True)) == (8, 4)
+
+
+def test_the_tree_worker_hands_dflash_the_blocks_arguments(dirs, monkeypatch):
+    """DSpineTreeWorker with N = 8 > B = 4 (0.5.17): DFlash's constructor (which builds the draft worker, its CUDA
+    graphs and block buffers from --speculative-num-draft-tokens, and needs a GPU) is handed a copy of the server
+    arguments saying B (through ServerArgs.override, SGLang's one mutation point), the server's own arguments keep
+    N, SGLang is told the draft forward's width, and the drafter's calibration is loaded. Recorded here in place
+    of DFlash's constructor, which cannot run on a CPU. On 0.5.23 the settled arguments have no such mutation point
+    (one reason SGLANG_DSPINE_TREE=1 is refused there at start)."""
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_dspine.serving.worker import DSpineTreeWorker
+
+    if ON_0_5_23:
+        assert not hasattr(ServerArgs, "override")
+        return
+    root, _ = dirs
+    monkeypatch.setenv("SGLANG_DSPINE_TREE", "1")
+    args = _args(root, _calibrated(root, "calibrated_worker"), "DSPINE", "--attention-backend", "triton",
+                 "--speculative-num-draft-tokens", "8")
+    handed = []
+
+    def dflash_init(self, server_args, gpu_id, ps, nccl_port, target_worker):
+        handed.append(server_args)
+        self.block_size, self.device = int(server_args.speculative_num_draft_tokens), "cpu"
+
+    monkeypatch.setattr(DFlashWorkerV2, "__init__", dflash_init)
+    algo = SpeculativeAlgorithm.from_string("DSPINE")
+    monkeypatch.setattr(algo, "draft_rows_per_req", None)
+    worker = DSpineTreeWorker(server_args=args, gpu_id=0, ps=None, nccl_port=0, target_worker=None)
+    assert [a.speculative_num_draft_tokens for a in handed] == [4] and handed[0] is not args
+    assert args.speculative_num_draft_tokens == 8 and worker.verify_rows == 8 and worker.block_size == 4
+    assert algo.draft_rows_per_req == 4
+    assert worker.calibration.temperature == [0.3, 0.2, 0.1]
+    assert [t.tolist() for t in worker._calibration] == [pytest.approx([0.3, 0.2, 0.1]), pytest.approx([-0.2, -0.1, 0])]
+
+
 def test_version_facts_are_what_the_installed_sglang_does(dirs):
     """The release facts the refusals above follow (`versions`), against what the installed SGLang's DFlash code
     does: stock DFLASH's argument handling accepts data-parallel attention (with the DP LM head) exactly where

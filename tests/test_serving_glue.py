@@ -68,8 +68,10 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
     from sglang_dspine.serving.sglang_model import DSpineDraftModel
     from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineTreeWorker, DSpineWorker
 
-    own = {DSpineWorker: {"_vocab_shard", "draft_sampler", "_attached_step"}, DSpineLogprobWorker: {"_logprob_batch"},
-           DSpineTreeWorker: {"draft_sampler", "_forward_tree_decode", "_commit_tree_path", "_logprobs_asked"},
+    own = {DSpineWorker: {"_vocab_shard", "draft_sampler", "_attached_step", "_new_draft_sampler"},
+           DSpineLogprobWorker: {"_logprob_batch"},
+           DSpineTreeWorker: {"draft_sampler", "_forward_tree_decode", "_commit_tree_path", "_logprobs_asked",
+                              "_new_draft_sampler"},
            DSpineDraftModel: {"_check_names", "_set_up_draft_step", "post_load_weights"}}
     parent = {DSpineWorker: DFlashWorkerV2, DSpineLogprobWorker: DFlashWorkerV2, DSpineTreeWorker: DFlashWorkerV2,
               DSpineDraftModel: DFlashDraftModel}
@@ -289,6 +291,43 @@ def test_dspine_draft_tree_is_the_offline_lattice_tree(served, monkeypatch, kern
                 assert torch.equal(mixed.tokens[r], served_trees.tokens[r])
                 assert torch.equal(mixed.parents[r], served_trees.parents[r])
     assert trees.depths.amax().item() > 1  # the trees branch and go deep
+
+
+@pytest.mark.parametrize("kernels", ["0", "1"])
+def test_a_wide_calibrated_tree_is_the_offline_calibrated_lattice_tree(served, monkeypatch, kernels):
+    """A tree wider than the block (N - 1 = 13 nodes after a block of B = 4): the draft-graph tail
+    (`TreeDraftSampler`, calibrated) scores a greedy request's tree with the drafter's calibration per block
+    position and a sampled request's with its own rows (`calibration_rows`). Per request, its tree is
+    `tree.lattice_tree` of the plain drafter's BlockDraft with those temperatures and log masses (the offline
+    tree), node for node; the calibrated trees differ from the raw ones (the calibration changes the tree)."""
+    from sglang_dspine.drafter.tree import lattice_tree
+    from sglang_dspine.serving.tree_verify import TreeDraftSampler, calibration_rows
+
+    monkeypatch.setenv("SGLANG_DSPINE_KERNELS", kernels)
+    model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
+    model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
+    plain, b = served.plain, served.plain.cfg.block_size
+    head = served.target.lm_head.weight.detach()
+    model.draft_step.attach_head(head)
+    temps, log_mass = [0.3, 2.0, 0.7][: b - 1], [-0.9, -0.05, -0.4][: b - 1]
+    n, nodes = len(REQUESTS), 13
+    greedy = torch.arange(n) % 2 == 0
+    with torch.no_grad():
+        out, _, refs = sglang_on_cpu.draft_forward(model, plain, served.target, REQUESTS)
+        sampler = TreeDraftSampler(model.draft_step, max_bs=n + 2, nodes=nodes, calibrated=True)
+        t, m = sampler.calibrate(*calibration_rows(greedy, torch.tensor(temps), torch.tensor(log_mass)))
+        assert t.shape == m.shape == (n, b - 1)
+        sampler(out.hidden_states)
+        _, trees = sampler.drafts(n)
+    changed = 0
+    for r, (ref, (_, a)) in enumerate(zip(refs, REQUESTS)):
+        draft = plain.draft(ref, head, torch.tensor([a]))
+        raw = lattice_tree(draft, nodes)
+        want = lattice_tree(draft, nodes, temperature=temps, log_mass=log_mass) if greedy[r] else raw
+        assert trees.tokens[r].tolist() == want.tokens and trees.parents[r].tolist() == want.parents
+        torch.testing.assert_close(trees.scores[r], torch.tensor(want.scores), atol=1e-4, rtol=1e-4)
+        changed += bool(greedy[r]) and (want.tokens != raw.tokens or want.parents != raw.parents)
+    assert changed >= 1
 
 
 # ------------------------------------------------------------------------------ verify renormalisation patch

@@ -251,11 +251,14 @@ def test_gpu_tree_sampling_keeps_the_target_law(tmp_path, target, temperature):
     assert cells > 25 and pv > 1e-3
 
 
-def test_a_tree_steps_tail_leaves_dspine_a_chains_state(served):
+@pytest.mark.parametrize("wide", [False, True], ids=["N=B", "N=B+2"])
+def test_a_tree_steps_tail_leaves_dspine_a_chains_state(served, wide):
     """The tree step after its acceptance (`DSpineTreeWorker._commit_tree_path`), on the SGLang draft model with a draft
-    KV pool on the CPU and DFlash's own context writer: three requests verify trees of B - 1 = 3 nodes (each verify
-    row's target features random, the target's argmax walking node 1 then its child node 2 for the first request,
-    so the path skips row 1; node 0 alone for the second; nothing for the third). After it:
+    KV pool on the CPU and DFlash's own context writer: three requests verify trees of N - 1 nodes, N = B = 4
+    verify rows a request, or N = B + 2 (a tree wider than the block: the draft K/V and the next draft stay B
+    wide). Each verify row's target features are random; the target's argmax walks node 1 then its child node 2
+    for the first request, so the path skips row 1; node 0 alone (N = B), or node 0 then its child node 4, verify
+    row 5, past the block's rows (N = B + 2), for the second; nothing for the third. After it:
     - the tokens out and accept lengths are the walk's;
     - at every committed position seq_len + j, the slot req_to_token now gives holds the draft K/V DFlash's writer
       makes from the features of the j-th committed row ([anchor, accepted nodes]) at that position: a chain
@@ -272,7 +275,8 @@ def test_a_tree_steps_tail_leaves_dspine_a_chains_state(served):
     plain, head = served.plain, served.target.lm_head.weight.detach()
     dc, b = plain.cfg, plain.cfg.block_size
     assert b == 4
-    rows_n, n = b, 3  # verify rows per request [anchor, 3 nodes]
+    rows_n = b + 2 if wide else b  # verify rows per request [anchor, nodes...]
+    n = rows_n - 1
     model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
     model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
     pool, req_to_token = sglang_on_cpu.draft_kv(dc)
@@ -285,32 +289,39 @@ def test_a_tree_steps_tail_leaves_dspine_a_chains_state(served):
     ctx_feats = [torch.randn(s, width, generator=g) for s in seq_lens.tolist()]
     nxt = 1
     for r, s, feats in zip(req.tolist(), seq_lens.tolist(), ctx_feats):
-        req_to_token.req_to_token[r, : s + 2 * b] = torch.arange(nxt, nxt + s + 2 * b).to(torch.int32)
+        req_to_token.req_to_token[r, : s + 2 * rows_n] = torch.arange(nxt, nxt + s + 2 * rows_n).to(torch.int32)
         sglang_on_cpu.write_context(model, pool, torch.arange(nxt, nxt + s), feats)
-        nxt += s + 2 * b
-    # the trees: node 0 and node 1 under the anchor, node 2 under node 1 (rows 1, 2, 3)
-    tokens = torch.tensor([[7, 8, 9], [12, 13, 14], [20, 21, 22]])
-    trees = TreeBatch(tokens, torch.tensor([[-1, -1, 1]] * 3), torch.tensor([[1, 1, 2]] * 3), torch.zeros(3, n))
+        nxt += s + 2 * rows_n  # SGLang reserves 2 N past the committed length
+    # the trees: node 0 and node 1 under the anchor, node 2 under node 1 (rows 1, 2, 3); N = B + 2: node 3
+    # under node 2 (depth 3 = B - 1), node 4 under node 0 (rows 4, 5)
+    tokens = torch.tensor([[7, 8, 9, 10, 11], [12, 13, 14, 15, 16], [20, 21, 22, 23, 24]])[:, :n]
+    parents, depths = torch.tensor([[-1, -1, 1, 2, 0]] * 3)[:, :n], torch.tensor([[1, 1, 2, 3, 2]] * 3)[:, :n]
+    trees = TreeBatch(tokens, parents, depths, torch.zeros(3, n))
     verify = tree_verify_inputs(trees, anchors, seq_lens, depth=b - 1)
     logits = torch.randn(3, rows_n, VOCAB, generator=g)
-    wanted = {0: [(0, 8), (2, 9), (3, 40)], 1: [(0, 12), (1, 41)], 2: [(0, 42)]}  # (row, the target's argmax)
+    # (row, the target's argmax); the bonus tokens 40..42 are on no node
+    wanted = {0: [(0, 8), (2, 9), (3, 40)], 1: [(0, 12), (1, 16), (5, 41)] if wide else [(0, 12), (1, 41)],
+              2: [(0, 42)]}
     for i, picks in wanted.items():
         for row, tok in picks:
             logits[i, row, tok] = 100.0
     acc = accept_tree(verify, logits.view(-1, VOCAB))
-    assert acc.accepted.tolist() == [2, 1, 0] and acc.bonus.tolist() == [40, 41, 42]
+    accepted = [2, 2 if wide else 1, 0]
+    assert acc.accepted.tolist() == accepted and acc.bonus.tolist() == [40, 41, 42]
     verify_feats = torch.randn(3 * rows_n, width, generator=g)
     out = LogitsProcessorOutput(next_token_logits=logits.view(-1, VOCAB).clone(), hidden_states=verify_feats.clone())
     cols = seq_lens[:, None] + torch.arange(rows_n)
-    loc_2d = req_to_token.req_to_token[req[:, None], cols].long()
+    loc_2d = req_to_token.req_to_token[req[:, None], cols].long()  # the verify's N slots a request
+    block_positions = (seq_lens[:, None] + torch.arange(b)).reshape(-1)  # the draft block's positions
     with torch.no_grad():
-        result = worker._commit_tree_path(verify, acc, out, loc_2d=loc_2d, positions=cols.reshape(-1),
+        result = worker._commit_tree_path(verify, acc, out, loc_2d=loc_2d, positions=block_positions,
                                           prefix_lens=seq_lens, req_to_token=req_to_token.req_to_token,
                                           req_pool_indices=req, logprobs=True)
-    assert result.accept_lens.tolist() == [3, 2, 1]
+    assert result.accept_lens.tolist() == [a + 1 for a in accepted] and result.speculative_num_draft_tokens == rows_n
     emitted = result.next_token_ids.view(3, rows_n)
-    assert [emitted[i, : c].tolist() for i, c in enumerate([3, 2, 1])] == [[8, 9, 40], [12, 41], [42]]
-    committed = [[0, 2, 3], [0, 1], [0]]  # each request's committed verify rows
+    assert [emitted[i, : a + 1].tolist() for i, a in enumerate(accepted)] == \
+        [[8, 9, 40], [12, 16, 41] if wide else [12, 41], [42]]
+    committed = [[0, 2, 3], [0, 1, 5] if wide else [0, 1], [0]]  # each request's committed verify rows
     for i, rows in enumerate(committed):
         torch.testing.assert_close(out.next_token_logits.view(3, rows_n, -1)[i, : len(rows)], logits[i, rows])
     nd = result.next_draft_input

@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -147,7 +148,8 @@ def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:
     bad["no_codes"] = (variant("no_codes", edit_tensors=lambda t: t.pop("transfer_codes")), [], "no transfer codes")
     bad["wrong_vocab"] = (variant("wrong_vocab", edit_cfg=lambda c: c.update(vocab_size=c["vocab_size"] + 64)), [],
                           "vocab_size: expected")
-    bad["wrong_block_size"] = (src, ["--speculative-num-draft-tokens", "8"], "block_size 16 but")
+    # "block_size 16 but ..." (under SGLANG_DSPINE_TREE=1: "8 is below the drafter's block_size 16")
+    bad["wrong_block_size"] = (src, ["--speculative-num-draft-tokens", "8"], "block_size 16")
     bad["zero_codes"] = (variant("zero_codes", edit_tensors=lambda t: t["transfer_codes"].zero_()), [], "all zeros")
     return bad
 
@@ -433,6 +435,9 @@ def main():
     ap.add_argument("--load-seconds", type=int, default=120)
     ap.add_argument("--throughput-rounds", type=int, default=3, help="rounds a throughput cell, servers in turn")
     ap.add_argument("--no-deterministic", action="store_true")
+    ap.add_argument("--dspine-args", default="",
+                    help="more arguments for the DSPINE servers, e.g. '--speculative-num-draft-tokens 32' (with "
+                         "SGLANG_DSPINE_TREE=1: trees of 31 nodes)")
     bench_servers.add_backend_args(ap)  # e.g. sglang-default for both: the T=1 test under FA3 and FlashInfer sampling
     args = ap.parse_args()
     backends = bench_servers.backends_from_args(args)
@@ -450,18 +455,19 @@ def main():
     bad = make_bad_drafters(models)
     target = os.path.join(models, "target")
     spec = lambda algo, d, *extra: spec_args(target, algo, d, *extra)
+    dspine_args = shlex.split(args.dspine_args)
     # The plain server starts alone first so the JIT kernel builds are cached before the others start.
     servers = {"plain": serve("plain", 30001, ["--model-path", target], args.out)}
     servers["plain"].wait()
     servers |= {
-        "dspine": serve("dspine", 30002, spec("DSPINE", os.path.join(models, "dspine")), args.out),
+        "dspine": serve("dspine", 30002, spec("DSPINE", os.path.join(models, "dspine"), *dspine_args), args.out),
         "dflash": serve("dflash", 30003, spec("DFLASH", os.path.join(models, "dflash")), args.out),
     }
     if not args.no_deterministic:
         det = ["--enable-deterministic-inference"]
         servers["plain_det"] = serve("plain_det", 30004, ["--model-path", target, *det], args.out)
-        servers["dspine_det"] = serve("dspine_det", 30005, spec("DSPINE", os.path.join(models, "dspine"), *det),
-                                       args.out)
+        servers["dspine_det"] = serve("dspine_det", 30005,
+                                       spec("DSPINE", os.path.join(models, "dspine"), *det, *dspine_args), args.out)
     refusals = {n: serve("bad_" + n, 30010 + i, spec("DSPINE", d, *extra), args.out)
                 for i, (n, (d, extra, _)) in enumerate(bad.items())}
     results = {"models": label, "provenance": provenance(sys.argv), "server_args": base,

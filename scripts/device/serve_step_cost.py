@@ -4,7 +4,9 @@ Servers (`--servers`, default the first five but plain): the target without spec
 the same drafter with `is_causal: true` (DSpine's block mask: does the bidirectional draft attention cost
 DFLASH its steps?); DSPINE; DSPINE with SGLANG_DSPINE_KERNELS=0 (its PyTorch math: the kernels' effect in
 serving); DSPINE with SGLANG_DSPINE_TREE=1 (sampled requests verify a tree over the lattice, greedy ones their
-walk through the same tree verify: at T=0 its step cost against DSPINE's, at T=1 its tau). Measured, after a
+walk through the same tree verify: at T=0 its step cost against DSPINE's, at T=1 its tau); the same verifying
+trees of 31 and 63 nodes (dspine_tree32, dspine_tree64: --speculative-num-draft-tokens 32 / 64, greedy requests
+scored with the drafter's tree calibration; tau and tokens/s at T=0 and T=1). Measured, after a
 warm-up: output tokens/s and tau (tokens per verify step) at T=0 and concurrency 1, 4, 16, 48, the servers in
 turn, `--repeats` times (so the spread between repeats is visible), and verify steps per second = tokens/s /
 tau (the per-step cost, whatever the acceptance); with `--t1-concurrency C`, also tokens/s and tau at T=1 for
@@ -38,7 +40,8 @@ from serve_e2e import (
 
 from sglang_dspine.provenance import provenance
 
-SERVERS = ["plain", "dflash", "dflash_causal", "dspine", "dspine_torch", "dspine_tree"]
+SERVERS = ["plain", "dflash", "dflash_causal", "dspine", "dspine_torch", "dspine_tree", "dspine_tree32",
+           "dspine_tree64"]
 
 
 def main():
@@ -70,6 +73,9 @@ def main():
                 "dspine": (spec("DSPINE", os.path.join(models, "dspine")), None),
                 "dspine_torch": (spec("DSPINE", os.path.join(models, "dspine")), {"SGLANG_DSPINE_KERNELS": "0"}),
                 "dspine_tree": (spec("DSPINE", os.path.join(models, "dspine")), {"SGLANG_DSPINE_TREE": "1"})}
+    for n in (32, 64):  # trees wider than the block: the drafter folder must hold its tree calibration
+        args_env[f"dspine_tree{n}"] = (spec("DSPINE", os.path.join(models, "dspine")) +
+                                       ["--speculative-num-draft-tokens", str(n)], {"SGLANG_DSPINE_TREE": "1"})
     servers = {n: Server(n, 32000 + SERVERS.index(n), args_env[n][0], args.out, env=args_env[n][1]) for n in names}
     results = {"provenance": provenance(sys.argv), "models": models}
     out = os.path.join(args.out, f"{args.name}.json")

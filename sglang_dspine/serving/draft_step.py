@@ -115,10 +115,17 @@ class DraftStep:
         drafter's own scores; `tree.lattice_tree` at temperature 1). Fixed shapes: runs inside a CUDA graph."""
         return self.walk_and_tree(states, budget)[1]
 
-    def walk_and_tree(self, states: torch.Tensor, budget: int) -> tuple[torch.Tensor, TreeBatch]:
-        """(`decode`'s tokens [bs, B-1], `draft_tree`'s trees) from one pass over the lattice."""
+    def walk_and_tree(self, states: torch.Tensor, budget: int, temperature: torch.Tensor | None = None,
+                      log_mass: torch.Tensor | None = None) -> tuple[torch.Tensor, TreeBatch]:
+        """(`decode`'s tokens [bs, B-1], `draft_tree`'s trees) from one pass over the lattice. With `temperature`
+        and `log_mass` ([bs, B-1] each: a request's calibration per block position, docs/tree.md), position i's
+        rows are log_softmax(row / temperature[:, i]) + log_mass[:, i] (`tree.table_log_scores`)."""
         tokens, candidates, scores = self.lattice(states)
+        if temperature is not None:
+            scores = scores.float() / temperature[:, :, None, None]
         log_scores = torch.log_softmax(scores.float(), dim=-1)
+        if log_mass is not None:
+            log_scores = log_scores + log_mass[:, :, None, None]
         if self.kernels:  # one kernel instead of ~8 small ones per depth; the same trees (tests/test_tree_batch.py)
             from ..kernels import lattice_trees_kernel
 

@@ -61,6 +61,16 @@ def _dspine_algo_class():
         # cannot be run on this object; DFLASH's answer is True (DSPINE runs DFlash's worker, mixed steps
         # included). SGLang versions without the method never call it.
         supports_mixed_chunk = lambda self: True
+        # The draft forward's rows per request where they differ from the verify's (a tree wider than the
+        # block, SGLANG_DSPINE_TREE=1): set by DSpineTreeWorker before its draft worker is built.
+        draft_rows_per_req: int | None = None
+
+        def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
+            # SGLang sizes a runner's TARGET_VERIFY CUDA graphs from this (the hook DSpark uses for its narrower
+            # draft forward): the target verifies N rows, the drafter drafts its block.
+            if is_draft_worker and self.draft_rows_per_req is not None:
+                return self.draft_rows_per_req
+            return num_draft_tokens
 
         def handle_server_args(self, server_args) -> None:
             # `server_args` is the record on 0.5.17 and, on 0.5.23, a stand-in that reads resolved values and

@@ -77,17 +77,31 @@ def check_server_args(server_args) -> None:
         target = _target_text_config(server_args)
         cfg.check_target(target_hidden_size=int(target.hidden_size), target_vocab_size=int(target.vocab_size),
                          target_num_layers=int(target.num_hidden_layers))
-        block = int(server_args.speculative_num_draft_tokens)
-        if block != cfg.block_size:
-            raise DrafterConfigError(
-                f"drafter block_size {cfg.block_size} but "
-                "--speculative-num-draft-tokens/--speculative-dflash-block-size "
-                f"is {block}; they must be equal"
-            )
+        check_verify_width(int(server_args.speculative_num_draft_tokens), cfg.block_size, draft_path)
         if server_args.speculative_draft_load_format != "dummy":
             _check_codes_present(draft_path)
     except DrafterConfigError as e:
         raise StartupRefusal(f"{ALGORITHM}: refusing drafter {draft_path}: {e}") from None
+
+
+def check_verify_width(n: int, block: int, draft_path: str) -> None:
+    """--speculative-num-draft-tokens N (the rows a request verifies) against the drafter's block B: equal, or,
+    verifying trees (SGLANG_DSPINE_TREE=1), larger, with the drafter's tree calibration beside it (a greedy
+    request's wide tree is scored with it; drafter/tree_calibration.py)."""
+    from ..drafter.config import DrafterConfigError
+    from ..drafter.tree_calibration import TreeCalibration
+    from ..env import ENV
+
+    flags = "--speculative-num-draft-tokens/--speculative-dflash-block-size"
+    if n == block:
+        return
+    if not ENV.tree:
+        raise DrafterConfigError(f"drafter block_size {block} but {flags} is {n}; they must be equal (or, with "
+                                 "SGLANG_DSPINE_TREE=1, larger: a tree of N - 1 nodes)")
+    if n < block:
+        raise DrafterConfigError(f"{flags} {n} is below the drafter's block_size {block}: a tree verifies at least "
+                                 "the block's rows")
+    TreeCalibration.load(draft_path, block)  # DrafterConfigError naming the file and how to make it
 
 
 def check_placement(server_args) -> None:
@@ -130,7 +144,8 @@ def check_placement(server_args) -> None:
 
 
 def check_tree(server_args) -> None:
-    """SGLANG_DSPINE_TREE=1 (tree verification, tree_verify.py) is built on SGLang 0.5.17's DFlash decode step, for
+    """SGLANG_DSPINE_TREE=1 (tree verification, tree_verify.py; its width: `check_verify_width`) is built on SGLang
+    0.5.17's DFlash decode step, for
     one rank, the triton attention backend (it reads the tree mask in the target's verify pass; FA3 reads one
     only for EAGLE's top-k trees), page size 1 (the accepted path's slots are reordered token by token) and the
     whole draft cache (no sliding window). Anything else is refused in one line, never run untried."""

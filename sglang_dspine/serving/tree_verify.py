@@ -1,20 +1,25 @@
 """Tree verification in the server: a DSPINE decode step that verifies a best-first tree over the drafter's
 transition lattice instead of the walk's one path (docs/tree.md, "Verifying the tree in SGLang").
 
-The tree has B - 1 nodes, so a step keeps every shape of the chain's: the draft forward over [anchor, mask...]
-(B rows), the target's verify pass over [anchor, nodes...] (B rows, the KV slots DFlash's worker reserves
-for the block), B emitted tokens at most. What differs from the chain:
-- the draft graph's tail writes the walk and the tree (`TreeDraftSampler`, `DraftStep.walk_and_tree`); greedy
-  requests verify their walk as a chain-shaped tree, sampled ones the tree (`chains_where` says why);
+A request verifies N rows, N = --speculative-num-draft-tokens: the anchor and a tree of N - 1 nodes. The draft
+forward stays the drafter's block of B rows, and no node is deeper than B - 1, so at most B tokens come out a
+step. At N = B every shape of the chain's step stays (the verify pass over the B KV slots DFlash's worker
+reserves for the block); at N > B the verify pass covers N slots (SGLang reserves 2 N past the committed
+length). What differs from the chain:
+- the draft graph's tail writes the walk and the tree (`TreeDraftSampler`, `DraftStep.walk_and_tree`). At N = B
+  greedy requests verify their walk as a chain-shaped tree, sampled ones the tree (`chains_where` says why); at
+  N > B every request verifies a tree, a greedy one's scored with the drafter's calibration
+  (`calibration_rows`);
 - the verify pass reads a tree mask and puts each node at position seq_len + its depth (`tree_verify_inputs`);
 - acceptance walks the tree with SGLang's own tree kernels (`accept_tree`: `verify_tree_greedy` at T = 0,
   `tree_speculative_sampling_target_only` at T > 0, the rule EAGLE's trees use);
-- the accepted path is brought to the front of the block (`committed_rows`, `bring_to_front`): its KV slots by
-  reordering the request's slots in `req_to_token` within the block (no KV is copied, no slot changes owner:
-  the block's slots stay the request's, those past the path are rewritten by the next step as the chain's
-  are), its hidden states and logits by a gather. After that the block reads as a chain whose first
-  `commit_lens` rows were accepted, and DFlash's chain code applies unchanged: the draft KV written from the
-  target's hidden states at the chain's positions, log-probs from rows n·B + j, the next step's anchor.
+- the accepted path is brought to the front of the verify rows (`committed_rows`, `bring_to_front`): its KV
+  slots by reordering the request's slots in `req_to_token` within them (no KV is copied, no slot changes
+  owner: they stay the request's, those past the path are rewritten by the next step as the chain's are), its
+  hidden states and logits by a gather. After that the rows read as a chain whose first `commit_lens` rows were
+  accepted, and DFlash's chain code applies unchanged: the draft KV written from the target's hidden states
+  at the chain's positions (the first B rows hold the path), log-probs from rows n·N + j, the next step's
+  anchor.
 """
 from __future__ import annotations
 
@@ -34,35 +39,61 @@ from ..drafter.tree_batch import (
 
 class TreeDraftSampler:
     """The draft CUDA graph's tail for trees (the slot of DFlash's argmax, `DSpineDraftSampler`'s for the
-    chain): `__call__(hidden, input_ids)` writes each request's walk (B - 1 tokens) and tree of B - 1 nodes into
-    static buffers, read after the graph by `drafts(bs)`."""
+    chain): `__call__(hidden, input_ids)` writes each request's walk (B - 1 tokens) and tree of `nodes` nodes
+    (N - 1 for N verify rows; B - 1 by default) into static buffers, read after the graph by `drafts(bs)`.
+    `calibrated`: the trees' scores read each request's calibration per block position from the static buffers
+    `temperature` and `log_mass` [max_bs, B-1], which the step fills before the draft forward (`calibrate`);
+    otherwise they are the drafter's own."""
 
     what = "tree building"
 
-    def __init__(self, step, max_bs: int):
-        self.step = step
-        self.nodes = step.block_size - 1
+    def __init__(self, step, max_bs: int, nodes: int | None = None, calibrated: bool = False):
+        self.step, self.max_bs, self.calibrated = step, max_bs, calibrated
+        self.nodes = step.block_size - 1 if nodes is None else int(nodes)
         dev = step.head.device
         shape = (max_bs, self.nodes)
-        self.walk, self.tokens, self.parents, self.depths = (
-            torch.empty(shape, dtype=torch.int64, device=dev) for _ in range(4))
+        self.walk = torch.empty(max_bs, step.block_size - 1, dtype=torch.int64, device=dev)
+        self.tokens, self.parents, self.depths = (torch.empty(shape, dtype=torch.int64, device=dev) for _ in range(3))
         self.scores = torch.empty(shape, dtype=torch.float32, device=dev)
+        self.temperature = torch.ones(max_bs, step.block_size - 1, dtype=torch.float32, device=dev)
+        self.log_mass = torch.zeros(max_bs, step.block_size - 1, dtype=torch.float32, device=dev)
 
     def __call__(self, hidden_states, input_ids=None):
-        walk, trees = walks_and_trees(self.step, hidden_states)
-        bs = trees.tokens.shape[0]
+        bs = hidden_states.shape[0] // self.step.block_size
+        cal = (self.temperature[:bs], self.log_mass[:bs]) if self.calibrated else (None, None)
+        walk, trees = walks_and_trees(self.step, hidden_states, self.nodes, *cal)
         for buf, src in zip((self.walk, self.tokens, self.parents, self.depths, self.scores),
                             (walk, trees.tokens, trees.parents, trees.depths, trees.scores)):
             buf[:bs].copy_(src)
+
+    def calibrate(self, temperature: torch.Tensor, log_mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Set the next draft's per-request calibration ([bs, B-1] each); returns the buffers' views of them."""
+        bs = temperature.shape[0]
+        self.temperature[:bs].copy_(temperature)
+        self.log_mass[:bs].copy_(log_mass)
+        return self.temperature[:bs], self.log_mass[:bs]
 
     def drafts(self, bs: int) -> tuple[torch.Tensor, TreeBatch]:
         return self.walk[:bs], TreeBatch(self.tokens[:bs], self.parents[:bs], self.depths[:bs], self.scores[:bs])
 
 
-def walks_and_trees(step, hidden_states: torch.Tensor) -> tuple[torch.Tensor, TreeBatch]:
-    """Each request's walk [bs, B-1] and tree of B - 1 nodes from the draft forward's final-normed states
-    [bs·B, H]."""
-    return step.walk_and_tree(step.rows_after_anchor(hidden_states), step.block_size - 1)
+def walks_and_trees(step, hidden_states: torch.Tensor, nodes: int | None = None,
+                    temperature: torch.Tensor | None = None,
+                    log_mass: torch.Tensor | None = None) -> tuple[torch.Tensor, TreeBatch]:
+    """Each request's walk [bs, B-1] and tree of `nodes` nodes (B - 1 by default) from the draft forward's
+    final-normed states [bs·B, H]; temperature, log_mass: `DraftStep.walk_and_tree`'s."""
+    nodes = step.block_size - 1 if nodes is None else nodes
+    return step.walk_and_tree(step.rows_after_anchor(hidden_states), nodes, temperature, log_mass)
+
+
+def calibration_rows(greedy: torch.Tensor, temperature: torch.Tensor,
+                     log_mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per request, the scores' calibration [bs, B-1] (temperature, log mass): a greedy request's the drafter's
+    calibration (`TreeCalibration`, [B-1] each, on the device), a sampled one's the drafter's own rows (1, 0).
+    Why: at T = 0 only the argmax path counts, and the calibration makes a node's score its chance of being on
+    it; where the target samples, the raw rows did as well as any fit offline (docs/tree.md)."""
+    g = greedy.view(-1, 1)
+    return torch.where(g, temperature.view(1, -1), 1.0), torch.where(g, log_mass.view(1, -1), 0.0)
 
 
 def chains_where(greedy: torch.Tensor, walk: torch.Tensor, trees: TreeBatch) -> TreeBatch:
@@ -83,8 +114,8 @@ def chains_where(greedy: torch.Tensor, walk: torch.Tensor, trees: TreeBatch) -> 
 
 @dataclass
 class TreeVerify:
-    """A verify pass over a batch of trees, B = N + 1 rows per request [anchor, nodes...]: tokens [bs, B];
-    positions [bs·B]; custom_mask (SGLang's flattened tree mask, FULL_MASK layout); links (what SGLang's tree
+    """A verify pass over a batch of trees, N rows per request [anchor, nodes...]: tokens [bs, N];
+    positions [bs·N]; custom_mask (SGLang's flattened tree mask, FULL_MASK layout); links (what SGLang's tree
     kernels walk); depth (P, the deepest a node can be)."""
 
     tokens: torch.Tensor
@@ -179,9 +210,9 @@ def accept_tree(verify: TreeVerify, logits: torch.Tensor, sampling_info=None, ma
 
 @dataclass
 class CommittedRows:
-    """A verify step's outcome in the chain's layout: order [bs, B] (the block's rows, the committed ones first:
+    """A verify step's outcome in the chain's layout: order [bs, N] (the verify rows, the committed ones first:
     the anchor, then the accepted nodes root's child first, then the others ascending); commit_lens [bs]
-    (anchor + accepted nodes); out_tokens [bs, B] (the accepted nodes' tokens, then the bonus, 0 past it)."""
+    (anchor + accepted nodes); out_tokens [bs, N] (the accepted nodes' tokens, then the bonus, 0 past it)."""
 
     order: torch.Tensor
     commit_lens: torch.Tensor
@@ -213,17 +244,19 @@ def committed_rows(verify: TreeVerify, acc: TreeAcceptance) -> CommittedRows:
 
 def bring_to_front(order: torch.Tensor, cache_loc_2d: torch.Tensor, req_to_token: torch.Tensor,
                    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-    """Reorder each request's block slots in `req_to_token` (from its committed length on) by `order`, so
-    position seq_len + j holds the slot of the block's j-th committed row, whose K/V was written for that
-    position (a node's position is seq_len + its depth). Returns the block's slots in the new order [bs, B]."""
+    """Reorder each request's N verify slots `cache_loc_2d` [bs, N] in `req_to_token` (from its committed length
+    on) by `order`, so position seq_len + j holds the slot of the j-th committed row, whose K/V was written for
+    that position (a node's position is seq_len + its depth). Returns the slots in the new order [bs, N]."""
     slots = cache_loc_2d.gather(1, order)
     cols = seq_lens.view(-1, 1).long() + torch.arange(order.shape[1], device=order.device)
     req_to_token[req_pool_indices.view(-1, 1).long(), cols] = slots.to(req_to_token.dtype)
     return slots
 
 
-def rows_to_front(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """x [bs·B, ...] (a verify pass's rows) with each request's rows in `order` [bs, B]."""
-    bs, rows = order.shape
+def rows_to_front(x: torch.Tensor, order: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+    """x [bs·rows, ...] (a verify pass's rows) with each request's rows in `order` [bs, W] (W ≤ rows; the
+    verify's row count by default)."""
+    bs = order.shape[0]
+    rows = order.shape[1] if rows is None else rows
     flat = (order + torch.arange(bs, device=order.device)[:, None] * rows).reshape(-1)
     return x.index_select(0, flat)

@@ -28,6 +28,7 @@ from .tree_verify import (
     TreeDraftSampler,
     accept_tree,
     bring_to_front,
+    calibration_rows,
     chains_where,
     committed_rows,
     mask_cells_bound,
@@ -102,6 +103,9 @@ class DSpineWorker(DFlashWorkerV2):
         max_bs = base.out.numel() // (self.block_size - 1)
         logger.info("DSPINE %s folded into the draft cuda graph (max bs %d, tp %d)", self.draft_sampler.what, max_bs,
                     step.shard.world)
+        return self._new_draft_sampler(step, max_bs)
+
+    def _new_draft_sampler(self, step, max_bs: int):
         return self.draft_sampler(step, max_bs)
 
     def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states, lm_head, chunk_size: int = 256):
@@ -156,7 +160,7 @@ class DSpineLogprobWorker(DSpineWorker):
         finally:
             self._logprob_batch = None
         if verify:
-            verify_logprobs(batch, result, self.block_size)
+            verify_logprobs(batch, result)
         return result
 
 
@@ -165,25 +169,63 @@ def is_verify_step(batch) -> bool:
     return not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
 
 
-def verify_logprobs(batch, result, block_size: int) -> None:
+def verify_logprobs(batch, result) -> None:
     """Log-probs of every token a verify step emits, from its logits, into `result.logits_output`.
 
-    Row n·B + j of the verify logits is the target's distribution for request n's j-th emitted token (the
-    accepted draft tokens, then the bonus token: DFlash's linear chain), and `result.next_token_ids` holds
-    those tokens at n·B + j; entries past a request's accept length are computed and not read."""
+    With W = the step's verify rows per request (`result.speculative_num_draft_tokens`: the block, or a tree's
+    N), row n·W + j of the verify logits is the target's distribution for request n's j-th emitted token (the
+    accepted draft tokens, then the bonus token: DFlash's linear chain, or a tree step's path brought to the
+    front), and `result.next_token_ids` holds those tokens at n·W + j; entries past a request's accept length
+    are computed and not read."""
     from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
 
-    out = result.logits_output
-    bs = out.next_token_logits.shape[0] // block_size
-    rows = torch.arange(bs * block_size, device=out.next_token_logits.device).view(bs, block_size)
-    compute_spec_v2_logprobs(batch, out, result.next_token_ids.view(-1), rows, block_size - 1)
+    out, width = result.logits_output, int(result.speculative_num_draft_tokens)
+    bs = out.next_token_logits.shape[0] // width
+    rows = torch.arange(bs * width, device=out.next_token_logits.device).view(bs, width)
+    compute_spec_v2_logprobs(batch, out, result.next_token_ids.view(-1), rows, width - 1)
 
 
 class DSpineTreeWorker(DSpineWorker):
-    """SGLANG_DSPINE_TREE=1 (SGLang 0.5.17): each decode step verifies, for sampled requests, a tree over the
-    lattice, and for greedy ones their walk (tree_verify.py); prefill and idle steps are DFlash's."""
+    """SGLANG_DSPINE_TREE=1 (SGLang 0.5.17): each decode step verifies a tree over the lattice of N - 1 nodes, N =
+    --speculative-num-draft-tokens (tree_verify.py); prefill and idle steps are DFlash's. N = B (the drafter's
+    block): sampled requests verify the tree, greedy ones their walk. N > B: every request verifies a tree,
+    a greedy request's scored with the drafter's tree calibration (drafter/tree_calibration.py).
+
+    N > B: DFlash's code takes its block from --speculative-num-draft-tokens, so it is given a copy of the server
+    arguments saying B (its draft worker, block buffers and draft CUDA graphs are the block's); the target's
+    verify graphs, SGLang's per-step KV reservation (2 N past the committed length) and the verify mask buffer
+    keep N; SGLang is told the draft forward's width through the algorithm (`DSpineAlgo`, plugin.py)."""
 
     draft_sampler = TreeDraftSampler
+
+    def __init__(self, server_args, *args, **kwargs):
+        import copy
+
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        from ..drafter.config import DrafterConfig
+        from ..drafter.tree_calibration import TreeCalibration
+        from .startup_checks import ALGORITHM
+
+        path = server_args.speculative_draft_model_path
+        block = DrafterConfig.from_file(path).block_size
+        self.verify_rows = int(server_args.speculative_num_draft_tokens)  # N (check_server_args: N >= B)
+        # refused at start without one (check_tree); loaded again here, in the scheduler's process
+        self.calibration = TreeCalibration.load(path, block) if self.verify_rows > block else None
+        SpeculativeAlgorithm.from_string(ALGORITHM).draft_rows_per_req = block
+        if self.verify_rows != block:
+            server_args = copy.deepcopy(server_args)
+            server_args.override("sglang_dspine.tree_worker", speculative_num_draft_tokens=block)
+        super().__init__(server_args, *args, **kwargs)
+        if int(self.block_size) != block:
+            raise RuntimeError(f"DSPINE tree verify: DFlash's worker took block size {self.block_size}, the "
+                               f"drafter's is {block}")
+        self._calibration = None if self.calibration is None else tuple(
+            torch.tensor(v, dtype=torch.float32, device=self.device)
+            for v in (self.calibration.temperature, self.calibration.log_mass))
+
+    def _new_draft_sampler(self, step, max_bs: int):
+        return self.draft_sampler(step, max_bs, nodes=self.verify_rows - 1, calibrated=self.calibration is not None)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
         if is_verify_step(batch):
@@ -211,20 +253,28 @@ class DSpineTreeWorker(DSpineWorker):
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError(f"DSPINE tree verify: expected DFlashDraftInputV2 on the batch, found {draft_input!r}")
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
-        bs, b, dev = len(batch.seq_lens), int(self.block_size), self.device
+        bs, b, n, dev = len(batch.seq_lens), int(self.block_size), self.verify_rows, self.device
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         prefix_lens = batch.seq_lens
+        sampling_info = batch.sampling_info  # greedy: top-k 1 (chains_where, calibration_rows say why it matters)
+        greedy = torch.ones(bs, dtype=torch.bool, device=dev) if sampling_info is None or \
+            sampling_info.is_all_greedy else sampling_info.top_ks.view(-1) <= 1
+        calibration = None if self._calibration is None else calibration_rows(greedy, *self._calibration)
+        if calibration is not None and self._draft_sampler is not None and bs <= self._draft_sampler.max_bs:
+            calibration = self._draft_sampler.calibrate(*calibration)  # read by the draft graph's tail
 
-        # 1) the draft forward over [anchor, mask...], as DFlash's (eager block preparation)
+        # 1) the draft forward over [anchor, mask...], as DFlash's (eager block preparation); the verify's N
+        # slots from the committed length on (SGLang reserved 2 N), the draft's the first B of them
         self._ensure_draft_block_buffers(bs)
         block_ids, positions_2d = self._draft_block_ids_buf[:bs], self._draft_block_positions_buf[:bs]
         loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
         block_ids.fill_(int(self._mask_token_id))
         block_ids[:, 0].copy_(draft_input.bonus_tokens)
         torch.add(prefix_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
-        loc_2d.copy_(assign_extend_cache_locs_func(
+        verify_loc_2d = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token, start_offset=prefix_lens,
-            end_offset=prefix_lens + b, batch_size=bs, draft_token_num=b, device=dev).view(bs, b))
+            end_offset=prefix_lens + n, batch_size=bs, draft_token_num=n, device=dev).view(bs, n)
+        loc_2d.copy_(verify_loc_2d[:, :b])
         positions, loc = positions_2d.reshape(-1), loc_2d.reshape(-1)
         # a host bound on the committed lengths, as DFlash's non-windowed path has it, for the draft and the verify
         seq_lens_cpu, bounded = self._draft_seq_lens_cpu_buf[:bs], True
@@ -250,22 +300,21 @@ class DSpineTreeWorker(DSpineWorker):
             walk, trees = self._draft_sampler.drafts(bs)
         else:  # above the captured batch sizes, or graphs off
             step = self._attached_step(self.target_worker.model_runner.model.lm_head)
-            walk, trees = walks_and_trees(step, draft_out.logits_output.hidden_states)
-        sampling_info = batch.sampling_info  # greedy requests (top-k 1) verify their walk (chains_where says why)
-        greedy = torch.ones(bs, dtype=torch.bool, device=walk.device) if sampling_info is None or \
-            sampling_info.is_all_greedy else sampling_info.top_ks.view(-1) <= 1
-        trees = chains_where(greedy, walk, trees)
+            walk, trees = walks_and_trees(step, draft_out.logits_output.hidden_states, n - 1,
+                                          *(calibration or (None, None)))
+        if n == b:  # at the block's size greedy requests verify their walk (chains_where says why)
+            trees = chains_where(greedy, walk, trees)
 
-        # 2) the target's verify pass over [anchor, nodes...] under the tree mask
-        cells = mask_cells_bound(seq_lens_cpu, b, getattr(self.target_worker.model_runner.attn_backend,
+        # 2) the target's verify pass over [anchor, nodes...] under the tree mask, N rows a request
+        cells = mask_cells_bound(seq_lens_cpu, n, getattr(self.target_worker.model_runner.attn_backend,
                                                           "verify_mask", None))
         verify = tree_verify_inputs(trees, block_ids[:, 0], prefix_lens, depth=b - 1, mask_cells=cells)
         grammar_tree = GrammarTree.from_device(verify.links.next_token, verify.links.next_sibling, verify.tokens) \
             if batch.has_grammar else None
         verify_input = DFlashVerifyInput(draft_token=verify.tokens.reshape(-1), positions=verify.positions,
-                                         draft_token_num=b, custom_mask=verify.custom_mask,
+                                         draft_token_num=n, custom_mask=verify.custom_mask,
                                          capture_hidden_mode=CaptureHiddenMode.FULL)
-        batch.out_cache_loc = loc
+        batch.out_cache_loc = verify_loc_2d.reshape(-1)
         seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
         if bounded:  # the verify plans on the same host bound (a copy: the buffer is the next step's)
             batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu.clone(), seq_lens_sum
@@ -279,7 +328,7 @@ class DSpineTreeWorker(DSpineWorker):
                                                 barrier=grammar_barrier) if batch.has_grammar else None
         if sampling_info is not None:
             apply_dflash_verify_logits_adjustments(next_token_logits=logits_output.next_token_logits,
-                                                   sampling_info=sampling_info, draft_token_num=b)
+                                                   sampling_info=sampling_info, draft_token_num=n)
         if grammar_mask is not None:
             grammar_mask.apply(logits_output.next_token_logits)
 
@@ -288,7 +337,7 @@ class DSpineTreeWorker(DSpineWorker):
         acc = accept_tree(verify, logits_output.next_token_logits, sampling_info if sample else None,
                           max_top_k=draft_input.max_top_k, uniform_top_k_value=draft_input.uniform_top_k_value)
         result = self._commit_tree_path(
-            verify, acc, logits_output, loc_2d=loc_2d, positions=positions, prefix_lens=prefix_lens,
+            verify, acc, logits_output, loc_2d=verify_loc_2d, positions=positions, prefix_lens=prefix_lens,
             req_to_token=req_to_token, req_pool_indices=batch.req_pool_indices,
             logprobs=batch.return_logprob or self._logprobs_asked(), on_publish=on_publish)
         result.can_run_cuda_graph = target_out.can_run_cuda_graph
@@ -296,15 +345,17 @@ class DSpineTreeWorker(DSpineWorker):
 
     def _commit_tree_path(self, verify, acc, logits_output, *, loc_2d, positions, prefix_lens, req_to_token,
                           req_pool_indices, logprobs: bool, on_publish=None):
-        """A tree step after its acceptance: the accepted path brought to the front of each block (its KV slots in
-        `req_to_token`, its hidden states, with `logprobs` its logits), then DFlash's chain tail: the draft K/V of
-        the committed rows at the chain's `positions`, the next step's anchors and lengths. Returns the step's
-        GenerationBatchResult (`can_run_cuda_graph` False: the caller sets what its verify pass did)."""
+        """A tree step after its acceptance: the accepted path brought to the front of each request's N verify
+        slots `loc_2d` [bs, N] (its KV slots in `req_to_token`, its hidden states, with `logprobs` its logits),
+        then DFlash's chain tail: the draft K/V of the committed rows (at most B: the path is at most B - 1 deep)
+        at the chain's `positions` [bs·B], the next step's anchors and lengths. Returns the step's
+        GenerationBatchResult, N tokens a request (`can_run_cuda_graph` False: the caller sets what its verify
+        pass did)."""
         from sglang.srt.managers.scheduler import GenerationBatchResult
 
         rows = committed_rows(verify, acc)
         front = bring_to_front(rows.order, loc_2d, req_to_token, req_pool_indices, prefix_lens)
-        if logprobs:  # log-probs read rows n·B + j; the logits are [bs·B, V]: moved only then
+        if logprobs:  # log-probs read rows n·N + j; the logits are [bs·N, V]: moved only then
             logits_output.next_token_logits = rows_to_front(logits_output.next_token_logits, rows.order)
         new_seq_lens = prefix_lens + rows.commit_lens.to(prefix_lens.dtype)
         if on_publish is not None:
@@ -312,9 +363,11 @@ class DSpineTreeWorker(DSpineWorker):
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DSPINE tree verify: the target returned no hidden states")
+        b = int(self.block_size)
+        front = front[:, :b].contiguous()
         self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=rows_to_front(hidden, rows.order), cache_loc=front.reshape(-1), cache_loc_2d=front,
-            positions=positions, commit_lens=rows.commit_lens)
+            target_hidden=rows_to_front(hidden, rows.order[:, :b], verify.rows), cache_loc=front.reshape(-1),
+            cache_loc_2d=front, positions=positions, commit_lens=rows.commit_lens)
         logits_output.hidden_states = None
         next_draft_input = self._make_next_draft_input_decode(bonus_tokens=acc.bonus, new_seq_lens=new_seq_lens)
         return GenerationBatchResult(
