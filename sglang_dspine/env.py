@@ -30,9 +30,10 @@ VARIABLES = (
               "1 (default): DSPINE's draft step and the training objective's vocabulary-sized terms run on the "
               "Triton kernels on CUDA; 0: on the plain PyTorch math"),
     _Variable("SGLANG_DSPINE_TREE", False,
-              "1: sampled requests verify a best-first tree of B-1 nodes over the transition lattice instead of "
-              "the walk's chain, greedy ones keep the chain (docs/tree.md; not yet run on a GPU, refused at start "
-              "where it is not built)"),
+              "1: decode steps verify a best-first tree of N-1 nodes over the transition lattice, N = "
+              "--speculative-num-draft-tokens: at N = B (the block) sampled requests verify the tree and greedy "
+              "ones their walk; at N > B every request a tree, a greedy one's scored with the drafter's tree "
+              "calibration (docs/tree.md; not yet run on a GPU, refused at start where it is not built)"),
     _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
               "1: `kill -USR1 <scheduler pid>` prints every thread's Python stack to the server log"),
     _Variable("DSPINE_SUITES_DIR", None,
