@@ -245,6 +245,16 @@ def test_dspine_drafts_through_dflash_hooks_from_a_padded_head(served, monkeypat
     assert (want != argmax).any()  # the walk left the argmax: DFlash's own sampler would not pass
 
 
+def _served_draft_model(served):
+    """The SGLang draft model with the pair's drafter weights, given the target head: (model, the plain drafter,
+    its block size, the head)."""
+    model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
+    model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
+    head = served.target.lm_head.weight.detach()
+    model.draft_step.attach_head(head)
+    return model, served.plain, served.plain.cfg.block_size, head
+
+
 @pytest.mark.parametrize("kernels", ["0", "1"])
 def test_dspine_draft_tree_is_the_offline_lattice_tree(served, monkeypatch, kernels):
     """DraftStep.draft_tree on the SGLang draft model's output (the batched builder, on the candidates and table
@@ -256,11 +266,7 @@ def test_dspine_draft_tree_is_the_offline_lattice_tree(served, monkeypatch, kern
     from sglang_dspine.serving.tree_verify import TreeDraftSampler, chains_where
 
     monkeypatch.setenv("SGLANG_DSPINE_KERNELS", kernels)
-    model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
-    model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
-    plain, b = served.plain, served.plain.cfg.block_size
-    head = served.target.lm_head.weight.detach()
-    model.draft_step.attach_head(head)
+    model, plain, b, head = _served_draft_model(served)
     budget = 12
     with torch.no_grad():
         out, _, refs = sglang_on_cpu.draft_forward(model, plain, served.target, REQUESTS)
@@ -304,11 +310,7 @@ def test_a_wide_calibrated_tree_is_the_offline_calibrated_lattice_tree(served, m
     from sglang_dspine.serving.tree_verify import TreeDraftSampler, calibration_rows
 
     monkeypatch.setenv("SGLANG_DSPINE_KERNELS", kernels)
-    model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
-    model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
-    plain, b = served.plain, served.plain.cfg.block_size
-    head = served.target.lm_head.weight.detach()
-    model.draft_step.attach_head(head)
+    model, plain, b, head = _served_draft_model(served)
     temps, log_mass = [0.3, 2.0, 0.7][: b - 1], [-0.9, -0.05, -0.4][: b - 1]
     n, nodes = len(REQUESTS), 13
     greedy = torch.arange(n) % 2 == 0
