@@ -459,9 +459,12 @@ def _tree_calibrate_run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1 or args.stride < 1:
         raise CLIError(f"--max-new-tokens and --stride must be >= 1 (found {args.max_new_tokens}, {args.stride})")
     src, target, drafter, eos, prompts = _pair_and_prompts(args, check=dspine_only)
+    from tqdm import tqdm
+
     with torch.no_grad():
-        cal = calibration_set(target, drafter, [ids for _, ids in prompts], args.max_new_tokens, 0.0,
-                              stride=args.stride, eos_token_ids=set(eos))
+        bar = tqdm([ids for _, ids in prompts], desc="tree-calibrate", unit="prompt", file=sys.stderr)
+        cal = calibration_set(target, drafter, bar, args.max_new_tokens, 0.0, stride=args.stride,
+                              eos_token_ids=set(eos))
         if cal.row_reached is None or not bool(cal.row_reached.any()):
             raise CLIError(f"--prompts {args.prompts}: no table row a tree can reach in the target's continuations "
                            "(more prompts, or a longer --max-new-tokens)")
