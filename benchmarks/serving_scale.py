@@ -351,10 +351,11 @@ def print_table(res: dict) -> None:
     ratios = s["step_ratio_by_clients"] if side else {
         "T0": (s["alone_default_graph_bs"].get("dspine") or {}).get("step_ratio_vs_dflash") or {}}
     print("\nstep ms (mean of rounds) and DSPINE/DFLASH ratio" + ("" if side else ", each server alone"))
+    shown = [n for n in SERVERS if n not in TREE_SERVERS or any(n in rnd for rnd in rounds)]  # trees: if run
     for temp in res.get("temperatures", []):
         for c in res.get("clients", []):
             row = []
-            for n in SERVERS:
+            for n in shown:
                 vals = [r["step_ms"] for rnd in rounds for r in rnd.get(n, [])
                         if r["clients"] == c and r["temperature"] == temp and r.get("step_ms")]
                 row.append(f"{n}={sum(vals) / len(vals):.2f}" if vals else f"{n}=-")
@@ -365,6 +366,8 @@ def print_table(res: dict) -> None:
             print(f"\nprofile {key}: DSPINE - DFLASH µs/step, top kernels")
             for r in prof["diff"][:12]:
                 print(f"  {r['diff_us']:+9.1f}  {r['kernel'][:110]}")
+    if s["tree_step_ratio_vs_dspine_by_clients"]:
+        print("\ntree step ÷ DSPINE step", json.dumps(s["tree_step_ratio_vs_dspine_by_clients"]))
     print("\nstep_ratio_max", s["step_ratio_max"], "kv pools", s["kv_pools_side_by_side"])
 
 

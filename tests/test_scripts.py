@@ -550,3 +550,22 @@ def test_serving_scale_table_prints_alone_rounds(capsys):
     assert lines[0].split() == ["T=0", "c=", "1", "dflash=8.00", "dspine=6.00", "dspine_torch=-", "dflash2=12.00",
                                 "ratio=0.75"]
     assert lines[1].split()[-1] == "ratio=1.1" and "dflash2=-" in lines[1]
+
+
+def test_serving_scale_reports_each_tree_servers_step_against_dspines(capsys):
+    """serving_scale.py's tree servers (dspine_treeN: SGLANG_DSPINE_TREE=1 verifying N rows): the summary gives each
+    one's step ÷ DSPINE's chain step per temperature and client count, and the closing table shows the tree servers
+    that ran, and no column for those that did not."""
+    from sglang_dspine.source_files import load_file as load_source
+
+    ss = load_source(os.path.join(REPO, "benchmarks", "serving_scale.py"))
+    side = {"dflash": _rounds({1: 8.0, 4: 10.0}), "dspine": _rounds({1: 8.0, 4: 10.0}),
+            "dspine_tree32": _rounds({1: 10.0, 4: 11.0})}
+    res = {"rounds": [side, side], "temperatures": [0.0], "clients": [1, 4]}
+    assert ss.summarize(res)["tree_step_ratio_vs_dspine_by_clients"] == {"dspine_tree32": {"T0": {"1": 1.25,
+                                                                                                  "4": 1.1}}}
+    ss.print_table(res)
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if ln.startswith("T=0 c=  1"))
+    assert "dspine_tree32=10.00" in row and "dspine_tree64" not in row and "dspine_tree16" not in row
+    assert 'tree step ÷ DSPINE step {"dspine_tree32": {"T0": {"1": 1.25, "4": 1.1}}}' in out
