@@ -1341,6 +1341,9 @@ def parser() -> argparse.ArgumentParser:
     _servers.add_backend_args(ap)
     ap.add_argument("--tag", default="",
                     help="results named serving_features_TAG*.json instead of serving_features*.json")
+    ap.add_argument("--dspine-args", default="",
+                    help="more arguments for the DSPINE server, e.g. '--speculative-num-draft-tokens 32' (with "
+                         "SGLANG_DSPINE_TREE=1: trees of 31 nodes)")
     return ap
 
 
@@ -1430,7 +1433,8 @@ class Conformance:
     def server_args(self, name: str) -> list[str]:
         if name == "plain":
             return ["--model-path", self.target, *FLAGS]
-        return spec_args(self.target, self.drafters[name][0], self.drafters[name][1], *FLAGS)
+        extra = shlex.split(self.args.dspine_args) if name == "dspine" else []
+        return spec_args(self.target, self.drafters[name][0], self.drafters[name][1], *FLAGS, *extra)
 
     def bring_up(self, name: str) -> bool:
         s = self.servers[name]

@@ -80,6 +80,14 @@ def test_server_flags_parse(sf):
     sf.check_flags(MODELS)
 
 
+def test_dspine_args_reach_the_dspine_server_only(sf, tmp_path):
+    """`--dspine-args` (e.g. a tree's width) ends DSPINE's server arguments, and no other server's."""
+    args = sf.parser().parse_args(["--out", str(tmp_path), "--dspine-args", "--speculative-num-draft-tokens 32"])
+    run = sf.Conformance(args, ["test"])
+    assert run.server_args("dspine")[-2:] == ["--speculative-num-draft-tokens", "32"]
+    assert "--speculative-num-draft-tokens" not in run.server_args("dflash") + run.server_args("plain")
+
+
 def test_grammars_compile_and_samples(sf):
     sf.check_grammars(TARGET)
     with pytest.raises(sf.Malformed, match="does not validate"):
