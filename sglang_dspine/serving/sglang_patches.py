@@ -87,6 +87,21 @@ def _not_found(name: str) -> RuntimeError:
                         f"{'.'.join(map(str, sglang_version()))}; the plugin cannot apply its change there")
 
 
+def _wrap_once(module, name: str, mark: str, wrap):
+    """Replace `module.<name>` by `wrap(stock)` (given the stock function's name and docstring, and marked `mark`),
+    unless an earlier call did (the patches are idempotent). Returns (stock, wrapper), or None where it was
+    already replaced; a missing function is refused (`_not_found`)."""
+    stock = getattr(module, name, None)
+    if stock is None:
+        raise _not_found(f"{module.__name__}.{name}")
+    if getattr(stock, mark, False):
+        return None
+    wrapper = functools.wraps(stock)(wrap(stock))
+    setattr(wrapper, mark, True)
+    setattr(module, name, wrapper)
+    return stock, wrapper
+
+
 def _names_used(code) -> set[str]:
     """Every global or attribute name a code object (and the functions defined inside it) refers to."""
     names = set(code.co_names)
@@ -230,19 +245,14 @@ def check_drafters_first() -> None:
 
     from sglang.srt.arg_groups import speculative_hook
 
-    stock = getattr(speculative_hook, "handle_speculative_decoding", None)
-    if stock is None:
-        raise _not_found("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding")
-    if getattr(stock, "_dspine_checks_drafters", False):
-        return
+    def wrap(stock):
+        def handle_speculative_decoding(server_args) -> None:
+            _check_drafter_first(server_args.speculative_algorithm, server_args.speculative_draft_model_path)
+            return stock(server_args)
 
-    @functools.wraps(stock)
-    def handle_speculative_decoding(server_args) -> None:
-        _check_drafter_first(server_args.speculative_algorithm, server_args.speculative_draft_model_path)
-        return stock(server_args)
+        return handle_speculative_decoding
 
-    handle_speculative_decoding._dspine_checks_drafters = True
-    speculative_hook.handle_speculative_decoding = handle_speculative_decoding
+    _wrap_once(speculative_hook, "handle_speculative_decoding", "_dspine_checks_drafters", wrap)
 
 
 def refusals_end_the_launcher_in_one_line() -> None:
@@ -272,26 +282,24 @@ def rows_hold_the_decode_reservation() -> None:
     caller imported; a caller imported later takes the wrapped function from `allocation_sizing`."""
     from sglang.srt.mem_cache import allocation_sizing
 
-    stock = getattr(allocation_sizing, "get_req_to_token_extra_context_len", None)
-    if stock is None:
-        raise _not_found("sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len")
-    if getattr(stock, "_dspine_rows", False):
+    def wrap(stock):
+        def get_req_to_token_extra_context_len(*args, **kwargs) -> int:
+            from sglang.srt.runtime_context import get_spec
+
+            headroom = stock(*args, **kwargs)
+            spec = get_spec()
+            if (spec.speculative_algorithm or "").upper() != ALGORITHM:
+                return headroom
+            # 0.5.17 passes the server arguments; 0.5.23 reads the published configuration
+            page_size = args[0].page_size if args else allocation_sizing.get_alloc_page_size()
+            return dspine_row_headroom(headroom, int(spec.speculative_num_draft_tokens), int(page_size or 1))
+
+        return get_req_to_token_extra_context_len
+
+    replaced = _wrap_once(allocation_sizing, "get_req_to_token_extra_context_len", "_dspine_rows", wrap)
+    if replaced is None:
         return
-
-    @functools.wraps(stock)
-    def get_req_to_token_extra_context_len(*args, **kwargs) -> int:
-        from sglang.srt.runtime_context import get_spec
-
-        headroom = stock(*args, **kwargs)
-        spec = get_spec()
-        if (spec.speculative_algorithm or "").upper() != ALGORITHM:
-            return headroom
-        # 0.5.17 passes the server arguments; 0.5.23 reads the published configuration
-        page_size = args[0].page_size if args else allocation_sizing.get_alloc_page_size()
-        return dspine_row_headroom(headroom, int(spec.speculative_num_draft_tokens), int(page_size or 1))
-
-    get_req_to_token_extra_context_len._dspine_rows = True
-    allocation_sizing.get_req_to_token_extra_context_len = get_req_to_token_extra_context_len
+    stock, get_req_to_token_extra_context_len = replaced
     configurator = sys.modules.get("sglang.srt.mem_cache.kv_cache_configurator")
     if configurator is not None:
         if getattr(configurator, "get_req_to_token_extra_context_len", None) is not stock:
@@ -305,25 +313,20 @@ def tree_verify_graphs_read_the_mask() -> None:
         return
     from sglang.srt.speculative import dflash_utils
 
-    stock = getattr(dflash_utils, "resolve_dflash_verify_mask_policy", None)
-    if stock is None:
-        raise _not_found("sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy")
-    if getattr(stock, "_dspine_trees", False):
-        return
+    def wrap(stock):
+        def resolve_dflash_verify_mask_policy(attn_backend):
+            from sglang.srt.runtime_context import get_spec
 
-    @functools.wraps(stock)
-    def resolve_dflash_verify_mask_policy(attn_backend):
-        from sglang.srt.runtime_context import get_spec
+            from ..env import ENV
 
-        from ..env import ENV
+            name, build_custom_mask = stock(attn_backend)
+            if ENV.tree and (get_spec().speculative_algorithm or "").upper() == ALGORITHM:
+                return name, True
+            return name, build_custom_mask
 
-        name, build_custom_mask = stock(attn_backend)
-        if ENV.tree and (get_spec().speculative_algorithm or "").upper() == ALGORITHM:
-            return name, True
-        return name, build_custom_mask
+        return resolve_dflash_verify_mask_policy
 
-    resolve_dflash_verify_mask_policy._dspine_trees = True
-    dflash_utils.resolve_dflash_verify_mask_policy = resolve_dflash_verify_mask_policy
+    _wrap_once(dflash_utils, "resolve_dflash_verify_mask_policy", "_dspine_trees", wrap)
 
 
 def apply_at_registration() -> None:

@@ -145,10 +145,10 @@ def check_placement(server_args) -> None:
 
 def check_tree(server_args) -> None:
     """SGLANG_DSPINE_TREE=1 (tree verification, tree_verify.py; its width: `check_verify_width`) is built on SGLang
-    0.5.17's DFlash decode step, for
-    one rank, the triton attention backend (it reads the tree mask in the target's verify pass; FA3 reads one
-    only for EAGLE's top-k trees), page size 1 (the accepted path's slots are reordered token by token) and the
-    whole draft cache (no sliding window). Anything else is refused in one line, never run untried."""
+    0.5.17's DFlash decode step, for one rank, the triton attention backend (it reads the tree mask in the
+    target's verify pass; FA3 reads one only for EAGLE's top-k trees), page size 1 (the accepted path's slots are
+    reordered token by token) and the whole draft cache (no sliding window). Anything else is refused in one
+    line, never run untried."""
     from ..env import ENV
     from .versions import argument_view, dp_attention_enabled, sglang_version
 

@@ -48,19 +48,21 @@ class TreeDraftSampler:
     what = "tree building"
 
     def __init__(self, step, max_bs: int, nodes: int | None = None, calibrated: bool = False):
-        self.step, self.max_bs, self.calibrated = step, max_bs, calibrated
+        self.step, self.max_bs = step, max_bs
         self.nodes = step.block_size - 1 if nodes is None else int(nodes)
         dev = step.head.device
         shape = (max_bs, self.nodes)
         self.walk = torch.empty(max_bs, step.block_size - 1, dtype=torch.int64, device=dev)
         self.tokens, self.parents, self.depths = (torch.empty(shape, dtype=torch.int64, device=dev) for _ in range(3))
         self.scores = torch.empty(shape, dtype=torch.float32, device=dev)
-        self.temperature = torch.ones(max_bs, step.block_size - 1, dtype=torch.float32, device=dev)
-        self.log_mass = torch.zeros(max_bs, step.block_size - 1, dtype=torch.float32, device=dev)
+        self.temperature = self.log_mass = None  # calibrated: [max_bs, B-1] each
+        if calibrated:
+            self.temperature = torch.ones(max_bs, step.block_size - 1, dtype=torch.float32, device=dev)
+            self.log_mass = torch.zeros(max_bs, step.block_size - 1, dtype=torch.float32, device=dev)
 
     def __call__(self, hidden_states, input_ids=None):
         bs = hidden_states.shape[0] // self.step.block_size
-        cal = (self.temperature[:bs], self.log_mass[:bs]) if self.calibrated else (None, None)
+        cal = (None, None) if self.temperature is None else (self.temperature[:bs], self.log_mass[:bs])
         walk, trees = walks_and_trees(self.step, hidden_states, self.nodes, *cal)
         for buf, src in zip((self.walk, self.tokens, self.parents, self.depths, self.scores),
                             (walk, trees.tokens, trees.parents, trees.depths, trees.scores)):
@@ -77,12 +79,10 @@ class TreeDraftSampler:
         return self.walk[:bs], TreeBatch(self.tokens[:bs], self.parents[:bs], self.depths[:bs], self.scores[:bs])
 
 
-def walks_and_trees(step, hidden_states: torch.Tensor, nodes: int | None = None,
-                    temperature: torch.Tensor | None = None,
+def walks_and_trees(step, hidden_states: torch.Tensor, nodes: int, temperature: torch.Tensor | None = None,
                     log_mass: torch.Tensor | None = None) -> tuple[torch.Tensor, TreeBatch]:
-    """Each request's walk [bs, B-1] and tree of `nodes` nodes (B - 1 by default) from the draft forward's
-    final-normed states [bs·B, H]; temperature, log_mass: `DraftStep.walk_and_tree`'s."""
-    nodes = step.block_size - 1 if nodes is None else nodes
+    """Each request's walk [bs, B-1] and tree of `nodes` nodes from the draft forward's final-normed states
+    [bs·B, H]; temperature, log_mass: `DraftStep.walk_and_tree`'s."""
     return step.walk_and_tree(step.rows_after_anchor(hidden_states), nodes, temperature, log_mass)
 
 
