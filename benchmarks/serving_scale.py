@@ -245,17 +245,19 @@ def profile(server: Server, prompts, clients: int, steps: int, out_dir: str, max
     return result
 
 
-def kernel_diff(a: dict, b: dict, top: int = 25) -> list[dict]:
-    """Per kernel name: µs per step in `a` minus in `b` (largest differences first)."""
+def kernel_diff(a: dict, b: dict, top: int = 25, names: tuple[str, str] = ("dspine", "dflash")) -> list[dict]:
+    """Per kernel name: µs per step in `a` minus in `b` (largest differences first); `names`: a's and b's
+    servers (the columns' names)."""
     ka, kb = a.get("kernels", {}), b.get("kernels", {})
+    col_a, col_b = f"{names[0]}_us", f"{names[1]}_us"
     rows = []
     for name in set(ka) | set(kb):
         ua, ub = ka.get(name, {}).get("us_per_step", 0.0), kb.get(name, {}).get("us_per_step", 0.0)
-        rows.append({"kernel": name, "dspine_us": ua, "dflash_us": ub, "diff_us": round(ua - ub, 2)})
+        rows.append({"kernel": name, col_a: ua, col_b: ub, "diff_us": round(ua - ub, 2)})
     total = round(sum(r["diff_us"] for r in rows), 1)
     rows.sort(key=lambda r: -abs(r["diff_us"]))
-    return [{"kernel": "(all kernels)", "dspine_us": round(sum(v["us_per_step"] for v in ka.values()), 1),
-             "dflash_us": round(sum(v["us_per_step"] for v in kb.values()), 1), "diff_us": total}] + rows[:top]
+    return [{"kernel": "(all kernels)", col_a: round(sum(v["us_per_step"] for v in ka.values()), 1),
+             col_b: round(sum(v["us_per_step"] for v in kb.values()), 1), "diff_us": total}] + rows[:top]
 
 
 # ------------------------------------------------------------------------------------------ summary
@@ -524,6 +526,9 @@ def main() -> None:
                                    for n in names}
             if "dspine" in names and "dflash" in names:
                 res["profile"][key]["diff"] = kernel_diff(res["profile"][key]["dspine"], res["profile"][key]["dflash"])
+            for n in [x for x in names if x.startswith("dspine_tree") and "dspine" in names]:  # what a tree adds
+                res["profile"][key]["diff_" + n] = kernel_diff(res["profile"][key][n], res["profile"][key]["dspine"],
+                                                               names=(n, "dspine"))
             save()
         for n, s in servers.items():
             res["memory"][n]["graph_use"] = graph_use(s.text())

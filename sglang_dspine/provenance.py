@@ -50,6 +50,8 @@ def provenance(argv: list[str] | None = None) -> dict:
         "gpu": gpu,
         "versions": versions,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        # the plugin's switches change what a server runs (SGLANG_DSPINE_TREE=1: trees, not chains)
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SGLANG_DSPINE_")},
     }
 
 

@@ -44,3 +44,16 @@ def test_serving_code_changed_since_a_run_is_what_git_says():
     assert since["changed_by_commit"]["bb9ff95"] == []
     assert "kernels/tree_build.py" in since["changed_by_commit"]["f528899"]
     assert changed_files("0" * 40, "e7e0441", sv.SERVING_CODE) is None
+
+
+def test_provenance_records_the_plugins_switches(monkeypatch):
+    """A result says which of the plugin's environment switches were on (SGLANG_DSPINE_TREE=1 makes a DSPINE
+    server verify trees: the same command line measures something else), and no other variable."""
+    from sglang_dspine.provenance import provenance
+
+    monkeypatch.setenv("SGLANG_DSPINE_TREE", "1")
+    monkeypatch.setenv("SGLANG_OTHER_SWITCH", "1")
+    env = provenance(["x"])["env"]
+    assert env.get("SGLANG_DSPINE_TREE") == "1" and "SGLANG_OTHER_SWITCH" not in env
+    monkeypatch.delenv("SGLANG_DSPINE_TREE")
+    assert "SGLANG_DSPINE_TREE" not in provenance(["x"])["env"]

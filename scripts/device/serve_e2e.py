@@ -565,7 +565,7 @@ def collect_server_info(servers, up, results, names=("dspine", "dflash", "dspine
                 "cuda_graph_false_lines": sum("cuda graph: False" in l for l in decode),
                 "last_decode_line": decode[-1][-300:] if decode else None,
                 "graph_decoding_log": [l[-200:] for l in log
-                                       if "DSPINE candidate decoding" in l or "kept eager" in l][:3],
+                                       if "folded into the draft cuda graph" in l or "kept eager" in l][:3],
             }
 
 
