@@ -262,14 +262,17 @@ def kernel_diff(a: dict, b: dict, top: int = 25, names: tuple[str, str] = ("dspi
 
 # ------------------------------------------------------------------------------------------ summary
 def alone_step_ratios(alone: dict) -> dict:
-    """DSPINE's step ÷ each baseline's (DFLASH, SGLang's DFlash2), each server alone, per client count, from
-    the rounds that ran (None for a baseline that did not)."""
+    """DSPINE's step ÷ each baseline's (DFLASH, SGLang's DFlash2), and each tree server's step ÷ DSPINE's, each
+    server alone, per client count, from the rounds that ran (None for a baseline that did not)."""
     mine = {r["clients"]: r["step_ms"] for r in alone.get("dspine", {}).get("rounds", []) if r.get("step_ms")}
     out = {}
     for base in ("dflash", "dflash2"):
         theirs = {r["clients"]: r["step_ms"] for r in alone.get(base, {}).get("rounds", []) if r.get("step_ms")}
         ratios = {str(c): round(mine[c] / theirs[c], 4) for c in mine if theirs.get(c)}
         out[f"step_ratio_vs_{base}"] = ratios or None
+    for tree in [n for n in TREE_SERVERS if n in alone]:  # a tree server's step ÷ DSPINE's (the chain)
+        steps = {r["clients"]: r["step_ms"] for r in alone[tree].get("rounds", []) if r.get("step_ms")}
+        out[f"{tree}_step_ratio"] = {str(c): round(steps[c] / mine[c], 4) for c in mine if steps.get(c)} or None
     return out
 
 
@@ -539,7 +542,7 @@ def main() -> None:
         # ---- phase 3: each alone, SGLang's default --cuda-graph-max-bs-decode
         if args.alone:
             # DSPINE before DFlash2: at 35f24d8 DFlash2 hung starting under FA3 and DSPINE waited behind it
-            for n in [x for x in ("dflash", "dspine", "dflash2") if x in names]:
+            for n in [x for x in ("dflash", "dspine", "dflash2", *TREE_SERVERS) if x in names]:
                 a, env = server_args_for(n, target, drafters, ["--mem-fraction-static", str(args.alone_mem_fraction)])
                 s = Server(n + "_alone", 31010, a, args.out, env=env, base_args=base)
                 servers[n] = s

@@ -535,6 +535,9 @@ def test_serving_scale_summary_keeps_alone_ratios_of_a_cut_run():
                            "step_ratio_vs_dflash2": None}
     alone["dflash2"] = {"rounds": _rounds({1: 12.0, 16: 2.0})}
     assert ss.alone_step_ratios(alone)["step_ratio_vs_dflash2"] == {"1": 0.5, "16": 1.5}
+    alone["dspine_tree32"] = {"rounds": _rounds({1: 9.0, 4: 22.0})}  # a tree server alone: its step ÷ DSPINE's
+    ratios = ss.alone_step_ratios(alone)
+    assert ratios["dspine_tree32_step_ratio"] == {"1": 1.5, "4": 2.0} and "dspine_tree64_step_ratio" not in ratios
 
 
 def test_serving_scale_table_prints_alone_rounds(capsys):

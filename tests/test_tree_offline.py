@@ -81,3 +81,24 @@ def test_a_deadline_stops_new_evaluations_and_the_summary_says_so(tmp_path):
         suites = len({r["suite"] for r in rows}) if rows else 0
         assert len(rows) == (0 if deadline else 3 * suites) and (deadline or suites == 3)
     assert (torch.get_num_threads(), torch.is_grad_enabled()) == (threads, grad)  # the run's settings are its own
+
+
+def test_the_served_trees_ratios_are_of_means_over_suites_and_the_best_round():
+    """benchmarks/tree_served.py: tau as the paper counts it (mean over suites, rounds averaged) and tokens/s
+    (the best round) of each tree server over the chain server's at the same temperature and client count."""
+    served = load_file(os.path.join(ROOT, "benchmarks", "tree_served.py"))
+
+    def cell(code, math, tps):
+        return {"tau_by_suite": {"code": code, "math": math}, "tokens_per_s": tps}
+
+    record = {"repeats": [{"dspine": {"1": cell(2.0, 4.0, 100.0)}, "dspine_tree32": {"1": cell(3.0, 5.0, 50.0)}},
+                          {"dspine": {"1": cell(2.0, 4.0, 120.0)}, "dspine_tree32": {"1": cell(3.0, 6.0, 90.0)}}],
+              "throughput_t1": {"dspine": {"16": cell(1.0, 1.2, 80.0)}, "dspine_tree32": {"16": cell(1.2, 1.4, 40.0)}}}
+    out = served.step_cost_summary(record)
+    t0 = out["T=0"]["dspine_tree32"]["1"]
+    assert t0["tau"] == pytest.approx(4.25) and t0["tau_over_chain"] == pytest.approx(round(4.25 / 3.0, 4))
+    assert t0["tokens_per_s_over_chain"] == pytest.approx(0.75) and t0["tokens_per_s_rounds"] == [50.0, 90.0]
+    assert out["T=1"]["dspine_tree32"]["16"]["tau_over_chain"] == pytest.approx(round(1.3 / 1.1, 4))
+    assert "tau_over_chain" not in out["T=0"]["dspine"]["1"]
+    with pytest.raises(ValueError, match="no 'dspine' server"):
+        served.step_cost_summary({"repeats": [{"dspine_tree32": {"1": cell(3.0, 5.0, 50.0)}}]})
