@@ -60,8 +60,8 @@ DEFAULT_RULE = "0=dspine_anchored_depth,1=dspine_extended"
 
 
 # where the served tree's cost is (this offline run measures acceptance only)
-STEP_COST = ("served: tree_served_summary.json (benchmarks/tree_served.py: tau and tokens/s of the tree servers against "
-             "the chain's, side by side on an H200); the draft side's kernel cost: kernels_summary.json's "
+STEP_COST = ("served: tree_served_summary.json (benchmarks/tree_served.py: tau and tokens/s of the tree servers "
+             "against the chain's, side by side on an H200); the draft side's kernel cost: kernels_summary.json's "
              "draft_tree_over_dflash_step")
 
 

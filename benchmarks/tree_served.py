@@ -7,7 +7,9 @@ result files:
 - `--e2e`: serve_e2e.py's summary of a tree server (greedy equality with no speculation, the T=1 test, the load);
 - `--scale`: serving_scale.py's summary at Qwen3-8B geometry (random weights: the per-step cost only).
 
-Usage: python benchmarks/tree_served.py --step-cost F [--e2e F] [--scale F] --out benchmarks/results/tree_served_summary.json
+Usage:
+    python benchmarks/tree_served.py --step-cost F [--e2e F] [--scale F] \
+        --out benchmarks/results/tree_served_summary.json
 """
 from __future__ import annotations
 
