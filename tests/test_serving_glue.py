@@ -261,9 +261,10 @@ def test_dspine_draft_tree_is_the_offline_lattice_tree(served, monkeypatch, kern
     the served decoding computes, kernels or PyTorch math) gives, per request, tree.lattice_tree of the plain
     drafter's BlockDraft on the same context: the same paths in the same best-first order. The tree step's
     draft-graph tail (`TreeDraftSampler`, B - 1 nodes, handed the forward's whole hidden states) writes those
-    trees and the walk's tokens; `chains_where` gives the requests it marks their walk as a chain."""
+    trees, or at N = B a greedy request's walk as a chain, and the verify pass's inputs for them: the same as
+    those computed after the graph."""
     from sglang_dspine.drafter.tree import lattice_tree
-    from sglang_dspine.serving.tree_verify import TreeDraftSampler, chains_where
+    from sglang_dspine.serving.tree_verify import TreeDraftSampler, tree_verify_inputs
 
     monkeypatch.setenv("SGLANG_DSPINE_KERNELS", kernels)
     model, plain, b, head = _served_draft_model(served)
@@ -277,25 +278,31 @@ def test_dspine_draft_tree_is_the_offline_lattice_tree(served, monkeypatch, kern
             assert trees.tokens[r].tolist() == want.tokens and trees.parents[r].tolist() == want.parents
             torch.testing.assert_close(trees.scores[r], torch.tensor(want.scores), atol=1e-4, rtol=1e-4)
         n = len(REQUESTS)
-        sampler = TreeDraftSampler(model.draft_step, max_bs=n + 2)  # the graph's buffers: more rows than used
-        sampler(out.hidden_states)
-        walk, served_trees = sampler.drafts(n)
-        full = model.draft_step.draft_tree(hidden[:, 1:].reshape(-1, hidden.shape[-1]), b - 1)
-        assert torch.equal(served_trees.tokens, full.tokens) and torch.equal(served_trees.parents, full.parents)
-        for r, (ref, (_, a)) in enumerate(zip(refs, REQUESTS)):
-            want = plain.draft(ref, head, torch.tensor([a]))
-            assert walk[r].tolist() == want.tokens[0].tolist()
-            assert served_trees.tokens[r].tolist() == lattice_tree(want, b - 1).tokens
         greedy = torch.arange(n) % 2 == 0
-        mixed = chains_where(greedy, walk, served_trees)
-        for r in range(n):
-            if greedy[r]:
-                assert mixed.tokens[r].tolist() == walk[r].tolist()
-                assert mixed.parents[r].tolist() == list(range(-1, b - 2))
-                assert mixed.depths[r].tolist() == list(range(1, b))
-            else:
-                assert torch.equal(mixed.tokens[r], served_trees.tokens[r])
-                assert torch.equal(mixed.parents[r], served_trees.parents[r])
+        seq_lens = torch.tensor([5 + 3 * r for r in range(n)])
+        full = model.draft_step.draft_tree(hidden[:, 1:].reshape(-1, hidden.shape[-1]), b - 1)
+        for chains in (False, True):  # N > B: every request a tree; N = B: greedy ones their walk
+            sampler = TreeDraftSampler(model.draft_step, max_bs=n + 2, chains_for_greedy=chains)  # spare rows
+            sampler.prepare(seq_lens, greedy)
+            sampler(out.hidden_states)
+            served_trees, layout = sampler.drafts(n)
+            for r, (ref, (_, a)) in enumerate(zip(refs, REQUESTS)):
+                want = plain.draft(ref, head, torch.tensor([a]))
+                if chains and greedy[r]:
+                    assert served_trees.tokens[r].tolist() == want.tokens[0].tolist()  # the walk, as a chain
+                    assert served_trees.parents[r].tolist() == list(range(-1, b - 2))
+                    assert served_trees.depths[r].tolist() == list(range(1, b))
+                else:
+                    assert served_trees.tokens[r].tolist() == lattice_tree(want, b - 1).tokens
+                    assert torch.equal(served_trees.parents[r], full.parents[r])
+            # what the graph built for the verify = the same computed after it (tree_verify_inputs' own)
+            anchors = torch.tensor([a for _, a in REQUESTS])
+            graph = tree_verify_inputs(served_trees, anchors, seq_lens, depth=b - 1, layout=layout)
+            eager = tree_verify_inputs(served_trees, anchors, seq_lens, depth=b - 1)
+            for x, y in ((graph.positions, eager.positions), (graph.custom_mask, eager.custom_mask),
+                         (graph.links.index, eager.links.index), (graph.links.next_token, eager.links.next_token),
+                         (graph.links.next_sibling, eager.links.next_sibling)):
+                assert torch.equal(x, y)
     assert trees.depths.amax().item() > 1  # the trees branch and go deep
 
 
@@ -317,10 +324,11 @@ def test_a_wide_calibrated_tree_is_the_offline_calibrated_lattice_tree(served, m
     with torch.no_grad():
         out, _, refs = sglang_on_cpu.draft_forward(model, plain, served.target, REQUESTS)
         sampler = TreeDraftSampler(model.draft_step, max_bs=n + 2, nodes=nodes, calibrated=True)
-        t, m = sampler.calibrate(*calibration_rows(greedy, torch.tensor(temps), torch.tensor(log_mass)))
+        t, m = calibration_rows(greedy, torch.tensor(temps), torch.tensor(log_mass))
         assert t.shape == m.shape == (n, b - 1)
+        sampler.prepare(torch.full((n,), 7), greedy, t, m)
         sampler(out.hidden_states)
-        _, trees = sampler.drafts(n)
+        trees, _ = sampler.drafts(n)
     changed = 0
     for r, (ref, (_, a)) in enumerate(zip(refs, REQUESTS)):
         draft = plain.draft(ref, head, torch.tensor([a]))

@@ -134,21 +134,32 @@ def ancestor_masks(trees: TreeBatch, depth: int) -> torch.Tensor:
     return mask
 
 
-def full_tree_mask(masks: torch.Tensor, seq_lens: torch.Tensor, cells: int | None = None) -> torch.Tensor:
+def tree_mask_index(seq_lens: torch.Tensor, rows: int) -> torch.Tensor:
+    """[bs, R, R] where each request's tree-mask cell (row i over the tree's column j) lies in SGLang's flattened
+    tree mask for a verify pass (`full_tree_mask`) of R rows a request after `seq_lens` [bs] cached tokens. Static
+    shapes, no host read: it can run inside a CUDA graph."""
+    bs, r, dev = seq_lens.shape[0], rows, seq_lens.device
+    seq_lens = seq_lens.to(torch.long)
+    start = (torch.cumsum(seq_lens, 0) - seq_lens) * r + torch.arange(bs, device=dev) * r * r  # each request's
+    width = (seq_lens + r)[:, None, None]
+    ar = torch.arange(r, device=dev)
+    return start[:, None, None] + ar[None, :, None] * width + seq_lens[:, None, None] + ar[None, None, :]
+
+
+def full_tree_mask(masks: torch.Tensor, seq_lens: torch.Tensor, cells: int | None = None,
+                   index: torch.Tensor | None = None) -> torch.Tensor:
     """SGLang's flattened tree mask for a verify pass (its FULL_MASK layout, what `build_tree_kernel_efficient`
     writes for EAGLE): per request, rows [anchor, nodes...] over columns [its seq_len cached tokens, anchor,
     nodes...], row-major, requests one after another; True where the row may attend (every cached token, and
     `ancestor_masks` over the tree). masks [bs, N+1, N+1], seq_lens [bs] (tokens before the anchor).
 
     cells: the mask's length, at least the layout's (Σ seq_len·(N+1) + bs·(N+1)²; True past it), when the caller
-    knows a bound on the host; by default the layout's own, which reads seq_lens' sum from the device."""
+    knows a bound on the host; by default the layout's own, which reads seq_lens' sum from the device.
+    index: `tree_mask_index(seq_lens, N+1)` where the caller has it already (a draft graph computed it)."""
     bs, r, _ = masks.shape
     dev = masks.device
     seq_lens = seq_lens.to(device=dev, dtype=torch.long)
-    start = (torch.cumsum(seq_lens, 0) - seq_lens) * r + torch.arange(bs, device=dev) * r * r  # each request's
-    width = (seq_lens + r)[:, None, None]
-    rows = torch.arange(r, device=dev)
-    where = start[:, None, None] + rows[None, :, None] * width + seq_lens[:, None, None] + rows[None, None, :]
+    where = tree_mask_index(seq_lens, r) if index is None else index
     if cells is None:
         cells = int(seq_lens.sum()) * r + bs * r * r
     out = torch.ones(cells, dtype=torch.bool, device=dev)

@@ -33,28 +33,42 @@ from ..drafter.tree_batch import (
     ancestor_masks,
     full_tree_mask,
     retrieve_links,
+    tree_mask_index,
     verify_positions,
 )
 
 
 class TreeDraftSampler:
     """The draft CUDA graph's tail for trees (the slot of DFlash's argmax, `DSpineDraftSampler`'s for the
-    chain): `__call__(hidden, input_ids)` writes each request's walk (B - 1 tokens) and tree of `nodes` nodes
-    (N - 1 for N verify rows; B - 1 by default) into static buffers, read after the graph by `drafts(bs)`.
-    `calibrated`: the trees' scores read each request's calibration per block position from the static buffers
-    `temperature` and `log_mass` [max_bs, B-1], which the step fills before the draft forward (`calibrate`);
-    otherwise they are the drafter's own."""
+    chain): `__call__(hidden, input_ids)` builds each request's tree of `nodes` nodes (N - 1 for N verify rows;
+    B - 1 by default) and what the verify pass needs of it apart from the anchor (`tree_layout`: positions, the
+    tree mask's cells and where they go, the links SGLang's tree kernels walk), into static buffers read after
+    the graph by `drafts(bs)`. Done in the graph, not after it: about 60 small kernels a step that would
+    otherwise be launched one by one from Python.
+
+    Per request, from static buffers the step fills before the draft forward (`prepare`): its committed length
+    and whether it is greedy; with `chains_for_greedy` (N = B) a greedy request verifies its walk as a chain
+    (`chains_where`); with `calibrated` its tree's scores read its calibration per block position
+    (`temperature`, `log_mass` [max_bs, B-1]), otherwise they are the drafter's own."""
 
     what = "tree building"
 
-    def __init__(self, step, max_bs: int, nodes: int | None = None, calibrated: bool = False):
-        self.step, self.max_bs = step, max_bs
+    def __init__(self, step, max_bs: int, nodes: int | None = None, calibrated: bool = False,
+                 chains_for_greedy: bool = False):
+        self.step, self.max_bs, self.chains_for_greedy = step, max_bs, chains_for_greedy
         self.nodes = step.block_size - 1 if nodes is None else int(nodes)
         dev = step.head.device
-        shape = (max_bs, self.nodes)
-        self.walk = torch.empty(max_bs, step.block_size - 1, dtype=torch.int64, device=dev)
+        shape, rows = (max_bs, self.nodes), self.nodes + 1
         self.tokens, self.parents, self.depths = (torch.empty(shape, dtype=torch.int64, device=dev) for _ in range(3))
         self.scores = torch.empty(shape, dtype=torch.float32, device=dev)
+        self.positions = torch.empty(max_bs, rows, dtype=torch.int64, device=dev)
+        self.masks = torch.empty(max_bs, rows, rows, dtype=torch.bool, device=dev)
+        self.mask_index = torch.empty(max_bs, rows, rows, dtype=torch.int64, device=dev)
+        self.next_token, self.next_sibling = (torch.empty(max_bs, rows, dtype=torch.int64, device=dev)
+                                              for _ in range(2))
+        self.row_index = torch.arange(max_bs * rows, dtype=torch.int64, device=dev)  # links.index, any bs
+        self.seq_lens = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.greedy = torch.zeros(max_bs, dtype=torch.bool, device=dev)
         self.temperature = self.log_mass = None  # calibrated: [max_bs, B-1] each
         if calibrated:
             self.temperature = torch.ones(max_bs, step.block_size - 1, dtype=torch.float32, device=dev)
@@ -63,20 +77,31 @@ class TreeDraftSampler:
     def __call__(self, hidden_states, input_ids=None):
         bs = hidden_states.shape[0] // self.step.block_size
         cal = (None, None) if self.temperature is None else (self.temperature[:bs], self.log_mass[:bs])
-        walk, trees = walks_and_trees(self.step, hidden_states, self.nodes, *cal)
-        for buf, src in zip((self.walk, self.tokens, self.parents, self.depths, self.scores),
-                            (walk, trees.tokens, trees.parents, trees.depths, trees.scores)):
+        trees = served_trees(self.step, hidden_states, self.nodes, self.greedy[:bs], self.chains_for_greedy, *cal)
+        layout = tree_layout(trees, self.seq_lens[:bs], depth=self.step.block_size - 1)
+        for buf, src in zip((self.tokens, self.parents, self.depths, self.scores, self.positions, self.masks,
+                             self.mask_index, self.next_token, self.next_sibling),
+                            (trees.tokens, trees.parents, trees.depths, trees.scores, layout.positions, layout.masks,
+                             layout.mask_index, layout.links.next_token, layout.links.next_sibling)):
             buf[:bs].copy_(src)
 
-    def calibrate(self, temperature: torch.Tensor, log_mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Set the next draft's per-request calibration ([bs, B-1] each); returns the buffers' views of them."""
-        bs = temperature.shape[0]
-        self.temperature[:bs].copy_(temperature)
-        self.log_mass[:bs].copy_(log_mass)
-        return self.temperature[:bs], self.log_mass[:bs]
+    def prepare(self, seq_lens: torch.Tensor, greedy: torch.Tensor, temperature: torch.Tensor | None = None,
+                log_mass: torch.Tensor | None = None) -> None:
+        """Set the next draft's per-request inputs: committed lengths [bs], greedy flags [bs] (bool) and, when
+        calibrated, the calibration rows [bs, B-1] each (`calibration_rows`)."""
+        bs = seq_lens.shape[0]
+        self.seq_lens[:bs].copy_(seq_lens)
+        self.greedy[:bs].copy_(greedy)
+        if self.temperature is not None:
+            self.temperature[:bs].copy_(temperature)
+            self.log_mass[:bs].copy_(log_mass)
 
-    def drafts(self, bs: int) -> tuple[torch.Tensor, TreeBatch]:
-        return self.walk[:bs], TreeBatch(self.tokens[:bs], self.parents[:bs], self.depths[:bs], self.scores[:bs])
+    def drafts(self, bs: int) -> tuple[TreeBatch, TreeLayout]:
+        rows = self.nodes + 1
+        links = RetrieveLinks(index=self.row_index[: bs * rows].view(bs, rows),
+                              next_token=self.next_token[:bs], next_sibling=self.next_sibling[:bs])
+        return (TreeBatch(self.tokens[:bs], self.parents[:bs], self.depths[:bs], self.scores[:bs]),
+                TreeLayout(self.positions[:bs], self.masks[:bs], self.mask_index[:bs], links))
 
 
 def walks_and_trees(step, hidden_states: torch.Tensor, nodes: int, temperature: torch.Tensor | None = None,
@@ -84,6 +109,15 @@ def walks_and_trees(step, hidden_states: torch.Tensor, nodes: int, temperature: 
     """Each request's walk [bs, B-1] and tree of `nodes` nodes from the draft forward's final-normed states
     [bs·B, H]; temperature, log_mass: `DraftStep.walk_and_tree`'s."""
     return step.walk_and_tree(step.rows_after_anchor(hidden_states), nodes, temperature, log_mass)
+
+
+def served_trees(step, hidden_states: torch.Tensor, nodes: int, greedy: torch.Tensor, chains_for_greedy: bool,
+                 temperature: torch.Tensor | None = None, log_mass: torch.Tensor | None = None) -> TreeBatch:
+    """The trees a tree step verifies, from the draft forward's final-normed states [bs·B, H]: each request's
+    tree of `nodes` nodes, or with `chains_for_greedy` (N = B) its walk as a chain where `greedy` [bs] is True
+    (`chains_where`); temperature, log_mass: `DraftStep.walk_and_tree`'s."""
+    walk, trees = walks_and_trees(step, hidden_states, nodes, temperature, log_mass)
+    return chains_where(greedy, walk, trees) if chains_for_greedy else trees
 
 
 def calibration_rows(greedy: torch.Tensor, temperature: torch.Tensor,
@@ -129,14 +163,36 @@ class TreeVerify:
         return self.tokens.shape[1]
 
 
+@dataclass
+class TreeLayout:
+    """What a verify pass needs of a batch of trees apart from the anchors, all [bs, ...] over the rows [anchor,
+    nodes...]: positions [bs, R]; masks [bs, R, R] (`ancestor_masks`); mask_index [bs, R, R] (where those cells
+    go in SGLang's flattened mask, `tree_mask_index`); links (what SGLang's tree kernels walk). Static shapes,
+    no host read: a draft CUDA graph computes it (`TreeDraftSampler`)."""
+
+    positions: torch.Tensor
+    masks: torch.Tensor
+    mask_index: torch.Tensor
+    links: RetrieveLinks
+
+
+def tree_layout(trees: TreeBatch, seq_lens: torch.Tensor, depth: int) -> TreeLayout:
+    """`trees` after the requests' committed lengths `seq_lens` [bs] (device); `depth` ≥ the deepest node (P)."""
+    rows = trees.size + 1
+    return TreeLayout(positions=verify_positions(trees, seq_lens).view(-1, rows), masks=ancestor_masks(trees, depth),
+                      mask_index=tree_mask_index(seq_lens, rows), links=retrieve_links(trees))
+
+
 def tree_verify_inputs(trees: TreeBatch, anchors: torch.Tensor, seq_lens: torch.Tensor, depth: int,
-                       mask_cells: int | None = None) -> TreeVerify:
+                       mask_cells: int | None = None, layout: TreeLayout | None = None) -> TreeVerify:
     """The verify pass's inputs for `trees` after `anchors` [bs], the requests' committed lengths `seq_lens`;
-    mask_cells: the tree mask's length where the caller has a host bound (`full_tree_mask`)."""
+    mask_cells: the tree mask's length where the caller has a host bound (`full_tree_mask`); layout: the
+    trees' `tree_layout` where a draft graph built it already."""
+    layout = tree_layout(trees, seq_lens, depth) if layout is None else layout
     tokens = torch.cat([anchors.view(-1, 1).to(trees.tokens.dtype), trees.tokens], dim=1)
-    return TreeVerify(tokens=tokens, positions=verify_positions(trees, seq_lens),
-                      custom_mask=full_tree_mask(ancestor_masks(trees, depth), seq_lens, cells=mask_cells),
-                      links=retrieve_links(trees), depth=depth)
+    return TreeVerify(tokens=tokens, positions=layout.positions.reshape(-1),
+                      custom_mask=full_tree_mask(layout.masks, seq_lens, cells=mask_cells, index=layout.mask_index),
+                      links=layout.links, depth=depth)
 
 
 def mask_cells_bound(host_seq_lens: torch.Tensor, rows: int, verify_mask=None) -> int:

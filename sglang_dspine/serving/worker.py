@@ -29,12 +29,11 @@ from .tree_verify import (
     accept_tree,
     bring_to_front,
     calibration_rows,
-    chains_where,
     committed_rows,
     mask_cells_bound,
     rows_to_front,
+    served_trees,
     tree_verify_inputs,
-    walks_and_trees,
 )
 
 logger = logging.getLogger(__name__)
@@ -225,7 +224,8 @@ class DSpineTreeWorker(DSpineWorker):
             for v in (self.calibration.temperature, self.calibration.log_mass))
 
     def _new_draft_sampler(self, step, max_bs: int):
-        return self.draft_sampler(step, max_bs, nodes=self.verify_rows - 1, calibrated=self.calibration is not None)
+        return self.draft_sampler(step, max_bs, nodes=self.verify_rows - 1, calibrated=self.calibration is not None,
+                                  chains_for_greedy=self.verify_rows == step.block_size)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
         if is_verify_step(batch):
@@ -260,8 +260,8 @@ class DSpineTreeWorker(DSpineWorker):
         greedy = torch.ones(bs, dtype=torch.bool, device=dev) if sampling_info is None or \
             sampling_info.is_all_greedy else sampling_info.top_ks.view(-1) <= 1
         calibration = None if self._calibration is None else calibration_rows(greedy, *self._calibration)
-        if calibration is not None and self._draft_sampler is not None and bs <= self._draft_sampler.max_bs:
-            calibration = self._draft_sampler.calibrate(*calibration)  # read by the draft graph's tail
+        if self._draft_sampler is not None and bs <= self._draft_sampler.max_bs:  # read by the draft graph's tail
+            self._draft_sampler.prepare(prefix_lens, greedy, *(calibration or ()))
 
         # 1) the draft forward over [anchor, mask...], as DFlash's (eager block preparation); the verify's N
         # slots from the committed length on (SGLang reserved 2 N), the draft's the first B of them
@@ -297,18 +297,19 @@ class DSpineTreeWorker(DSpineWorker):
         with torch.inference_mode():
             draft_out = self.draft_model_runner.forward(draft_batch)
         if self._draft_sampler is not None and draft_out.can_run_graph:
-            walk, trees = self._draft_sampler.drafts(bs)
+            trees, layout = self._draft_sampler.drafts(bs)
         else:  # above the captured batch sizes, or graphs off
             step = self._attached_step(self.target_worker.model_runner.model.lm_head)
-            walk, trees = walks_and_trees(step, draft_out.logits_output.hidden_states, n - 1,
-                                          *(calibration or (None, None)))
-        if n == b:  # at the block's size greedy requests verify their walk (chains_where says why)
-            trees = chains_where(greedy, walk, trees)
+            # at the block's size greedy requests verify their walk (chains_where says why)
+            trees = served_trees(step, draft_out.logits_output.hidden_states, n - 1, greedy, n == b,
+                                 *(calibration or (None, None)))
+            layout = None
 
         # 2) the target's verify pass over [anchor, nodes...] under the tree mask, N rows a request
         cells = mask_cells_bound(seq_lens_cpu, n, getattr(self.target_worker.model_runner.attn_backend,
                                                           "verify_mask", None))
-        verify = tree_verify_inputs(trees, block_ids[:, 0], prefix_lens, depth=b - 1, mask_cells=cells)
+        verify = tree_verify_inputs(trees, block_ids[:, 0], prefix_lens, depth=b - 1, mask_cells=cells,
+                                    layout=layout)
         grammar_tree = GrammarTree.from_device(verify.links.next_token, verify.links.next_sibling, verify.tokens) \
             if batch.has_grammar else None
         verify_input = DFlashVerifyInput(draft_token=verify.tokens.reshape(-1), positions=verify.positions,
