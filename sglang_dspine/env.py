@@ -33,7 +33,8 @@ VARIABLES = (
               "1: decode steps verify a best-first tree of N-1 nodes over the transition lattice, N = "
               "--speculative-num-draft-tokens: at N = B (the block) sampled requests verify the tree and greedy "
               "ones their walk; at N > B every request a tree, a greedy one's scored with the drafter's tree "
-              "calibration (docs/tree.md; not yet run on a GPU, refused at start where it is not built)"),
+              "calibration (docs/tree.md; experimental: more tokens per step, slower steps so far; refused at start "
+              "where it is not built)"),
     _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
               "1: `kill -USR1 <scheduler pid>` prints every thread's Python stack to the server log"),
     _Variable("DSPINE_SUITES_DIR", None,
