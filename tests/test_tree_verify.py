@@ -56,6 +56,37 @@ def test_committed_rows_are_the_walks_path_then_the_other_rows():
     assert set(ref.accepted.tolist()) >= {0, 1, 2}  # empty, short and longer paths all seen
 
 
+@pytest.mark.parametrize("width", [12, 40])  # verify rows 13 (BLOCK 16) and 41 (BLOCK 64, past a block of 6)
+def test_the_commit_kernel_equals_committed_rows_and_bring_to_front(width):
+    """kernels/tree_commit.py (Triton's interpreter) on 64 random lattice trees and SGLang's walk of them: the
+    order, accept lengths, tokens out, slots in the new order and the rewritten req_to_token equal the PyTorch
+    reference's (`committed_rows` then `bring_to_front`) exactly, entries outside the verify slots untouched."""
+    from sglang_dspine.kernels.tree_commit import commit_path_kernel
+    from sglang_dspine.serving.tree_verify import commit_path
+
+    bs, p, k, vocab = 64, 5, 3, 4
+    cand, log_scores = random_lattice(bs, p, k, vocab, seed=41)
+    trees = lattice_trees(cand, log_scores, width)
+    rows_n = trees.size + 1
+    logits = torch.randn(bs * rows_n, vocab, generator=torch.Generator().manual_seed(42))
+    seq_lens = torch.arange(bs) % 7 + 3
+    verify = tree_verify_inputs(trees, torch.zeros(bs, dtype=torch.long), seq_lens, depth=p)
+    acc = accept_tree(verify, logits)
+    pool = torch.randperm(bs, generator=torch.Generator().manual_seed(43))  # each request's req_to_token row
+    r2t = torch.randint(0, 10_000, (bs + 3, 100), dtype=torch.int32, generator=torch.Generator().manual_seed(44))
+    loc_2d = r2t[pool[:, None], seq_lens[:, None] + torch.arange(rows_n)].long()
+    want_r2t, got_r2t = r2t.clone(), r2t.clone()
+    want, want_front = commit_path(verify, acc, loc_2d, want_r2t, pool, seq_lens, kernels=False)
+    got, got_front = commit_path(verify, acc, loc_2d, got_r2t, pool, seq_lens, kernels=True)
+    for x, y in ((got.order, want.order), (got.commit_lens, want.commit_lens), (got.out_tokens, want.out_tokens),
+                 (got_front, want_front), (got_r2t, want_r2t)):
+        assert x.dtype == y.dtype and torch.equal(x, y)
+    assert not torch.equal(want_r2t, r2t) and len(set(acc.accepted.tolist())) >= 3  # paths moved, of several lengths
+    with pytest.raises(ValueError, match="commit_path_kernel: accept_index"):
+        commit_path_kernel(acc.accept_index, acc.accepted, acc.bonus, verify.tokens, loc_2d[:, :-1], r2t, pool,
+                           seq_lens)
+
+
 def test_greedy_requests_verify_their_walk_as_a_chain():
     """`chains_where`: a marked request's tree becomes its walk as a chain (each node under the one before), the
     others keep their trees; verified as a tree, the chain accepts the chain rule's longest prefix of the target's

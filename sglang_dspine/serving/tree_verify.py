@@ -298,6 +298,21 @@ def committed_rows(verify: TreeVerify, acc: TreeAcceptance) -> CommittedRows:
     return CommittedRows(order=order, commit_lens=acc.accepted.to(torch.int32) + 1, out_tokens=out)
 
 
+def commit_path(verify: TreeVerify, acc: TreeAcceptance, loc_2d: torch.Tensor, req_to_token: torch.Tensor,
+                req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, kernels: bool
+                ) -> tuple[CommittedRows, torch.Tensor]:
+    """`committed_rows` then `bring_to_front` (returns both's outcome, `req_to_token` rewritten): with `kernels`
+    in one Triton kernel (kernels/tree_commit.py), else on this PyTorch reference."""
+    if kernels:
+        from ..kernels.tree_commit import commit_path_kernel
+
+        order, commit_lens, out, front = commit_path_kernel(acc.accept_index, acc.accepted, acc.bonus, verify.tokens,
+                                                            loc_2d, req_to_token, req_pool_indices, seq_lens)
+        return CommittedRows(order=order, commit_lens=commit_lens, out_tokens=out), front
+    rows = committed_rows(verify, acc)
+    return rows, bring_to_front(rows.order, loc_2d, req_to_token, req_pool_indices, seq_lens)
+
+
 def bring_to_front(order: torch.Tensor, cache_loc_2d: torch.Tensor, req_to_token: torch.Tensor,
                    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
     """Reorder each request's N verify slots `cache_loc_2d` [bs, N] in `req_to_token` (from its committed length

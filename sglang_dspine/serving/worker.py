@@ -27,9 +27,8 @@ from ..drafter.sharding import VocabShard
 from .tree_verify import (
     TreeDraftSampler,
     accept_tree,
-    bring_to_front,
     calibration_rows,
-    committed_rows,
+    commit_path,
     mask_cells_bound,
     rows_to_front,
     served_trees,
@@ -354,8 +353,11 @@ class DSpineTreeWorker(DSpineWorker):
         pass did)."""
         from sglang.srt.managers.scheduler import GenerationBatchResult
 
-        rows = committed_rows(verify, acc)
-        front = bring_to_front(rows.order, loc_2d, req_to_token, req_pool_indices, prefix_lens)
+        from ..env import ENV
+        from ..kernels.runtime import runs_on
+
+        rows, front = commit_path(verify, acc, loc_2d, req_to_token, req_pool_indices, prefix_lens,
+                                  kernels=ENV.kernels and runs_on(loc_2d.device))
         if logprobs:  # log-probs read rows n·N + j; the logits are [bs·N, V]: moved only then
             logits_output.next_token_logits = rows_to_front(logits_output.next_token_logits, rows.order)
         new_seq_lens = prefix_lens + rows.commit_lens.to(prefix_lens.dtype)
