@@ -183,17 +183,22 @@ def test_retrieve_links_of_a_known_tree():
 @pytest.mark.gpu
 @pytest.mark.parametrize("on_kernel", [False, True])
 def test_lattice_trees_replay_in_a_cuda_graph(on_kernel):
-    """The builder (its tensor operations, or the one kernel), mask and links at serving size (P = 15, K = 16,
-    N = 64) captured in one CUDA graph and replayed on new inputs give what they give eagerly on those inputs
+    """The builder (its tensor operations, or the one kernel), mask and links, and the tree step's verify layout
+    (`tree_layout`), at serving size (P = 15, K = 16, N = 64) captured in one CUDA graph and replayed on new inputs give what they give eagerly on those inputs
     (no host sync, fixed shapes); the kernel's trees equal lattice_trees' there too."""
     dev = torch.device("cuda")
     bs, p, k, budget = 8, 15, 16, 64
     from sglang_dspine.drafter.tree_batch import retrieve_links
+    from sglang_dspine.serving.tree_verify import tree_layout
+
+    seq_lens = torch.arange(bs, device=dev) * 5 + 7  # the tree step's layout reads the committed lengths
 
     def run(cand, ls):
         t = _kernel_trees(cand, ls, budget) if on_kernel else lattice_trees(cand, ls, budget)
         links = retrieve_links(t)
-        return [t.tokens, t.parents, t.depths, t.scores, ancestor_masks(t, p), links.next_token, links.next_sibling]
+        layout = tree_layout(t, seq_lens, p)  # what TreeDraftSampler builds in the draft graph
+        return [t.tokens, t.parents, t.depths, t.scores, ancestor_masks(t, p), links.next_token, links.next_sibling,
+                layout.positions, layout.masks, layout.mask_index, layout.links.next_sibling]
 
     cand, ls = (x.to(dev) for x in random_lattice(bs, p, k, vocab=1000, seed=1, dtype=torch.float32))
     static_cand, static_ls = cand.clone(), ls.clone()

@@ -56,8 +56,9 @@ def test_committed_rows_are_the_walks_path_then_the_other_rows():
     assert set(ref.accepted.tolist()) >= {0, 1, 2}  # empty, short and longer paths all seen
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("width", [12, 40])  # verify rows 13 (BLOCK 16) and 41 (BLOCK 64, past a block of 6)
-def test_the_commit_kernel_equals_committed_rows_and_bring_to_front(width):
+def test_the_commit_kernel_equals_committed_rows_and_bring_to_front(width, device):
     """kernels/tree_commit.py (Triton's interpreter) on 64 random lattice trees and SGLang's walk of them: the
     order, accept lengths, tokens out, slots in the new order and the rewritten req_to_token equal the PyTorch
     reference's (`committed_rows` then `bring_to_front`) exactly, entries outside the verify slots untouched."""
@@ -71,10 +72,15 @@ def test_the_commit_kernel_equals_committed_rows_and_bring_to_front(width):
     logits = torch.randn(bs * rows_n, vocab, generator=torch.Generator().manual_seed(42))
     seq_lens = torch.arange(bs) % 7 + 3
     verify = tree_verify_inputs(trees, torch.zeros(bs, dtype=torch.long), seq_lens, depth=p)
-    acc = accept_tree(verify, logits)
     pool = torch.randperm(bs, generator=torch.Generator().manual_seed(43))  # each request's req_to_token row
     r2t = torch.randint(0, 10_000, (bs + 3, 100), dtype=torch.int32, generator=torch.Generator().manual_seed(44))
     loc_2d = r2t[pool[:, None], seq_lens[:, None] + torch.arange(rows_n)].long()
+    if device == "cuda":
+        verify, logits, seq_lens, pool, r2t, loc_2d = (x.cuda() if isinstance(x, torch.Tensor) else x for x in (
+            tree_verify_inputs(TreeBatch(*(x.cuda() for x in (trees.tokens, trees.parents, trees.depths, trees.scores))),
+                               torch.zeros(bs, dtype=torch.long, device="cuda"), seq_lens.cuda(), depth=p),
+            logits, seq_lens, pool, r2t, loc_2d))
+    acc = accept_tree(verify, logits)
     want_r2t, got_r2t = r2t.clone(), r2t.clone()
     want, want_front = commit_path(verify, acc, loc_2d, want_r2t, pool, seq_lens, kernels=False)
     got, got_front = commit_path(verify, acc, loc_2d, got_r2t, pool, seq_lens, kernels=True)
