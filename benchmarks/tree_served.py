@@ -41,6 +41,8 @@ def step_cost_summary(record: dict, chain: str = CHAIN) -> dict:
                    for c, r in by_clients.items()} for server, by_clients in record.get("throughput_t1", {}).items()}
     out: dict = {}
     for temp, cells in (("T=0", t0), ("T=1", t1)):
+        if not cells:  # not measured at this temperature (no --t1-concurrency)
+            continue
         if chain not in cells:
             raise ValueError(f"tree_served: no {chain!r} server at {temp} in the step-cost record")
         rows: dict = {}
@@ -86,7 +88,10 @@ def main(argv=None) -> int:
     if args.scale:
         scale = json.load(open(args.scale, encoding="utf-8"))
         out["qwen3_8b_geometry_source"] = os.path.basename(args.scale)
-        out["qwen3_8b_geometry"] = {k: v for k, v in scale.items() if "tree" in k or k in ("provenance", "commit")}
+        alone = (scale.get("alone_default_graph_bs") or {}).get("dspine") or {}
+        out["qwen3_8b_geometry"] = {  # a tree server's step ÷ DSPINE's, side by side or each server alone
+            "side_by_side": scale.get("tree_step_ratio_vs_dspine_by_clients"),
+            "alone": {k: v for k, v in alone.items() if k.startswith("dspine_tree")}}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1)

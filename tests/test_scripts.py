@@ -572,3 +572,41 @@ def test_serving_scale_reports_each_tree_servers_step_against_dspines(capsys):
     row = next(ln for ln in out.splitlines() if ln.startswith("T=0 c=  1"))
     assert "dspine_tree32=10.00" in row and "dspine_tree64" not in row and "dspine_tree16" not in row
     assert 'tree step ÷ DSPINE step {"dspine_tree32": {"T0": {"1": 1.25, "4": 1.1}}}' in out
+
+
+def test_device_tree_runs_its_steps_in_order(tmp_path):
+    """scripts/device/tree.sh: the steps it is given in order, each device script with its own OUT, the wide tree
+    (N = 32) and SGLANG_DSPINE_TREE=1 for the end-to-end and features runs, the tree servers alone at Qwen3-8B
+    geometry; a failed step fails the run without stopping the next; an unknown step refused before any runs."""
+    dev = tmp_path / "scripts" / "device"
+    dev.mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, "scripts", "device", "tree.sh"), dev)
+    log = tmp_path / "calls.txt"
+    for name, rc in (("gpu_tests.sh", 1), ("serving_scale.sh", 0), ("serving_features.sh", 0), ("serve.sh", 0)):
+        (dev / name).write_text(f'#!/usr/bin/env bash\necho "{name} OUT=$OUT TREE=${{SGLANG_DSPINE_TREE:-}} $*" '
+                                f'>> {shlex.quote(str(log))}\nexit {rc}\n')
+
+    def tree(*args):
+        env = {**os.environ, "OUT": str(tmp_path / "out")}
+        env.pop("SGLANG_DSPINE_TREE", None)
+        return subprocess.run(["bash", "scripts/device/tree.sh", *args], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    r = tree()
+    root = tmp_path / "out" / "tree"
+    assert r.returncode == 1, r.stderr  # the GPU tests failed; every step still ran
+    assert log.read_text().splitlines() == [
+        f"gpu_tests.sh OUT={root}/tests TREE= ",
+        f"serve.sh OUT={root}/step_cost TREE= step_cost --repeats 2 --t1-concurrency 16 "
+        "--servers dspine,dspine_tree,dspine_tree32,dspine_tree64 --name tree_step_cost",
+        f"serving_scale.sh OUT={root}/scale TREE= --alone-only --servers dspine,dspine_tree16,dspine_tree32,"
+        "dspine_tree64 --clients 1,4,16,48 --temperatures 0 --repeats 1",
+        f"serve.sh OUT={root}/e2e TREE=1 e2e --load-seconds 60 --dspine-args --speculative-num-draft-tokens 32",
+        f"serving_features.sh OUT={root}/features TREE=1 --servers plain,dspine --tag tree32 "
+        "--dspine-args --speculative-num-draft-tokens 32"]
+    assert [l.split(" in ")[0] for l in (root / "steps.txt").read_text().splitlines()] == [
+        "tree.sh: tests rc 1", "tree.sh: step_cost rc 0", "tree.sh: scale rc 0", "tree.sh: e2e rc 0",
+        "tree.sh: features rc 0"]
+    log.unlink()
+    r = tree("e2e", "bench")
+    assert r.returncode == 2 and "unknown step bench" in r.stderr and not log.exists()

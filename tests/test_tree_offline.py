@@ -102,3 +102,22 @@ def test_the_served_trees_ratios_are_of_means_over_suites_and_the_best_round():
     assert "tau_over_chain" not in out["T=0"]["dspine"]["1"]
     with pytest.raises(ValueError, match="no 'dspine' server"):
         served.step_cost_summary({"repeats": [{"dspine_tree32": {"1": cell(3.0, 5.0, 50.0)}}]})
+
+
+def test_the_served_trees_summary_file_takes_the_step_ratios_at_qwen3_8b_geometry(tmp_path):
+    """tree_served.py's file: the built-in pair's ratios, and from serving_scale's summary each tree server's step
+    over DSPINE's (side by side and alone), nothing else of it."""
+    import json
+
+    served = load_file(os.path.join(ROOT, "benchmarks", "tree_served.py"))
+    cell = {"tau_by_suite": {"code": 2.0}, "tokens_per_s": 10.0}
+    (tmp_path / "sc.json").write_text(json.dumps({"repeats": [{"dspine": {"1": cell}, "dspine_tree32": {"1": cell}}]}))
+    (tmp_path / "scale.json").write_text(json.dumps({
+        "tree_step_ratio_vs_dspine_by_clients": None, "step_ratio_by_clients": {"T0": {"1": 1.01}},
+        "alone_default_graph_bs": {"dspine": {"step_ratio_vs_dflash": {"1": 1.0},
+                                              "dspine_tree32_step_ratio": {"1": 1.2, "48": 1.7}}}}))
+    assert served.main(["--step-cost", str(tmp_path / "sc.json"), "--scale", str(tmp_path / "scale.json"),
+                        "--out", str(tmp_path / "out.json")]) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["qwen3_8b_geometry"] == {"side_by_side": None, "alone": {"dspine_tree32_step_ratio": {"1": 1.2, "48": 1.7}}}
+    assert out["built_in_pair"]["T=0"]["dspine_tree32"]["1"]["tau_over_chain"] == 1.0 and "e2e" not in out
