@@ -109,6 +109,27 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
     assert sglang_patches.missing_dflash_hooks() == []
 
 
+def test_the_tree_steps_block_preparation_at_the_chains_width_is_dflashs_kernels(tmp_path):
+    """At N = B the tree step prepares the draft block with DFlash's one Triton kernel (Triton's interpreter
+    here), at N > B with the eager operations over N verify slots: the kernel gives what those give at N = B (the
+    anchor then mask tokens; positions seq_len + j; the slots req_to_token holds from seq_len on)."""
+    from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+
+    bs, b, mask = 3, 4, 99
+    r2t = torch.randint(0, 1000, (5, 40), dtype=torch.int32, generator=torch.Generator().manual_seed(5))
+    prefix, pool, bonus = torch.tensor([3, 9, 0]), torch.tensor([4, 0, 2]), torch.tensor([7, 8, 9])
+    ids, pos, loc = torch.empty(bs, b, dtype=torch.long), torch.empty(bs, b, dtype=torch.long), \
+        torch.empty(bs, b, dtype=torch.long)
+    _prepare_dflash_draft_block_unchecked(bonus_tokens=bonus, prefix_lens=prefix, req_pool_indices=pool,
+                                          req_to_token=r2t, block_ids_out=ids, positions_out=pos, cache_loc_out=loc,
+                                          mask_token_id=mask)
+    want_ids = torch.full((bs, b), mask)
+    want_ids[:, 0] = bonus
+    assert torch.equal(ids, want_ids) and torch.equal(pos, prefix[:, None] + torch.arange(b))
+    # what assign_extend_cache_locs_func (a CUDA-only kernel) gives the eager path: req_to_token from seq_len on
+    assert torch.equal(loc, r2t[pool[:, None], prefix[:, None] + torch.arange(b)].long())
+
+
 def test_what_the_tree_step_reads_from_sglang_exists(served, monkeypatch):
     """The tree step (`DSpineTreeWorker._forward_tree_decode`, tree_verify.py, patch 6) repeats DFlash's decode step
     around its own verify: every DFlash worker member and SGLang function it reads is in the installed 0.5.17.
@@ -133,9 +154,11 @@ def test_what_the_tree_step_reads_from_sglang_exists(served, monkeypatch):
     init = DFlashWorkerV2.__init__.__code__.co_names  # the attributes its constructor sets
     for name in ["_draft_block_ids_buf", "_draft_block_positions_buf", "_draft_verify_out_cache_loc_buf",
                  "_draft_seq_lens_cpu_buf", "_block_pos_offsets", "_mask_token_id", "_draft_block_spec_info",
-                 "use_compact_draft_cache", "_need_mamba_verify_commit", "draft_model_runner", "_draft_sampler"]:
+                 "use_compact_draft_cache", "_need_mamba_verify_commit", "draft_model_runner", "_draft_sampler",
+                 "_use_triton_prepare_block"]:
         assert name in init or name in _names_of_class(DFlashWorkerV2), f"DFlashWorkerV2 sets no {name}"
     functions = [("sglang.kernels.ops.speculative.cache_locs", "assign_extend_cache_locs_func"),
+                 ("sglang.kernels.ops.speculative.dflash", "_prepare_dflash_draft_block_unchecked"),
                  ("sglang.srt.speculative.eagle_utils", "verify_tree_greedy_triton"),
                  ("sglang.srt.speculative.dflash_utils", "build_dflash_verify_target_probs"),
                  ("sglang.srt.speculative.dflash_utils", "tree_speculative_sampling_target_only"),

@@ -267,13 +267,22 @@ class DSpineTreeWorker(DSpineWorker):
         self._ensure_draft_block_buffers(bs)
         block_ids, positions_2d = self._draft_block_ids_buf[:bs], self._draft_block_positions_buf[:bs]
         loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
-        block_ids.fill_(int(self._mask_token_id))
-        block_ids[:, 0].copy_(draft_input.bonus_tokens)
-        torch.add(prefix_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
-        verify_loc_2d = assign_extend_cache_locs_func(
-            req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token, start_offset=prefix_lens,
-            end_offset=prefix_lens + n, batch_size=bs, draft_token_num=n, device=dev).view(bs, n)
-        loc_2d.copy_(verify_loc_2d[:, :b])
+        if n == b and self._use_triton_prepare_block:  # the chain's width: DFlash's one-kernel preparation
+            from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+
+            _prepare_dflash_draft_block_unchecked(
+                bonus_tokens=draft_input.bonus_tokens.view(-1), prefix_lens=prefix_lens.view(-1),
+                req_pool_indices=batch.req_pool_indices.view(-1), req_to_token=req_to_token, block_ids_out=block_ids,
+                positions_out=positions_2d, cache_loc_out=loc_2d, mask_token_id=int(self._mask_token_id))
+            verify_loc_2d = loc_2d
+        else:
+            block_ids.fill_(int(self._mask_token_id))
+            block_ids[:, 0].copy_(draft_input.bonus_tokens)
+            torch.add(prefix_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
+            verify_loc_2d = assign_extend_cache_locs_func(
+                req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token, start_offset=prefix_lens,
+                end_offset=prefix_lens + n, batch_size=bs, draft_token_num=n, device=dev).view(bs, n)
+            loc_2d.copy_(verify_loc_2d[:, :b])
         positions, loc = positions_2d.reshape(-1), loc_2d.reshape(-1)
         # a host bound on the committed lengths, as DFlash's non-windowed path has it, for the draft and the verify
         seq_lens_cpu, bounded = self._draft_seq_lens_cpu_buf[:bs], True
