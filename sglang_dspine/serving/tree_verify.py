@@ -104,19 +104,12 @@ class TreeDraftSampler:
                 TreeLayout(self.positions[:bs], self.masks[:bs], self.mask_index[:bs], links))
 
 
-def walks_and_trees(step, hidden_states: torch.Tensor, nodes: int, temperature: torch.Tensor | None = None,
-                    log_mass: torch.Tensor | None = None) -> tuple[torch.Tensor, TreeBatch]:
-    """Each request's walk [bs, B-1] and tree of `nodes` nodes from the draft forward's final-normed states
-    [bs·B, H]; temperature, log_mass: `DraftStep.walk_and_tree`'s."""
-    return step.walk_and_tree(step.rows_after_anchor(hidden_states), nodes, temperature, log_mass)
-
-
 def served_trees(step, hidden_states: torch.Tensor, nodes: int, greedy: torch.Tensor, chains_for_greedy: bool,
                  temperature: torch.Tensor | None = None, log_mass: torch.Tensor | None = None) -> TreeBatch:
     """The trees a tree step verifies, from the draft forward's final-normed states [bs·B, H]: each request's
     tree of `nodes` nodes, or with `chains_for_greedy` (N = B) its walk as a chain where `greedy` [bs] is True
     (`chains_where`); temperature, log_mass: `DraftStep.walk_and_tree`'s."""
-    walk, trees = walks_and_trees(step, hidden_states, nodes, temperature, log_mass)
+    walk, trees = step.walk_and_tree(step.rows_after_anchor(hidden_states), nodes, temperature, log_mass)
     return chains_where(greedy, walk, trees) if chains_for_greedy else trees
 
 

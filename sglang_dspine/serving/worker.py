@@ -362,11 +362,8 @@ class DSpineTreeWorker(DSpineWorker):
         pass did)."""
         from sglang.srt.managers.scheduler import GenerationBatchResult
 
-        from ..env import ENV
-        from ..kernels.runtime import runs_on
-
         rows, front = commit_path(verify, acc, loc_2d, req_to_token, req_pool_indices, prefix_lens,
-                                  kernels=ENV.kernels and runs_on(loc_2d.device))
+                                  kernels=self.draft_model.draft_step.kernels)  # decided once, at load
         if logprobs:  # log-probs read rows n·N + j; the logits are [bs·N, V]: moved only then
             logits_output.next_token_logits = rows_to_front(logits_output.next_token_logits, rows.order)
         new_seq_lens = prefix_lens + rows.commit_lens.to(prefix_lens.dtype)
