@@ -1,6 +1,6 @@
 """A tree step's accepted path brought to the front, in one kernel: `serving/tree_verify.committed_rows` followed
-by `bring_to_front`, one program per request (about 30 small PyTorch operations a step otherwise, each a kernel
-launched from Python: on a small model the step is bound by those launches).
+by `bring_to_front`, one program per request (otherwise a few dozen small PyTorch operations a step, each a
+kernel launched from Python).
 
 Per request, with R verify rows [anchor, nodes...], the acceptance's flat rows `accept_index` [W] (the anchor,
 then each accepted node; -1 past them) and its count `accepted` (draft nodes accepted):

@@ -43,7 +43,7 @@ class TreeDraftSampler:
     chain): `__call__(hidden, input_ids)` builds each request's tree of `nodes` nodes (N - 1 for N verify rows;
     B - 1 by default) and what the verify pass needs of it apart from the anchor (`tree_layout`: positions, the
     tree mask's cells and where they go, the links SGLang's tree kernels walk), into static buffers read after
-    the graph by `drafts(bs)`. Done in the graph, not after it: about 60 small kernels a step that would
+    the graph by `drafts(bs)`. Done in the graph, not after it: dozens of small kernels a step that would
     otherwise be launched one by one from Python.
 
     Per request, from static buffers the step fills before the draft forward (`prepare`): its committed length
