@@ -35,6 +35,14 @@ VARIABLES = (
               "ones their walk; at N > B every request a tree, a greedy one's scored with the drafter's tree "
               "calibration (docs/tree.md; experimental: more tokens per step, slower steps so far; refused at start "
               "where it is not built)"),
+    _Variable("SGLANG_DSPINE_VERIFY", "fixed",
+              "fixed (default): every decode step verifies the drafter's whole block; adaptive: each step verifies "
+              "the shape (none, a chain of the walk's first W tokens) that maximises expected tokens per second at "
+              "the batch's size, from acceptance seen on recent steps and step times measured on this GPU "
+              "(docs/verify_shapes.md; SGLang 0.5.17, one rank; the default cap of 48 running requests becomes 128)"),
+    _Variable("SGLANG_DSPINE_SHAPES", "none,4,8",
+              "the shapes SGLANG_DSPINE_VERIFY=adaptive chooses from, comma-separated: 'none' and chain widths "
+              "2..B; the block itself is always one of them (unset: none, 4 and 8 where below the block)"),
     _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
               "1: `kill -USR1 <scheduler pid>` prints every thread's Python stack to the server log"),
     _Variable("DSPINE_SUITES_DIR", None,
@@ -50,6 +58,17 @@ class _Env:
     @property
     def tree(self) -> bool:
         return _flag("SGLANG_DSPINE_TREE", False)
+
+    @property
+    def adaptive(self) -> bool:
+        raw = os.environ.get("SGLANG_DSPINE_VERIFY") or "fixed"
+        if raw not in ("fixed", "adaptive"):
+            raise ValueError(f"SGLANG_DSPINE_VERIFY: expected fixed or adaptive, found {raw!r}")
+        return raw == "adaptive"
+
+    @property
+    def verify_shapes(self) -> str | None:
+        return os.environ.get("SGLANG_DSPINE_SHAPES") or None
 
     @property
     def stacks_on_sigusr1(self) -> bool:

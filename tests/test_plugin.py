@@ -267,6 +267,57 @@ def test_tree_verification_starts_only_where_it_is_built(dirs, monkeypatch, flag
         assert _resolved(_args(root, root / "dspine", "DSPINE", *flags)).speculative_algorithm == "DSPINE"
 
 
+ADAPTIVE_REFUSED = "DSPINE: refusing SGLANG_DSPINE_VERIFY=adaptive: "
+ADAPTIVE_CASES = [  # env, flags; the refusal on 0.5.17 (None: the server starts)
+    ("default", {}, [], None),
+    ("fa3", {}, ["--attention-backend", "fa3"], None),
+    ("shapes", {"SGLANG_DSPINE_SHAPES": "none,2"}, [], None),
+    ("bad shape", {"SGLANG_DSPINE_SHAPES": "none,9"}, [], "DSPINE: SGLANG_DSPINE_SHAPES: width 9 outside 2..4"),
+    ("bad value", {"SGLANG_DSPINE_VERIFY": "sometimes"}, [], "DSPINE: SGLANG_DSPINE_VERIFY: expected fixed or "
+     "adaptive, found 'sometimes'"),
+    ("tree", {"SGLANG_DSPINE_TREE": "1"}, ["--attention-backend", "triton"],
+     ADAPTIVE_REFUSED + "it does not choose trees yet: unset SGLANG_DSPINE_TREE"),
+    ("two ranks", {}, ["--tp-size", "2"],
+     ADAPTIVE_REFUSED + "it runs on one rank, without data-parallel attention or disaggregation, so far"),
+]
+
+
+@pytest.mark.parametrize("env,flags,refusal", [c[1:] for c in ADAPTIVE_CASES], ids=[c[0] for c in ADAPTIVE_CASES])
+def test_adaptive_verification_starts_only_where_it_is_built(dirs, monkeypatch, env, flags, refusal):
+    """SGLANG_DSPINE_VERIFY=adaptive starts a DSPINE server on SGLang 0.5.17, one rank, any attention backend,
+    with the adaptive worker and a cap of 128 running requests instead of the DFLASH family's 48 (the narrow
+    shapes serve what plain decoding would); a malformed value or shape menu, trees, or more ranks are refused in
+    one line; on 0.5.23 it is refused whatever the flags. An explicit --max-running-requests is kept."""
+    from sglang_dspine.serving.plugin import StartupRefusal
+
+    root, _ = dirs
+    monkeypatch.setenv("SGLANG_DSPINE_VERIFY", "adaptive")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    if ON_0_5_23 and "SGLANG_DSPINE_VERIFY" not in env:
+        refusal = ADAPTIVE_REFUSED + "it is built on SGLang 0.5.17's DFlash decode step"
+    if refusal is None:
+        from sglang.srt.runtime_context import publish
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        from sglang_dspine.serving.worker import DSpineAdaptiveLogprobWorker
+
+        args = _args(root, root / "dspine", "DSPINE", *flags)
+        assert _resolved(args).max_running_requests == 128
+        publish(args, role="test")
+        assert SpeculativeAlgorithm.from_string("DSPINE").create_worker(args) is DSpineAdaptiveLogprobWorker
+        assert _resolved(_args(root, root / "dspine", "DSPINE", *flags, "--max-running-requests", "20")
+                         ).max_running_requests == 20
+    else:
+        with pytest.raises(StartupRefusal) as refused:
+            _args(root, root / "dspine", "DSPINE", *flags)
+        assert str(refused.value).startswith(refusal)
+    monkeypatch.setenv("SGLANG_DSPINE_VERIFY", "fixed")
+    monkeypatch.delenv("SGLANG_DSPINE_TREE", raising=False)
+    if "--tp-size" not in flags:
+        assert _resolved(_args(root, root / "dspine", "DSPINE", *flags)).max_running_requests == 48
+
+
 def _calibrated(root, name):
     from sglang_dspine.drafter.tree_calibration import FILE_NAME, TreeCalibration
 

@@ -32,6 +32,7 @@ from .startup_checks import (  # noqa: F401
     check_not_a_dspine_drafter,
     check_placement,
     check_server_args,
+    check_adaptive,
     check_tree,
     dflash_refusal_as_dspine,
 )
@@ -79,6 +80,7 @@ def _dspine_algo_class():
             # release is refused first, in DSPINE's name; a refusal of DFlash's own checks is reworded to it.
             check_placement(server_args)
             check_tree(server_args)
+            check_adaptive(server_args)
             try:
                 SpeculativeAlgorithm.handle_server_args(self, server_args)
             except ValueError as e:
@@ -97,7 +99,14 @@ def _dspine_algo_class():
 
 def _worker_factory(server_args):
     from ..env import ENV
-    from .worker import DSpineLogprobWorker, DSpineTreeLogprobWorker, DSpineTreeWorker, DSpineWorker
+    from .worker import (
+        DSpineAdaptiveLogprobWorker,
+        DSpineAdaptiveWorker,
+        DSpineLogprobWorker,
+        DSpineTreeLogprobWorker,
+        DSpineTreeWorker,
+        DSpineWorker,
+    )
 
     sglang_patches.check_dflash_hooks()  # checked in the launcher already; this process's SGLang too
     sglang_patches.apply()
@@ -106,6 +115,8 @@ def _worker_factory(server_args):
     # same two, verifying trees (check_tree has refused it where it is not built).
     if ENV.tree:
         return DSpineTreeWorker if dflash_returns_logprobs() else DSpineTreeLogprobWorker
+    if ENV.adaptive:  # SGLANG_DSPINE_VERIFY=adaptive: each step's verify shape chosen (check_adaptive)
+        return DSpineAdaptiveWorker if dflash_returns_logprobs() else DSpineAdaptiveLogprobWorker
     return DSpineWorker if dflash_returns_logprobs() else DSpineLogprobWorker
 
 

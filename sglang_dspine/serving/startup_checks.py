@@ -172,6 +172,50 @@ def check_tree(server_args) -> None:
         raise StartupRefusal(f"{ALGORITHM}: refusing SGLANG_DSPINE_TREE=1: {why}")
 
 
+ADAPTIVE_MAX_RUNNING_REQUESTS = 128
+
+
+def check_adaptive(server_args) -> None:
+    """SGLANG_DSPINE_VERIFY=adaptive (verify_shapes.py, the worker's `DSpineAdaptiveWorker`) is built on SGLang
+    0.5.17's DFlash decode step and SGLang's per-width verify graphs (verify_widths.py), for one rank (each rank
+    would time its own steps and could choose differently), a whole draft cache, and without tree verification.
+    Anything else is refused in one line; a malformed SGLANG_DSPINE_SHAPES too. Unless --max-running-requests is
+    given, the DFLASH family's cap of 48 becomes 128: the narrow shapes serve the requests plain decoding would."""
+    from ..drafter.config import DrafterConfig, DrafterConfigError
+    from ..env import ENV
+    from .verify_shapes import parse_menu
+    from .verify_widths import check_verify_width_hooks
+    from .versions import argument_view, dp_attention_enabled, sglang_version
+
+    try:
+        adaptive = ENV.adaptive
+    except ValueError as e:
+        raise StartupRefusal(f"{ALGORITHM}: {e}") from None
+    if not adaptive:
+        return
+    view = argument_view(server_args)
+    why = None
+    if sglang_version() >= (0, 5, 23):
+        why = "it is built on SGLang 0.5.17's DFlash decode step; install sglang==0.5.17 or unset it"
+    elif ENV.tree:
+        why = "it does not choose trees yet: unset SGLANG_DSPINE_TREE"
+    elif int(view.tp_size) != 1 or dp_attention_enabled(view) or view.disaggregation_mode not in (None, "null"):
+        why = "it runs on one rank, without data-parallel attention or disaggregation, so far"
+    elif getattr(view, "speculative_draft_window_size", None):
+        why = "the draft cache must be whole: drop --speculative-draft-window-size"
+    else:
+        why = check_verify_width_hooks()
+    if why:
+        raise StartupRefusal(f"{ALGORITHM}: refusing SGLANG_DSPINE_VERIFY=adaptive: {why}")
+    try:
+        block = DrafterConfig.from_file(server_args.speculative_draft_model_path).block_size
+        parse_menu(ENV.verify_shapes, block)
+    except (ValueError, DrafterConfigError) as e:
+        raise StartupRefusal(f"{ALGORITHM}: {e}") from None
+    if server_args.max_running_requests is None:
+        server_args.max_running_requests = ADAPTIVE_MAX_RUNNING_REQUESTS
+
+
 def dflash_refusal_as_dspine(error: ValueError) -> StartupRefusal | None:
     """A refusal of SGLang's DFlash argument checks (which a DSPINE server runs), worded in DFLASH's name: the same
     refusal as one DSPINE line, SGLang's words kept; None for any other error."""

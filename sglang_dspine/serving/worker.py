@@ -18,6 +18,7 @@ target forward. Both give the user the same numbers.
 """
 from __future__ import annotations
 
+import json
 import logging
 
 import torch
@@ -388,6 +389,230 @@ class DSpineTreeWorker(DSpineWorker):
         """Whether the batch being stepped asked for log-probs that this worker computes after the step
         (`DSpineLogprobWorker`, which hides them from DFlash's code)."""
         return getattr(self, "_logprob_batch", None) is not None
+
+
+class DSpineAdaptiveWorker(DSpineWorker):
+    """SGLANG_DSPINE_VERIFY=adaptive (SGLang 0.5.17, one rank): each decode step verifies the shape
+    `verify_shapes.ShapePolicy` picks for the batch: the whole block (DFlash's own step, as the fixed server), a
+    chain of the walk's first W tokens, or none (a plain decode step that still feeds the drafter's context).
+    The drafter always drafts its block (its draft CUDA graphs are the fixed server's); a narrower shape
+    verifies a prefix of it on the target's resources at that width (verify_widths.py), built at start-up.
+    Each step is timed on the GPU (CUDA events) and its accept lengths copied to the host without a sync; the
+    policy reads both when they are ready, a step or two later."""
+
+    _log_every = 200  # decisions between the shape-share log lines (benchmarks read them)
+
+    def __init__(self, server_args, *args, **kwargs):
+        from ..env import ENV
+        from .verify_shapes import parse_menu
+
+        super().__init__(server_args, *args, **kwargs)
+        self.menu = parse_menu(ENV.verify_shapes, int(self.block_size))
+        self._pending: list = []
+        self._shares: dict[str, int] = {}
+        self._decisions = 0
+
+    def init_cuda_graphs(self):
+        from . import verify_widths
+        from .verify_shapes import ShapePolicy
+
+        super().init_cuda_graphs()
+        mr, b = self.model_runner, int(self.block_size)
+        self._base_width = verify_widths.current(mr, b)
+        self._widths = {b: self._base_width}
+        for shape in self.menu:
+            if shape.rows != b:
+                self._widths[shape.rows] = verify_widths.build(mr, shape.rows, self.device, self.gpu_id)
+        runner = self._base_width.graph_runner
+        buckets = list(getattr(runner, "capture_bs", None) or [])
+        self.policy = ShapePolicy(self.menu, buckets, b)
+        gib = sum(w.gib for w in self._widths.values())
+        logger.info("DSPINE adaptive verify: shapes %s, %.2f GiB for the narrower widths' backends and graphs, "
+                    "batch buckets %s", ", ".join(s.name for s in self.menu), gib, buckets)
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if not is_verify_step(batch):
+            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+        self._read_finished_steps()
+        bs = len(batch.seq_lens)
+        shape = self.policy.choose(bs)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        if shape.rows == int(self.block_size):
+            result = super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+        else:
+            result = self._forward_prefix_decode(batch, shape.rows, on_publish=on_publish,
+                                                 grammar_barrier=grammar_barrier)
+        accepted = torch.empty(bs, dtype=torch.int32, pin_memory=True)
+        accepted.copy_(result.accept_lens, non_blocking=True)
+        end.record()
+        self._pending.append((bs, shape, start, end, accepted))
+        self._count(shape)
+        return result
+
+    def _read_finished_steps(self) -> None:
+        """Feed the policy every step whose GPU work has finished (in order; no sync)."""
+        while self._pending and self._pending[0][3].query():
+            bs, shape, start, end, accepted = self._pending.pop(0)
+            # commit length = accepted drafts + the bonus token
+            self.policy.observe(bs, shape, start.elapsed_time(end), [int(a) - 1 for a in accepted.tolist()])
+
+    def _count(self, shape) -> None:
+        self._shares[shape.name] = self._shares.get(shape.name, 0) + 1
+        self._decisions += 1
+        if self._decisions % self._log_every == 0:
+            shares = ", ".join(f"{k} {v}" for k, v in sorted(self._shares.items()))
+            logger.info("DSPINE adaptive verify: steps by shape since start: %s; policy %s", shares,
+                        json.dumps(self.policy.summary()))
+
+    def _forward_prefix_decode(self, batch, rows: int, on_publish=None, grammar_barrier=None):
+        """DFlash's decode step (SGLang 0.5.17's `DFlashWorkerV2.forward_batch_generation`) verifying the
+        first `rows` tokens of the block [anchor, walk...]: the drafter drafts its whole block (its CUDA graphs
+        are the block's; rows = 1: no draft forward at all), the target verifies `rows` on its resources at
+        that width, DFlash's own acceptance rules (greedy, and target-only sampling) run on the prefix, and the
+        committed rows' target features go into the draft KV as after any DFlash step."""
+        from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+        from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+
+        from . import verify_widths
+
+        self._validate_phase1_sampling_support(batch)
+        draft_input = batch.spec_info
+        if not isinstance(draft_input, DFlashDraftInputV2):
+            raise RuntimeError(f"DSPINE adaptive verify: expected DFlashDraftInputV2 on the batch, found "
+                               f"{draft_input!r}")
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        bs, b = len(batch.seq_lens), int(self.block_size)
+        prefix_lens = batch.seq_lens
+        # the block's B slots from the committed length on (SGLang reserved them: the server's width is B)
+        self._ensure_draft_block_buffers(bs)
+        block_ids, positions_2d = self._draft_block_ids_buf[:bs], self._draft_block_positions_buf[:bs]
+        loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
+        _prepare_dflash_draft_block_unchecked(
+            bonus_tokens=draft_input.bonus_tokens.view(-1), prefix_lens=prefix_lens.view(-1),
+            req_pool_indices=batch.req_pool_indices.view(-1),
+            req_to_token=self.model_runner.req_to_token_pool.req_to_token, block_ids_out=block_ids,
+            positions_out=positions_2d, cache_loc_out=loc_2d, mask_token_id=int(self._mask_token_id))
+        # a host bound on the committed lengths, as DFlash's non-windowed path has it (+ one block)
+        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
+        if batch.seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(batch.seq_lens_cpu)
+            seq_lens_cpu.add_(b)
+        elif draft_input.reserved_seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(draft_input.reserved_seq_lens_cpu)
+        else:
+            seq_lens_cpu.copy_(prefix_lens.to("cpu", dtype=torch.int32))
+        seq_lens_sum = int(seq_lens_cpu.sum())
+
+        candidates = torch.empty((bs, rows), dtype=block_ids.dtype, device=block_ids.device)
+        candidates[:, 0].copy_(block_ids[:, 0])
+        if rows > 1:  # 1) the drafter's block, as DFlash's step drafts it; its first rows - 1 tokens kept
+            embed = self.target_worker.model_runner.model.get_input_embeddings()(block_ids)
+            draft_batch = ForwardBatch(
+                forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.flatten(),
+                req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens, out_cache_loc=loc_2d.reshape(-1),
+                seq_lens_sum=seq_lens_sum, seq_lens_cpu=seq_lens_cpu, positions=positions_2d.reshape(-1),
+                input_embeds=embed.view(-1, embed.shape[-1]), spec_algorithm=SpeculativeAlgorithm.DFLASH,
+                spec_info=self._draft_block_spec_info, capture_hidden_mode=CaptureHiddenMode.NULL)
+            with torch.inference_mode():
+                draft_out = self.draft_model_runner.forward(draft_batch)
+            if self._draft_sampler is not None and draft_out.can_run_graph:
+                walk = self._draft_sampler.out[: bs * (b - 1)].view(bs, b - 1)
+            else:
+                step = self._attached_step(self.target_worker.model_runner.model.lm_head)
+                walk = step.decode(step.rows_after_anchor(draft_out.logits_output.hidden_states))
+            candidates[:, 1:].copy_(walk[:, : rows - 1])
+        grammar_tree = GrammarTree.from_linear_chain(candidates) if batch.has_grammar else None
+
+        # 2) the target verifies the prefix: rows slots and positions from the committed length on
+        verify_loc_2d = loc_2d[:, :rows].contiguous()
+        positions = positions_2d[:, :rows].reshape(-1)
+        verify_input = DFlashVerifyInput(draft_token=candidates.reshape(-1), positions=positions,
+                                         draft_token_num=rows, custom_mask=None,
+                                         capture_hidden_mode=CaptureHiddenMode.FULL)
+        batch.out_cache_loc = verify_loc_2d.reshape(-1)
+        seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
+        batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu.clone(), seq_lens_sum
+        with verify_widths.verifying_at(self.model_runner, self._widths[rows], self._base_width):
+            verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+            batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
+            target_out = self.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch,
+                                                                     is_verify=True, skip_attn_backend_init=True)
+        logits_output = target_out.logits_output
+        grammar_mask = build_grammar_vocab_mask(reqs=batch.reqs, tree=grammar_tree, sampling_info=batch.sampling_info,
+                                                device=logits_output.next_token_logits.device,
+                                                barrier=grammar_barrier) if batch.has_grammar else None
+        result = self._commit_prefix(candidates, logits_output, batch.sampling_info, draft_input, prefix_lens,
+                                     verify_loc_2d, positions, grammar_mask=grammar_mask, on_publish=on_publish)
+        result.can_run_cuda_graph = target_out.can_run_cuda_graph
+        return result
+
+    def _commit_prefix(self, candidates, logits_output, sampling_info, draft_input, prefix_lens, verify_loc_2d,
+                       positions, grammar_mask=None, on_publish=None):
+        """A prefix step after its verify pass: DFlash's acceptance over `candidates` [bs, W] (greedy, or
+        target-only sampling), then the committed rows' target features (the verify's hidden states) written into
+        the draft KV at their slots `verify_loc_2d` [bs, W] and `positions` [bs·W]: the drafter's context keeps up
+        whatever W, W = 1 included. Returns the step's GenerationBatchResult (W tokens a request)."""
+        from sglang.srt.managers.scheduler import GenerationBatchResult
+        from sglang.srt.speculative.dflash_utils import (
+            apply_dflash_verify_logits_adjustments,
+            compute_dflash_correct_drafts_and_bonus,
+            compute_dflash_sampling_correct_drafts_and_bonus,
+            is_dflash_sampling_verify_available,
+        )
+
+        bs, rows = candidates.shape
+        if sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(next_token_logits=logits_output.next_token_logits,
+                                                   sampling_info=sampling_info, draft_token_num=rows)
+        if grammar_mask is not None:
+            grammar_mask.apply(logits_output.next_token_logits)
+        if sampling_info is not None and not sampling_info.is_all_greedy and is_dflash_sampling_verify_available():
+            accept_len, bonus = compute_dflash_sampling_correct_drafts_and_bonus(
+                candidates=candidates, next_token_logits=logits_output.next_token_logits,
+                sampling_info=sampling_info, max_top_k=draft_input.max_top_k,
+                uniform_top_k_value=draft_input.uniform_top_k_value)
+        else:
+            target_predict = torch.argmax(logits_output.next_token_logits, dim=-1).view(bs, rows)
+            accept_len, bonus = compute_dflash_correct_drafts_and_bonus(candidates=candidates,
+                                                                        target_predict=target_predict)
+        commit_lens, out_tokens = prefix_outputs(candidates, accept_len, bonus)
+        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DSPINE adaptive verify: the target returned no hidden states")
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=hidden.reshape(-1, hidden.shape[-1]), cache_loc=verify_loc_2d.reshape(-1),
+            cache_loc_2d=verify_loc_2d, positions=positions, commit_lens=commit_lens)
+        logits_output.hidden_states = None
+        next_draft_input = self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
+        return GenerationBatchResult(
+            logits_output=logits_output, next_token_ids=out_tokens.reshape(-1), accept_lens=commit_lens,
+            can_run_cuda_graph=False, next_draft_input=next_draft_input, speculative_num_draft_tokens=rows,
+            new_seq_lens=new_seq_lens)
+
+
+def prefix_outputs(candidates: torch.Tensor, accept_len: torch.Tensor, bonus: torch.Tensor):
+    """(commit lengths [bs] int32, emitted tokens [bs, W]) of a chain step over `candidates` [bs, W] (the anchor,
+    then W - 1 drafts) with `accept_len` [bs] drafts accepted and the `bonus` [bs] token: row n emits its first
+    accept_len drafts, then the bonus; the entries after it are never read (0)."""
+    rows = candidates.shape[1]
+    out = torch.zeros_like(candidates)
+    if rows > 1:
+        out[:, : rows - 1].copy_(candidates[:, 1:])
+    out.scatter_(1, accept_len.to(torch.int64)[:, None], bonus.to(out.dtype)[:, None])
+    return accept_len.to(torch.int32) + 1, out
+
+
+class DSpineAdaptiveLogprobWorker(DSpineLogprobWorker, DSpineAdaptiveWorker):
+    """The adaptive worker where DFlash's worker refuses log-prob requests (0.5.17): DSpineLogprobWorker's step
+    around the adaptive step; the log-probs read the step's own width (`verify_logprobs`)."""
 
 
 class DSpineTreeLogprobWorker(DSpineLogprobWorker, DSpineTreeWorker):

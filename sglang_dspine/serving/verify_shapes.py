@@ -1,0 +1,206 @@
+"""Verify shapes and the policy that picks one per decode step (SGLANG_DSPINE_VERIFY=adaptive).
+
+A DSPINE step drafts a block of B tokens and the target verifies some of them. What that costs depends on the
+load: at small batches the verify is memory-bound and nearly free in its width, at large ones it is
+compute-bound and grows with batch × width, so a fixed width is wrong somewhere (docs/verify_shapes.md). The
+shapes an adaptive server can run, for the whole batch:
+  - `none`: the batch verifies only its bonus token: a plain decode step, no draft forward; the target's
+    features of that token still go into the drafter's context, so speculation can resume on the next step;
+  - `chainW`: the walk's first W - 1 draft tokens after the anchor (W verify rows a request), 2 <= W <= B.
+Verifying a prefix of a deterministic draft with the target-only rule is still lossless (each emitted token is
+the target's own sample or argmax where the draft disagrees), so switching shapes between steps changes speed,
+never text.
+
+The policy maximises expected tokens per second: E(shape) / t(batch, shape), with
+  - E(chainW) = 1 + Σ_{j=1}^{W-1} Π_{k<j} p_k: p_k the conditional acceptance at draft position k (accepted k+1
+    given the first k were), counted on recent steps. A step of width W observes positions k < W - 1 only
+    (later ones were not verified), so counts are kept per position and a narrow shape never erases what a wide
+    one learned; E(none) = 1;
+  - t(bucket, shape): the step's own GPU time, measured online by the worker (CUDA events around the step) per
+    batch bucket (the captured CUDA-graph batch size the batch pads to) and shape. Online, not a start-up
+    table, because it times what the server really runs (draft, verify, acceptance, context upkeep, at the
+    requests' real context lengths) on this GPU and backend; the price is a few exploration steps per
+    (bucket, shape) the first time a bucket is seen;
+  - hysteresis: a challenger replaces the current shape only after beating it by `margin` on `patience`
+    consecutive decisions.
+Everything here is host-side Python on small numbers: no GPU, no SGLang (tests/test_verify_shapes.py).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    """Verify rows a request: 1 for `none`, W for `chainW`."""
+
+    rows: int
+
+    @property
+    def drafts(self) -> bool:
+        return self.rows > 1
+
+    @property
+    def name(self) -> str:
+        return "none" if self.rows == 1 else f"chain{self.rows}"
+
+
+DEFAULT_MENU = "none,4,8"
+
+
+def parse_menu(spec: str | None, block: int) -> tuple[Shape, ...]:
+    """The shapes of SGLANG_DSPINE_SHAPES, e.g. "none,4,8,16" ("block" names B), sorted, the block included
+    (the widest shape is the fixed server's: the menu never makes adaptive narrower than that can be). Unset
+    (None): DEFAULT_MENU's widths that are below the block."""
+    if spec is None:
+        return tuple(sorted({Shape(block), Shape(1), *(Shape(w) for w in (4, 8) if w < block)}))
+    shapes = {Shape(block)}
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        if item == "none":
+            shapes.add(Shape(1))
+            continue
+        if item == "block":
+            continue
+        try:
+            w = int(item.removeprefix("chain"))
+        except ValueError:
+            raise ValueError(f"SGLANG_DSPINE_SHAPES: {item!r} is not 'none', 'block' or a width") from None
+        if not 2 <= w <= block:
+            raise ValueError(f"SGLANG_DSPINE_SHAPES: width {w} outside 2..{block} (the drafter's block)")
+        shapes.add(Shape(w))
+    return tuple(sorted(shapes))
+
+
+@dataclass
+class AcceptanceCounts:
+    """Per draft position k (0 .. B-2): decayed counts of requests that reached k (the first k drafts accepted,
+    position k verified) and of those that passed it (accepted k + 1). `decay` per update: recent steps weigh
+    more. `prior`/`prior_weight`: what p_k reads before any evidence (pseudo-counts)."""
+
+    positions: int
+    decay: float = 0.98
+    prior: float = 0.5
+    prior_weight: float = 1.0
+    reached: list[float] = field(default_factory=list)
+    passed: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.reached = [0.0] * self.positions
+        self.passed = [0.0] * self.positions
+
+    def update(self, rows: int, accepted: list[int]) -> None:
+        """One step of width `rows` over a batch: `accepted[i]` draft tokens accepted for request i (0 .. rows-1).
+        Only verified positions (k < rows - 1) change."""
+        seen = min(rows - 1, self.positions)
+        if seen <= 0 or not accepted:
+            return
+        for k in range(seen):
+            reach = sum(1 for a in accepted if a >= k)
+            passes = sum(1 for a in accepted if a >= k + 1)
+            self.reached[k] = self.decay * self.reached[k] + reach
+            self.passed[k] = self.decay * self.passed[k] + passes
+
+    def p(self, k: int) -> float:
+        return (self.passed[k] + self.prior * self.prior_weight) / (self.reached[k] + self.prior_weight)
+
+    def expected_tokens(self, shape: Shape) -> float:
+        """Tokens a request emits per step of `shape`: the accepted drafts plus the bonus."""
+        e, alive = 1.0, 1.0
+        for k in range(min(shape.rows - 1, self.positions)):
+            alive *= self.p(k)
+            e += alive
+        return e
+
+
+@dataclass
+class StepCosts:
+    """t(bucket, shape) in ms: a decayed mean of measured step times. A cell with fewer than `explore` samples
+    is unknown (the policy runs it to learn it); the first sample of a cell is dropped (a first replay, or a
+    first Triton compile, is not the step's cost)."""
+
+    explore: int = 2
+    decay: float = 0.9
+    _sum: dict = field(default_factory=dict)
+    _weight: dict = field(default_factory=dict)
+    _count: dict = field(default_factory=dict)
+
+    def add(self, bucket: int, shape: Shape, ms: float) -> None:
+        if not (ms > 0 and math.isfinite(ms)):
+            return
+        key = (bucket, shape)
+        n = self._count.get(key, 0)
+        self._count[key] = n + 1
+        if n == 0:
+            return
+        self._sum[key] = self.decay * self._sum.get(key, 0.0) + ms
+        self._weight[key] = self.decay * self._weight.get(key, 0.0) + 1.0
+
+    def known(self, bucket: int, shape: Shape) -> bool:
+        return self._count.get((bucket, shape), 0) > self.explore
+
+    def ms(self, bucket: int, shape: Shape) -> float | None:
+        w = self._weight.get((bucket, shape))
+        return None if not w else self._sum[(bucket, shape)] / w
+
+    def table(self) -> dict[int, dict[str, float]]:
+        out: dict[int, dict[str, float]] = {}
+        for (bucket, shape), w in sorted(self._weight.items()):
+            out.setdefault(bucket, {})[shape.name] = round(self._sum[(bucket, shape)] / w, 3)
+        return out
+
+
+class ShapePolicy:
+    """Picks each step's shape for a batch of `bs` requests (see the module's docstring)."""
+
+    def __init__(self, menu: tuple[Shape, ...], buckets: list[int], block: int, margin: float = 0.05,
+                 patience: int = 3):
+        if not menu:
+            raise ValueError("ShapePolicy: an empty menu")
+        self.menu, self.buckets = tuple(sorted(menu)), sorted(set(buckets))
+        self.acceptance = AcceptanceCounts(block - 1)
+        self.costs = StepCosts()
+        self.margin, self.patience = margin, patience
+        self.current = self.menu[-1]  # the widest: what the fixed server runs
+        self._challenger, self._wins = None, 0
+
+    def bucket(self, bs: int) -> int:
+        """The captured batch size `bs` pads to; above the largest, `bs` itself (eager steps)."""
+        i = bisect.bisect_left(self.buckets, bs)
+        return self.buckets[i] if i < len(self.buckets) else bs
+
+    def rate(self, bucket: int, shape: Shape) -> float | None:
+        """Expected tokens per ms a request, or None while the cell's cost is unknown."""
+        ms = self.costs.ms(bucket, shape) if self.costs.known(bucket, shape) else None
+        return None if ms is None else self.acceptance.expected_tokens(shape) / ms
+
+    def choose(self, bs: int) -> Shape:
+        bucket = self.bucket(bs)
+        for shape in self.menu:  # learn every shape's cost at this bucket first (a few steps each)
+            if not self.costs.known(bucket, shape):
+                return shape
+        rates = {s: self.rate(bucket, s) for s in self.menu}
+        best = max(self.menu, key=lambda s: rates[s])
+        if best == self.current or rates[best] <= rates[self.current] * (1 + self.margin):
+            self._challenger, self._wins = None, 0
+            return self.current
+        self._wins = self._wins + 1 if best == self._challenger else 1
+        self._challenger = best
+        if self._wins >= self.patience:
+            self.current, self._challenger, self._wins = best, None, 0
+        return self.current
+
+    def observe(self, bs: int, shape: Shape, ms: float | None, accepted: list[int] | None) -> None:
+        """A finished step: its measured time (None when not measured) and accepted drafts per request."""
+        if ms is not None:
+            self.costs.add(self.bucket(bs), shape, ms)
+        if accepted is not None:
+            self.acceptance.update(shape.rows, accepted)
+
+    def summary(self) -> dict:
+        return {"current": self.current.name,
+                "expected_tokens": {s.name: round(self.acceptance.expected_tokens(s), 3) for s in self.menu},
+                "step_ms": self.costs.table()}

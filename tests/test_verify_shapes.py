@@ -1,0 +1,235 @@
+"""Adaptive verification's host-side parts (sglang_dspine/serving/verify_shapes.py) and the prefix step's
+output assembly (worker.prefix_outputs), against plain references: Monte Carlo of truncated chains for the
+expected tokens, brute force for the choice, a greedy decoding loop for the prefix step's emitted tokens."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from sglang_dspine.serving.verify_shapes import AcceptanceCounts, Shape, ShapePolicy, StepCosts, parse_menu
+
+
+def test_the_menu_always_holds_the_block_and_refuses_bad_widths():
+    assert [s.name for s in parse_menu("none,4,8", 16)] == ["none", "chain4", "chain8", "chain16"]
+    assert [s.rows for s in parse_menu("chain8, block", 16)] == [8, 16]
+    assert parse_menu("", 16) == (Shape(16),)
+    assert [s.rows for s in parse_menu(None, 16)] == [1, 4, 8, 16]  # unset: the default, below the block
+    assert [s.rows for s in parse_menu(None, 4)] == [1, 4]
+    for bad, says in (("1", "outside 2..16"), ("17", "outside 2..16"), ("tree32", "not 'none'"), ("x", "not")):
+        with pytest.raises(ValueError, match=says):
+            parse_menu(bad, 16)
+
+
+def _accepted(p: list[float], rng: random.Random) -> int:
+    """Drafts a request accepts when draft position k passes with probability p[k] given the ones before."""
+    n = 0
+    while n < len(p) and rng.random() < p[n]:
+        n += 1
+    return n
+
+
+def test_expected_tokens_of_each_width_match_truncated_chains_learned_under_censoring():
+    rng = random.Random(0)
+    p = [0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5]  # B = 8: seven draft positions
+    counts = AcceptanceCounts(len(p), decay=1.0)
+    widths = [2, 4, 8]
+    for step in range(3000):  # each step one width, as an adaptive server mixes them
+        w = widths[step % 3]
+        counts.update(w, [min(_accepted(p, rng), w - 1) for _ in range(8)])
+    for w in (1, 2, 3, 4, 6, 8):
+        # the reference: tokens a request emits per step of width w, simulated directly
+        sim = sum(min(_accepted(p, rng), w - 1) + 1 for _ in range(40000)) / 40000
+        assert counts.expected_tokens(Shape(w)) == pytest.approx(sim, rel=0.03), w
+
+
+def test_a_narrow_step_leaves_the_positions_it_did_not_verify_alone():
+    counts = AcceptanceCounts(7, decay=0.5)
+    counts.update(8, [7, 7, 7, 7])
+    before = list(counts.reached), list(counts.passed)
+    counts.update(4, [0, 0, 0, 0])  # verified positions 0..2 only
+    assert counts.reached[3:] == before[0][3:] and counts.passed[3:] == before[1][3:]
+    assert counts.p(0) < 0.5 < counts.p(3)
+    counts.update(1, [0, 0])  # none: nothing verified, nothing learned
+    assert counts.reached[3:] == before[0][3:]
+
+
+def test_step_costs_drop_the_first_sample_and_explore_before_they_are_known():
+    costs = StepCosts(explore=2)
+    shape = Shape(4)
+    costs.add(8, shape, 100.0)  # a first replay: dropped
+    assert costs.ms(8, shape) is None and not costs.known(8, shape)
+    costs.add(8, shape, 2.0)
+    costs.add(8, shape, 2.0)
+    assert costs.known(8, shape) and costs.ms(8, shape) == pytest.approx(2.0)
+    costs.add(8, shape, float("nan"))
+    assert costs.ms(8, shape) == pytest.approx(2.0)
+
+
+def _policy(ms: dict[int, float], p: float, patience: int = 3, margin: float = 0.05) -> ShapePolicy:
+    menu = parse_menu("none,4,8", 16)
+    policy = ShapePolicy(menu, [1, 2, 4, 8, 16, 32, 48], 16, margin=margin, patience=patience)
+    policy.acceptance = AcceptanceCounts(15, prior=p, prior_weight=1e9)  # a known acceptance, no learning
+    for bs in (1, 48):
+        for s in menu:
+            for _ in range(4):
+                policy.costs.add(policy.bucket(bs), s, ms[s.rows] * (1 if bs == 1 else 4))
+    return policy
+
+
+def test_the_choice_is_the_best_expected_tokens_per_ms_after_patience():
+    # cost rising with width, as a compute-bound verify's does
+    ms = {1: 10.0, 4: 12.0, 8: 15.0, 16: 22.0}
+    for p in (0.95, 0.8, 0.5, 0.2, 0.05):
+        policy = _policy(ms, p, patience=1, margin=0.0)
+        rate = {s: policy.acceptance.expected_tokens(s) / ms[s.rows] for s in policy.menu}
+        best = max(rate, key=rate.get)  # brute force over the menu
+        assert policy.choose(1) == best, p
+    policy = _policy(ms, 0.05, patience=3)
+    best = max(policy.menu, key=lambda s: policy.acceptance.expected_tokens(s) / ms[s.rows])
+    assert best.rows < 16
+    assert [policy.choose(1) for _ in range(4)] == [Shape(16), Shape(16), best, best]
+
+
+def test_no_flapping_on_a_near_tie():
+    e = {s.rows: AcceptanceCounts(15, prior=0.5, prior_weight=1e9).expected_tokens(s)
+         for s in parse_menu("none,4,8", 16)}
+    # the current shape is the block's (where a server starts); chain8 2% better per ms: inside the margin
+    ms = {16: 20.0, 8: e[8] / (1.02 * e[16] / 20.0), 4: 1e3, 1: 1e3}
+    policy = _policy(ms, 0.5, patience=1, margin=0.05)
+    assert all(policy.choose(1) == Shape(16) for _ in range(10))
+    ms[8] = e[8] / (1.10 * e[16] / 20.0)  # 10% better: beyond it
+    policy = _policy(ms, 0.5, patience=1, margin=0.05)
+    assert policy.choose(1) == Shape(8)
+
+
+def test_an_unseen_bucket_is_explored_shape_by_shape_then_decided():
+    policy = ShapePolicy(parse_menu("none,8", 16), [1, 8, 64], 16)
+    assert policy.bucket(5) == 8 and policy.bucket(64) == 64 and policy.bucket(100) == 100
+    seen = []
+    for _ in range(12):
+        shape = policy.choose(5)
+        seen.append(shape.name)
+        policy.observe(5, shape, {1: 5.0, 8: 6.0, 16: 8.0}[shape.rows], [0] * 5)
+    assert seen[:3] == ["none"] * 3 and seen[3:6] == ["chain8"] * 3 and seen[6:9] == ["chain16"] * 3
+    assert policy.summary()["step_ms"][8] == {"none": 5.0, "chain8": 6.0, "chain16": 8.0}
+
+
+def test_a_prefix_step_emits_what_greedy_decoding_emits():
+    """Greedy verification of the walk's first W - 1 tokens (SGLang's DFlash rule, then `prefix_outputs`)
+    emits the target's own greedy continuation, as long as accepted + 1, whatever W."""
+    pytest.importorskip("sglang")
+    from sglang.srt.speculative.dflash_utils import compute_dflash_correct_drafts_and_bonus
+
+    from sglang_dspine.serving.worker import prefix_outputs
+
+    vocab = 97
+
+    def target(t: torch.Tensor) -> torch.Tensor:  # a Markov toy target: argmax next token given the last
+        return (t * 31 + 7) % vocab
+
+    anchors = torch.tensor([3, 10, 50, 96])
+    b = 8
+    greedy = [anchors]
+    for _ in range(b):
+        greedy.append(target(greedy[-1]))
+    greedy = torch.stack(greedy[1:], dim=1)  # [bs, B]: the target's continuation after each anchor
+    walk = greedy[:, : b - 1].clone()
+    right = torch.tensor([0, 2, 5, 7])  # request n's walk is right for its first right[n] tokens
+    for n, m in enumerate(right.tolist()):
+        if m < b - 1:
+            walk[n, m] = (walk[n, m] + 1) % vocab
+    for w in (1, 2, 4, 8):
+        cand = torch.cat([anchors[:, None], walk[:, : w - 1]], dim=1)
+        accept, bonus = compute_dflash_correct_drafts_and_bonus(candidates=cand, target_predict=target(cand))
+        commit, out = prefix_outputs(cand, accept, bonus)
+        assert commit.tolist() == (torch.clamp(right, max=w - 1) + 1).tolist(), w
+        for n in range(len(anchors)):
+            c = int(commit[n])
+            assert out[n, :c].tolist() == greedy[n, :c].tolist(), (w, n)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """test_serving_glue's pair: a target SGLang pads the vocabulary of, a DSpine drafter, the launch published."""
+    from test_serving_glue import served_pair
+
+    return served_pair(tmp_path_factory.mktemp("verify_shapes_glue"))
+
+
+@pytest.mark.usefixtures("no_grad", "one_thread")
+@pytest.mark.parametrize("rows", [1, 3], ids=["none", "chain3"])
+def test_a_prefix_steps_tail_keeps_the_drafters_context(served, rows):
+    """The prefix step after its verify pass (`DSpineAdaptiveWorker._commit_prefix`), on the SGLang draft model
+    with a draft KV pool on the CPU and DFlash's own context writer, B = 4: three requests verify their first
+    `rows` rows (rows = 1: no speculation, the bonus token alone), greedy. Afterwards:
+    - the tokens out and accept lengths are greedy verification's over the prefix;
+    - at every committed position the draft K/V is what DFlash's writer makes from that row's target features;
+    - the next step's draft is the plain drafter's on the context extended by those features: speculation
+      resumes after a step without it as after any step."""
+    import sglang_on_cpu
+    from safetensors.torch import load_file
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from test_serving_glue import VOCAB, _padded_head
+
+    from sglang_dspine.serving.worker import DSpineAdaptiveWorker
+
+    plain, head = served.plain, served.target.lm_head.weight.detach()
+    dc, b = plain.cfg, plain.cfg.block_size
+    assert b == 4
+    model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
+    model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
+    pool, req_to_token = sglang_on_cpu.draft_kv(dc)
+    worker = sglang_on_cpu.worker_shell(model, _padded_head(served), b, draft_pool=pool, cls=DSpineAdaptiveWorker)
+    g = torch.Generator().manual_seed(5)
+    width = len(dc.target_layer_ids) * dc.hidden_size
+    seq_lens, anchors, req = torch.tensor([6, 3, 8]), torch.tensor([5, 11, 30]), torch.tensor([2, 0, 1])
+    ctx_feats = [torch.randn(s, width, generator=g) for s in seq_lens.tolist()]
+    nxt = 1
+    for r, s, feats in zip(req.tolist(), seq_lens.tolist(), ctx_feats):
+        req_to_token.req_to_token[r, : s + 2 * b] = torch.arange(nxt, nxt + s + 2 * b).to(torch.int32)
+        sglang_on_cpu.write_context(model, pool, torch.arange(nxt, nxt + s), feats)
+        nxt += s + 2 * b
+    drafts = torch.tensor([[7, 8, 9], [12, 13, 14], [20, 21, 22]])
+    candidates = torch.cat([anchors[:, None], drafts[:, : rows - 1]], dim=1)
+    # the target's argmax per verify row: request 0 agrees with every draft, request 1 with its first, 2 with none
+    agree = [rows - 1, min(1, rows - 1), 0]
+    logits = torch.randn(3, rows, VOCAB, generator=g)
+    for i, a in enumerate(agree):
+        for j in range(a):
+            logits[i, j, drafts[i, j]] = 100.0
+        logits[i, a, 40 + i] = 100.0  # the bonus: on no draft
+    feats = torch.randn(3 * rows, width, generator=g)
+    out = LogitsProcessorOutput(next_token_logits=logits.view(-1, VOCAB).clone(), hidden_states=feats.clone())
+    loc_2d = req_to_token.req_to_token[req[:, None], seq_lens[:, None] + torch.arange(rows)].long()
+    positions = (seq_lens[:, None] + torch.arange(rows)).reshape(-1)
+    result = worker._commit_prefix(candidates, out, None, None, seq_lens, loc_2d, positions)
+    assert result.accept_lens.tolist() == [a + 1 for a in agree] and result.speculative_num_draft_tokens == rows
+    emitted = result.next_token_ids.view(3, rows)
+    assert [emitted[i, : a + 1].tolist() for i, a in enumerate(agree)] == \
+        [drafts[i, :a].tolist() + [40 + i] for i, a in enumerate(agree)]
+    nd = result.next_draft_input
+    assert nd.bonus_tokens.tolist() == [40, 41, 42]
+    assert nd.new_seq_lens.tolist() == (seq_lens + torch.tensor(agree) + 1).tolist()
+
+    ref_pool, _ = sglang_on_cpu.draft_kv(dc)
+    full_feats = []
+    for i, (r, s, a) in enumerate(zip(req.tolist(), seq_lens.tolist(), agree)):
+        f = torch.cat([ctx_feats[i], feats.view(3, rows, -1)[i, : a + 1]])
+        full_feats.append(f)
+        slots = req_to_token.req_to_token[r, : s + a + 1].long()
+        sglang_on_cpu.write_context(model, ref_pool, slots, f)
+        for layer in range(dc.num_hidden_layers):
+            for got, want in ((pool.get_key_buffer(layer), ref_pool.get_key_buffer(layer)),
+                              (pool.get_value_buffer(layer), ref_pool.get_value_buffer(layer))):
+                torch.testing.assert_close(got[slots], want[slots], atol=1e-5, rtol=1e-5)
+
+    blk, _, emb = sglang_on_cpu.draft_block(worker.draft_model, served.target, pool, req_to_token, req,
+                                            nd.new_seq_lens, nd.bonus_tokens, dc.mask_token_id)
+    states = blk.hidden_states.view(3, b, -1)[:, 1:].reshape(-1, dc.hidden_size)
+    drafted = worker._greedy_sample_from_vocab_parallel_head(
+        hidden_states=states, lm_head=worker._target_worker.model_runner.model.lm_head).view(3, b - 1)
+    refs = sglang_on_cpu.plain_refs(plain, emb, full_feats, nd.bonus_tokens.tolist())
+    want = [plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist() for ref, a in zip(refs, nd.bonus_tokens)]
+    assert drafted.tolist() == want
