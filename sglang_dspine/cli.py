@@ -201,7 +201,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="JSONL of token records (`sglang-dspine data`) or conversations (`id` + `conversations`, "
                         "SpecForge's format: role/content or from/value), or both")
     p.add_argument("--output-dir", type=_path, required=True,
-                   help="checkpoints, metrics.jsonl, tensorboard/ and final/ go here")
+                   help="checkpoints, metrics.jsonl, tensorboard/ and final/ go here; a folder holding an "
+                        "unfinished run (stopped by Ctrl-C, SIGTERM or a crash) resumes it with the same settings "
+                        "(another setting is refused by name); one holding a finished run is refused without "
+                        "--resume or --overwrite")
     p.add_argument("--kind", choices=["dspine", "dflash"], default="dspine")
     p.add_argument("--init", type=_path,
                    help="start from a drafter checkpoint (a DFlash one becomes a DSpine warm start)")
@@ -252,10 +255,12 @@ def _train_args(p: argparse.ArgumentParser) -> None:
              "warmup_ratio": "linear warm-up over this fraction of the steps", "init_std": "normal init of a fresh "
              "backbone's linear weights", "batch_size": "sequences per micro-batch per rank",
              "grad_accum": "micro-batches per optimizer step", "max_length": "tokens per sequence (longer ones are "
-             "cut)", "log_every": "optimizer steps between metrics lines", "save_every": "optimizer steps between "
-             "checkpoints (0: at the end only)", "keep_checkpoints": "newest checkpoints kept in --output-dir"}
+             "cut)", "log_every": "optimizer steps between metrics lines", "save_every": "also a checkpoint every this "
+             "many optimizer steps (0: by --save-minutes only)", "save_minutes": "a checkpoint every this many "
+             "minutes (0: off); Ctrl-C or SIGTERM also saves one, at the end of the step under way",
+             "keep_checkpoints": "newest checkpoints kept in --output-dir (0: all)"}
     for name in ("lr", "min_lr_ratio", "warmup_ratio", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm",
-                 "epochs", "init_std"):
+                 "epochs", "init_std", "save_minutes"):
         g.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name), help=helps.get(name))
     for name in ("batch_size", "grad_accum", "max_length", "seed", "log_every", "save_every", "keep_checkpoints"):
         g.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name), help=helps.get(name))
@@ -264,7 +269,11 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                    help="auto: bf16 on GPU, fp32 on CPU")
     g.add_argument("--device", help="default: cuda:LOCAL_RANK if present, else cpu")
-    g.add_argument("--no-resume", dest="resume", action="store_false", help="ignore checkpoints in --output-dir")
+    g.add_argument("--resume", action="store_true",
+                   help="--output-dir holds a finished run: check these are its settings and report it (nothing "
+                        "to train); an unfinished run resumes without it")
+    g.add_argument("--overwrite", action="store_true",
+                   help="remove the run in --output-dir (checkpoints, final/, logs) and train a new one")
     g.add_argument("--no-save", dest="save", action="store_false",
                    help="metrics only: no checkpoint or final drafter (throughput trials)")
     g.add_argument("--no-progress", dest="progress", action="store_false")
@@ -311,11 +320,50 @@ def train_config_from_args(args: argparse.Namespace):
 
 
 def _train_run(args: argparse.Namespace) -> int:
-    from .drafter.checkpoint import check_drafter_dir
     from .training.distributed import train_device
+    from .training.interrupt import Interrupted, sigterm_as_keyboard_interrupt
+    from .training.run_folder import check_rerun, clear_run
     from .training.trainer import train
 
     tc = train_config_from_args(args)
+    if args.resume and args.overwrite:
+        raise CLIError("--resume and --overwrite: give one (continue the run in --output-dir, or replace it)")
+    _check_train_inputs(args, tc)
+    state = check_rerun(tc, args.resume, args.overwrite)
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    if state == "finished":
+        final = os.path.join(tc.output_dir, "final")
+        print(f"sglang-dspine train: {tc.output_dir} holds this run, finished: nothing to train (its drafter: "
+              f"{final})", file=sys.stderr)
+        return 0
+    tc.resume = state == "resume"
+    with sigterm_as_keyboard_interrupt():
+        try:
+            device, bf16 = train_device(tc)
+            target = load_target(args.target, "bf16" if bf16 else "fp32", str(device))
+            if state == "overwrite" and rank0:
+                clear_run(tc.output_dir)
+            summary = train(tc, target=target)
+        except Interrupted as e:
+            if rank0:
+                saved = (f"saved {e.checkpoint}; to resume, run the same command again" if e.checkpoint else
+                         "nothing saved (--no-save)")
+                print(f"sglang-dspine train: interrupted at step {e.step} of {e.total}: {saved}", file=sys.stderr)
+            return 130
+        except KeyboardInterrupt:  # before the loop, or a second signal: no checkpoint of this moment
+            if rank0:
+                print(f"sglang-dspine train: interrupted before a checkpoint of this moment; the same command resumes "
+                      f"from the newest one in {tc.output_dir}, if any", file=sys.stderr)
+            return 130
+    if rank0:
+        print(json.dumps(summary))
+    return 0
+
+
+def _check_train_inputs(args: argparse.Namespace, tc) -> None:
+    """Every input of `train` that can be checked before the target loads."""
+    from .drafter.checkpoint import check_drafter_dir
+
     if not os.path.isfile(tc.data):
         raise CLIError(f"--data {tc.data}: not found (a conversation JSONL, or token data from `sglang-dspine data`)")
     check_records("--data", tc.data, "training records")
@@ -331,12 +379,6 @@ def _train_run(args: argparse.Namespace) -> int:
             import wandb  # noqa: F401
         except ImportError:
             raise CLIError("--wandb-project: the `wandb` package is not installed (pip install wandb)") from None
-    device, bf16 = train_device(tc)
-    target = load_target(args.target, "bf16" if bf16 else "fp32", str(device))
-    summary = train(tc, target=target)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps(summary))
-    return 0
 
 
 # -------------------------------------------------------------------------------------------- export

@@ -3,6 +3,7 @@ SpecForge conversation data (chat templates, loss on assistant turns), the mask 
 resume state that cannot run code."""
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -302,7 +303,8 @@ def test_resume_state_cannot_run_code(tiny_dir, tmp_path, capsys):
     marker = tmp_path / "pwned"
     state["optimizer"]["evil"] = _RunsCode(str(marker))
     torch.save(state, run / "checkpoint-2" / "trainer_state.pt")  # pickles the object; nothing runs yet
-    rc, err = run_cli(args + ["--max-steps", "3"], capsys)  # a longer run: resumes from checkpoint-2
+    shutil.rmtree(run / "final")  # an unfinished run: the same command resumes it from checkpoint-2
+    rc, err = run_cli(args, capsys)
     assert rc == 2 and "refused: not a plain trainer state" in err and "trainer_state.pt" in err
     assert not marker.exists()
     with pytest.raises(DrafterConfigError, match="refused"):

@@ -76,7 +76,11 @@ class TrainConfig:
     device: str | None = None
     seed: int = 0
     log_every: int = 10
-    save_every: int = 0  # 0: save at the end only
+    save_every: int = 0  # checkpoint every this many optimizer steps (0: by save_minutes only)
+    # a checkpoint every this many minutes (0: off): by time, not steps, because a step's cost runs from
+    # milliseconds (the built-in pair on a CPU) to seconds (an 8B target), and a crash or a kill -9 should cost
+    # at most this much work whatever the size
+    save_minutes: float = 30.0
     keep_checkpoints: int = 2
     save: bool = True  # False: metrics only, no checkpoint or final drafter (throughput trials)
     resume: bool = True

@@ -2,10 +2,11 @@
 
 `train(TrainConfig)` is what `sglang-dspine train` runs (one process, or one per GPU under torchrun). A run's
 output folder holds `train_config.json`, `metrics.jsonl` (and `tensorboard/`, metrics.py), `checkpoint-N/`
-(a drafter plus `trainer_state.pt`; the newest `keep_checkpoints` are kept) and `final/`. A rerun into the
-same folder resumes from its newest checkpoint. `trainer_state.pt` holds only tensors and plain data
-(optimizer and schedule state, step, RNG states as tensors) and is read with `weights_only=True`: a state
-file that would run code when unpickled is refused.
+(a drafter plus `trainer_state.pt`; the newest `keep_checkpoints` are kept; one every `save_minutes` and every
+`save_every` steps, and one when SIGINT/SIGTERM stops the run: interrupt.py) and `final/`. With `resume`, a run
+into the same folder resumes from its newest checkpoint (the CLI first checks the settings match: run_folder.py).
+`trainer_state.pt` holds only tensors and plain data (optimizer and schedule state, step, RNG states as tensors)
+and is read with `weights_only=True`: a state file that would run code when unpickled is refused.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from .batching import Schedule, TokenData
 from .blocks import make_blocks, sample_anchors
 from .distributed import all_reduce, barrier, local_rank, setup_distributed, train_device
 from .drafter_setup import build_drafter, recipe_alignment_decay, recipe_line, trainable_parameters
+from .interrupt import Interrupted, stop_requests
 from .metrics import MetricsSink
 from .objective import DrafterObjective, LossAssembly, ObjectiveSwitches
 from .schedules import alignment_beta, default_gamma, lr_factor, replacement_probability
@@ -250,7 +252,7 @@ class Trainer:
         if state.get("total_steps") != self.total_steps:
             raise DrafterConfigError(
                 f"resume {folder}: total_steps changed ({state.get('total_steps')} -> {self.total_steps}); the "
-                "schedules would not continue; use the same data/epochs/batch settings, or --no-resume / a new "
+                "schedules would not continue; use the same data/epochs/batch settings, or --overwrite / a new "
                 "--output-dir")
         self.opt.load_state_dict(state["optimizer"])
         self.lr_sched.load_state_dict(state["scheduler"])
@@ -338,7 +340,24 @@ class Trainer:
         return beta, p_rep, tokens
 
     # ------------------------------------------------------------------------------------------- the run
+    def _agree(self, stop: bool, due: bool) -> tuple[bool, bool]:
+        """(stop, save now) as every rank sees them: a signal reaches the ranks at different steps, and a
+        checkpoint's barrier hangs unless all of them save at the same step (rank 0's clock decides `due`)."""
+        if self.world == 1:
+            return stop, due
+        t = self._reduce(torch.tensor([float(stop), float(due and self.rank == 0)], device=self.device))
+        return bool(t[0] > 0), bool(t[1] > 0)
+
+    def _save(self, step: int) -> str:
+        return _save_checkpoint(self.tc, self.drafter, self.opt, self.lr_sched, step, self.total_steps, self.rank,
+                                self.world)
+
     def run(self, on_step=None) -> dict[str, Any]:
+        # a signal during the loop or the final save is deferred to a step's end (interrupt.py)
+        with stop_requests() as stop:
+            return self._run(stop, on_step)
+
+    def _run(self, stop, on_step=None) -> dict[str, Any]:
         from tqdm import tqdm
 
         tc, total = self.tc, self.total_steps
@@ -347,6 +366,7 @@ class Trainer:
         acc: dict[str, torch.Tensor] = {}
         acc_steps, t0, tokens = 0, time.time(), 0
         last: dict[str, Any] = {}
+        last_save = time.time()
         while self.step < total:
             beta, p_rep, lr_now, grad_norm, n_tok = self._train_step(self.step, acc)
             tokens += n_tok
@@ -366,8 +386,17 @@ class Trainer:
                                  "tok/s": f"{rec['tokens_per_s']:.0f}"})
                 last = rec
                 acc, acc_steps, t0, tokens = {}, 0, time.time(), 0
-            if tc.save and tc.save_every and step % tc.save_every == 0 and step < total:
-                _save_checkpoint(tc, self.drafter, self.opt, self.lr_sched, step, total, self.rank, self.world)
+            due = bool(tc.save_minutes) and time.time() - last_save >= 60 * tc.save_minutes
+            stopping, due = self._agree(stop.requested, due)
+            if stopping:
+                ckpt = self._save(step) if tc.save else None
+                bar.close()
+                if self.log is not None:
+                    self.log.close()
+                raise Interrupted(step, total, ckpt)
+            if tc.save and step < total and (due or (tc.save_every and step % tc.save_every == 0)):
+                self._save(step)
+                last_save = time.time()
             if on_step is not None:
                 on_step(step)
         bar.close()
@@ -375,8 +404,7 @@ class Trainer:
             self.log.close()
         ckpt = final = None
         if tc.save:
-            ckpt = _save_checkpoint(tc, self.drafter, self.opt, self.lr_sched, self.step, total, self.rank,
-                                    self.world)
+            ckpt = self._save(self.step)
             final = os.path.join(tc.output_dir, "final")
             if self.rank == 0:
                 save_drafter(self.drafter, final)

@@ -1,0 +1,125 @@
+"""A new user's first hour (issue 55): `sglang-dspine` run as a user runs it, a process on the built-in pair
+(models/default), stopped by signals, rerun into the same folders, given outputs it cannot write, bad numbers,
+missing files; and the install's scripts and plot.py. Every refusal is one line on stderr naming the flag, exit
+code 2, before any model loads."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAIR = os.path.join(REPO, "models", "default")
+TARGET = os.path.join(PAIR, "target")
+DSPINE = os.path.join(PAIR, "dspine")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def cli(*args, cwd, timeout=300):
+    """The command as a user runs it, outside the repo root (its kernels/ folder would shadow `kernels`)."""
+    return subprocess.run([sys.executable, "-m", "sglang_dspine.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd, env=ENV)
+
+
+def refused(out, *parts):
+    """The one line a refusal prints (exit 2, no traceback), holding each of `parts`."""
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    for p in parts:
+        assert p in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("first_hour")
+    # token records long enough for a few blocks of 16 (the built-in target's vocabulary is 4,096)
+    (root / "data.jsonl").write_text("".join(
+        json.dumps({"input_ids": [(7 * i + j) % 4000 + 5 for j in range(48)], "loss_mask": [0] * 8 + [1] * 40}) + "\n"
+        for i in range(4)))
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in ([5, 6, 7], [9, 10])))
+    (root / "a_file").write_text("not a folder\n")
+    return root
+
+
+def train_args(ws, out, *extra):
+    return ["train", "--target", TARGET, "--data", ws / "data.jsonl", "--output-dir", out, "--num-anchors", "4",
+            "--max-length", "48", "--no-progress", "--no-tensorboard", "--log-every", "1", *extra]
+
+
+def wait_for_steps(metrics, n, proc, timeout=240):
+    """Until metrics.jsonl holds a step >= n (the run is in its loop)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise AssertionError(f"train ended early ({proc.returncode}): {proc.stderr.read()[-3000:]}")
+        if metrics.exists():
+            steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line.strip()]
+            if steps and steps[-1] >= n:
+                return steps[-1]
+        time.sleep(0.2)
+    raise AssertionError("no training step logged in time")
+
+
+# ------------------------------------------------------------------------------------ 1. interrupted training
+def test_a_signal_saves_a_resumable_checkpoint(ws, tmp_path, capsys):
+    """SIGINT stops `train` with a checkpoint of its last whole step, exit 130 and one line saying how to resume;
+    the same command run again resumes from it, and SIGTERM does the same. --help says a checkpoint is also
+    saved every 30 minutes by default."""
+    from sglang_dspine.cli import main
+
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "sglang_dspine.cli", *map(str, train_args(ws, run, "--max-steps", "100000"))]
+    stopped = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                env=ENV)
+        try:
+            wait_for_steps(run / "metrics.jsonl", (stopped[-1] if stopped else 0) + 2, proc)
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        step = int(last.split("interrupted at step ")[1].split()[0])
+        assert last == (f"sglang-dspine train: interrupted at step {step} of 100000: saved {run}/checkpoint-{step}; "
+                        "to resume, run the same command again")
+        assert (run / f"checkpoint-{step}" / "trainer_state.pt").is_file()
+        if stopped:  # the second run went on from the first one's checkpoint
+            assert f"the checkpoint resumed ({run}/checkpoint-{stopped[-1]})" in err and step > stopped[-1]
+        stopped.append(step)
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--save-minutes SAVE_MINUTES a checkpoint every this many minutes (0: off); Ctrl-C or SIGTERM also " \
+           "saves one" in text and "(default: 30)" in text
+
+
+# ----------------------------------------------------------------------------------------------- 2. reruns
+def test_a_finished_run_is_refused_unless_resume_or_overwrite(ws, tmp_path):
+    run = tmp_path / "run"
+    out = cli(*train_args(ws, run, "--max-steps", "2", "--lr", "0.002"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recorded = (run / "train_config.json").read_text()
+    refused(cli(*train_args(ws, run, "--max-steps", "2", "--lr", "0.001"), cwd=tmp_path),
+            f"--output-dir {run}: holds a finished run (final/); --overwrite")
+    refused(cli(*train_args(ws, run, "--max-steps", "2", "--lr", "0.001", "--resume"), cwd=tmp_path),
+            f"--output-dir {run}: holds a run trained with other settings: --lr 0.001 (the run's: 0.002)")
+    out = cli(*train_args(ws, run, "--max-steps", "2", "--lr", "0.002", "--resume"), cwd=tmp_path)
+    assert out.returncode == 0 and "holds this run, finished: nothing to train" in out.stderr, out.stderr[-3000:]
+    assert (run / "train_config.json").read_text() == recorded
+    # an unfinished run (no final/) with another setting: refused by name, without any flag
+    shutil.rmtree(run / "final")
+    refused(cli(*train_args(ws, run, "--max-steps", "3", "--lr", "0.002"), cwd=tmp_path),
+            "--max-steps 3 (the run's: 2)")
+    out = cli(*train_args(ws, run, "--max-steps", "1", "--lr", "0.001", "--overwrite"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cfg = json.loads((run / "train_config.json").read_text())
+    assert cfg["lr"] == 0.001 and cfg["total_steps"] == 1  # what trained the weights beside it
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-1"]
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
