@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any
 
+from .training.outputs import check_writable_dir, check_writable_file
 from .training.target_loading import CLIError, check_model_dir, default_device, dtype_of, load_target, load_tokenizer
 
 
@@ -137,6 +138,7 @@ def _data_run(args: argparse.Namespace) -> int:
 
     check_model_dir("--target", args.target)
     check_records("--prompts", args.prompts, "prompts")
+    check_writable_file("--output", args.output)
     tokenizer = load_tokenizer(args.tokenizer, args.target)
     if not args.regenerate:
         if tokenizer is None:
@@ -336,6 +338,7 @@ def _train_run(args: argparse.Namespace) -> int:
         print(f"sglang-dspine train: {tc.output_dir} holds this run, finished: nothing to train (its drafter: "
               f"{final})", file=sys.stderr)
         return 0
+    check_writable_dir("--output-dir", tc.output_dir)
     tc.resume = state == "resume"
     with sigterm_as_keyboard_interrupt():
         try:
@@ -404,6 +407,8 @@ def _export_run(args: argparse.Namespace) -> int:
         raise CLIError(f"--checkpoint {e}") from None
     if os.path.isfile(os.path.join(args.output, "config.json")) and not args.force:
         raise CLIError(f"--output {args.output}: a checkpoint is already there (use --force to overwrite)")
+    dtype_of(args.dtype)  # a bad --dtype before anything loads
+    check_writable_dir("--output", args.output)
     if args.target:
         check_model_dir("--target", args.target)
     model = load_drafter(src)
@@ -497,6 +502,10 @@ def _tree_calibrate_run(args: argparse.Namespace) -> int:
     def dspine_only(src, cfg):
         if not cfg.is_dspine:
             raise CLIError(f"--drafter {src} is a {cfg.kind} drafter; trees over the lattice need a DSpine drafter")
+        if args.output:
+            check_writable_file("--output", args.output)
+        else:
+            check_writable_file("--drafter", os.path.join(src, FILE_NAME))
 
     if args.max_new_tokens < 1 or args.stride < 1:
         raise CLIError(f"--max-new-tokens and --stride must be >= 1 (found {args.max_new_tokens}, {args.stride})")
@@ -557,18 +566,26 @@ def _eval_run(args: argparse.Namespace) -> int:
             raise CLIError(f"--decoding argmax: drafter {src} is a DFlash drafter, which always drafts the argmax "
                            "(the walk-off ablation is for DSpine drafters)")
 
-    src, target, drafter, eos, prompts = _pair_and_prompts(args, args.as_dspine, refuse_argmax)
+    def checks(src, cfg):
+        refuse_argmax(src, cfg)
+        if args.output:
+            check_writable_file("--output", args.output)
+
+    src, target, drafter, eos, prompts = _pair_and_prompts(args, args.as_dspine, checks)
     check = args.check_greedy and args.temperature == 0
     ref = HFGenerator(target, eos, args.max_new_tokens) if check else None
     res = evaluate(target, drafter, prompts, args.max_new_tokens, args.temperature, eos, args.decoding, args.seed,
                    reference=ref)
     out: dict[str, Any] = {**res, "drafter": src, "target": args.target}
     text = json.dumps(out, indent=2)
+    print(text, flush=True)  # first: a file that fails to write below must not lose the result
     if args.output:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-    print(text)
+        try:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError as e:
+            raise CLIError(f"--output {args.output}: cannot write ({e.strerror or e}); the result is on standard "
+                           "output") from None
     return 0 if not check or out["all_match_target"] else 1
 
 

@@ -123,3 +123,36 @@ def test_a_finished_run_is_refused_unless_resume_or_overwrite(ws, tmp_path):
     assert cfg["lr"] == 0.001 and cfg["total_steps"] == 1  # what trained the weights beside it
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-1"]
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+# ------------------------------------------------------------------------------------------------ 3. outputs
+def test_unwritable_outputs_are_refused_before_a_model_loads(ws, tmp_path):
+    """An output under a file: one line naming the flag and the file in the way, for every subcommand, before
+    anything loads (each command here would load a model first and fail later otherwise)."""
+    bad = ws / "a_file" / "out"
+    p = ws / "prompts.jsonl"
+    cases = {
+        "data": (["data", "--target", TARGET, "--prompts", p, "--output", bad / "d.jsonl", "--backend", "hf"],
+                 "--output"),
+        "train": (train_args(ws, bad, "--max-steps", "1"), "--output-dir"),
+        "export": (["export", "--checkpoint", DSPINE, "--output", bad], "--output"),
+        "eval": (["eval", "--target", TARGET, "--drafter", DSPINE, "--prompts", p, "--output", bad / "e.json"],
+                 "--output"),
+        "tree-calibrate": (["tree-calibrate", "--target", TARGET, "--drafter", DSPINE, "--prompts", p, "--output",
+                            bad / "t.json"], "--output"),
+    }
+    for command, (args, flag) in cases.items():
+        out = cli(*args, cwd=tmp_path)
+        refused(out, f"sglang-dspine {command}: error: {flag} ", f"cannot write there ({ws / 'a_file'} is a file, "
+                "not a folder)")
+
+
+def test_eval_prints_its_result_when_its_file_cannot_be_written(tmp_path):
+    """/dev/full opens, then every write fails (ENOSPC), even for root: the JSON still reaches stdout."""
+    out = cli("eval", "--target", TARGET, "--drafter", DSPINE, "--prompts",
+              os.path.join(PAIR, "suites", "math.heldout.jsonl"), "--limit", "1", "--max-new-tokens", "4",
+              "--output", "/dev/full", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines()[-1] == ("sglang-dspine eval: error: --output /dev/full: cannot write (No "
+                                                   "space left on device); the result is on standard output")
+    assert json.loads(out.stdout)["prompts"] == 1

@@ -1,0 +1,47 @@
+"""Where the offline commands write: checked writable before any model loads (a target takes minutes to load and
+the work longer; an unwritable output found at the end loses both)."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+from .target_loading import CLIError
+
+
+def _why(path: str, e: OSError) -> str:
+    """What stops writing at `path`: an ancestor that is a file (the errno alone says "File exists" or "Not a
+    directory", naming neither), else the system's reason."""
+    p = os.path.dirname(os.path.abspath(path))
+    while p and not os.path.exists(p):
+        p = os.path.dirname(p)
+    if p and not os.path.isdir(p):
+        return f"{p} is a file, not a folder"
+    return e.strerror or str(e)
+
+
+def check_writable_dir(flag: str, path: str) -> None:
+    """`path` is (or can be made) a folder a file can be written into; made if absent."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CLIError(f"{flag} {path}: a file; expected a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):  # os.access says yes to root even on a read-only mount
+            pass
+    except OSError as e:
+        raise CLIError(f"{flag} {path}: cannot write there ({_why(os.path.join(path, 'x'), e)})") from None
+
+
+def check_writable_file(flag: str, path: str) -> None:
+    """`path` can be written (its folder is made if absent; a file this check creates is removed again)."""
+    if os.path.isdir(path):
+        raise CLIError(f"{flag} {path}: a folder; expected a file path")
+    existed = os.path.exists(path)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise CLIError(f"{flag} {path}: cannot write there ({_why(path, e)})") from None
+    if not existed:
+        os.remove(path)
+
