@@ -85,7 +85,10 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=_path, required=True,
                    help="JSONL with `prompt`, `messages`/`conversations` or `prompt_ids` per line, or a datasets "
                         "dataset")
-    p.add_argument("--output", type=_path, required=True, help="output JSONL of token ids (appended; reruns resume)")
+    p.add_argument("--output", type=_path, required=True,
+                   help="output JSONL of token ids, its settings recorded beside it (OUTPUT.settings.json): a rerun "
+                        "with the same prompts file and settings resumes it, another one is refused naming what "
+                        "differs")
     p.add_argument("--no-regenerate", dest="regenerate", action="store_false",
                    help="conversations that already hold the target's answers (SpecForge's `conversations` JSONL): "
                         "tokenise them with the chat template, loss on every assistant turn; the target does not run")
@@ -94,7 +97,9 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     _add_prompt_args(p)
     p.add_argument("--backend", choices=["auto", "sglang", "hf"], default="auto",
                    help="auto: SGLang's offline engine on a GPU, transformers generation on CPU")
-    p.add_argument("--max-new-tokens", type=int, default=2048)
+    p.add_argument("--max-new-tokens", type=int, default=2048,
+                   help="response tokens at most; a prompt with no room for them in the target's context "
+                        "(max_position_embeddings) is skipped, and the skipped ones counted")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the reference regenerates greedily)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-prompt-len", type=int, help="skip prompts longer than this many tokens (default: no limit)")
@@ -130,15 +135,55 @@ def check_records(flag: str, path: str, what: str) -> None:
         raise CLIError(f"{flag} {path}: empty (no {what} in it)")
 
 
+def target_context(target: str) -> int | None:
+    """The target's context (max_position_embeddings) from its config.json, read without loading it (None for a
+    hub id or a config without one)."""
+    from .drafter.config import read_json
+
+    path = os.path.join(target, "config.json")
+    if not os.path.isfile(path):
+        return None
+    cfg = read_json(path)
+    cfg = cfg.get("text_config") or cfg
+    n = cfg.get("max_position_embeddings")
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def _data_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What shapes a `data` output's records, by flag (training/data_settings.py records and compares them)."""
+    from .training.data_settings import PROMPTS_DIGEST, digest
+
+    skip = {"command", "output", "no_progress", "_run"}
+    out: dict[str, Any] = {f"--{k.replace('_', '-')}": v for k, v in vars(args).items() if k not in skip}
+    out["--no-regenerate"] = not out.pop("--regenerate")
+    out[PROMPTS_DIGEST] = digest(args.prompts)
+    return out
+
+
 def _data_run(args: argparse.Namespace) -> int:
+    from .training.data_settings import check_and_record, settings_path
+
+    check_model_dir("--target", args.target)
+    check_records("--prompts", args.prompts, "prompts")
+    check_writable_file("--output", args.output)
+    context = target_context(args.target) if args.regenerate else None
+    if context is not None and args.max_new_tokens >= context:
+        raise CLIError(f"--max-new-tokens {args.max_new_tokens}: the target's context is {context} tokens, prompt "
+                       "included")
+    check_and_record(args.output, _data_settings(args))
+    try:
+        return _data_write(args, context)
+    finally:
+        if not os.path.exists(args.output) and os.path.exists(settings_path(args.output)):
+            os.remove(settings_path(args.output))  # failed before its first record: no settings of no output
+
+
+def _data_write(args: argparse.Namespace, context: int | None) -> int:
     import torch
 
     from .training.chat import ChatFormat, resolve_template
     from .training.data import HFGenerator, SGLangGenerator, eos_ids_of, regenerate, tokenize_conversations
 
-    check_model_dir("--target", args.target)
-    check_records("--prompts", args.prompts, "prompts")
-    check_writable_file("--output", args.output)
     tokenizer = load_tokenizer(args.tokenizer, args.target)
     if not args.regenerate:
         if tokenizer is None:
@@ -181,9 +226,13 @@ def _data_run(args: argparse.Namespace) -> int:
                            system_prompt=args.system_prompt, split=args.split, limit=args.limit,
                            chat_template=args.chat_template,
                            max_prompt_len=args.max_prompt_len, batch_size=args.batch_size,
-                           progress=not args.no_progress, max_seconds=args.max_seconds)
+                           progress=not args.no_progress, max_seconds=args.max_seconds, context_len=context,
+                           max_new_tokens=args.max_new_tokens)
     finally:
         gen.close()
+    if stats.get("skipped_over_context"):
+        print(f"sglang-dspine data: {stats['skipped_over_context']} prompts skipped: prompt + --max-new-tokens "
+              f"({args.max_new_tokens}) over the target's context of {context} tokens", file=sys.stderr)
     print(json.dumps({"output": args.output, "backend": backend, **stats}))
     return 0
 

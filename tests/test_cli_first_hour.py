@@ -156,3 +156,41 @@ def test_eval_prints_its_result_when_its_file_cannot_be_written(tmp_path):
     assert out.stderr.strip().splitlines()[-1] == ("sglang-dspine eval: error: --output /dev/full: cannot write (No "
                                                    "space left on device); the result is on standard output")
     assert json.loads(out.stdout)["prompts"] == 1
+
+
+# ------------------------------------------------------------------------------------- 4. data into its output
+def test_data_resumes_its_output_only_with_the_same_settings(ws, tmp_path):
+    out_file = tmp_path / "d.jsonl"
+    base = ["data", "--target", TARGET, "--output", out_file, "--backend", "hf", "--no-progress"]
+    out = cli(*base, "--prompts", ws / "prompts.jsonl", "--max-new-tokens", "8", "--limit", "1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((tmp_path / "d.jsonl.settings.json").read_text())["--max-new-tokens"] == 8
+    refused(cli(*base, "--prompts", ws / "prompts.jsonl", "--max-new-tokens", "6", cwd=tmp_path),
+            f"--output {out_file}: made with other settings: --max-new-tokens 6 (the output's: 8)")
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"prompt_ids": [11, 12]}) + "\n")
+    refused(cli(*base, "--prompts", other, "--max-new-tokens", "8", cwd=tmp_path),
+            f"--prompts: another file ({other}; the output's: {ws / 'prompts.jsonl'})")
+    # the same file under another name, the same settings, no --limit: resumed (one written before, one now)
+    same = tmp_path / "same.jsonl"
+    shutil.copy(ws / "prompts.jsonl", same)
+    out = cli(*base, "--prompts", same, "--max-new-tokens", "8", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["already_done"] == 1
+    assert len(out_file.read_text().splitlines()) == 2
+
+
+def test_data_skips_prompts_over_the_targets_context_and_says_how_many(tmp_path):
+    """The built-in target's context is 4,096 tokens: a prompt without room for the response is skipped and
+    counted; a --max-new-tokens over the context is refused before the target loads."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt_ids": [5] * 4090}) + "\n" + json.dumps({"prompt_ids": [6, 7]}) + "\n")
+    base = ["data", "--target", TARGET, "--prompts", prompts, "--backend", "hf", "--no-progress"]
+    out = cli(*base, "--output", tmp_path / "d.jsonl", "--max-new-tokens", "8", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert ("sglang-dspine data: 1 prompts skipped: prompt + --max-new-tokens (8) over the target's context of 4096 "
+            "tokens") in out.stderr
+    stats = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stats["written"] == 1 and stats["skipped_over_context"] == 1
+    refused(cli(*base, "--output", tmp_path / "e.jsonl", "--max-new-tokens", "5000", cwd=tmp_path),
+            "--max-new-tokens 5000: the target's context is 4096 tokens")

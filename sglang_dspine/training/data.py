@@ -284,10 +284,13 @@ def appending(output: str):
 def regenerate(source: str, output: str, generator, tokenizer=None, *, enable_thinking: bool | None = None,
                system_prompt: str | None = None, split: str = "train", limit: int | None = None,
                max_prompt_len: int | None = None, batch_size: int = 64, progress: bool = True,
-               max_seconds: float | None = None, chat_template: str | None = None) -> dict[str, int]:
+               max_seconds: float | None = None, chat_template: str | None = None,
+               context_len: int | None = None, max_new_tokens: int = 0) -> dict[str, int]:
     """Regenerate the responses of `source`'s prompts with `generator` into the JSONL `output` (resumable).
 
-    max_seconds: start no new batch after this many seconds (a rerun continues where this one stopped)."""
+    max_seconds: start no new batch after this many seconds (a rerun continues where this one stopped).
+    context_len: the target's context; a prompt with no room in it for `max_new_tokens` more is skipped and
+    counted (`skipped_over_context`): past its context a target writes noise, which a drafter would learn."""
     import time
 
     from tqdm import tqdm
@@ -327,6 +330,10 @@ def regenerate(source: str, output: str, generator, tokenizer=None, *, enable_th
                              chat_template=chat_template)
             if max_prompt_len is not None and len(ids) > max_prompt_len:
                 stats["skipped_long"] += 1
+                bar.update(1)
+                continue
+            if context_len is not None and len(ids) + max_new_tokens > context_len:
+                stats["skipped_over_context"] = stats.get("skipped_over_context", 0) + 1  # present when any
                 bar.update(1)
                 continue
             pending.append((rid, ids))
