@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -56,9 +57,36 @@ def _thinking(v: str) -> bool | None:
 
 def _int_list(v: str) -> list[int]:
     try:
-        return [int(x) for x in v.replace(" ", "").split(",") if x]
+        ids = [int(x) for x in v.replace(" ", "").split(",") if x]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, found {v!r}") from None
+    if any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"expected token ids >= 0, found {v!r}")
+    return ids
+
+
+def _bounded(kind: type, want: str, ok: Callable[[Any], bool]) -> Callable[[str], Any]:
+    """An argparse type: a number of `kind` for which `ok` holds (finite, for floats); argparse names the flag
+    in its one-line error."""
+    def parse(v: str):
+        try:
+            x = kind(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"found {v!r}") from None
+        if not (math.isfinite(x) and ok(x)):
+            raise argparse.ArgumentTypeError(f"expected {want}, found {v}")
+        return x
+
+    parse.__name__ = kind.__name__  # argparse's "invalid int value" wording for anything else
+    return parse
+
+
+_COUNT = _bounded(int, ">= 1", lambda x: x >= 1)
+_SEED = _bounded(int, ">= 0", lambda x: x >= 0)
+_NON_NEGATIVE = _bounded(float, ">= 0", lambda x: x >= 0)
+_TOP_P = _bounded(float, "in (0, 1]", lambda x: 0 < x <= 1)
+_FRACTION = _bounded(float, "in (0, 1)", lambda x: 0 < x < 1)
 
 
 def _add_chat_args(p: argparse.ArgumentParser) -> None:
@@ -75,7 +103,7 @@ def _add_prompt_args(p: argparse.ArgumentParser) -> None:
     _add_chat_args(p)
     p.add_argument("--system-prompt", help="a system message put in front of every chat")
     p.add_argument("--split", default="train", help="split of a datasets dataset (default: train)")
-    p.add_argument("--limit", type=int, help="use only the first N prompts (default: all)")
+    p.add_argument("--limit", type=_COUNT, help="use only the first N prompts (default: all)")
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -97,25 +125,27 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     _add_prompt_args(p)
     p.add_argument("--backend", choices=["auto", "sglang", "hf"], default="auto",
                    help="auto: SGLang's offline engine on a GPU, transformers generation on CPU")
-    p.add_argument("--max-new-tokens", type=int, default=2048,
+    p.add_argument("--max-new-tokens", type=_COUNT, default=2048,
                    help="response tokens at most; a prompt with no room for them in the target's context "
                         "(max_position_embeddings) is skipped, and the skipped ones counted")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the reference regenerates greedily)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-prompt-len", type=int, help="skip prompts longer than this many tokens (default: no limit)")
-    p.add_argument("--batch-size", type=int, default=256, help="prompts per engine call (written after each)")
+    p.add_argument("--temperature", type=_NON_NEGATIVE, default=0.0,
+                   help="0 = greedy (the reference regenerates greedily)")
+    p.add_argument("--top-p", type=_TOP_P, default=1.0)
+    p.add_argument("--max-prompt-len", type=_COUNT,
+                   help="skip prompts longer than this many tokens (default: no limit)")
+    p.add_argument("--batch-size", type=_COUNT, default=256, help="prompts per engine call (written after each)")
     p.add_argument("--eos-token-id", type=_int_list, default=[], help="extra end tokens, comma-separated")
-    p.add_argument("--tp-size", type=int, default=1, help="SGLang tensor parallel size")
-    p.add_argument("--dp-size", type=int, default=1, help="SGLang data parallel size")
-    p.add_argument("--mem-fraction-static", type=float, help="SGLang static memory fraction (default: SGLang's)")
+    p.add_argument("--tp-size", type=_COUNT, default=1, help="SGLang tensor parallel size")
+    p.add_argument("--dp-size", type=_COUNT, default=1, help="SGLang data parallel size")
+    p.add_argument("--mem-fraction-static", type=_FRACTION, help="SGLang static memory fraction (default: SGLang's)")
     p.add_argument("--dtype", help="target dtype (default: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--device", help="device for the transformers backend (default: cuda if present)")
-    p.add_argument("--max-seconds", type=float,
+    p.add_argument("--max-seconds", type=_NON_NEGATIVE,
                    help="start no new batch after this many seconds (a rerun resumes where it stopped; default: no "
                         "limit)")
-    p.add_argument("--hf-batch-size", type=int, default=1,
+    p.add_argument("--hf-batch-size", type=_COUNT, default=1,
                    help="transformers backend: prompts generated at once, left-padded (1: one at a time, exact)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_SEED, default=0)
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -529,9 +559,9 @@ def _tree_calibrate_args(p: argparse.ArgumentParser) -> None:
                    help="JSONL with `prompt`/`messages`/`prompt_ids` (or regenerated data: input_ids + prompt_len); "
                         "prompts like the ones served, not those you evaluate on")
     _add_prompt_args(p)
-    p.add_argument("--max-new-tokens", type=int, default=64,
+    p.add_argument("--max-new-tokens", type=_COUNT, default=64,
                    help="tokens of the target's greedy continuation per prompt, read teacher-forced")
-    p.add_argument("--stride", type=int, default=4, help="draft a block at every STRIDE-th position of them")
+    p.add_argument("--stride", type=_COUNT, default=4, help="draft a block at every STRIDE-th position of them")
     p.add_argument("--eos-token-id", type=_int_list, default=[], help="extra end tokens, comma-separated")
     p.add_argument("--dtype", help="target and drafter dtype (default: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--device", help="default: cuda if present, else cpu")
@@ -556,8 +586,6 @@ def _tree_calibrate_run(args: argparse.Namespace) -> int:
         else:
             check_writable_file("--drafter", os.path.join(src, FILE_NAME))
 
-    if args.max_new_tokens < 1 or args.stride < 1:
-        raise CLIError(f"--max-new-tokens and --stride must be >= 1 (found {args.max_new_tokens}, {args.stride})")
     src, target, drafter, eos, prompts = _pair_and_prompts(args, check=dspine_only)
     from tqdm import tqdm
 
@@ -595,14 +623,14 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decoding", choices=("walk", "argmax"), default="walk",
                    help="how a DSpine drafter picks its block: its transition-table walk (what it serves), or "
                         "the backbone's argmax at every position (an ablation of the walk; DFlash always argmax)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=_COUNT, default=256)
+    p.add_argument("--temperature", type=_NON_NEGATIVE, default=0.0)
     p.add_argument("--eos-token-id", type=_int_list, default=[], help="extra end tokens, comma-separated")
     p.add_argument("--check-greedy", action="store_true",
                    help="at temperature 0, also generate with the target alone and report exact matches")
     p.add_argument("--dtype", help="target and drafter dtype (default: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--device", help="default: cuda if present, else cpu")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_SEED, default=0)
     p.add_argument("--output", type=_path, help="write the JSON result here (always printed too)")
 
 

@@ -194,3 +194,53 @@ def test_data_skips_prompts_over_the_targets_context_and_says_how_many(tmp_path)
     assert stats["written"] == 1 and stats["skipped_over_context"] == 1
     refused(cli(*base, "--output", tmp_path / "e.jsonl", "--max-new-tokens", "5000", cwd=tmp_path),
             "--max-new-tokens 5000: the target's context is 4096 tokens")
+
+
+# --------------------------------------------------------------------------- 5. bad values, drafter configs
+@pytest.mark.parametrize("command,flag,value,want", [
+    ("data", "--max-new-tokens", "0", "expected >= 1, found 0"),
+    ("data", "--batch-size", "0", "expected >= 1, found 0"),
+    ("data", "--top-p", "0", "expected in (0, 1], found 0"),
+    ("data", "--temperature", "nan", "expected >= 0, found nan"),
+    ("data", "--eos-token-id", "2,-1", "expected token ids >= 0"),
+    ("eval", "--max-new-tokens", "-1", "expected >= 1, found -1"),
+    ("eval", "--limit", "0", "expected >= 1, found 0"),
+    ("tree-calibrate", "--stride", "0", "expected >= 1, found 0"),
+    ("train", "--weight-decay", "-1", "--weight-decay -1.0: expected >= 0"),
+    ("train", "--adam-beta2", "1", "--adam-beta2 1.0: expected in [0, 1)"),
+    ("train", "--lr", "inf", "--lr inf: expected a finite number"),
+    ("train", "--save-minutes", "-5", "--save-minutes -5.0: expected >= 0 (0: off)"),
+])
+def test_every_number_is_bounded_naming_its_flag(ws, tmp_path, capsys, command, flag, value, want):
+    from sglang_dspine.cli import main
+
+    p = ws / "prompts.jsonl"
+    argv = {"data": ["data", "--target", TARGET, "--prompts", p, "--output", tmp_path / "d.jsonl"],
+            "eval": ["eval", "--target", TARGET, "--drafter", DSPINE, "--prompts", p],
+            "tree-calibrate": ["tree-calibrate", "--target", TARGET, "--drafter", DSPINE, "--prompts", p],
+            "train": train_args(ws, tmp_path / "run")}[command]
+    try:
+        rc = main([str(a) for a in argv] + [flag, value])
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and flag in lines[0] and want in lines[0], err
+    assert not (tmp_path / "d.jsonl").exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("field,want", [
+    ("transfer_rank", "config.json: missing required field `dspine_config.transfer_rank`"),
+    ("target_layer_ids", "config.json: missing field `dflash_config.target_layer_ids`, and DFlash's default for it "
+                         "(spread over layers 1 to num_target_layers - 3) does not fit 2 drafter layers on 4 "
+                         "target layers"),
+])
+def test_a_drafter_config_without_a_field_names_it(ws, tmp_path, field, want):
+    d = tmp_path / "dspine"
+    shutil.copytree(DSPINE, d)
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["dspine_config" if field == "transfer_rank" else "dflash_config"][field]
+    (d / "config.json").write_text(json.dumps(cfg))
+    out = cli("eval", "--target", TARGET, "--drafter", d, "--prompts", ws / "prompts.jsonl", cwd=tmp_path)
+    line = refused(out, f"sglang-dspine eval: error: drafter {d}: {want}")
+    assert "found 1024" not in line

@@ -60,6 +60,11 @@ class DSpineSettings:
         unknown = sorted(set(d) - known)
         if unknown:
             raise DrafterConfigError(f"config.json dspine_config: unknown fields {unknown}")
+        # The weights' shapes follow these two: a default filled in would be refused later as a value "found"
+        # that is in no file (the other settings have the reference's defaults).
+        for name in ("transfer_rank", "message_size"):
+            if d.get(name) is None:
+                raise DrafterConfigError(f"config.json: missing required field `dspine_config.{name}`")
         out = cls(**d)
         out.validate()
         return out
@@ -162,7 +167,14 @@ class DrafterConfig:
         if dflash.get("target_layer_ids") is not None:
             target_layer_ids = [int(x) for x in dflash["target_layer_ids"]]
         else:  # DFlash's documented default when the field is absent
-            target_layer_ids = default_target_layer_ids(int(need("num_target_layers")), int(need("num_hidden_layers")))
+            n_target, n_layers = int(need("num_target_layers")), int(need("num_hidden_layers"))
+            try:
+                target_layer_ids = default_target_layer_ids(n_target, n_layers)
+            except DrafterConfigError:
+                raise DrafterConfigError(
+                    f"config.json: missing field `dflash_config.target_layer_ids`, and DFlash's default for it "
+                    f"(spread over layers 1 to num_target_layers - 3) does not fit {n_layers} drafter layers on "
+                    f"{n_target} target layers; write the ids the drafter was trained with") from None
         # DSpine is causal inside the block; DFlash checkpoints are bidirectional (docs/algorithm.md).
         is_causal = bool(d.get("is_causal", kind == "dspine"))
         cfg = cls(

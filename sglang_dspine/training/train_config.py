@@ -1,6 +1,7 @@
 """The trainer's settings (`sglang-dspine train`'s flags, one field each; errors name the flag)."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -96,6 +97,9 @@ class TrainConfig:
 
         if self.kind not in ("dspine", "dflash"):
             bad("kind", "'dspine' or 'dflash'")
+        for name, value in [*((f.name, getattr(self, f.name)) for f in fields(self)), *self.dspine.items()]:
+            if isinstance(value, float) and not math.isfinite(value):  # NaN and inf pass the bounds below
+                raise ValueError(f"{flag(name)} {value}: expected a finite number")
         if self.recipe is not None and self.recipe not in RECIPES:
             bad("recipe", " or ".join(repr(r) for r in RECIPES))
         for name in ("num_anchors", "batch_size", "grad_accum", "max_length", "log_every"):
@@ -105,8 +109,11 @@ class TrainConfig:
             bad("num_draft_layers", ">= 1")
         if self.block_size < 2:
             bad("block_size", ">= 2")
-        if self.lr <= 0:
+        if not self.lr > 0:  # NaN too
             bad("lr", "> 0")
+        for name, ok, want in BOUNDS:
+            if getattr(self, name) is not None and not ok(getattr(self, name)):
+                bad(name, want)
         if not 0 <= self.warmup_ratio < 1:
             bad("warmup_ratio", "in [0, 1)")
         if not 0 <= self.dflash_ce_weight <= 1:
@@ -122,7 +129,7 @@ class TrainConfig:
             raise ValueError("--freeze-backbone: a DFlash drafter has nothing but a backbone to train")
         if self.max_steps is not None and self.max_steps < 1:
             bad("max_steps", ">= 1 (leave it out to train --epochs)")
-        if self.max_steps is None and self.epochs <= 0:
+        if self.max_steps is None and not self.epochs > 0:
             bad("epochs", "> 0 (or give --max-steps)")
         if self.target_layer_ids is not None and (not self.target_layer_ids or min(self.target_layer_ids) < 0):
             bad("target_layer_ids", "a non-empty list of layer indices >= 0", ",".join(map(str, self.target_layer_ids)))
@@ -159,6 +166,24 @@ def flag(name: str) -> str:
     """The command-line flag of a TrainConfig field or DSpine setting."""
     return "--" + name.replace("_", "-")
 
+
+# Bounds of the numeric settings validate() does not check on their own above (a value outside would train
+# something else than asked, or fail later with a traceback).
+BOUNDS = [
+    ("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("weight_decay", lambda v: v >= 0, ">= 0"),
+    ("adam_beta1", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("adam_beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("max_grad_norm", lambda v: v >= 0, ">= 0 (0: no clipping)"),
+    ("init_std", lambda v: v > 0, "> 0"),
+    ("gamma", lambda v: v > 0, "> 0"),
+    ("objective_chunk_blocks", lambda v: v >= 0, ">= 0 (0: one chunk)"),
+    ("coverage_k", lambda v: v >= 1, ">= 1"),
+    ("seed", lambda v: v >= 0, ">= 0"),
+    ("save_every", lambda v: v >= 0, ">= 0 (0: by --save-minutes only)"),
+    ("save_minutes", lambda v: v >= 0, ">= 0 (0: off)"),
+    ("keep_checkpoints", lambda v: v >= 0, ">= 0 (0: keep all)"),
+]
 
 # Target-independent bounds of the DSpine settings (the target bounds transfer_rank and top_k as well:
 # drafter_setup.check_fits_target).
