@@ -35,7 +35,8 @@ if [ ! -f "$lock" ]; then
   echo "test.sh: $lock not found; make it with: bash scripts/lock.sh $version" >&2
   exit 2
 fi
-# --no-cache-dir: a venv of several GB, no second copy in a cache. PIP_CONSTRAINT pins pip's isolated build
+# --no-cache-dir: a venv of several GB, no second copy in a cache. No -q: the first install takes minutes, and
+# pip's progress shows it is not stuck. PIP_CONSTRAINT pins pip's isolated build
 # environment (setuptools), which does not see -c or -r. Installed once, again only when the lock, setup.py or
 # this script change (scripts/env.sh).
 key="$(env_key "$lock" "locks/sglang-$version.imports" setup.py scripts/test.sh)"
@@ -43,13 +44,13 @@ if ! env_current "$VENV" "$key"; then
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   echo "test.sh: installing SGLang $version and this package into $VENV at $lock's versions (first time: several minutes)" >&2
   if [ -f "locks/sglang-$version.imports" ]; then
-    PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+    PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install --disable-pip-version-check --no-cache-dir \
       --no-deps -r "$lock"
-    PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+    PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install --disable-pip-version-check --no-cache-dir \
       --no-deps -e .
   else
     # -c pins what this install resolves.
-    PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+    PIP_CONSTRAINT="$lock" "$VENV/bin/python" -m pip install --disable-pip-version-check --no-cache-dir \
       -c "$lock" -e ".[test,lab]"
   fi
   env_mark "$VENV" "$key"

@@ -244,3 +244,47 @@ def test_a_drafter_config_without_a_field_names_it(ws, tmp_path, field, want):
     out = cli("eval", "--target", TARGET, "--drafter", d, "--prompts", ws / "prompts.jsonl", cwd=tmp_path)
     line = refused(out, f"sglang-dspine eval: error: drafter {d}: {want}")
     assert "found 1024" not in line
+
+
+# --------------------------------------------------------------------------------------------- 6. install
+def test_plot_help_works_without_matplotlib_and_a_plot_names_the_extra(tmp_path):
+    """matplotlib made unimportable (as where the `lab` extra is not installed)."""
+    plot = os.path.join(REPO, "benchmarks", "lab", "plot.py")
+
+    def run(*args):
+        code = ("import runpy, sys; sys.modules['matplotlib'] = None; sys.argv = sys.argv[1:]; "
+                "runpy.run_path(sys.argv[0], run_name='__main__')")
+        return subprocess.run([sys.executable, "-c", code, plot, *map(str, args)], capture_output=True, text=True,
+                              timeout=60, cwd=tmp_path)
+
+    out = run("--help")
+    assert out.returncode == 0 and "usage: plot.py" in out.stdout and "acceptance per block position" in out.stdout
+    results = tmp_path / "r.json"
+    results.write_text(json.dumps({"eval": {}}))
+    out = run(results)
+    assert out.returncode == 1 and out.stderr.strip() == (
+        "plot.py: drawing needs matplotlib, which is not installed: pip install '.[lab]' from the repository (or pip "
+        "install matplotlib)")
+
+
+def test_install_shows_progress_and_leaves_no_tracked_artefacts(tmp_path):
+    """test.sh's first install runs pip without -q (its progress shows); `pip install .`'s build/ and egg-info
+    are ignored by git; the README says which command makes which virtualenv."""
+    log = tmp_path / "calls.txt"
+    py = tmp_path / "venv" / "bin" / "python"  # records its arguments instead of installing
+    py.parent.mkdir(parents=True)
+    py.write_text(f'#!/usr/bin/env bash\necho "$@" >> {log}\n')
+    py.chmod(0o755)
+    out = subprocess.run(["bash", os.path.join(REPO, "scripts", "test.sh"), "tests/test_lint.py"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "VENV": str(py.parent.parent)})
+    assert out.returncode == 0, out.stderr
+    installs = [line.split() for line in log.read_text().splitlines() if line.startswith("-m pip install")]
+    assert installs and all("-q" not in a and "--quiet" not in a for a in installs)
+    ignored = subprocess.run(["git", "check-ignore", "build/lib/x.py", "sglang_dspine.egg-info/PKG-INFO"], cwd=REPO,
+                             capture_output=True, text=True)
+    assert ignored.stdout.split() == ["build/lib/x.py", "sglang_dspine.egg-info/PKG-INFO"]
+    readme = " ".join(open(os.path.join(REPO, "README.md"), encoding="utf-8").read().split())
+    for said in ("python3 -m venv .venv && source .venv/bin/activate", "`bash scripts/serve.sh` makes `.venv`",
+                 "`bash scripts/test.sh --sglang 0.5.23` makes `.venv-0.5.23`", "TensorBoard with the `train` extra",
+                 "(matplotlib: the `lab` extra)"):
+        assert said in readme, said

@@ -10,13 +10,23 @@ import json
 import os
 import sys
 
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+def _pyplot():
+    """matplotlib's pyplot, imported only to draw: --help and argument errors work without it (it comes with the
+    `lab` extra, not with the package itself)."""
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("plot.py: drawing needs matplotlib, which is not installed: pip install '.[lab]' from the "
+                 "repository (or pip install matplotlib)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot(path: str) -> str:
+    plt = _pyplot()
     res = json.load(open(path))
     temps = sorted(res["eval"])
     suites = sorted({suite for t in temps for suite in res["eval"][t]})  # a cut-short run: some cells empty
@@ -46,6 +56,7 @@ def plot(path: str) -> str:
 
 def plot_serving(path: str) -> str:
     """Output tokens/s (mean of the repeats, bars from min to max) and tau against concurrency, per server."""
+    plt = _pyplot()
     res = json.load(open(path))
     table = res["summary"]["per_server"]
     fig, (ax_t, ax_tau) = plt.subplots(1, 2, figsize=(11, 4))

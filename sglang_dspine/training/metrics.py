@@ -39,8 +39,9 @@ class MetricsSink:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                print("train: TensorBoard logging off: the `tensorboard` package is not installed "
-                      "(pip install tensorboard); metrics go to metrics.jsonl", file=sys.stderr)
+                print("train: TensorBoard logging off: the `tensorboard` package is not installed (pip install "
+                      "'.[train]' from the repository, or pip install tensorboard); metrics go to metrics.jsonl",
+                      file=sys.stderr)
             else:
                 self.tb = SummaryWriter(log_dir=os.path.join(output_dir, "tensorboard"))
         if wandb_project:
