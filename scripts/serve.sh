@@ -7,6 +7,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage="usage: bash scripts/serve.sh [TARGET_DIR DRAFTER_DIR] [sglang args]"
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # before the GPU check: the usage is readable anywhere
+  cat <<EOF
+$usage
+Serves TARGET_DIR with DSPINE speculative decoding from DRAFTER_DIR: an OpenAI-compatible API at /v1 on port
+30000 (PORT=N for another); with no folders, the built-in pair in models/default/ as the model "default". Other
+arguments go to python -m sglang.launch_server last, so they override this script's (--port, ...).
+Needs an NVIDIA GPU. First run: makes the virtualenv .venv (VENV=DIR for another) with this package and SGLang
+at the versions in locks/sglang-0.5.17.txt, ~9 GB; again only when the lock, setup.py or this script change.
+EOF
+  exit 0
+fi
 if [ $# -ge 1 ] && [ "${1#-}" = "$1" ]; then  # a first argument that is not a --flag: the pair
   if [ $# -lt 2 ] || [ "${2#-}" != "$2" ]; then
     echo "serve.sh: TARGET_DIR $1 given without a DRAFTER_DIR; $usage" >&2

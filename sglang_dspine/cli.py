@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any
 
-from .training.outputs import check_writable_dir, check_writable_file
+from .training.outputs import check_writable_dir, check_writable_file, readable_by_all
 from .training.target_loading import CLIError, check_model_dir, default_device, dtype_of, load_target, load_tokenizer
 
 
@@ -151,10 +151,19 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 
 def check_records(flag: str, path: str, what: str) -> None:
     """A local JSONL input read through once before any model loads (an 8B target takes minutes to load): a line
-    that is not a JSON object, or a file with no record, is refused naming the flag. Anything else (a datasets
-    name) is left to its loader."""
+    that is not a JSON object, or a file with no record, is refused naming the flag; so is a missing file, unless
+    the name can be a `datasets` one (left to its loader)."""
     from .training.jsonl import DataError, iter_jsonl
 
+    if not os.path.exists(path):
+        import importlib.util
+
+        # a hub dataset is `name` or `org/name`: no extension, no leading . or /, no local folder before the /
+        looks_local = (os.path.isabs(path) or path.startswith(".") or os.path.splitext(path)[1] != ""
+                       or ("/" in path and os.path.isdir(os.path.dirname(path))))
+        if looks_local or importlib.util.find_spec("datasets") is None:
+            raise CLIError(f"{flag} {path}: no such file")
+        return
     if not os.path.isfile(path):
         return
     try:
@@ -509,6 +518,7 @@ def _export_run(args: argparse.Namespace) -> int:
     if codes is not None:  # the codes stay float32: they are fixed data, not weights
         model.transfer_codes = codes
     save_drafter(model, args.output, layout=args.layout)  # records the weights' dtype in config.json
+    readable_by_all(args.output)
     print(json.dumps({"source": src, "output": args.output, "layout": args.layout,
                       "dtype": str(dt).removeprefix("torch."),
                       "kind": model.cfg.kind}))

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -288,3 +289,35 @@ def test_install_shows_progress_and_leaves_no_tracked_artefacts(tmp_path):
                  "`bash scripts/test.sh --sglang 0.5.23` makes `.venv-0.5.23`", "TensorBoard with the `train` extra",
                  "(matplotlib: the `lab` extra)"):
         assert said in readme, said
+
+
+# --------------------------------------------------------------------------------------------- 7. small things
+def test_serve_help_prints_usage_without_a_gpu(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/usr/bin/env bash\nexit 9\n")  # no GPU here, whatever the machine has
+    (fake / "nvidia-smi").chmod(0o755)
+    for flag in ("--help", "-h"):
+        out = subprocess.run(["bash", os.path.join(REPO, "scripts", "serve.sh"), flag], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+        assert out.returncode == 0 and out.stdout.startswith("usage: bash scripts/serve.sh") and not out.stderr
+
+
+def test_an_export_is_readable_by_all(tmp_path):
+    out = cli("export", "--checkpoint", DSPINE, "--output", tmp_path / "export", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / "export").iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}
+
+
+@pytest.mark.parametrize("command", ["data", "eval", "tree-calibrate"])
+def test_a_missing_prompts_file_is_reported_before_a_model_loads(tmp_path, command):
+    missing = tmp_path / "prompts.jsonl"
+    args = {"data": ["data", "--target", TARGET, "--output", tmp_path / "d.jsonl", "--backend", "hf"],
+            "eval": ["eval", "--target", TARGET, "--drafter", DSPINE],
+            "tree-calibrate": ["tree-calibrate", "--target", TARGET, "--drafter", DSPINE]}[command]
+    out = cli(*args, "--prompts", missing, cwd=tmp_path)
+    refused(out, f"sglang-dspine {command}: error: --prompts {missing}: no such file")
+    assert not (tmp_path / "d.jsonl").exists()

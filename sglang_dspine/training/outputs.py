@@ -1,8 +1,9 @@
 """Where the offline commands write: checked writable before any model loads (a target takes minutes to load and
-the work longer; an unwritable output found at the end loses both)."""
+the work longer; an unwritable output found at the end loses both), and exported files readable by others."""
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 
 from .target_loading import CLIError
@@ -45,3 +46,14 @@ def check_writable_file(flag: str, path: str) -> None:
     if not existed:
         os.remove(path)
 
+
+def readable_by_all(folder: str) -> None:
+    """The files in `folder` get the mode a new file gets under the umask (0644 under the usual 022): safetensors
+    writes its file through a private temporary file (0600), and a server or a colleague must read the export."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            os.chmod(path, (stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IWGRP | stat.S_IROTH | stat.S_IWOTH)
+                     & ~umask)

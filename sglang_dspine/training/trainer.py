@@ -35,6 +35,7 @@ from .drafter_setup import build_drafter, recipe_alignment_decay, recipe_line, t
 from .interrupt import Interrupted, stop_requests
 from .metrics import MetricsSink
 from .objective import DrafterObjective, LossAssembly, ObjectiveSwitches
+from .outputs import readable_by_all
 from .schedules import alignment_beta, default_gamma, lr_factor, replacement_probability
 from .target_loading import load_tokenizer
 from .teacher import TargetTeacher
@@ -408,6 +409,7 @@ class Trainer:
             final = os.path.join(tc.output_dir, "final")
             if self.rank == 0:
                 save_drafter(self.drafter, final)
+                readable_by_all(final)
             if self.world > 1:
                 barrier()
         return {"steps": self.step, "total_steps": total, "final": final, "checkpoint": ckpt, "last_metrics": last,
