@@ -75,6 +75,12 @@ from sglang_dspine.kernels import top_k as ktopk  # noqa: E402
 from sglang_dspine.kernels import transition as ktr  # noqa: E402
 from sglang_dspine.provenance import git_commit  # noqa: E402
 from sglang_dspine.serving.draft_step import DraftStep  # noqa: E402
+from sglang_dspine.source_files import as_package  # noqa: E402
+
+if not __package__:  # run as a file (python benchmarks/kernels.py) or loaded by its path: the package first
+    as_package(__file__)
+
+from benchmarks.geometry import DRAFTER, short  # noqa: E402
 
 torch.set_grad_enabled(False)
 
@@ -83,8 +89,11 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # per-position launch configurations of the transition tried by the sweep: (BLOCK_H, msg chunk, num_warps)
 POSITION_SWEEP = [(512, 512, 8), (256, 512, 8), (512, 512, 16), (1024, 512, 16)]
 
-QWEN3_8B = dict(hidden=4096, rank=1024, message=512, top_k=16, block=16, vocab=151936, layers=5, heads=32,
-                kv_heads=8, head_dim=128, inter=12288, target_layers=36, ctx=1024)
+_QWEN3_8B = short("qwen3-8b")  # the target; the drafter's layers, block and DSpine sizes: DRAFTER
+QWEN3_8B = dict(hidden=_QWEN3_8B["hidden"], rank=DRAFTER["transfer_rank"], message=DRAFTER["message_size"],
+                top_k=DRAFTER["top_k"], block=DRAFTER["block_size"], vocab=_QWEN3_8B["vocab"], layers=DRAFTER["layers"],
+                heads=_QWEN3_8B["heads"], kv_heads=_QWEN3_8B["kv_heads"], head_dim=_QWEN3_8B["head_dim"],
+                inter=_QWEN3_8B["intermediate"], target_layers=_QWEN3_8B["layers"], ctx=1024)
 TINY = dict(hidden=64, rank=32, message=16, top_k=4, block=5, vocab=300, layers=2, heads=4, kv_heads=2,
             head_dim=16, inter=128, target_layers=8, ctx=8)
 

@@ -367,3 +367,22 @@ def kernel_times(trace_dir: str) -> dict:
             count[name] += 1
     return {"trace": os.path.basename(path), "kernels": {k: {"us": round(v, 1), "calls": count[k]}
                                                           for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])}}
+
+
+# ------------------------------------------------------------------------------------------- checks
+# The largest top-2 gap that batch shape flipped on the built-in pair in bf16 (0.0625, two ulps of its logits),
+# rounded up: a greedy token that differs from another run's within this margin of the best is a near-tie.
+NEAR_TIE_MARGIN = 0.07
+
+
+def is_near_tie(m: dict, tol: float = NEAR_TIE_MARGIN) -> bool:
+    """Both tokens are among the server's top log-probs there, each within tol of the best (two-way: the top-2
+    and their gap; a three-way tie, seen on the H200 with a third token 0.03 below, counts too)."""
+    if m.get("margin") is None:
+        return False
+    if m.get("top"):
+        lp = {t: v for t, v in m["top"]}
+        best = max(lp.values())
+        return m["ref_token"] in lp and m["got_token"] in lp and \
+            best - min(lp[m["ref_token"]], lp[m["got_token"]]) <= tol
+    return {m["top1"][0], m["top2"][0]} == {m["ref_token"], m["got_token"]} and m["margin"] <= tol

@@ -48,10 +48,14 @@ import threading
 import time
 
 from sglang_dspine.provenance import provenance
-from sglang_dspine.source_files import OUTSIDE_REPO, load_file
+from sglang_dspine.source_files import OUTSIDE_REPO, as_package, load_package
 from sglang_dspine.training.jsonl import read_jsonl
 
-_servers = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers.py"))
+if not __package__:  # run as a file (python benchmarks/x.py) or loaded by its path: the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks import servers as _servers  # noqa: E402
+
 BASE_ARGS, Server, archive_logs, graph_use, spec_args = (
     _servers.BASE_ARGS, _servers.Server, _servers.archive_logs, _servers.graph_use, _servers.spec_args
 )
@@ -1128,14 +1132,9 @@ def _short(obj, n: int = 300) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
-def _pressure():
-    """benchmarks/serving_pressure.py (its near-tie rule), loaded when first asked: it loads this file itself."""
-    return load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "serving_pressure.py"))
-
-
 def greedy_vs_plain(res: dict, name: str) -> tuple[bool, str]:
     """The server's greedy /v1/completions tokens equal plain's on every prompt, or leave them at a near-tie:
-    serving_pressure's rule (is_near_tie, NEAR_TIE_MARGIN) on plain's top log-probs at the first differing
+    the harness' rule (servers.is_near_tie, NEAR_TIE_MARGIN) on plain's top log-probs at the first differing
     position (divergence_margins). A difference without a margin (one answer a prefix of the other, or margins
     that could not be measured) is not explained."""
     feats = res.get("features", {})
@@ -1145,7 +1144,6 @@ def greedy_vs_plain(res: dict, name: str) -> tuple[bool, str]:
         return False, f"no greedy tokens to compare: greedy_completions failed or did not run on {', '.join(which)}"
     if a["details"].get("ids") is None or b["details"].get("ids") is None:
         return False, "no greedy token ids recorded"
-    sp = _pressure()
     srv = res.get("servers", {}).get(name, {})
     margins = {m["prompt"]: m for m in srv.get("greedy_divergence_margins") or []}
     texts = {d["prompt"]: d for d in text_agreement(a["details"]["texts"], b["details"]["texts"])["differences"]}
@@ -1163,12 +1161,12 @@ def greedy_vs_plain(res: dict, name: str) -> tuple[bool, str]:
                    if j >= min(len(x or []), len(y or [])) else
                    f"no margin measured: {srv.get('greedy_divergence_margins_error') or 'no record'}")
             unexplained.append(f"{where}: {why}")
-        elif sp.is_near_tie({**m, "ref_token": m["plain_token"], "got_token": m["other_token"]}):
+        elif _servers.is_near_tie({**m, "ref_token": m["plain_token"], "got_token": m["other_token"]}):
             near.append(f"prompt {i} token {m['position']} (margin {m['margin']:.4f})")
         else:
             unexplained.append(f"{where}: token {m['position']} is {m['other_token']}, plain's {m['plain_token']}; "
                                f"plain's top log-probs there {m['top']} (margin {m['margin']:.4f}, near-tie "
-                               f"margin {sp.NEAR_TIE_MARGIN})")
+                               f"margin {_servers.NEAR_TIE_MARGIN})")
     same = len(pairs) - len(near) - len(unexplained)
     evidence = (f"{same}/{len(pairs)} identical, {len(near)} near-ties"
                 + (f" ({'; '.join(near)})" if near else "")
@@ -1354,12 +1352,12 @@ def stem_of(args) -> str:
 def load_in_processes(urls: dict[str, str], ctx: dict, seconds: float, clients: int, done=None) -> dict:
     """load_worker on every server of `urls` at the same time, one spawned client process each (the servers are
     independent processes); a client process that fails is recorded as that server's load error. `done(name,
-    record)` after each server's record. The client processes load this file first, under this module's name,
-    so that load_worker unpickles there when this file was itself loaded by path (the GPU tests) rather than run
-    as the main script."""
+    record)` after each server's record. The client processes import this folder as the package `benchmarks`
+    first, so that load_worker unpickles there (as benchmarks.serving_features) with the repository root off their
+    sys.path; run as the main script, it unpickles from the script, as spawn runs it again."""
     out = {}
-    with cf.ProcessPoolExecutor(len(urls), mp_context=mp.get_context("spawn"), initializer=load_file,
-                                initargs=(os.path.abspath(__file__), __name__)) as ex:
+    with cf.ProcessPoolExecutor(len(urls), mp_context=mp.get_context("spawn"), initializer=load_package,
+                                initargs=("benchmarks", os.path.dirname(os.path.abspath(__file__)))) as ex:
         futs = {n: ex.submit(load_worker, url, ctx, seconds, clients, i) for i, (n, url) in enumerate(urls.items())}
         for n, fut in futs.items():
             try:

@@ -69,11 +69,16 @@ import threading
 import time
 
 from sglang_dspine.provenance import provenance
-from sglang_dspine.source_files import load_file
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/x.py) or loaded by its path: the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks import servers as _servers  # noqa: E402
+from benchmarks import serving_features as sf  # noqa: E402
+from benchmarks.servers import NEAR_TIE_MARGIN, is_near_tie  # noqa: E402, F401 - the harness' near-tie rule
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sf = load_file(os.path.join(_HERE, "serving_features.py"))
-_servers = load_file(os.path.join(_HERE, "servers.py"))
 BASE_ARGS, Server, archive_logs, graph_use, spec_args = (
     _servers.BASE_ARGS, _servers.Server, _servers.archive_logs, _servers.graph_use, _servers.spec_args
 )
@@ -100,8 +105,6 @@ NEAR_PROMPTS, NEAR_NEW = 2, 48
 SHARED_CLIENTS, SHARED_PREFIX_TOKENS, SHARED_NEW = 32, 448, 48
 DISCONNECT_SECONDS, DISCONNECT_CLIENTS, DISCONNECT_TOKENS, DISCONNECT_CHUNKS = 20.0, 24, 1024, 3
 SOAK_CLIENTS, SOAK_BUCKET_S, SOAK_SAMPLE_S = 48, 60.0, 15.0
-# The largest top-2 gap that batch shape flipped on this pair in bf16 (0.0625, two ulps of its logits), rounded up.
-NEAR_TIE_MARGIN = 0.07
 # Relative accept-length difference allowed between a request set under pressure and the same set alone/cold:
 # the drafts see bf16 target features of another batch shape; a lost per-request state drops it toward 1.
 ACCEPT_TOL = 0.05
@@ -269,19 +272,6 @@ def tie_margins(api, prompts: list[list[int]], ref: list[list[int]], got: list[l
             m["ref_token"], m["got_token"] = ref[i][j], got[i][j]
         except Exception as e:  # noqa: BLE001 - an unexplained mismatch, with the reason
             m["margin_error"] = error_text(e)
-
-
-def is_near_tie(m: dict, tol: float = NEAR_TIE_MARGIN) -> bool:
-    """Both tokens are among the server's top log-probs there, each within tol of the best (two-way: the top-2
-    and their gap; a three-way tie, seen on the H200 with a third token 0.03 below, counts too)."""
-    if m.get("margin") is None:
-        return False
-    if m.get("top"):
-        lp = {t: v for t, v in m["top"]}
-        best = max(lp.values())
-        return m["ref_token"] in lp and m["got_token"] in lp and \
-            best - min(lp[m["ref_token"]], lp[m["got_token"]]) <= tol
-    return {m["top1"][0], m["top2"][0]} == {m["ref_token"], m["got_token"]} and m["margin"] <= tol
 
 
 def mismatch_counts(mismatches: list[dict], total: int) -> dict:
@@ -1018,7 +1008,9 @@ def server_args(name: str, models: str, geometry_dirs: dict | None = None) -> li
 
 
 def _scale():
-    return load_file(os.path.join(_HERE, "serving_scale.py"))
+    from benchmarks import serving_scale  # torch and the models' code: only where the geometry is asked for
+
+    return serving_scale
 
 
 def write_geometry_models(root: str, geometry: str, device: str) -> dict:

@@ -44,32 +44,18 @@ import time
 import torch
 
 from sglang_dspine.provenance import provenance
-from sglang_dspine.source_files import load_file
+from sglang_dspine.source_files import as_package
 
-_servers = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers.py"))
+if not __package__:  # run as a file (python benchmarks/x.py) or loaded by its path: the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks import servers as _servers  # noqa: E402
+from benchmarks.geometry import DFLASH2, DRAFTER, GEOMETRIES, TINY_DFLASH2, TINY_DRAFTER  # noqa: E402, F401
+
 Server, archive_logs, graph_use, kernel_times, spec_args = (
     _servers.Server, _servers.archive_logs, _servers.graph_use, _servers.kernel_times, _servers.spec_args
 )
 
-# Qwen3 configs as published (config.json fields); the drafter shape is SpecForge's qwen3-8b DSpine one.
-GEOMETRIES = {
-    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False,
-                     max_position_embeddings=40960),
-    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
-                     max_position_embeddings=40960),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, vocab_size=512, tie_word_embeddings=False,
-                 max_position_embeddings=4096),
-}
-DRAFTER = dict(layers=5, block_size=16, transfer_rank=1024, message_size=512, top_k=16, mask_token_id=151669)
-TINY_DRAFTER = dict(layers=2, block_size=4, transfer_rank=16, message_size=8, top_k=4, mask_token_id=511)
-# DFlash2 (SGLang >= 0.5.23, `DFlash2DraftModel` under --speculative-algorithm DFLASH): the DFlash backbone with a
-# two-tap in-block convolution around every sublayer and a rank-r pairwise selector over each position's top-K.
-# DFlash 2's published shape: 2 taps, 16 channels a convolution group, selector rank 256, top-K 16.
-DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=256, selector_top_k=16)
-TINY_DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
 # the servers this benchmark knows; dspine_treeN: SGLANG_DSPINE_TREE=1 verifying N rows a request (N = the block:
 # greedy requests verify their walk through the tree verify; N > B: trees of N - 1 nodes)
 TREE_SERVERS = {"dspine_tree16": 16, "dspine_tree32": 32, "dspine_tree64": 64}

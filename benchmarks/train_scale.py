@@ -44,11 +44,15 @@ import time
 import torch
 
 from sglang_dspine.provenance import changed_files, default_output
+from sglang_dspine.source_files import as_package
 from sglang_dspine.training.train_config import DEFAULT_RECIPE, RECIPES
 
-QWEN3_8B = dict(hidden=4096, layers=36, vocab=151936, heads=32, kv_heads=8, head_dim=128, intermediate=12288,
-                rope_theta=1_000_000.0)
-TOY = dict(hidden=64, layers=6, vocab=512, heads=4, kv_heads=2, head_dim=16, intermediate=128, rope_theta=10000.0)
+if not __package__:  # run as a file (python benchmarks/x.py) or loaded by its path: the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks.geometry import short  # noqa: E402
+
+QWEN3_8B, TOY = short("qwen3-8b"), short("tiny")
 
 
 def build_target(geom: dict, device: torch.device, dtype: torch.dtype, seed: int = 0):
@@ -128,11 +132,10 @@ def train_config(args, kind: str, data: str, out_dir: str, device: torch.device,
 
 def profile_kinds(args, kinds: list[str], target, data: str, device: torch.device) -> dict:
     """The --profile mode: each kind's profiled steps, and DSpine minus DFlash."""
-    from sglang_dspine.source_files import load_file
+    from benchmarks import train_profile as tp
     from sglang_dspine.training.jsonl import read_jsonl
     from sglang_dspine.training.trainer import train
 
-    tp = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_profile.py"))
     per_kind: dict[str, dict] = {}
     for kind in kinds:
         out_dir = os.path.join(args.work, f"{kind}_profile")

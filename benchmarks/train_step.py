@@ -34,6 +34,10 @@ import torch
 
 from sglang_dspine.cli import _int_list
 from sglang_dspine.provenance import default_output
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/x.py) or loaded by its path: the package `benchmarks` first
+    as_package(__file__)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REGIONS = ("train.data", "train.target", "train.blocks", "train.forward", "train.backward", "train.optimizer")
@@ -56,9 +60,7 @@ def random_target(lab_size: bool, vocab: int):
     layer ids)."""
     from transformers import Qwen3ForCausalLM
 
-    from sglang_dspine.source_files import load_file
-
-    lab_target = load_file(os.path.join(HERE, "lab", "target.py"), "dspine_lab_target")
+    from benchmarks.lab import target as lab_target
     dims = lab_target.DEFAULT if lab_size else {**lab_target.TINY, "layers": 6}
     torch.manual_seed(0)
     return Qwen3ForCausalLM(lab_target.make_config(dims, vocab)).eval()

@@ -4,8 +4,9 @@ The repository's top-level `kernels/` folder is installed as `sglang_dspine.kern
 root is on sys.path, it shadows the unrelated `kernels` package that transformers and SGLang import, and
 Python puts the current folder on sys.path for `python -c` and `python -m`. So:
 - processes start outside the repository root (`OUTSIDE_REPO`; shell scripts `cd /tmp` for the same reason);
-- a script's sibling files are loaded by path (`load_file`), never by putting a folder on sys.path (a
-  folder's `kernels.py` would shadow the package just the same).
+- `benchmarks/` is a package imported by its folder (`load_package`, `as_package`), never by putting the
+  repository root on sys.path; a file run as a script leaves its own folder off sys.path too (a folder's
+  `kernels.py` would shadow the package just the same).
 """
 from __future__ import annotations
 
@@ -35,3 +36,38 @@ def load_file(path: str, name: str | None = None) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def load_package(name: str, folder: str) -> ModuleType:
+    """The folder `folder` (with its __init__.py) as the package `name` in sys.modules, its submodules importable
+    as `name.x` (`from name import x`); sys.path is left as it is. Where `name` is already imported, that one."""
+    if name in sys.modules:
+        return sys.modules[name]
+    init = os.path.join(folder, "__init__.py")
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[folder])
+    if spec is None or not os.path.isfile(init):
+        raise FileNotFoundError(f"{init}: no such file to load as package {name}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def as_package(script: str) -> None:
+    """For a file of `benchmarks/` run as a script (`python benchmarks/x.py`, `python benchmarks/lab/x.py`): its
+    folder leaves sys.path (Python put it first) and `benchmarks` is imported by its folder, so the script's
+    `from benchmarks import ...` and `from benchmarks.lab import ...` work as they do under `python -m`."""
+    here = os.path.dirname(os.path.abspath(script))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        sys.path.pop(0)
+    folder = here
+    while os.path.basename(folder) != "benchmarks":
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            raise ValueError(f"{script}: not inside a benchmarks/ folder")
+        folder = parent
+    load_package("benchmarks", folder)

@@ -108,7 +108,8 @@ def _fake_flashinfer(calls, prebuilt):
 def test_the_prebuild_says_where_each_module_came_from_and_the_record_keeps_it(tmp_path, monkeypatch):
     """PREBUILD's module lines (run here against stand-ins for torch and flashinfer) are what prebuild_record
     parses: a module FlashInfer loads prebuilt is recorded as such with its path, one it compiles as "jit build"."""
-    servers = load_file(os.path.join(ROOT, "benchmarks", "servers.py"))
+    from benchmarks import servers
+
     calls = []
     mods = _fake_flashinfer(calls, prebuilt={"topk"})
     monkeypatch.setattr(sys.modules["importlib"], "import_module", lambda name: mods[name])

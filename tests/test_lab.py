@@ -1,4 +1,5 @@
 """The lab pipeline end to end at toy size on CPU (benchmarks/lab), and the paper-suite loaders."""
+import importlib
 import json
 import os
 import time
@@ -6,14 +7,12 @@ import time
 import pytest
 import torch
 
-from sglang_dspine.source_files import load_file
-
 LAB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "lab")
 
 
 def lab_module(name):
     """A benchmarks/lab file as a module."""
-    return load_file(os.path.join(LAB, f"{name}.py"), f"dspine_lab_{name}")
+    return importlib.import_module(f"benchmarks.lab.{name}")
 
 
 @pytest.fixture(scope="module")
@@ -713,7 +712,8 @@ def test_tree_preset_trains_the_main_pair_only():
     assert 'if [ "${PRESET#recipe}" != "$PRESET" ]; then' in sh and "--deadline-s $(( t0 + SERVE_END" in sh
     # the plan's start command evaluates every arm of tree_offline's default rule (the summary's `rule` reads them)
     plan_arms = set(sh.split("TREE_ARGS='--sizes 16,32,64 --arms ")[1].split("'")[0].split(","))
-    tree_offline = load_file(os.path.join(os.path.dirname(LAB), "tree_offline.py"), "dspine_tree_offline_plan")
+    from benchmarks import tree_offline
+
     assert set(tree_offline.parse_args([]).rule.values()) <= plan_arms
 
 
@@ -726,7 +726,8 @@ def test_tree_stage_reads_a_lab_as_lab2_passes_it(tiny_lab, tmp_path):
     for flag in ('--target "$LAB/lab/target"', '--dspine "$LAB/lab/drafters/dspine"',
                  '--dflash "$LAB/lab/drafters/dflash"', '--suites "$LAB/lab/corpus/prompts"'):
         assert flag in sh, flag  # the layout this test reads is the one lab2.sh passes
-    tree_offline = load_file(os.path.join(os.path.dirname(LAB), "tree_offline.py"), "dspine_tree_offline_lab")
+    from benchmarks import tree_offline
+
     rows_path, summary_path = tmp_path / "rows.json", tmp_path / "summary.json"
     arms = "dspine_anchored_depth,dflash_ddtree"
     with pytest.raises(SystemExit, match="no calibration prompts"):  # the tiny lab's suites hold 4 prompts each

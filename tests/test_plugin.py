@@ -47,10 +47,8 @@ def test_entry_point_registers_in_a_fresh_interpreter():
 def test_baseline_servers_load_sglang_without_this_plugin():
     """serving_scale's DFlash2 server runs SGLang as a user without this package does: its SGLANG_PLUGINS
     whitelist leaves DSPINE unregistered, where the same interpreter without it registers DSPINE."""
-    from sglang_dspine.source_files import load_file as load_source
+    from benchmarks import serving_scale as scale
 
-    scale = load_source(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                                   "serving_scale.py"))
     code = ("from sglang.srt.plugins import load_plugins; load_plugins();"
             "from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S\n"
             "try:\n    S.from_string('DSPINE'); print('registered')\nexcept ValueError:\n    print('absent')")
@@ -140,11 +138,9 @@ def test_only_supported_sglang_releases_register(monkeypatch, release, refused):
 def test_gpu_scripts_server_flags_parse(dirs):
     """The server flags the GPU benchmarks pass are flags of this SGLang (0.5.23 dropped `--cuda-graph-max-bs`,
     which then is an ambiguous prefix of its -decode and -prefill flags)."""
-    from sglang_dspine.source_files import load_file
+    from benchmarks.servers import BASE_ARGS
+    from benchmarks.serving_features import FLAGS
 
-    benchmarks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-    FLAGS = load_file(os.path.join(benchmarks, "serving_features.py")).FLAGS
-    BASE_ARGS = load_file(os.path.join(benchmarks, "servers.py")).BASE_ARGS
     root, _ = dirs
     args = _resolved(_args(root, root / "dspine", "DSPINE", *BASE_ARGS[2:], *FLAGS))  # BASE_ARGS[:2]: --host
     assert args.sampling_backend == "pytorch"

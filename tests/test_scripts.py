@@ -522,9 +522,8 @@ def test_serving_scale_summary_keeps_alone_ratios_of_a_cut_run():
     """benchmarks/serving_scale.py's summary: DSPINE's alone step over each baseline's, per client count, from
     the rounds saved so far (at c275234 the lease ended while DFlash2 started, after DFLASH and DSPINE had run):
     a baseline that did not run gives None, not a missing or made-up ratio."""
-    from sglang_dspine.source_files import load_file as load_source
+    from benchmarks import serving_scale as ss
 
-    ss = load_source(os.path.join(REPO, "benchmarks", "serving_scale.py"))
     alone = {"dflash": {"memory": {"max_total_num_tokens": 10}, "rounds": _rounds({1: 8.0, 4: 10.0})},
              "dspine": {"memory": {"max_total_num_tokens": 9}, "rounds": _rounds({1: 6.0, 4: 11.0, 16: 3.0})},
              "dflash2": {"error": "did not start"}}
@@ -543,9 +542,8 @@ def test_serving_scale_summary_keeps_alone_ratios_of_a_cut_run():
 def test_serving_scale_table_prints_alone_rounds(capsys):
     """serving_scale.py's closing table for an --alone-only run (no side-by-side rounds) prints each server's
     alone step and DSPINE ÷ DFLASH; at f528899 it printed '-' for every server although all three had run."""
-    from sglang_dspine.source_files import load_file as load_source
+    from benchmarks import serving_scale as ss
 
-    ss = load_source(os.path.join(REPO, "benchmarks", "serving_scale.py"))
     alone = {"dflash": {"rounds": _rounds({1: 8.0, 4: 10.0})}, "dspine": {"rounds": _rounds({1: 6.0, 4: 11.0})},
              "dflash2": {"rounds": _rounds({1: 12.0})}}
     ss.print_table({"alone": alone, "rounds": [], "temperatures": [0.0], "clients": [1, 4]})
@@ -559,9 +557,8 @@ def test_serving_scale_reports_each_tree_servers_step_against_dspines(capsys):
     """serving_scale.py's tree servers (dspine_treeN: SGLANG_DSPINE_TREE=1 verifying N rows): the summary gives each
     one's step ÷ DSPINE's chain step per temperature and client count, and the closing table shows the tree servers
     that ran, and no column for those that did not."""
-    from sglang_dspine.source_files import load_file as load_source
+    from benchmarks import serving_scale as ss
 
-    ss = load_source(os.path.join(REPO, "benchmarks", "serving_scale.py"))
     side = {"dflash": _rounds({1: 8.0, 4: 10.0}), "dspine": _rounds({1: 8.0, 4: 10.0}),
             "dspine_tree32": _rounds({1: 10.0, 4: 11.0})}
     res = {"rounds": [side, side], "temperatures": [0.0], "clients": [1, 4]}

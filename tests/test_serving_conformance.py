@@ -16,15 +16,19 @@ on it); scripts/device/gpu_tests.sh leaves it out. By hand, from outside the rep
 Without a GPU every test is skipped (tests/conftest.py); tests/test_serving_features.py tests the checks on CPU.
 """
 import argparse
+import importlib
 import os
 import shlex
 
 import pytest
 
-from sglang_dspine.source_files import load_file
+from sglang_dspine.source_files import load_package
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sf = load_file(os.path.join(ROOT, "benchmarks", "serving_features.py"))
+# run by serving_features.main from outside the repository root (the root is not on sys.path): the package by
+# its folder
+load_package("benchmarks", os.path.join(ROOT, "benchmarks"))
+sf = importlib.import_module("benchmarks.serving_features")
 ARGV = shlex.split(os.environ.get(sf.ARGS_ENV, ""))
 try:
     ARGS = sf.parser().parse_args(ARGV)

@@ -7,8 +7,6 @@ import os
 
 import pytest
 
-from sglang_dspine.source_files import load_file
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models", "default")
 TARGET = os.path.join(MODELS, "target")
@@ -16,7 +14,9 @@ TARGET = os.path.join(MODELS, "target")
 
 def _module():
     """benchmarks/serving_features.py as a module."""
-    return load_file(os.path.join(ROOT, "benchmarks", "serving_features.py"))
+    from benchmarks import serving_features
+
+    return serving_features
 
 
 @pytest.fixture(scope="module")
@@ -494,12 +494,14 @@ def test_script_status(sf):
 STUB_SERVERS = '''
 """pytest plugin: serving_features' servers replaced by stubs at a port nothing listens on (up, except
 STUB_DOWN's), for a CPU run of tests/test_serving_conformance.py."""
+import importlib
 import os
 import socket
 
-from sglang_dspine.source_files import load_file
+from sglang_dspine.source_files import load_package
 
-sf = load_file(os.path.join({repo!r}, "benchmarks", "serving_features.py"))
+load_package("benchmarks", os.path.join({repo!r}, "benchmarks"))
+sf = importlib.import_module("benchmarks.serving_features")
 _s = socket.socket()
 _s.bind(("127.0.0.1", 0))
 PORT = _s.getsockname()[1]

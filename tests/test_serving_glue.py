@@ -755,11 +755,9 @@ def test_step_cost_benchmarks_dflash2_drafter_is_sglangs_own(served, tmp_path):
     """benchmarks/serving_scale.py's DFlash2 drafter (a DFlash backbone, DFlash 2's convolutions and selector, random)
     is what SGLang 0.5.23's DFlash2DraftModel builds from its config: every parameter of the model comes from the
     file, equal, and no tensor of the file is left unused; on 0.5.17 the benchmark refuses --servers dflash2."""
+    from benchmarks import serving_scale as ss
     from sglang_dspine.serving.versions import sglang_version
-    from sglang_dspine.source_files import load_file as load_source
 
-    ss = load_source(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                                  "serving_scale.py"))
     geometry, shape = dict(ss.GEOMETRIES["tiny"], vocab_size=VOCAB), ss.TINY_DRAFTER
     paths = ss.write_drafters(str(tmp_path), geometry, dict(shape, mask_token_id=VOCAB - 1), "cpu", ss.TINY_DFLASH2)
     cfg = json.load(open(os.path.join(paths["dflash2"], "config.json")))

@@ -2,6 +2,7 @@
 against a real HTTP server on this machine that answers /generate as SGLang does (output ids, verify steps)."""
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -14,7 +15,7 @@ import pytest
 from sglang_dspine.source_files import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-servers = load_file(os.path.join(ROOT, "benchmarks", "servers.py"))
+servers = importlib.import_module("benchmarks.servers")
 
 ACCEPT = 3  # tokens per verify step the answering server reports
 

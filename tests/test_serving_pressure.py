@@ -2,14 +2,13 @@
 tokenizer, request bodies against SGLang's request models, server flags against SGLang's parser, the readers of
 SGLang's retraction/leak/decode log lines, /v1/loads and per-request spec counters on SGLang's own code, the
 mismatch/near-tie, leak, accept-length and per-minute arithmetic, and the summary."""
+import importlib
 import os
 import socket
 import time
 from types import SimpleNamespace
 
 import pytest
-
-from sglang_dspine.source_files import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models", "default")
@@ -18,7 +17,7 @@ TARGET = os.path.join(MODELS, "target")
 
 @pytest.fixture(scope="module")
 def sp():
-    return load_file(os.path.join(ROOT, "benchmarks", "serving_pressure.py"))
+    return importlib.import_module("benchmarks.serving_pressure")
 
 
 @pytest.fixture(scope="module")
@@ -316,7 +315,8 @@ def test_flashinfer_prebuild_calls_what_the_installed_flashinfer_has():
     import flashinfer
     import flashinfer.sampling as sampling
 
-    servers = load_file(os.path.join(ROOT, "benchmarks", "servers.py"))
+    from benchmarks import servers
+
     calls = [n for n in ast.walk(ast.parse(servers.PREBUILD)) if isinstance(n, ast.Call)
              and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
              and n.func.value.id in ("flashinfer", "s")]

@@ -4,14 +4,13 @@ import os
 
 import pytest
 
-from sglang_dspine.source_files import load_file
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 
 def test_the_committed_matrix_is_rebuilt_from_the_result_files():
-    sv = load_file(os.path.join(ROOT, "benchmarks", "serving_versions.py"))
+    from benchmarks import serving_versions as sv
+
     built = json.loads(json.dumps(sv.build(RESULTS)))
     committed = json.load(open(os.path.join(RESULTS, "serving_versions_summary.json")))
     since = committed.pop("serving_code_changed_since_runs")  # as of the commit it was built at, not the files'
@@ -23,7 +22,8 @@ def test_the_committed_matrix_is_rebuilt_from_the_result_files():
 
 
 def test_a_gpu_test_log_is_read_by_its_closing_line():
-    sv = load_file(os.path.join(ROOT, "benchmarks", "serving_versions.py"))
+    from benchmarks import serving_versions as sv
+
     assert sv.pytest_result("tests/a.py .F\n==== 1 failed, 2 passed in 3.1s ====\n") == "1 failed, 2 passed in 3.1s"
     with pytest.raises(ValueError):
         sv.pytest_result("collected 0 items\n")
@@ -33,9 +33,9 @@ def test_a_gpu_test_log_is_read_by_its_closing_line():
 def test_serving_code_changed_since_a_run_is_what_git_says():
     """How far the serving code moved since a row's run: git's list between two commits of this history, under the
     serving paths only; None for a commit this checkout lacks."""
+    from benchmarks import serving_versions as sv
     from sglang_dspine.provenance import changed_files
 
-    sv = load_file(os.path.join(ROOT, "benchmarks", "serving_versions.py"))
     # e7e0441 -> 8d38b20 added the 0.5.17 FA3 results and changed serving_versions.py, no serving code
     assert changed_files("e7e0441", "8d38b20", ("benchmarks/serving_versions.py",)) == ["benchmarks/serving_versions.py"]
     assert changed_files("e7e0441", "8d38b20", sv.SERVING_CODE) == []

@@ -1,5 +1,6 @@
 """benchmarks/train_scale.py --profile on the CPU: the parts of a step found and charged (forward, backward by the
 forward region that made each node, checkpoint recomputation), DSpine minus DFlash for every part."""
+import importlib
 import json
 import os
 import subprocess
@@ -9,10 +10,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from sglang_dspine.profiling import region
-from sglang_dspine.source_files import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-tp = load_file(os.path.join(ROOT, "benchmarks", "train_profile.py"))
+tp = importlib.import_module("benchmarks.train_profile")
 
 
 def test_regions_cost_nothing_outside_a_profile():

@@ -2,14 +2,13 @@
 on τ and on the expected τ."""
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
 
-from sglang_dspine.source_files import load_file
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-tree_offline = load_file(os.path.join(ROOT, "benchmarks", "tree_offline.py"))
+tree_offline = importlib.import_module("benchmarks.tree_offline")
 
 
 def _rows():
@@ -86,7 +85,8 @@ def test_a_deadline_stops_new_evaluations_and_the_summary_says_so(tmp_path):
 def test_the_served_trees_ratios_are_of_means_over_suites_and_the_best_round():
     """benchmarks/tree_served.py: tau as the paper counts it (mean over suites, rounds averaged) and tokens/s
     (the best round) of each tree server over the chain server's at the same temperature and client count."""
-    served = load_file(os.path.join(ROOT, "benchmarks", "tree_served.py"))
+    from benchmarks import tree_served as served
+
 
     def cell(code, math, tps):
         return {"tau_by_suite": {"code": code, "math": math}, "tokens_per_s": tps}
@@ -109,7 +109,8 @@ def test_the_served_trees_summary_file_takes_the_step_ratios_at_qwen3_8b_geometr
     over DSPINE's (side by side and alone), nothing else of it."""
     import json
 
-    served = load_file(os.path.join(ROOT, "benchmarks", "tree_served.py"))
+    from benchmarks import tree_served as served
+
     cell = {"tau_by_suite": {"code": 2.0}, "tokens_per_s": 10.0}
     (tmp_path / "sc.json").write_text(json.dumps({"repeats": [{"dspine": {"1": cell}, "dspine_tree32": {"1": cell}}]}))
     (tmp_path / "scale.json").write_text(json.dumps({

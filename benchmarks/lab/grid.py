@@ -156,9 +156,8 @@ def run(lab, todo: list[Variant]) -> dict[str, str]:
     daemon (mps.py; where none can start, time-sliced as without it, and the log says why)."""
     if lab.runner.jobs < 2 or not lab.p.get("mps"):
         return _schedule(lab, todo)
-    from sglang_dspine.source_files import load_file
+    from benchmarks.lab import mps
 
-    mps = load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "mps.py"), "dspine_lab_mps")
     mps_env = mps.start(lab.path("mps"), lab.log)
     if mps_env:
         lab.runner.env = {**(lab.runner.env or os.environ), **mps_env}

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -49,7 +50,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sglang_dspine.source_files import load_file
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/lab/x.py) or loaded by its path: the package `benchmarks` first
+    as_package(__file__)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STAGES = ["corpus", "tokenizer", "target", "data", "train", "export", "eval", "report"]
@@ -202,8 +206,8 @@ EXTRA_SUITES = {"humaneval": os.path.join(HERE, "data", "humaneval.jsonl")}
 
 
 def _lab_module(name: str):
-    """A sibling file (corpus.py, ...) as the module `dspine_lab_<name>` (sglang_dspine.source_files)."""
-    return load_file(os.path.join(HERE, f"{name}.py"), f"dspine_lab_{name}")
+    """A sibling module (corpus, ...) of the package benchmarks.lab."""
+    return importlib.import_module(f"benchmarks.lab.{name}")
 
 
 # -------------------------------------------------------------------------------------------- running

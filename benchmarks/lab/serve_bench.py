@@ -26,10 +26,14 @@ import shlex
 import sys
 import time
 
-from sglang_dspine.source_files import load_file
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/lab/x.py) or loaded by its path: the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks import servers as _servers  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_servers = load_file(os.path.join(os.path.dirname(HERE), "servers.py"))
 BASE_ARGS, Server, archive_logs, post = _servers.BASE_ARGS, _servers.Server, _servers.archive_logs, _servers.post
 kv_pools, start_warm_up, wait_all, warm_up_seconds = (_servers.kv_pools, _servers.start_warm_up, _servers.wait_all,
                                                       _servers.warm_up_seconds)

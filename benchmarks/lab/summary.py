@@ -18,19 +18,23 @@ position (the main pair) and τ against training steps next to the results JSON.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 from typing import Any
 
-from sglang_dspine.source_files import load_file
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/lab/x.py) or loaded by its path: the package `benchmarks` first
+    as_package(__file__)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _sibling(name: str):
-    """A sibling file (run.py, ...) as the module `dspine_lab_<name>` (sglang_dspine.source_files)."""
-    return load_file(os.path.join(HERE, f"{name}.py"), f"dspine_lab_{name}")
+    """A sibling module (run, ...) of the package benchmarks.lab."""
+    return importlib.import_module(f"benchmarks.lab.{name}")
 
 
 # The fields a complete second-edition summary holds.

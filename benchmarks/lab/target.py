@@ -26,7 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from sglang_dspine.source_files import load_file
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/lab/x.py) or loaded by its path: the package `benchmarks` first
+    as_package(__file__)
 
 # Sizes. The default trains in ≤ 8 minutes on one H200 and stays small enough (≈ 31 MB in bf16) to be kept.
 DEFAULT = dict(hidden=384, layers=6, heads=6, kv_heads=2, head_dim=64, intermediate=1024, seq_len=1024,
@@ -36,8 +39,10 @@ TINY = dict(hidden=64, layers=4, heads=4, kv_heads=2, head_dim=16, intermediate=
 
 
 def _tok_module():
-    """tokenizer.py beside this file (the same module run.py registers when it runs in process)."""
-    return load_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer.py"), "dspine_lab_tokenizer")
+    """benchmarks.lab.tokenizer (the same module run.py uses when it runs in process)."""
+    from benchmarks.lab import tokenizer
+
+    return tokenizer
 
 
 # ------------------------------------------------------------------------------------------- tokens

@@ -16,20 +16,24 @@ tokenizer stages. `ok` in the JSON is true when every server started and every c
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
 import sys
 import time
 
-from sglang_dspine.source_files import load_file
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/lab/x.py) or loaded by its path: the package `benchmarks` first
+    as_package(__file__)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _sibling(name: str):
-    """A sibling file (run.py, ...) as the module `dspine_lab_<name>` (sglang_dspine.source_files)."""
-    return load_file(os.path.join(HERE, f"{name}.py"), f"dspine_lab_{name}")
+    """A sibling module (run, ...) of the package benchmarks.lab."""
+    return importlib.import_module(f"benchmarks.lab.{name}")
 
 
 def build_models(lab: str, preset: str, out: str) -> dict[str, str]:

@@ -31,10 +31,12 @@ import urllib.request
 import torch
 
 from sglang_dspine.provenance import provenance
-from sglang_dspine.source_files import load_file
+from sglang_dspine.source_files import load_package
 
-bench_servers = load_file(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                       "benchmarks", "servers.py"))
+# the benchmarks package by its folder (the repository root stays off sys.path: sglang_dspine.source_files)
+load_package("benchmarks", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                        "benchmarks"))
+from benchmarks import servers as bench_servers  # noqa: E402
 
 # The benchmark servers' flags (benchmarks/servers.py) and this script's own: no grammar backend, decode graphs up
 # to the 48 load clients, a small KV pool so five servers fit on one GPU; no prefill graphs (they only change
