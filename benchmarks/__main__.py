@@ -25,6 +25,7 @@ SCENARIOS = {
     "train_scale": ("train_scale", "drafter training at Qwen3-8B geometry"),
     "vocab_loss": ("vocab_loss", "the objective's vocabulary-sized work"),
     "kernels": ("kernels", "the draft step's kernels against DFlash's"),
+    "headline": ("headline", "the README's GPU headline rows re-measured at one commit, in resumable parts"),
     "headline_table": ("headline_table", "the README's headline table from benchmarks/results/headline.json"),
 }
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

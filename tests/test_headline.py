@@ -2,6 +2,7 @@
 import copy
 import json
 import os
+import time
 
 import pytest
 
@@ -78,3 +79,96 @@ def test_a_run_is_stale_once_the_measured_code_changed(headline):
     assert "| **stale**: the measured code (`sglang_dspine/`, `kernels/`) changed since 95e7eda |" in ht.render_row(row)
     row["runs"] = [dict(row["runs"][0], commit="0" * 40)]
     assert "changed since 0000000 (git cannot tell)" in ht.render_row(row)
+
+
+# ------------------------------------------------------------------------------------------- the headline run
+def test_memory_is_sized_from_the_card():
+    from benchmarks.headline import mem_fraction
+
+    assert mem_fraction(79.6, 5) == 0.18  # H100: an equal share of 90%
+    assert mem_fraction(139.8, 5) == 0.114  # H200: 16 GiB each, about what 0.12 gave there
+    assert mem_fraction(79.6, 1) == 0.201
+
+
+def test_parts_name_rows_scenarios_and_repeats(headline):
+    from benchmarks import headline as hr
+    from benchmarks.__main__ import SCENARIOS
+
+    ids = {row["id"] for row in headline["rows"]}
+    for part in hr.PARTS:
+        assert set(part.rows) <= ids, part.name
+        assert part.seconds <= hr.BUDGET_S
+        if part.argv[0] == "-m":
+            assert part.argv[2] in SCENARIOS, part.name
+        else:
+            assert os.path.isfile(os.path.join(ht.ROOT, part.argv[0])), part.name
+        if "--repeats" in part.argv:
+            assert int(part.argv[part.argv.index("--repeats") + 1]) >= 3, part.name
+    pair = next(p for p in hr.PARTS if p.name == "pair")
+    assert "plain" in pair.argv[pair.argv.index("--servers") + 1].split(",")  # beside every tokens/s
+
+
+def test_parts_resume_after_a_part_that_did_not_end(tmp_path, monkeypatch, capsys):
+    from benchmarks import headline as hr
+
+    write = "import os, sys; open(os.path.join(sys.argv[1], 'x'), 'w').write('x')"
+    parts = [hr.Part("a", ("r",), 10, 5, ["-c", write, "{out}"]),
+             hr.Part("b", ("r",), 10, 1, ["-c", "import sys, time; time.sleep(float(sys.argv[1]))", "30"]),
+             hr.Part("c", ("r",), 10, 1, ["-c", "raise SystemExit(3)"])]
+    monkeypatch.setattr(hr, "PARTS", parts)
+    monkeypatch.setattr(hr, "card", lambda: ("Fake GPU", 79.6))
+    out = tmp_path / "run"
+    parts[1].argv[-1] = "30"  # b outlives its budget
+    assert hr.main(["--out", str(out), "--budget-s", "5"]) == 0  # a
+    state = json.loads((out / "state.json").read_text())
+    assert state["a"]["status"] == "done" and (out / "parts" / "a" / "x").exists()
+    assert state["a"]["gpu"] == "Fake GPU" and state["a"]["mem_fraction"] == 0.18
+    (out / "parts" / "b").mkdir()
+    (out / "parts" / "b" / "stale").write_text("from a lost machine")
+    t0 = time.time()
+    assert hr.main(["--out", str(out), "--budget-s", "2"]) == 1  # b, killed at its budget
+    assert time.time() - t0 < 20
+    state = json.loads((out / "state.json").read_text())
+    assert state["b"]["status"] == "timed out" and not (out / "parts" / "b" / "stale").exists()
+    parts[1].argv[-1] = "0"
+    assert hr.main(["--out", str(out), "--budget-s", "5"]) == 0  # b again: not done, so next
+    assert hr.main(["--out", str(out)]) == 1  # c fails, and stays the next part
+    state = json.loads((out / "state.json").read_text())
+    assert (state["b"]["status"], state["c"]["status"], state["c"]["rc"]) == ("done", "failed", 3)
+    assert hr.next_part(state, parts).name == "c"
+    assert hr.main(["--out", str(out), "--part", "a"]) == 0  # a named part runs again
+    assert hr.main(["--out", str(out), "--status"]) == 0
+    printed = capsys.readouterr().out
+    assert "a           done" in printed and "c           failed" in printed
+
+
+def test_collect_gives_median_min_max_of_the_repeats(tmp_path, monkeypatch):
+    from benchmarks import headline as hr
+
+    out = tmp_path / "run"
+    step = out / "parts" / "step_cost"
+    step.mkdir(parents=True)
+    rows = lambda d, s: [{"clients": 1, "temperature": 0.0, "step_ms": d}, {"clients": 4, "temperature": 0.0,
+                                                                              "step_ms": s}]
+    (step / "serving_scale.json").write_text(json.dumps({"provenance": {"commit": "abc1234", "gpu": "G"}, "rounds": [
+        {"dflash": rows(10.0, 20.0), "dspine": rows(10.2, 21.0)},
+        {"dflash": rows(10.0, 20.0), "dspine": rows(10.1, 20.2)},
+        {"dflash": rows(10.0, 20.0), "dspine": rows(10.4, None)}]}))
+    pair = out / "parts" / "pair"
+    pair.mkdir(parents=True)
+    per = {"plain": {"16": {"tokens_per_s": [900.0, 1000.0, 950.0], "tau": [1.0, 1.0, 1.0]}},
+           "dflash": {"16": {"tokens_per_s": [400.0, 500.0, 500.0], "tau": [2.0, 2.0, 2.0]}},
+           "dspine": {"16": {"tokens_per_s": [600.0, 500.0, 550.0], "tau": [3.0, 3.0, 3.0]}},
+           "dspine_tree32": {"16": {"tokens_per_s": [300.0, 250.0, 275.0], "tau": [3.3, 3.3, 3.3]}}}
+    (pair / "serving_step_cost.json").write_text(json.dumps({"provenance": {"commit": "abc1234", "gpu": "G"},
+                                                             "summary": {"per_server": per}}))
+    (out / "state.json").write_text(json.dumps({n: {"status": "done", "gpu": "G"} for n in ("step_cost", "pair")}))
+    found = hr.collect(str(out), hr.PARTS)
+    cells = found["step_cost"]["dspine_over_dflash_step"]
+    assert cells["T=0 c=1"] == {"median": 1.02, "min": 1.01, "max": 1.04, "n": 3}
+    assert cells["T=0 c=4"] == {"median": 1.03, "min": 1.01, "max": 1.05, "n": 2}  # a round without its step
+    ratios = found["pair"]["ratios"]
+    assert ratios["dspine/dflash tokens_per_s"]["16"] == {"median": 1.1, "min": 1.0, "max": 1.5, "n": 3}
+    assert ratios["dspine_tree32/dspine tau"]["16"]["median"] == 1.1
+    assert found["pair"]["tokens_per_s"]["plain"]["16"] == {"median": 950.0, "min": 900.0, "max": 1000.0, "n": 3}
+    assert json.loads((out / "headline_parts.json").read_text()) == found

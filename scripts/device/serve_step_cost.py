@@ -54,6 +54,8 @@ def main():
                     help=f"comma-separated subset of {','.join(SERVERS)} (default: these four)")
     ap.add_argument("--t1-concurrency", type=int, default=0, help="also measure at T=1 at this concurrency (0: no)")
     ap.add_argument("--name", default="serving_step_cost", help="results file name (without .json)")
+    ap.add_argument("--mem-fraction", type=float, default=None,
+                    help="--mem-fraction-static of every server (default serve_e2e's, sized for five on an H200)")
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="requests stop at the target's end token (default: all run --max-new tokens)")
     args = ap.parse_args()
@@ -76,7 +78,9 @@ def main():
     for n in (32, 64):  # trees wider than the block: the drafter folder must hold its tree calibration
         args_env[f"dspine_tree{n}"] = (spec("DSPINE", os.path.join(models, "dspine")) +
                                        ["--speculative-num-draft-tokens", str(n)], {"SGLANG_DSPINE_TREE": "1"})
-    servers = {n: Server(n, 32000 + SERVERS.index(n), args_env[n][0], args.out, env=args_env[n][1]) for n in names}
+    mem = ["--mem-fraction-static", str(args.mem_fraction)] if args.mem_fraction else []  # after the default
+    servers = {n: Server(n, 32000 + SERVERS.index(n), [*args_env[n][0], *mem], args.out, env=args_env[n][1])
+               for n in names}
     results = {"provenance": provenance(sys.argv), "models": models}
     out = os.path.join(args.out, f"{args.name}.json")
     try:
