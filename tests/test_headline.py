@@ -172,3 +172,48 @@ def test_collect_gives_median_min_max_of_the_repeats(tmp_path, monkeypatch):
     assert ratios["dspine_tree32/dspine tau"]["16"]["median"] == 1.1
     assert found["pair"]["tokens_per_s"]["plain"]["16"] == {"median": 950.0, "min": 900.0, "max": 1000.0, "n": 3}
     assert json.loads((out / "headline_parts.json").read_text()) == found
+
+
+def test_device_headline_runs_a_part_and_resumes_from_what_came_back(tmp_path):
+    """scripts/device/headline.sh: refused without a commit to name; runs `python -m benchmarks headline` on its
+    run folder with the budget and its arguments, packs the folder (not the parts' models) into $OUT, passes the
+    run's exit status on; on a fresh machine, given that archive back, the run resumes from its state."""
+    import shutil
+    import subprocess
+    import tarfile
+
+    dev = tmp_path / "repo" / "scripts" / "device"
+    dev.mkdir(parents=True)
+    shutil.copy(os.path.join(ht.ROOT, "scripts", "device", "headline.sh"), dev)
+    (dev / "setup.sh").write_text("true\n")  # stands for the bundle's set-up only
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(  # stands for the run: notes its arguments and whether it found a state
+        '#!/usr/bin/env bash\nrun="$5"\necho "$* commit=$GIT_COMMIT state=$(cat "$run/state.json" 2>/dev/null)" '
+        '>> "$CALLS"\nmkdir -p "$run/parts/a/work"\necho model > "$run/parts/a/work/w"\necho log > "$run/parts/a/x"\n'
+        'echo \'{"a": "done"}\' > "$run/state.json"\nexit "${FAKE_RC:-0}"\n')
+    (bin_dir / "python3").chmod(0o755)
+    calls = tmp_path / "calls.txt"
+
+    def headline(run, *args, **env):
+        e = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
+             "HEADLINE_RUN": str(tmp_path / run), "CALLS": str(calls), **env}
+        if "GIT_COMMIT" not in env:
+            e.pop("GIT_COMMIT", None)
+        return subprocess.run(["bash", "scripts/device/headline.sh", *args], cwd=tmp_path / "repo",
+                              capture_output=True, text=True, timeout=60, env=e)
+
+    r = headline("run1")
+    assert r.returncode == 2 and "pass GIT_COMMIT" in r.stderr and not calls.exists()
+    r = headline("run1", "--part", "a", GIT_COMMIT="abc1234", FAKE_RC="1")
+    assert r.returncode == 1, r.stderr
+    assert calls.read_text().splitlines() == [
+        f"-m benchmarks headline --out {tmp_path / 'run1'} --budget-s 540 --part a commit=abc1234 state="]
+    with tarfile.open(tmp_path / "out" / "headline.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"./state.json", "./parts/a/x"} <= names and not any("work" in n for n in names)
+    r = headline("run2", GIT_COMMIT="abc1234", HEADLINE_FROM=str(tmp_path / "out" / "headline.tar.gz"),
+                 HEADLINE_BUDGET_S="300")
+    assert r.returncode == 0, r.stderr
+    assert calls.read_text().splitlines()[-1] == (f"-m benchmarks headline --out {tmp_path / 'run2'} --budget-s 300 "
+                                                  'commit=abc1234 state={"a": "done"}')
