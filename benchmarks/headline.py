@@ -5,6 +5,7 @@ parts that each fit one device call.
     python -m benchmarks headline --out DIR --part P    # part P (again)
     python -m benchmarks headline --out DIR --status    # the parts, done or not, and their seconds
     python -m benchmarks headline --out DIR --collect   # DIR/headline_parts.json: each done part's figures
+        [--write benchmarks/results]                    # and their rows into headline.json (then headline_table)
 
 Each part is one scenario run (PARTS) writing only under DIR/parts/P, which is emptied when the part starts; its
 outcome goes to DIR/state.json when it ends. A part that did not end (a machine taken back, the time limit) is not
@@ -15,9 +16,9 @@ their min and max, and the row names the commit and the GPU its part ran on; the
 decoding's tokens/s beside the speculative servers'.
 
 Collected so far: the step cost at Qwen3-8B geometry (part step_cost) and the lab pair's and the served trees'
-tokens/s and τ (part pair); the other parts run and keep their results uncollected. Not done yet: turning
-headline_parts.json into benchmarks/results/headline.json's rows (until then the README's rows stay the earlier
-runs', marked stale). Not run on a GPU yet: the seconds in PARTS are estimates, and so is the memory sizing.
+tokens/s and τ (part pair), and `--write` puts their rows into headline.json; the other parts run and keep
+their results, and their rows stay the earlier runs' (marked stale) until a builder reads them. Not run on a GPU
+yet: the seconds in PARTS are estimates, and so is the memory sizing.
 The offline rows (the lab's τ, the trees offline) are CPU runs of their own (`python -m benchmarks lab`, `trees`).
 """
 from __future__ import annotations
@@ -164,6 +165,107 @@ def collect_pair(folder: str) -> dict:
 COLLECTORS = {"step_cost": collect_step_cost, "pair": collect_pair}
 
 
+# ------------------------------------------------------------------------------------------- headline.json rows
+# Each builder reads a part's result file (copied to benchmarks/results/headline_<part>.json) and gives the rows it
+# re-measures: figures as keys into that file, so tests/test_headline.py checks them like every other row's.
+def _fig(file: str, keys: list, agg: str, fmt: str = ".3f") -> dict:
+    from benchmarks.headline_table import figure_value
+
+    spec = {"file": os.path.basename(file), "fmt": fmt, "keys": keys, "agg": agg}
+    value = figure_value(spec, os.path.dirname(file))
+    return {"value": float(format(value, fmt)), **spec}  # as shown (rounded once)
+
+
+def _run(res: dict, file: str) -> dict:
+    p = res["provenance"]
+    return {"commit": p["commit"], "device": p.get("gpu") or "no GPU", "files": [os.path.basename(file)],
+            "repeats": f"{REPEATS} repeats: each figure their median unless it says min / max"}
+
+
+def rows_step_cost(file: str) -> list[dict]:
+    res = json.load(open(file))
+    cells: dict[tuple, list] = {}
+    for i, rnd in enumerate(res["rounds"]):
+        where = {s: {(r["temperature"], r["clients"]): j for j, r in enumerate(rows) if r.get("step_ms")}
+                 for s, rows in rnd.items()}
+        for key, j in where["dspine"].items():
+            if key in where["dflash"]:
+                cells.setdefault(key, []).append([["rounds", i, "dspine", j, "step_ms"],
+                                                  ["rounds", i, "dflash", where["dflash"][key], "step_ms"]])
+    figures, text = {}, []
+    for temp in sorted({t for t, _ in cells}):
+        clients = sorted(c for t, c in cells if t == temp)
+        for c in clients:
+            figures[f"t{temp:g}_c{c}"] = _fig(file, cells[(temp, c)], "median")
+        text.append(" / ".join("{" + f"t{temp:g}_c{c}" + "}" for c in clients)
+                    + f" at {' / '.join(map(str, clients))} clients, T={temp:g}")
+    every = [k for keys in cells.values() for k in keys]
+    figures["min"], figures["max"] = _fig(file, every, "min"), _fig(file, every, "max")
+    return [{"id": "step_cost_qwen3_8b", "result": "DSPINE's step ÷ DFLASH's " + "; ".join(text)
+             + " (single repeats {min}–{max})", "figures": figures, "runs": [_run(res, file)]}]
+
+
+def rows_pair(file: str) -> list[dict]:
+    res = json.load(open(file))
+    per = res["summary"]["per_server"]
+
+    def ratio_keys(num: str, den: str, c: str, what: str = "tokens_per_s") -> list:
+        n = len(per[num][c][what])
+        return [[["summary", "per_server", num, c, what, i], ["summary", "per_server", den, c, what, i]]
+                for i in range(n)]
+
+    clients = sorted(per["dspine"], key=int)
+    run = [_run(res, file)]
+    figures = {f"c{c}": _fig(file, ratio_keys("dspine", "dflash", c), "median") for c in clients}
+    every = [k for c in clients for k in ratio_keys("dspine", "dflash", c)]
+    taus = [k for c in clients for k in ratio_keys("dspine", "dflash", c, "tau")]
+    figures.update(min=_fig(file, every, "min"), max=_fig(file, every, "max"),
+                   tau_min=_fig(file, taus, "min"), tau_max=_fig(file, taus, "max"))
+    result = ("DSPINE ÷ DFLASH " + " / ".join("{c" + c + "}" for c in clients) + f" at {' / '.join(clients)} clients "
+              "(single repeats {min}–{max}); τ ratio {tau_min}–{tau_max}")
+    if "plain" in per:
+        figures.update({f"plain_c{c}": _fig(file, ratio_keys("dspine", "plain", c), "median") for c in clients})
+        result += "; DSPINE ÷ no speculation " + " / ".join("{plain_c" + c + "}" for c in clients)
+    rows = [{"id": "lab_pair_sglang_tokens_per_s", "result": result, "figures": figures, "runs": run}]
+    trees = [t for t in ("dspine_tree32", "dspine_tree64") if t in per]
+    if trees:
+        tps = [k for t in trees for c in clients for k in ratio_keys(t, "dspine", c)]
+        figures = {t: _fig(file, ratio_keys(t, "dspine", "1", "tau"), "median") for t in trees}
+        figures.update(tps_min=_fig(file, tps, "min"), tps_max=_fig(file, tps, "max"))
+        rows.append({"id": "tree_served", "figures": figures, "runs": run, "result":
+                     "τ ÷ the chain's " + " / ".join("{" + t + "}" for t in trees) + " at N = "
+                     + " / ".join(t.removeprefix("dspine_tree") for t in trees) + " (1 client); tokens/s ÷ the "
+                     "chain's {tps_min}–{tps_max} (single repeats, " + f"{clients[0]}–{clients[-1]} clients)"})
+    return rows
+
+
+ROW_BUILDERS = {"step_cost": ("serving_scale.json", rows_step_cost), "pair": ("serving_step_cost.json", rows_pair)}
+
+
+def write_headline(out: str, results: str, parts: list[Part]) -> list[str]:
+    """Every done part's rows into results/headline.json (a row keeps its measurement, link and sampling rule; its
+    result, figures and runs are the new run's), its result file copied beside as headline_<part>.json. The ids of
+    the rows written."""
+    state = load_state(out)
+    path = os.path.join(results, "headline.json")
+    headline = json.load(open(path))
+    by_id = {row["id"]: row for row in headline["rows"]}
+    written = []
+    for part in parts:
+        if state.get(part.name, {}).get("status") != "done" or part.name not in ROW_BUILDERS:
+            continue
+        name, build = ROW_BUILDERS[part.name]
+        dest = os.path.join(results, f"headline_{part.name}.json")
+        shutil.copyfile(os.path.join(out, "parts", part.name, name), dest)
+        for row in build(dest):
+            by_id[row["id"]].update(row)
+            written.append(row["id"])
+    with open(path, "w") as f:
+        json.dump(headline, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    return written
+
+
 def collect(out: str, parts: list[Part]) -> dict:
     """Every done part's collected figures, with the part's GPU and commit, under out/headline_parts.json."""
     state, found = load_state(out), {}
@@ -185,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="a part is killed after this many seconds")
     ap.add_argument("--status", action="store_true")
     ap.add_argument("--collect", action="store_true")
+    ap.add_argument("--write", metavar="RESULTS", help="with --collect: the collected rows into RESULTS/headline.json "
+                                                       "(benchmarks/results), then python -m benchmarks headline_table")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     state = load_state(args.out)
@@ -197,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.collect:
         found = collect(args.out, PARTS)
         print(f"headline: collected {', '.join(found) or 'no part'} -> {args.out}/headline_parts.json")
+        if args.write and found:
+            print(f"headline: rows {', '.join(write_headline(args.out, args.write, PARTS))} -> "
+                  f"{args.write}/headline.json")
         return 0 if found else 1
     part = next((p for p in PARTS if p.name == args.part), None) if args.part else next_part(state, PARTS)
     if part is None:

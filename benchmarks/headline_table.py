@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 
 from sglang_dspine.provenance import changed_files
@@ -37,7 +38,8 @@ def lookup(data, key: list):
 
 def figure_value(spec: dict, results_dir: str = RESULTS) -> float:
     """A figure's value as its result file gives it: `key` (a path into the JSON), divided by `over` where
-    given; `keys` (several such [key, over] pairs, over may be null) aggregated by `agg` (min, max, mean, sum)."""
+    given; `keys` (several such [key, over] pairs, over may be null) aggregated by `agg` (min, max, mean, median,
+    sum)."""
     with open(os.path.join(results_dir, spec["file"])) as f:
         data = json.load(f)
 
@@ -48,7 +50,7 @@ def figure_value(spec: dict, results_dir: str = RESULTS) -> float:
     if "keys" not in spec:
         return one(spec["key"], spec.get("over"))
     values = [one(key, over) for key, over in spec["keys"]]
-    return {"min": min, "max": max, "sum": sum, "mean": lambda v: sum(v) / len(v)}[spec["agg"]](values)
+    return {"min": min, "max": max, "sum": sum, "mean": statistics.mean, "median": statistics.median}[spec["agg"]](values)
 
 
 def shown(value: float, fmt: str) -> str:

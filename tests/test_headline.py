@@ -217,3 +217,58 @@ def test_device_headline_runs_a_part_and_resumes_from_what_came_back(tmp_path):
     assert r.returncode == 0, r.stderr
     assert calls.read_text().splitlines()[-1] == (f"-m benchmarks headline --out {tmp_path / 'run2'} --budget-s 300 "
                                                   'commit=abc1234 state={"a": "done"}')
+
+
+def test_collected_parts_become_checked_headline_rows(tmp_path):
+    """--collect --write: the step-cost and pair parts' files copied beside headline.json, their rows (step cost,
+    the lab pair's tokens/s with plain decoding's, the served trees) rebuilt from them with the new run's commit and
+    GPU, each figure a median, min or max over the repeats that reads back from its file; the other rows and each
+    row's measurement, link and sampling rule kept."""
+    import shutil
+
+    from benchmarks import headline as hr
+
+    out, results = tmp_path / "run", tmp_path / "results"
+    results.mkdir()
+    shutil.copy(ht.HEADLINE, results / "headline.json")
+    step = out / "parts" / "step_cost"
+    step.mkdir(parents=True)
+    row = lambda t, c, ms: {"clients": c, "temperature": t, "step_ms": ms}
+    rnd = lambda d: {"dflash": [row(0.0, 1, 10.0), row(0.0, 4, 20.0), row(1.0, 1, 10.0)],
+                     "dspine": [row(0.0, 1, 10.0 * d), row(0.0, 4, 20.0 * d), row(1.0, 1, 10.5)]}
+    prov = {"commit": "def5678", "gpu": "NVIDIA H100 80GB HBM3"}
+    (step / "serving_scale.json").write_text(json.dumps({"provenance": prov,
+                                                         "rounds": [rnd(1.02), rnd(1.01), rnd(1.04)]}))
+    pair = out / "parts" / "pair"
+    pair.mkdir(parents=True)
+    tps = lambda *v: {"1": {"tokens_per_s": list(v), "tau": [2.0, 2.0, 2.0]},
+                      "16": {"tokens_per_s": [x * 4 for x in v], "tau": [2.0, 2.0, 2.0]}}
+    per = {"plain": tps(500.0, 500.0, 500.0), "dflash": tps(400.0, 500.0, 500.0), "dspine": tps(600.0, 500.0, 550.0),
+           "dspine_tree32": tps(300.0, 300.0, 330.0), "dspine_tree64": tps(360.0, 250.0, 275.0)}
+    per["dspine_tree32"]["1"]["tau"] = [2.5, 2.5, 2.5]
+    (pair / "serving_step_cost.json").write_text(json.dumps({"provenance": prov, "summary": {"per_server": per}}))
+    (out / "state.json").write_text(json.dumps({n: {"status": "done", "gpu": "G"} for n in ("step_cost", "pair")}))
+    assert hr.main(["--out", str(out), "--collect", "--write", str(results)]) == 0
+    before = {r["id"]: r for r in json.loads(open(ht.HEADLINE).read())["rows"]}
+    after = {r["id"]: r for r in json.loads((results / "headline.json").read_text())["rows"]}
+    new = {"step_cost_qwen3_8b", "lab_pair_sglang_tokens_per_s", "tree_served"}
+    assert {i for i in after if after[i] != before[i]} == new and list(after) == list(before)
+    for i in new:
+        assert {k: after[i][k] for k in ("measurement", "where")} == {k: before[i][k] for k in ("measurement", "where")}
+        assert after[i]["runs"] == [{"commit": "def5678", "device": "NVIDIA H100 80GB HBM3",
+                                     "files": [f"headline_{'step_cost' if i.startswith('step') else 'pair'}.json"],
+                                     "repeats": "3 repeats: each figure their median unless it says min / max"}]
+        for name, spec in after[i]["figures"].items():
+            got = ht.figure_value(spec, str(results))
+            assert ht.shown(got, spec["fmt"]) == ht.shown(spec["value"], spec["fmt"]), (i, name)
+        assert "def5678" in ht.render_row(after[i])
+    assert after["tree_served"]["sampling_rule"] == before["tree_served"]["sampling_rule"]
+    shown = {i: after[i]["result"].format(**{n: ht.shown(s["value"], s["fmt"])
+                                             for n, s in after[i]["figures"].items()}) for i in new}
+    assert shown["step_cost_qwen3_8b"] == ("DSPINE's step ÷ DFLASH's 1.020 / 1.020 at 1 / 4 clients, T=0; 1.050 at 1 "
+                                           "clients, T=1 (single repeats 1.010–1.050)")
+    assert shown["lab_pair_sglang_tokens_per_s"] == ("DSPINE ÷ DFLASH 1.100 / 1.100 at 1 / 16 clients (single repeats "
+                                                     "1.000–1.500); τ ratio 1.000–1.000; DSPINE ÷ no speculation "
+                                                     "1.100 / 1.100")
+    assert shown["tree_served"] == ("τ ÷ the chain's 1.250 / 1.000 at N = 32 / 64 (1 client); tokens/s ÷ the chain's "
+                                    "0.500–0.600 (single repeats, 1–16 clients)")
