@@ -50,7 +50,8 @@ def figure_value(spec: dict, results_dir: str = RESULTS) -> float:
     if "keys" not in spec:
         return one(spec["key"], spec.get("over"))
     values = [one(key, over) for key, over in spec["keys"]]
-    return {"min": min, "max": max, "sum": sum, "mean": statistics.mean, "median": statistics.median}[spec["agg"]](values)
+    aggregate = {"min": min, "max": max, "sum": sum, "mean": statistics.mean, "median": statistics.median}
+    return aggregate[spec["agg"]](values)
 
 
 def shown(value: float, fmt: str) -> str:
