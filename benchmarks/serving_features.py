@@ -23,7 +23,7 @@ tests/test_serving_conformance.py, whose session fixture runs `Conformance` (the
 runs that file under pytest with its arguments (SERVING_FEATURES_ARGS) and exits 1 only when a server did not
 start or the tests did not run: failed checks are results (reported by pytest, in the summary).
 
-Usage on the GPU machine (repo root, carry .devbundle): `GIT_COMMIT=<hash> bash scripts/device/serving_features.sh`.
+Usage on the GPU machine (repo root, carry .devbundle): `GIT_COMMIT=<hash> bash scripts/device/run.sh features`.
 Results: $OUT/serving_features.json (everything), $OUT/serving_features_summary.json (also written to
 benchmarks/results/ on that machine), the tests' report in $OUT/serving_features_tests.xml (JUnit), the servers'
 logs in $OUT/serving_features_logs.tar.gz.

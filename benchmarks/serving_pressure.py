@@ -42,10 +42,10 @@ prompt plus the reference tokens before it fed as the prompt, one token asked) h
 NEAR_TIE_MARGIN of the best (a two-way tie: the top-2 and their gap; a three-way tie counts too).
 DFLASH refuses log-prob requests, so its margins come from the plain server (same target weights).
 
-Usage on the GPU machine (repo root, carry .devbundle): `GIT_COMMIT=<hash> bash scripts/device/serving_pressure.sh`;
+Usage on the GPU machine (repo root, carry .devbundle): `GIT_COMMIT=<hash> bash scripts/device/run.sh pressure`;
 the 20-minute soak on its own (longer than one device call: through scripts/device/job.sh):
-`... serving_pressure.sh --servers dspine --scenarios soak --soak-seconds 1200 --tag soak1200`; the memory scenario
-at Qwen3-8B geometry: `... serving_pressure.sh --geometry qwen3-8b`.
+`... run.sh pressure --servers dspine --scenarios soak --soak-seconds 1200 --tag soak1200`; the memory scenario
+at Qwen3-8B geometry: `... run.sh pressure --geometry qwen3-8b`.
 Results: $OUT/serving_pressure.json (everything), $OUT/serving_pressure_summary.json (also written to --results-dir
 if given), the servers' logs in $OUT/serving_pressure_logs.tar.gz; with --tag (a geometry's name by default)
 serving_pressure_TAG.json and so on.

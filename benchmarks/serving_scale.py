@@ -24,7 +24,7 @@ Phases (one GPU):
 Every server gets `--attention-backend triton --sampling-backend pytorch` unless `--attention-backend` /
 `--sampling-backend` say otherwise (`sglang-default`: the flag left out, as a user who passes none).
 
-Usage on the GPU machine (repo root, carry .devbundle): `bash scripts/device/serving_scale.sh [args]`.
+Usage on the GPU machine (repo root, carry .devbundle): `bash scripts/device/run.sh step_cost [args]`.
 Results: $OUT/serving_scale.json, benchmarks/results/serving_scale.json and serving_scale_summary.json.
 `--smoke` (CPU): makes the models at a tiny geometry and checks the summary code on synthetic timings.
 """

@@ -372,8 +372,9 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
     dev.mkdir(parents=True)
     shutil.copy(os.path.join(REPO, "scripts", "device", "versions.sh"), dev)
     log = tmp_path / "calls.txt"
-    for name, rc in (("gpu_tests.sh", 0), ("serving_scale.sh", 3), ("serving_features.sh", 0), ("serve.sh", 0)):
+    for name, rc in (("gpu_tests.sh", 0), ("run.sh", '$([ "$1" = step_cost ] && echo 3 || echo 0)'), ("serve.sh", 0)):
         (dev / name).write_text(f'#!/usr/bin/env bash\necho "{name} OUT=$OUT $*" >> {shlex.quote(str(log))}\nexit {rc}\n')
+    step = lambda call: " ".join(call.split()[:1] + call.split()[2:3] * call.startswith("run.sh"))  # run.sh SCENARIO
 
     def versions(*args, release=None, site=None):
         env = {**os.environ, "OUT": str(tmp_path / "out"), "SGLANG_SITE": str(site or tmp_path / "no-site")}
@@ -384,14 +385,14 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
                               text=True, timeout=60, env=env)
 
     r = versions("sglang-default/sglang-default", "features", "scale", "features", release="0.5.23")
-    assert r.returncode == 1, r.stderr  # serving_scale.sh failed: the run stops there
+    assert r.returncode == 1, r.stderr  # the step cost failed: the run stops there
     root = tmp_path / "out" / "0.5.23_sglang-default_sglang-default"
     calls = log.read_text().splitlines()
-    features = (f"serving_features.sh OUT={root}/features --load-seconds 60 --attention-backend sglang-default "
+    features = (f"run.sh OUT={root}/features features --load-seconds 60 --attention-backend sglang-default "
                 "--sampling-backend sglang-default")
     assert calls == [
         features,
-        f"serving_scale.sh OUT={root}/scale --servers dflash,dspine,dflash2 --alone-only --clients 1,4,16,48 "
+        f"run.sh OUT={root}/scale step_cost --servers dflash,dspine,dflash2 --alone-only --clients 1,4,16,48 "
         "--temperatures 0 --start-timeout 420 --attention-backend sglang-default --sampling-backend sglang-default"]
     assert [l.split(" in ")[0] for l in (root / "steps.txt").read_text().splitlines()] == [
         "versions.sh: 0.5.23 sglang-default/sglang-default features rc 0",
@@ -401,13 +402,12 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
     (dev / "gpu_tests.sh").write_text(f'#!/usr/bin/env bash\necho "gpu_tests.sh OUT=$OUT" >> {shlex.quote(str(log))}\n'
                                       "exit 1\n")
     r = versions("triton/pytorch", "tests", "features")  # failed tests do not stop the serving steps
-    assert r.returncode == 1 and [c.split(" OUT=")[0] for c in log.read_text().splitlines()] == [
-        "gpu_tests.sh", "serving_features.sh"]
+    assert r.returncode == 1 and [step(c) for c in log.read_text().splitlines()] == ["gpu_tests.sh", "run.sh features"]
     log.unlink()
     r = versions("triton/pytorch")  # the default order: the conformance before the step cost (whose last
     # server, SGLang's own DFlash2 on 0.5.23, may not start: it must not cost the conformance run)
-    assert r.returncode == 1 and [c.split(" OUT=")[0] for c in log.read_text().splitlines()] == [
-        "gpu_tests.sh", "serving_features.sh", "serving_scale.sh"]
+    assert r.returncode == 1 and [step(c) for c in log.read_text().splitlines()] == [
+        "gpu_tests.sh", "run.sh features", "run.sh step_cost"]
     assert "--servers dflash,dspine " in log.read_text()  # 0.5.17 (the default): no DFlash2
     log.unlink()
     r = versions("sglang-default/sglang-default", "e2e", release="0.5.23")  # by name only: the T=1 test there
@@ -428,7 +428,40 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
     (site / "sgl_kernel" / "flash_ops.abi3.so").write_bytes(b"")
     log.unlink()
     r = versions("sglang-default/sglang-default", "scale", site=site)
-    assert r.returncode == 1 and log.read_text().startswith("serving_scale.sh")  # ran (and failed: the stand-in)
+    assert r.returncode == 1 and step(log.read_text()) == "run.sh step_cost"  # ran (and failed: the stand-in)
+
+
+def test_device_run_starts_one_scenario_of_the_package(tmp_path):
+    """scripts/device/run.sh: after the set-up, `python3 -m benchmarks SCENARIO --out $OUT ARGS` from the repo root,
+    its log named by the scenario and its --tag, the batch lines kept off the screen, and the scenario's exit status
+    (not the filter's)."""
+    dev = tmp_path / "scripts" / "device"
+    dev.mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, "scripts", "device", "run.sh"), dev)
+    (dev / "setup.sh").write_text("true\n")  # stands for the bundle's set-up only
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("python3", 'echo "python3 $*"; echo "Decode batch. #running-req: 1"; exit "${RC:-0}"'),
+                       ("nvidia-smi", "echo 'NVIDIA H100 80GB HBM3, 570, 0 MiB, 81559 MiB'")):
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+
+    def run(*args, rc=0):
+        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
+               "RC": str(rc), "GIT_COMMIT": "abc1234"}
+        return subprocess.run(["bash", "scripts/device/run.sh", *args], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    out = tmp_path / "out"
+    r = run("pressure", "--scenarios", "soak", "--tag", "soak1200", rc=3)
+    assert r.returncode == 3
+    assert r.stdout.splitlines()[-1] == f"python3 -m benchmarks pressure --out {out} --scenarios soak --tag soak1200"
+    assert "Decode batch" in (out / "pressure_soak1200.log").read_text() and "Decode batch" not in r.stdout
+    assert (out / "gpu.txt").read_text().startswith("NVIDIA H100")
+    r = run("step_cost", "--servers", "dflash,dspine")
+    assert r.returncode == 0 and (out / "step_cost.log").exists()
+    r = run()
+    assert r.returncode != 0 and "usage: run.sh SCENARIO" in r.stderr
 
 
 def test_device_job_wait_returns_every_jobs_files(tmp_path):
@@ -579,7 +612,7 @@ def test_device_tree_runs_its_steps_in_order(tmp_path):
     dev.mkdir(parents=True)
     shutil.copy(os.path.join(REPO, "scripts", "device", "tree.sh"), dev)
     log = tmp_path / "calls.txt"
-    for name, rc in (("gpu_tests.sh", 1), ("serving_scale.sh", 0), ("serving_features.sh", 0), ("serve.sh", 0)):
+    for name, rc in (("gpu_tests.sh", 1), ("run.sh", 0), ("serve.sh", 0)):
         (dev / name).write_text(f'#!/usr/bin/env bash\necho "{name} OUT=$OUT TREE=${{SGLANG_DSPINE_TREE:-}} $*" '
                                 f'>> {shlex.quote(str(log))}\nexit {rc}\n')
 
@@ -596,10 +629,10 @@ def test_device_tree_runs_its_steps_in_order(tmp_path):
         f"gpu_tests.sh OUT={root}/tests TREE= ",
         f"serve.sh OUT={root}/step_cost TREE= step_cost --repeats 2 --t1-concurrency 16 "
         "--servers dspine,dspine_tree,dspine_tree32,dspine_tree64 --name tree_step_cost",
-        f"serving_scale.sh OUT={root}/scale TREE= --alone-only --servers dspine,dspine_tree16,dspine_tree32,"
+        f"run.sh OUT={root}/scale TREE= step_cost --alone-only --servers dspine,dspine_tree16,dspine_tree32,"
         "dspine_tree64 --clients 1,4,16,48 --temperatures 0 --repeats 1",
         f"serve.sh OUT={root}/e2e TREE=1 e2e --load-seconds 60 --dspine-args --speculative-num-draft-tokens 32",
-        f"serving_features.sh OUT={root}/features TREE=1 --servers plain,dspine --tag tree32 "
+        f"run.sh OUT={root}/features TREE=1 features --servers plain,dspine --tag tree32 "
         "--dspine-args --speculative-num-draft-tokens 32"]
     assert [l.split(" in ")[0] for l in (root / "steps.txt").read_text().splitlines()] == [
         "tree.sh: tests rc 1", "tree.sh: step_cost rc 0", "tree.sh: scale rc 0", "tree.sh: e2e rc 0",

@@ -10,7 +10,7 @@ serving_features.json and serving_features_summary.json under --out as the scrip
 asserts serving_features.verdict on those results.
 
 The arguments are serving_features.py's, in the environment variable SERVING_FEATURES_ARGS (default: none).
-On the GPU machine scripts/device/serving_features.sh runs this file (benchmarks/serving_features.py starts pytest
+On the GPU machine `scripts/device/run.sh features` runs this file (benchmarks/serving_features.py starts pytest
 on it); scripts/device/gpu_tests.sh leaves it out. By hand, from outside the repository root:
     SERVING_FEATURES_ARGS="--load-seconds 60 --out /tmp/out" python3 -m pytest REPO/tests/test_serving_conformance.py -m gpu -v -s
 Without a GPU every test is skipped (tests/conftest.py); tests/test_serving_features.py tests the checks on CPU.

@@ -537,7 +537,7 @@ sf.Server = Server
 
 
 def test_main_runs_the_gpu_tests_and_writes_the_summary(sf, tmp_path, monkeypatch, capsys):
-    """serving_features.main (scripts/device/serving_features.sh) runs tests/test_serving_conformance.py under
+    """serving_features.main (scripts/device/run.sh features) runs tests/test_serving_conformance.py under
     pytest with its arguments: on CPU, with the GPU skip left out (--noconftest) and the servers replaced by stubs
     at a port nothing listens on (DSPINE's not starting), the whole chain runs: the tests' fixture runs
     serving_features' Conformance once for the selected servers, every feature and the mixed load (its spawned

@@ -2,7 +2,7 @@
 # On the GPU machine, from the repo root (carry .devbundle): every test marked `gpu` (the CPU suite skips them),
 # run from /tmp against the package as installed (scripts/device/setup.sh). Log: $OUT/gpu_tests.log.
 # Not the request-conformance tests (tests/test_serving_conformance.py): they start three servers for minutes, and
-# scripts/device/serving_features.sh runs them (the version matrix's `features` step).
+# `scripts/device/run.sh features` runs them (the version matrix's `features` step).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 source scripts/device/setup.sh || exit 1

@@ -64,7 +64,7 @@ start (the lab's own evaluations left out; tree_offline evaluates the chains on 
     TREE_ARGS='--sizes 16,32,64 --arms dspine_lattice_depth,dspine_anchored_depth,dspine_extended,dflash_ddtree' \
     bash scripts/device/lab2.sh start --stages corpus,tokenizer,target,data,train,export
 device calls, none longer than ~540 s: `start && wait 510`, `wait 540`, `wait 540`, `wait` until DONE
-beside the 20-minute soak (serving_pressure.sh's header), both from the lease's first call: the soak's job
+beside the 20-minute soak (run.sh's header), both from the lease's first call: the soak's job
 started first (DSPINE_SITE=/tmp/dspine-site-soak, --port-offset 100; its server was up in 113 s beside the
 target's training at e7e0441), then this; each later call `job.sh wait soak 515; lab2.sh wait 5`, sent the
 moment the previous one returns (at e7e0441 a call sent 64 s after found the machine gone, and both jobs).

@@ -28,12 +28,12 @@ for step in $steps; do
     tests) OUT="$root/$step" bash scripts/device/gpu_tests.sh > /dev/null 2>&1 ;;
     step_cost) OUT="$root/$step" bash scripts/device/serve.sh step_cost --repeats 2 --t1-concurrency 16 \
                  --servers dspine,dspine_tree,dspine_tree32,dspine_tree64 --name tree_step_cost > /dev/null 2>&1 ;;
-    scale) OUT="$root/$step" bash scripts/device/serving_scale.sh --alone-only \
+    scale) OUT="$root/$step" bash scripts/device/run.sh step_cost --alone-only \
              --servers dspine,dspine_tree16,dspine_tree32,dspine_tree64 --clients 1,4,16,48 --temperatures 0 \
              --repeats 1 > /dev/null 2>&1 ;;
     e2e) SGLANG_DSPINE_TREE=1 OUT="$root/$step" bash scripts/device/serve.sh e2e --load-seconds 60 "${wide[@]}" \
            > /dev/null 2>&1 ;;
-    features) SGLANG_DSPINE_TREE=1 OUT="$root/$step" bash scripts/device/serving_features.sh --servers plain,dspine \
+    features) SGLANG_DSPINE_TREE=1 OUT="$root/$step" bash scripts/device/run.sh features --servers plain,dspine \
                 --tag tree32 "${wide[@]}" > /dev/null 2>&1 ;;
   esac
   rc=$?

@@ -44,9 +44,9 @@ for step in $steps; do
   t0=$(date +%s)
   case "$step" in
     tests) OUT="$root/tests" bash scripts/device/gpu_tests.sh ;;
-    scale) OUT="$root/scale" bash scripts/device/serving_scale.sh --servers "$servers" --alone-only \
+    scale) OUT="$root/scale" bash scripts/device/run.sh step_cost --servers "$servers" --alone-only \
              --clients 1,4,16,48 --temperatures 0 --start-timeout 420 --attention-backend "$attention" --sampling-backend "$sampling" ;;
-    features) OUT="$root/features" bash scripts/device/serving_features.sh --load-seconds 60 \
+    features) OUT="$root/features" bash scripts/device/run.sh features --load-seconds 60 \
                 --attention-backend "$attention" --sampling-backend "$sampling" ;;
     e2e) OUT="$root/e2e" bash scripts/device/serve.sh e2e --no-deterministic \
            --attention-backend "$attention" --sampling-backend "$sampling" ;;
