@@ -15,10 +15,11 @@ starts on an H100 (80 GB) as on an H200 (141 GB). Every figure is the median of 
 their min and max, and the row names the commit and the GPU its part ran on; the lab pair's row has plain
 decoding's tokens/s beside the speculative servers'.
 
-Collected so far: the step cost at Qwen3-8B geometry (part step_cost) and the lab pair's and the served trees'
-tokens/s and τ (part pair), and `--write` puts their rows into headline.json; the other parts run and keep
-their results, and their rows stay the earlier runs' (marked stale) until a builder reads them. Not run on a GPU
-yet: the seconds in PARTS are estimates, and so is the memory sizing.
+`--collect` gives the repeats' spread for the step cost at Qwen3-8B geometry (part step_cost) and the lab pair's
+and the served trees' tokens/s and τ (part pair); `--write` puts every done part's rows into headline.json
+(ROW_BUILDERS). Not in the parts: the soak, features under SGLang's default backends, the other training recipes
+(their rows say what the run measured). Not run on a GPU yet: the seconds in PARTS are estimates, and so is the
+memory sizing.
 The offline rows (the lab's τ, the trees offline) are CPU runs of their own (`python -m benchmarks lab`, `trees`).
 """
 from __future__ import annotations
@@ -168,18 +169,19 @@ COLLECTORS = {"step_cost": collect_step_cost, "pair": collect_pair}
 # ------------------------------------------------------------------------------------------- headline.json rows
 # Each builder reads a part's result file (copied to benchmarks/results/headline_<part>.json) and gives the rows it
 # re-measures: figures as keys into that file, so tests/test_headline.py checks them like every other row's.
-def _fig(file: str, keys: list, agg: str, fmt: str = ".3f") -> dict:
+def _fig(file: str, keys: list, agg: str = "max", fmt: str = ".3f") -> dict:
     from benchmarks.headline_table import figure_value
 
     spec = {"file": os.path.basename(file), "fmt": fmt, "keys": keys, "agg": agg}
     value = figure_value(spec, os.path.dirname(file))
-    return {"value": float(format(value, fmt)), **spec}  # as shown (rounded once)
+    return {"value": float(format(value, fmt.replace(",", ""))), **spec}  # as shown (rounded once)
 
 
-def _run(res: dict, file: str) -> dict:
-    p = res["provenance"]
+def _run(res: dict, file: str, repeats: str = f"{REPEATS} repeats: each figure their median unless it says min / max"
+         ) -> dict:
+    p = res.get("provenance") or res  # a summary carries commit and gpu itself
     return {"commit": p["commit"], "device": p.get("gpu") or "no GPU", "files": [os.path.basename(file)],
-            "repeats": f"{REPEATS} repeats: each figure their median unless it says min / max"}
+            "repeats": repeats}
 
 
 def rows_step_cost(file: str) -> list[dict]:
@@ -239,7 +241,62 @@ def rows_pair(file: str) -> list[dict]:
     return rows
 
 
-ROW_BUILDERS = {"step_cost": ("serving_scale.json", rows_step_cost), "pair": ("serving_step_cost.json", rows_pair)}
+def rows_kv(file: str) -> list[dict]:
+    res = json.load(open(file))
+    key = lambda s: [["alone_default_graph_bs", s, "memory", "max_total_num_tokens"], None]
+    ratio = [[key("dspine")[0], key("dflash")[0]]]
+    figures = {"dspine": _fig(file, [key("dspine")], fmt=",.0f"), "dflash": _fig(file, [key("dflash")], fmt=",.0f"),
+               "ratio": _fig(file, ratio)}
+    return [{"id": "kv_cache_qwen3_8b", "result": "{dspine} tokens vs DFLASH's {dflash} ({ratio}×)",
+             "figures": figures, "runs": [_run(res, file, "1 start each")]}]
+
+
+def rows_features(file: str) -> list[dict]:
+    res = json.load(open(file))
+    key = lambda s, k: [["servers", s, k], None]
+    figures = {s: _fig(file, [key(s, "features_ok")], fmt=".0f") for s in ("dspine", "dflash", "plain")}
+    figures["total"] = _fig(file, [key("dspine", "features_total")], fmt=".0f")
+    return [{"id": "request_features", "figures": figures, "runs": [_run(res, file, "1 run")],
+             "result": "DSPINE {dspine} of {total}, stock DFLASH {dflash}, no speculation {plain} (the scripts' "
+                       "backends, triton / pytorch)"}]
+
+
+def rows_pressure(file: str) -> list[dict]:
+    res = json.load(open(file))
+    scen = res["servers"]["dspine"]["scenarios"]
+
+    def keys(server: str, what: str) -> list:
+        return [[["servers", server, "scenarios", n, what], None] for n in sorted(scen)
+                if isinstance(res["servers"][server]["scenarios"].get(n, {}).get(what), (int, float))]
+
+    figures = {"n": _fig(file, keys("dspine", "ok"), "sum", ".0f"),
+               "errors": _fig(file, keys("dspine", "errors"), "sum", ".0f"),
+               "mism": _fig(file, keys("dspine", "mismatches"), "sum", ".0f"),
+               "near": _fig(file, keys("dspine", "mismatches_near_tie"), "sum", ".0f"),
+               "leaked": _fig(file, keys("dspine", "leaked_tokens"), "sum", ".0f"),
+               "dflash_ok": _fig(file, keys("dflash", "ok"), "sum", ".0f")}
+    return [{"id": "pressure", "figures": figures, "runs": [_run(res, file, "1 run")],
+             "measurement": "under pressure (built-in pair): " + ", ".join(sorted(scen)),
+             "result": "DSPINE passes {n} of " + str(len(scen)) + " scenarios: {errors} errors, {mism} differences "
+                       "from the server alone ({near} at near-ties), {leaked} leaked KV slots; stock DFLASH passes "
+                       "{dflash_ok}"}]
+
+
+def rows_train(file: str) -> list[dict]:
+    res = json.load(open(file))
+    figures = {"ratio": _fig(file, [[["dspine_over_dflash_step"], None]], fmt=".2f"),
+               "accum": _fig(file, [[["settings", "grad_accum"], None]], fmt=".0f"),
+               "steps": _fig(file, [[["settings", "steps"], None]], fmt=".0f")}
+    return [{"id": "training_step_qwen3_8b", "figures": figures, "runs": [_run(res, file, "1 run")],
+             "result": "{ratio}× DFlash's step with the " + res["settings"]["recipe"] + " recipe and {accum} "
+                       "accumulation steps (mean of {steps} timed steps)"}]
+
+
+ROW_BUILDERS = {"step_cost": ("serving_scale.json", rows_step_cost), "pair": ("serving_step_cost.json", rows_pair),
+                "kv_alone": ("serving_scale_summary.json", rows_kv),
+                "features": ("serving_features_summary.json", rows_features),
+                "pressure": ("serving_pressure_summary.json", rows_pressure),
+                "train_step": ("train_scale_summary.json", rows_train)}
 
 
 def write_headline(out: str, results: str, parts: list[Part]) -> list[str]:
@@ -301,10 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.collect:
         found = collect(args.out, PARTS)
         print(f"headline: collected {', '.join(found) or 'no part'} -> {args.out}/headline_parts.json")
-        if args.write and found:
-            print(f"headline: rows {', '.join(write_headline(args.out, args.write, PARTS))} -> "
-                  f"{args.write}/headline.json")
-        return 0 if found else 1
+        written = write_headline(args.out, args.write, PARTS) if args.write else []
+        if args.write:
+            print(f"headline: rows {', '.join(written) or 'none'} -> {args.write}/headline.json")
+        return 0 if found or written else 1
     part = next((p for p in PARTS if p.name == args.part), None) if args.part else next_part(state, PARTS)
     if part is None:
         print("headline: every part is done; --collect gathers them")

@@ -272,3 +272,39 @@ def test_collected_parts_become_checked_headline_rows(tmp_path):
                                                      "1.100 / 1.100")
     assert shown["tree_served"] == ("τ ÷ the chain's 1.250 / 1.000 at N = 32 / 64 (1 client); tokens/s ÷ the chain's "
                                     "0.500–0.600 (single repeats, 1–16 clients)")
+
+
+def test_every_parts_rows_from_files_shaped_as_the_committed_ones(tmp_path):
+    """--write for the parts without a spread to collect (KV alone, features, pressure, training step), on copies
+    of the committed summaries those scenarios wrote: the rows give back the numbers the README had from them, with
+    each file's commit and GPU."""
+    import shutil
+
+    from benchmarks import headline as hr
+
+    out, results = tmp_path / "run", tmp_path / "results"
+    results.mkdir()
+    shutil.copy(ht.HEADLINE, results / "headline.json")
+    for part, committed in (("kv_alone", "serving_scale_alone_summary.json"),
+                            ("features", "serving_features_summary.json"),
+                            ("pressure", "serving_pressure_summary.json"), ("train_step", "train_scale_summary.json")):
+        (out / "parts" / part).mkdir(parents=True)
+        shutil.copy(os.path.join(ht.RESULTS, committed), out / "parts" / part / hr.ROW_BUILDERS[part][0])
+    (out / "state.json").write_text(json.dumps({p: {"status": "done", "gpu": "G"}
+                                                for p in ("kv_alone", "features", "pressure", "train_step")}))
+    assert hr.main(["--out", str(out), "--collect", "--write", str(results)]) == 0
+    rows = {r["id"]: r for r in json.loads((results / "headline.json").read_text())["rows"]}
+    shown = {}
+    for i in ("kv_cache_qwen3_8b", "request_features", "pressure", "training_step_qwen3_8b"):
+        for name, spec in rows[i]["figures"].items():
+            assert ht.shown(ht.figure_value(spec, str(results)), spec["fmt"]) == ht.shown(spec["value"], spec["fmt"])
+        shown[i] = rows[i]["result"].format(**{n: ht.shown(s["value"], s["fmt"]) for n, s in rows[i]["figures"].items()})
+    assert shown["kv_cache_qwen3_8b"] == "606,022 tokens vs DFLASH's 612,965 (0.989×)"
+    assert rows["kv_cache_qwen3_8b"]["runs"][0]["commit"] == "c89e04d"
+    assert shown["request_features"].startswith("DSPINE 17 of 17, stock DFLASH 14, no speculation 17")
+    assert shown["pressure"] == ("DSPINE passes 4 of 4 scenarios: 0 errors, 26 differences from the server alone (26 "
+                                 "at near-ties), 0 leaked KV slots; stock DFLASH passes 2")
+    assert rows["pressure"]["measurement"].startswith("under pressure (built-in pair): disconnects, graph_overflow")
+    assert shown["training_step_qwen3_8b"] == ("1.21× DFlash's step with the ce_anneal recipe and 2 accumulation "
+                                               "steps (mean of 10 timed steps)")
+    assert rows["training_step_qwen3_8b"]["runs"][0]["commit"] == "e5b9d6a"
