@@ -308,3 +308,19 @@ def test_every_parts_rows_from_files_shaped_as_the_committed_ones(tmp_path):
     assert shown["training_step_qwen3_8b"] == ("1.21× DFlash's step with the ce_anneal recipe and 2 accumulation "
                                                "steps (mean of 10 timed steps)")
     assert rows["training_step_qwen3_8b"]["runs"][0]["commit"] == "e5b9d6a"
+
+
+def test_serving_summary_rewrites_the_lab_summarys_previous_not_its_second_edition(tmp_path, monkeypatch, capsys):
+    """benchmarks/serving_summary.py on the committed results: lab_summary.json comes back as committed, the lab's
+    second edition on top and the pair's summary under `previous` (before, it wrote the pair's over the edition)."""
+    import shutil
+
+    from benchmarks import serving_summary as ss
+
+    results = tmp_path / "results"
+    shutil.copytree(ht.RESULTS, results)
+    monkeypatch.setattr(ss, "RESULTS", str(results))
+    before = json.loads((results / "lab_summary.json").read_text())
+    ss.main()
+    after = json.loads((results / "lab_summary.json").read_text())
+    assert after["edition"] == 2 and after == before
