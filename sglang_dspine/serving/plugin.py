@@ -28,11 +28,11 @@ from . import sglang_patches
 from .startup_checks import (  # noqa: F401
     ALGORITHM,
     StartupRefusal,
+    check_adaptive,
     check_drafter_folder,
     check_not_a_dspine_drafter,
     check_placement,
     check_server_args,
-    check_adaptive,
     check_tree,
     dflash_refusal_as_dspine,
 )

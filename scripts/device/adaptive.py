@@ -1,0 +1,214 @@
+"""Adaptive verification (SGLANG_DSPINE_VERIFY=adaptive) against fixed servers, each server alone on the GPU.
+
+Phases (`--phases`, in order; each server's cell is written to the JSON as soon as it is measured, and a rerun
+with the same --out skips the servers already there, so a lost machine loses one server's work at most):
+  pair      the built-in pair (or --models): plain, DFLASH, DSPINE at the block, DSPINE adaptive, each alone;
+            T=0 at --clients, `--repeats` rounds a cell (median, min, max tokens/s; τ), T=1 at 1 and 48; the
+            adaptive server's shape counts per cell (its log lines); greedy outputs (24 prompts, 8 clients)
+            against plain.
+  geometry  Qwen3-8B geometry, random weights (--load-format dummy): plain, DSPINE at the block and adaptive
+            alone; tokens/s per client count, and the adaptive server's own step-time table per (batch bucket,
+            shape), which its policy measured online (every shape is run a few times per bucket before it
+            decides); projected tokens/s with the pair's acceptance per width.
+  profile   (with geometry) SGLang's profiler over 20 steps at 48 clients, adaptive and plain: GPU kernel time
+            per step against the wall time per step.
+Writes $OUT/adaptive.json. Usage (GPU machine, repo root, after `source scripts/device/setup.sh`):
+    python3 scripts/device/adaptive.py --out $OUT [--phases pair,geometry]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+
+from serve_e2e import model_layout, prompts_for
+
+from sglang_dspine.provenance import provenance
+from sglang_dspine.source_files import load_package
+
+_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+load_package("benchmarks", os.path.join(_root, "benchmarks"))  # the repository root stays off sys.path
+from benchmarks import servers as bench  # noqa: E402
+from benchmarks import serving_scale as scale  # noqa: E402
+
+ADAPTIVE_ENV = {"SGLANG_DSPINE_VERIFY": "adaptive"}
+POLICY_LINE = re.compile(r"DSPINE adaptive verify: steps by shape since start: (.*?); policy (\{.*\})")
+PAIR_ARGS = ["--grammar-backend", "none", "--cuda-graph-max-bs-decode", "64", "--mem-fraction-static", "0.3",
+             "--disable-prefill-cuda-graph"]
+
+
+def policy_state(server) -> tuple[dict, dict]:
+    """(steps per shape since start, the policy's last summary) from the adaptive server's last log line."""
+    lines = POLICY_LINE.findall(server.text())
+    if not lines:
+        return {}, {}
+    counts, summary = lines[-1]
+    return {k: int(v) for k, v in (c.rsplit(" ", 1) for c in counts.split(", "))}, json.loads(summary)
+
+
+def cell(rounds: list[dict]) -> dict:
+    tps = [r["tokens_per_s"] for r in rounds]
+    taus = [r["tau"] for r in rounds if r.get("tau")]
+    return {"tokens_per_s": {"median": statistics.median(tps), "min": min(tps), "max": max(tps), "all": tps},
+            "tau": statistics.median(taus) if taus else None,
+            "step_ms": statistics.median([r["step_ms"] for r in rounds if r.get("step_ms")] or [None])
+            if any(r.get("step_ms") for r in rounds) else None}
+
+
+def measure_server(name, server, prompts, clients, t1_clients, repeats, max_new):
+    """One server alone: greedy answers, then per client count `repeats` rounds at T=0 (and T=1 at
+    `t1_clients`), with the adaptive server's steps per shape."""
+    rec = {"memory": server.memory(), "t0": {}, "t1": {}}
+    bench.wave_round(server, prompts, 8, 16)  # warm-up
+    # greedy answers to compare with plain decoding's: 24 prompts, 8 at a time (the adaptive server switches)
+    rec["greedy_ids"] = [o["output_ids"] for o in bench.wave_round(server, prompts, 8, max_new, 0.0, requests=24)[1]]
+    for temp, cs, key in ((0.0, clients, "t0"), (1.0, t1_clients, "t1")):
+        for c in cs:
+            before = policy_state(server)[0]
+            rounds = [bench.wave_round(server, prompts, c, max_new, temp)[0] for _ in range(repeats)]
+            rec[key][str(c)] = cell(rounds)
+            after, summary = policy_state(server)
+            if after:
+                rec[key][str(c)]["shapes"] = {k: v - before.get(k, 0) for k, v in after.items()
+                                              if v - before.get(k, 0)}
+                rec[key][str(c)]["policy"] = summary
+            print(name, key, c, {k: rec[key][str(c)][k] for k in ("tau",)},
+                  round(rec[key][str(c)]["tokens_per_s"]["median"], 1), rec[key][str(c)].get("shapes"), flush=True)
+    return rec
+
+
+def run_alone(res, phase, name, args_, env, prompts, args, out_path, timeout=600):
+    if name in res.setdefault(phase, {}):
+        print(f"{phase}/{name}: already measured, skipped", flush=True)
+        return
+    server = bench.Server(name, 34000, args_, args.out, env=env)
+    try:
+        rec = server.start_record(timeout=timeout)
+        if rec["up"]:
+            rec.update(measure_server(name, server, prompts, args.clients, args.t1_clients if phase == "pair" else [],
+                                      args.repeats, args.max_new))
+            counts, summary = policy_state(server)
+            if counts:
+                rec["shapes_total"], rec["policy_last"] = counts, summary
+        res[phase][name] = rec
+    finally:
+        server.stop()
+        os.replace(server.log, os.path.join(args.out, f"server_{phase}_{name}.log"))
+    json.dump(res, open(out_path, "w"), indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    ap.add_argument("--models", default=os.path.join(_root, "models", "default"))
+    ap.add_argument("--phases", default="pair,geometry")
+    ap.add_argument("--pair-servers", default="plain,dspine_adaptive,dspine,dflash")
+    ap.add_argument("--geometry-servers", default="plain,dspine_adaptive,dspine")
+    ap.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4, 16, 48, 64])
+    ap.add_argument("--t1-clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 48])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-new", type=int, default=96)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    out_path = os.path.join(args.out, "adaptive.json")
+    res = json.load(open(out_path)) if os.path.exists(out_path) else {}
+    res["provenance"] = provenance(sys.argv)
+    phases = args.phases.split(",")
+    if "pair" in phases:
+        from transformers import AutoTokenizer
+
+        models = model_layout(args.models)
+        target = os.path.join(models, "target")
+        prompts = [ids for _, ids in prompts_for(AutoTokenizer.from_pretrained(target), 48,
+                                                 os.path.join(models, "suites"))]
+        spec = lambda algo, d: bench.spec_args(target, algo, os.path.join(models, d), *PAIR_ARGS)
+        servers = {"plain": (["--model-path", target, *PAIR_ARGS], None), "dflash": (spec("DFLASH", "dflash"), None),
+                   "dspine": (spec("DSPINE", "dspine"), None), "dspine_adaptive": (spec("DSPINE", "dspine"),
+                                                                                  ADAPTIVE_ENV)}
+        for name in filter(None, args.pair_servers.split(",")):
+            run_alone(res, "pair", name, *servers[name], prompts, args, out_path)
+    if "geometry" in phases:
+        work = "/tmp/adaptive_geometry"
+        target = scale.write_target(work, scale.GEOMETRIES["qwen3-8b"])
+        drafters = scale.write_drafters(work, scale.GEOMETRIES["qwen3-8b"], scale.DRAFTER, "cuda")
+        prompts = scale.random_prompts(64, 512, scale.GEOMETRIES["qwen3-8b"]["vocab_size"])
+        common = ["--load-format", "dummy", "--skip-tokenizer-init", "--mem-fraction-static", "0.85",
+                  "--cuda-graph-max-bs-decode", "64", "--disable-prefill-cuda-graph"]
+        servers = {"plain": (["--model-path", target, *common], None),
+                   "dspine": (bench.spec_args(target, "DSPINE", drafters["dspine"], *common,
+                                              "--speculative-draft-load-format", "safetensors"), None)}
+        servers["dspine_adaptive"] = (servers["dspine"][0], ADAPTIVE_ENV)
+        for name in filter(None, args.geometry_servers.split(",")):
+            run_alone(res, "geometry", name, *servers[name], prompts, args, out_path)
+        if "profile" in phases:  # where a step's time goes at 48 clients: GPU kernel time per step vs wall
+            for name in ("dspine_adaptive", "plain"):
+                if name in res.setdefault("profile", {}):
+                    continue
+                server = bench.Server(f"prof_{name}", 34001, servers[name][0], args.out,
+                                      env={**(servers[name][1] or {}), "SGLANG_TORCH_PROFILER_DIR": "/tmp/prof"})
+                try:
+                    if server.wait(600):
+                        wall = bench.wave_round(server, prompts, 48, 128)[0]
+                        prof = scale.profile(server, prompts, 48, 20, "/tmp/prof", 256)
+                        top = sorted(prof.get("kernels", {}).items(), key=lambda kv: -kv[1]["us"])[:15]
+                        res["profile"][name] = {"wall_ms_per_step": 1000 * wall["seconds"] * 48 / wall["output_tokens"],
+                                                "gpu_us_per_step": prof.get("gpu_us_per_step"),
+                                                "running": prof.get("running_requests_in_log"),
+                                                "top_kernels_us_per_step": {k: v["us_per_step"] for k, v in top},
+                                                "error": prof.get("error")}
+                        print("profile", name, json.dumps(res["profile"][name])[:1500], flush=True)
+                finally:
+                    server.stop()
+                json.dump(res, open(out_path, "w"), indent=1)
+    res["summary"] = summarize(res)
+    json.dump(res, open(out_path, "w"), indent=1)
+    print(json.dumps(res["summary"], indent=1))
+
+
+def summarize(res: dict) -> dict:
+    """The issue's shape: end_to_end[clients][server] = {tokens_per_s: {median, min, max}, tau, shapes};
+    geometry step table per (bucket, shape) and the projection with the pair's acceptance."""
+    e2e = {}
+    for name, rec in res.get("pair", {}).items():
+        for key, cells in (("t0", rec.get("t0", {})), ("t1", rec.get("t1", {}))):
+            for c, v in cells.items():
+                row = e2e.setdefault(c if key == "t0" else f"{c}_t1", {})
+                row[name] = {"tokens_per_s": {k: round(v["tokens_per_s"][k], 1) for k in ("median", "min", "max")},
+                             "tau": v["tau"], **({"shapes": v["shapes"]} if v.get("shapes") else {})}
+    ref = res.get("pair", {}).get("plain", {}).get("greedy_ids")
+    same = {n: [a == b for a, b in zip(r["greedy_ids"], ref)] for n, r in res.get("pair", {}).items()
+            if ref and n != "plain" and r.get("greedy_ids")}
+    out = {"end_to_end": e2e, "greedy_equal_to_plain": {n: f"{sum(v)}/{len(v)}" for n, v in same.items()}}
+    geo = res.get("geometry", {})
+    table = (geo.get("dspine_adaptive", {}).get("policy_last") or {}).get("step_ms")
+    plain = {c: 1000.0 * int(c) / v["tokens_per_s"]["median"] for c, v in geo.get("plain", {}).get("t0", {}).items()}
+    # acceptance per shape at T=0: the adaptive server's policy after its last T=0 cell of the pair phase
+    t0_cells = res.get("pair", {}).get("dspine_adaptive", {}).get("t0", {})
+    last = t0_cells[max(t0_cells, key=int)] if t0_cells else {}
+    accept = (last.get("policy") or {}).get("expected_tokens")
+    if table:
+        out["geometry_step_ms"] = {"plain": {c: round(v, 3) for c, v in plain.items()}, "dspine_shapes": table}
+    if table and accept and plain:
+        proj = {}
+        for c, plain_ms in plain.items():
+            bucket = min((int(b) for b in table if int(b) >= int(c)), default=None)
+            row = table.get(str(bucket)) or {}
+            rates = {s: accept[s] / ms for s, ms in row.items() if s in accept}
+            proj[c] = {"plain": round(1000 * int(c) / plain_ms, 1)}
+            if "chain16" in rates:
+                proj[c]["dspine"] = round(1000 * int(c) * rates["chain16"], 1)
+            if rates:
+                best = max(rates, key=rates.get)
+                proj[c]["dspine_adaptive"] = round(1000 * int(c) * rates[best], 1)
+                proj[c]["adaptive_shape"] = best
+        out["geometry_projection"] = proj
+        out["projection_acceptance"] = {"expected_tokens_per_shape": accept, "from": "the built-in pair's adaptive "
+                                        "server (its policy's per-position acceptance after its last T=0 cell)"}
+    return out
+
+
+if __name__ == "__main__":
+    main()
