@@ -111,7 +111,12 @@ def main():
     ap.add_argument("--t1-clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 48])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=96)
+    ap.add_argument("--merge", nargs="+", metavar="ADAPTIVE_JSON",
+                    help="no GPU: merge these runs' phases (later files win) and write the summary to "
+                         "--out/adaptive_summary.json")
     args = ap.parse_args()
+    if args.merge:
+        return merge(args.merge, args.out)
     os.makedirs(args.out, exist_ok=True)
     out_path = os.path.join(args.out, "adaptive.json")
     res = json.load(open(out_path)) if os.path.exists(out_path) else {}
@@ -166,6 +171,67 @@ def main():
     res["summary"] = summarize(res)
     json.dump(res, open(out_path, "w"), indent=1)
     print(json.dumps(res["summary"], indent=1))
+
+
+def merge(paths: list[str], out: str) -> None:
+    """The phases of several runs in one summary (`summarize`), with each run's provenance and the GPU it names."""
+    res, runs = {}, []
+    for p in paths:
+        r = json.load(open(p))
+        phases = [k for k in ("pair", "geometry", "profile") if k in r]
+        runs.append({"file": os.path.basename(os.path.dirname(os.path.dirname(p))) or p,
+                     "provenance": r.get("provenance"), "phases": phases})
+        for phase in ("pair", "geometry", "profile"):
+            res.setdefault(phase, {}).update(r.get(phase, {}))
+    summary = summarize(res)
+    pair = {n: {k: v for k, v in rec.items() if k != "greedy_ids"} for n, rec in res.get("pair", {}).items()}
+    geo = res.get("geometry", {})
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "adaptive_summary.json")
+    json.dump({**summary, "runs": runs, "pair_cells": pair, "geometry_cells": geo}, open(path, "w"), indent=1)
+    print(f"wrote {path}")
+    plot(summary, os.path.join(out, "adaptive_tokens_per_s.png"), runs)
+
+
+def plot(summary: dict, path: str, runs: list[dict]) -> None:
+    """Tokens/s against clients, one line per server (median, min-max as error bars): the built-in pair end to
+    end and, where measured, the Qwen3-8B geometry projection."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: matplotlib is missing (pip install '.[lab]')")
+        return
+    e2e = {int(c): row for c, row in summary.get("end_to_end", {}).items() if c.isdigit()}
+    proj = {int(c): row for c, row in summary.get("geometry_projection", {}).items()}
+    fig, axes = plt.subplots(1, 2 if proj else 1, figsize=(11 if proj else 6, 4), squeeze=False)
+    ax = axes[0][0]
+    for name in ("plain", "dflash", "dspine", "dspine_adaptive"):
+        cs = [c for c in sorted(e2e) if name in e2e[c]]
+        if not cs:
+            continue
+        med = [e2e[c][name]["tokens_per_s"]["median"] for c in cs]
+        lo = [m - e2e[c][name]["tokens_per_s"]["min"] for m, c in zip(med, cs)]
+        hi = [e2e[c][name]["tokens_per_s"]["max"] - m for m, c in zip(med, cs)]
+        ax.errorbar(cs, med, yerr=[lo, hi], marker="o", capsize=3, label=name)
+    gpu = ", ".join(sorted({(r.get("provenance") or {}).get("gpu", "?") for r in runs}))
+    commit = ", ".join(sorted({(r.get("provenance") or {}).get("commit", "?") for r in runs}))
+    ax.set(xscale="log", yscale="log", xlabel="clients", ylabel="output tokens/s",
+           title=f"built-in pair, T=0, each server alone\n{gpu}, {commit}, median of 3 (min-max)")
+    ax.legend()
+    if proj:
+        ax = axes[0][1]
+        for name in ("plain", "dspine", "dspine_adaptive"):
+            cs = [c for c in sorted(proj) if name in proj[c]]
+            ax.plot(cs, [proj[c][name] for c in cs], marker="o", label=name)
+        ax.set(xscale="log", yscale="log", xlabel="clients", ylabel="projected tokens/s",
+               title="Qwen3-8B geometry: measured step times\n× the pair's acceptance per shape")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
 
 
 def summarize(res: dict) -> dict:
