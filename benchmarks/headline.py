@@ -60,7 +60,7 @@ PARTS = [
     Part("pair", ("lab_pair_sglang_tokens_per_s", "tree_served"), 480, 5,
          [os.path.join("scripts", "device", "serve_step_cost.py"), "--models", os.path.join("models", "default"),
           "--out", "{out}", "--servers", "plain,dflash,dspine,dspine_tree32,dspine_tree64",
-          "--repeats", str(REPEATS), "--mem-fraction", "{mem}"]),
+          "--repeats", str(REPEATS), "--mem-fraction", "{mem}", "--pool", "60000"]),  # equal KV pools
     Part("features", ("request_features",), 420, 3, ["-m", "benchmarks", "features", "--out", "{out}"]),
     Part("pressure", ("pressure",), 420, 3, ["-m", "benchmarks", "pressure", "--out", "{out}"]),
     Part("train_step", ("training_step_qwen3_8b",), 300, 0,

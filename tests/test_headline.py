@@ -106,6 +106,7 @@ def test_parts_name_rows_scenarios_and_repeats(headline):
             assert int(part.argv[part.argv.index("--repeats") + 1]) >= 3, part.name
     pair = next(p for p in hr.PARTS if p.name == "pair")
     assert "plain" in pair.argv[pair.argv.index("--servers") + 1].split(",")  # beside every tokens/s
+    assert "--pool" in pair.argv  # side by side with equal KV pools (step_cost's have serving_scale's --pool)
 
 
 def test_parts_resume_after_a_part_that_did_not_end(tmp_path, monkeypatch, capsys):

@@ -56,6 +56,9 @@ def main():
     ap.add_argument("--name", default="serving_step_cost", help="results file name (without .json)")
     ap.add_argument("--mem-fraction", type=float, default=None,
                     help="--mem-fraction-static of every server (default serve_e2e's, sized for five on an H200)")
+    ap.add_argument("--pool", type=int, default=None,
+                    help="--max-total-tokens of every server: KV pools of one size side by side (default: as memory "
+                         "gives)")
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="requests stop at the target's end token (default: all run --max-new tokens)")
     args = ap.parse_args()
@@ -79,9 +82,10 @@ def main():
         args_env[f"dspine_tree{n}"] = (spec("DSPINE", os.path.join(models, "dspine")) +
                                        ["--speculative-num-draft-tokens", str(n)], {"SGLANG_DSPINE_TREE": "1"})
     mem = ["--mem-fraction-static", str(args.mem_fraction)] if args.mem_fraction else []  # after the default
+    mem += ["--max-total-tokens", str(args.pool)] if args.pool else []
     servers = {n: Server(n, 32000 + SERVERS.index(n), [*args_env[n][0], *mem], args.out, env=args_env[n][1])
                for n in names}
-    results = {"provenance": provenance(sys.argv), "models": models}
+    results = {"provenance": provenance(sys.argv), "models": models, "server_args_added": mem}
     out = os.path.join(args.out, f"{args.name}.json")
     try:
         up = wait_all(servers, results)
