@@ -215,6 +215,65 @@ def worker_shell(model, lm_head, block_size, draft_pool=None, cls=None):
     return worker
 
 
+def step_shell(served, cls, reserve: int, seed: int):
+    """What a decode step's tail runs on, on the CPU: test_serving_glue's pair (`served`, B = 4), the SGLang draft
+    model with its weights, a draft KV pool and a shell of worker class `cls` (`worker_shell`), and three
+    requests with random context features already written into the draft KV, each with `reserve` slots past
+    its committed length (SGLang reserves 2 N). Returns a namespace: model, pool, req_to_token, worker, g (the
+    generator, for the test's own draws), width (feature size), seq_lens, anchors, req (pool rows), ctx_feats."""
+    from safetensors.torch import load_file
+    from test_serving_glue import _padded_head
+
+    dc = served.plain.cfg
+    assert dc.block_size == 4
+    model = sglang_model(served.root / "dspine").float()
+    model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
+    pool, req_to_token = draft_kv(dc)
+    worker = worker_shell(model, _padded_head(served), dc.block_size, draft_pool=pool, cls=cls)
+    g = torch.Generator().manual_seed(seed)
+    width = len(dc.target_layer_ids) * dc.hidden_size
+    seq_lens, anchors, req = torch.tensor([6, 3, 8]), torch.tensor([5, 11, 30]), torch.tensor([2, 0, 1])
+    ctx_feats = [torch.randn(s, width, generator=g) for s in seq_lens.tolist()]
+    nxt = 1
+    for r, s, feats in zip(req.tolist(), seq_lens.tolist(), ctx_feats):
+        req_to_token.req_to_token[r, : s + reserve] = torch.arange(nxt, nxt + s + reserve).to(torch.int32)
+        write_context(model, pool, torch.arange(nxt, nxt + s), feats)
+        nxt += s + reserve
+    return SimpleNamespace(model=model, pool=pool, req_to_token=req_to_token, worker=worker, g=g, width=width,
+                           seq_lens=seq_lens, anchors=anchors, req=req, ctx_feats=ctx_feats)
+
+
+def assert_chain_state(served, shell, committed_feats, next_draft_input) -> None:
+    """After a step whose committed rows had target features `committed_feats[i]` for request i: at every
+    committed position the draft K/V is what DFlash's writer makes from those features, and the next step's
+    draft (from `next_draft_input`'s bonus tokens and lengths) is the plain drafter's on the context extended by
+    them: the per-request state a chain step leaves."""
+    plain, dc, b = served.plain, served.plain.cfg, served.plain.cfg.block_size
+    ref_pool, _ = draft_kv(dc)
+    full_feats = []
+    for i, (r, s, feats) in enumerate(zip(shell.req.tolist(), shell.seq_lens.tolist(), committed_feats)):
+        f = torch.cat([shell.ctx_feats[i], feats])
+        full_feats.append(f)
+        slots = shell.req_to_token.req_to_token[r, : s + len(feats)].long()
+        with torch.no_grad():
+            write_context(shell.model, ref_pool, slots, f)
+        for layer in range(dc.num_hidden_layers):
+            for got, want in ((shell.pool.get_key_buffer(layer), ref_pool.get_key_buffer(layer)),
+                              (shell.pool.get_value_buffer(layer), ref_pool.get_value_buffer(layer))):
+                torch.testing.assert_close(got[slots], want[slots], atol=1e-5, rtol=1e-5)
+    nd, worker = next_draft_input, shell.worker
+    blk, _, emb = draft_block(worker.draft_model, served.target, shell.pool, shell.req_to_token, shell.req,
+                              nd.new_seq_lens, nd.bonus_tokens, dc.mask_token_id)
+    states = blk.hidden_states.view(len(shell.req), b, -1)[:, 1:].reshape(-1, dc.hidden_size)
+    with torch.no_grad():
+        drafted = worker._greedy_sample_from_vocab_parallel_head(
+            hidden_states=states, lm_head=worker._target_worker.model_runner.model.lm_head).view(-1, b - 1)
+    refs = plain_refs(plain, emb, full_feats, nd.bonus_tokens.tolist())
+    head = served.target.lm_head.weight.detach()
+    want = [plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist() for ref, a in zip(refs, nd.bonus_tokens)]
+    assert drafted.tolist() == want
+
+
 def padded_head(head: torch.Tensor, poison: bool = True, use_attn_tp_group: bool = False):
     """SGLang's ParallelLMHead for `head` [V, H] on this rank, loaded by its own weight loader (the vocabulary
     padded to a multiple of 64 and split over the TP ranks, or with `use_attn_tp_group` over this rank's

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from sampling_stats import chi_square_p, tree_walk_law
-from test_serving_glue import VOCAB, _padded_head, served_pair
+from test_serving_glue import VOCAB, served_pair
 from test_tree_batch import PATHS, random_lattice
 
 from sglang_dspine.drafter.tree import DraftTree, tree_attention_mask, tree_positions
@@ -303,32 +303,18 @@ def test_a_tree_steps_tail_leaves_dspine_a_chains_state(served, wide):
     - the next decode step's draft, from the bonus tokens and the new lengths, is the plain drafter's draft on the
       context extended by those features: DSpine's per-request state after a tree step is a chain's."""
     import sglang_on_cpu
-    from safetensors.torch import load_file
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
     from sglang_dspine.drafter.tree_batch import TreeBatch
     from sglang_dspine.serving.tree_verify import accept_tree, tree_verify_inputs
-
-    plain, head = served.plain, served.target.lm_head.weight.detach()
-    dc, b = plain.cfg, plain.cfg.block_size
-    assert b == 4
-    rows_n = b + 2 if wide else b  # verify rows per request [anchor, nodes...]
-    n = rows_n - 1
-    model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
-    model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
-    pool, req_to_token = sglang_on_cpu.draft_kv(dc)
     from sglang_dspine.serving.worker import DSpineTreeWorker
 
-    worker = sglang_on_cpu.worker_shell(model, _padded_head(served), b, draft_pool=pool, cls=DSpineTreeWorker)
-    g = torch.Generator().manual_seed(8)
-    width = len(dc.target_layer_ids) * dc.hidden_size
-    seq_lens, anchors, req = torch.tensor([6, 3, 8]), torch.tensor([5, 11, 30]), torch.tensor([2, 0, 1])
-    ctx_feats = [torch.randn(s, width, generator=g) for s in seq_lens.tolist()]
-    nxt = 1
-    for r, s, feats in zip(req.tolist(), seq_lens.tolist(), ctx_feats):
-        req_to_token.req_to_token[r, : s + 2 * rows_n] = torch.arange(nxt, nxt + s + 2 * rows_n).to(torch.int32)
-        sglang_on_cpu.write_context(model, pool, torch.arange(nxt, nxt + s), feats)
-        nxt += s + 2 * rows_n  # SGLang reserves 2 N past the committed length
+    b = served.plain.cfg.block_size
+    rows_n = b + 2 if wide else b  # verify rows per request [anchor, nodes...]
+    n = rows_n - 1
+    shell = sglang_on_cpu.step_shell(served, DSpineTreeWorker, 2 * rows_n, seed=8)  # SGLang reserves 2 N
+    worker, g, width, req_to_token = shell.worker, shell.g, shell.width, shell.req_to_token
+    seq_lens, anchors, req = shell.seq_lens, shell.anchors, shell.req
     # the trees: node 0 and node 1 under the anchor, node 2 under node 1 (rows 1, 2, 3); N = B + 2: node 3
     # under node 2 (depth 3 = B - 1), node 4 under node 0 (rows 4, 5)
     tokens = torch.tensor([[7, 8, 9, 10, 11], [12, 13, 14, 15, 16], [20, 21, 22, 23, 24]])[:, :n]
@@ -364,27 +350,6 @@ def test_a_tree_steps_tail_leaves_dspine_a_chains_state(served, wide):
     nd = result.next_draft_input
     assert nd.bonus_tokens.tolist() == [40, 41, 42] and nd.new_seq_lens.tolist() == (seq_lens + result.accept_lens).tolist()
 
-    # the draft K/V at each committed position: what the writer makes for the committed rows' features there
-    ref_pool, _ = sglang_on_cpu.draft_kv(dc)
-    full_feats = []
-    for i, (r, s, rows) in enumerate(zip(req.tolist(), seq_lens.tolist(), committed)):
-        feats = torch.cat([ctx_feats[i], verify_feats.view(3, rows_n, -1)[i, rows]])
-        full_feats.append(feats)
-        slots = req_to_token.req_to_token[r, : s + len(rows)].long()
-        with torch.no_grad():
-            sglang_on_cpu.write_context(model, ref_pool, slots, feats)
-        for layer in range(dc.num_hidden_layers):
-            for got, want in ((pool.get_key_buffer(layer), ref_pool.get_key_buffer(layer)),
-                              (pool.get_value_buffer(layer), ref_pool.get_value_buffer(layer))):
-                torch.testing.assert_close(got[slots], want[slots], atol=1e-5, rtol=1e-5)
-
-    # the next step's draft: the plain drafter's on the extended context
-    blk, _, emb = sglang_on_cpu.draft_block(worker.draft_model, served.target, pool, req_to_token, req,
-                                            nd.new_seq_lens, nd.bonus_tokens, dc.mask_token_id)
-    states = blk.hidden_states.view(3, b, -1)[:, 1:].reshape(-1, dc.hidden_size)
-    with torch.no_grad():
-        drafted = worker._greedy_sample_from_vocab_parallel_head(
-            hidden_states=states, lm_head=worker._target_worker.model_runner.model.lm_head).view(3, b - 1)
-    refs = sglang_on_cpu.plain_refs(plain, emb, full_feats, nd.bonus_tokens.tolist())
-    want = [plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist() for ref, a in zip(refs, nd.bonus_tokens)]
-    assert drafted.tolist() == want
+    # the draft K/V at each committed position, and the next step's draft: a chain step's over the path
+    sglang_on_cpu.assert_chain_state(served, shell, [verify_feats.view(3, rows_n, -1)[i, rows]
+                                                     for i, rows in enumerate(committed)], nd)

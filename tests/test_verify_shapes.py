@@ -169,28 +169,14 @@ def test_a_prefix_steps_tail_keeps_the_drafters_context(served, rows):
     - the next step's draft is the plain drafter's on the context extended by those features: speculation
       resumes after a step without it as after any step."""
     import sglang_on_cpu
-    from safetensors.torch import load_file
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-    from test_serving_glue import VOCAB, _padded_head
+    from test_serving_glue import VOCAB
 
     from sglang_dspine.serving.worker import DSpineAdaptiveWorker
 
-    plain, head = served.plain, served.target.lm_head.weight.detach()
-    dc, b = plain.cfg, plain.cfg.block_size
-    assert b == 4
-    model = sglang_on_cpu.sglang_model(served.root / "dspine").float()
-    model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
-    pool, req_to_token = sglang_on_cpu.draft_kv(dc)
-    worker = sglang_on_cpu.worker_shell(model, _padded_head(served), b, draft_pool=pool, cls=DSpineAdaptiveWorker)
-    g = torch.Generator().manual_seed(5)
-    width = len(dc.target_layer_ids) * dc.hidden_size
-    seq_lens, anchors, req = torch.tensor([6, 3, 8]), torch.tensor([5, 11, 30]), torch.tensor([2, 0, 1])
-    ctx_feats = [torch.randn(s, width, generator=g) for s in seq_lens.tolist()]
-    nxt = 1
-    for r, s, feats in zip(req.tolist(), seq_lens.tolist(), ctx_feats):
-        req_to_token.req_to_token[r, : s + 2 * b] = torch.arange(nxt, nxt + s + 2 * b).to(torch.int32)
-        sglang_on_cpu.write_context(model, pool, torch.arange(nxt, nxt + s), feats)
-        nxt += s + 2 * b
+    shell = sglang_on_cpu.step_shell(served, DSpineAdaptiveWorker, 2 * served.plain.cfg.block_size, seed=5)
+    worker, g, width, req_to_token = shell.worker, shell.g, shell.width, shell.req_to_token
+    seq_lens, anchors, req = shell.seq_lens, shell.anchors, shell.req
     drafts = torch.tensor([[7, 8, 9], [12, 13, 14], [20, 21, 22]])
     candidates = torch.cat([anchors[:, None], drafts[:, : rows - 1]], dim=1)
     # the target's argmax per verify row: request 0 agrees with every draft, request 1 with its first, 2 with none
@@ -213,23 +199,5 @@ def test_a_prefix_steps_tail_keeps_the_drafters_context(served, rows):
     assert nd.bonus_tokens.tolist() == [40, 41, 42]
     assert nd.new_seq_lens.tolist() == (seq_lens + torch.tensor(agree) + 1).tolist()
 
-    ref_pool, _ = sglang_on_cpu.draft_kv(dc)
-    full_feats = []
-    for i, (r, s, a) in enumerate(zip(req.tolist(), seq_lens.tolist(), agree)):
-        f = torch.cat([ctx_feats[i], feats.view(3, rows, -1)[i, : a + 1]])
-        full_feats.append(f)
-        slots = req_to_token.req_to_token[r, : s + a + 1].long()
-        sglang_on_cpu.write_context(model, ref_pool, slots, f)
-        for layer in range(dc.num_hidden_layers):
-            for got, want in ((pool.get_key_buffer(layer), ref_pool.get_key_buffer(layer)),
-                              (pool.get_value_buffer(layer), ref_pool.get_value_buffer(layer))):
-                torch.testing.assert_close(got[slots], want[slots], atol=1e-5, rtol=1e-5)
-
-    blk, _, emb = sglang_on_cpu.draft_block(worker.draft_model, served.target, pool, req_to_token, req,
-                                            nd.new_seq_lens, nd.bonus_tokens, dc.mask_token_id)
-    states = blk.hidden_states.view(3, b, -1)[:, 1:].reshape(-1, dc.hidden_size)
-    drafted = worker._greedy_sample_from_vocab_parallel_head(
-        hidden_states=states, lm_head=worker._target_worker.model_runner.model.lm_head).view(3, b - 1)
-    refs = sglang_on_cpu.plain_refs(plain, emb, full_feats, nd.bonus_tokens.tolist())
-    want = [plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist() for ref, a in zip(refs, nd.bonus_tokens)]
-    assert drafted.tolist() == want
+    sglang_on_cpu.assert_chain_state(served, shell, [feats.view(3, rows, -1)[i, : a + 1]
+                                                     for i, a in enumerate(agree)], nd)
