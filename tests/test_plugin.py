@@ -290,8 +290,9 @@ def test_adaptive_verification_starts_only_where_it_is_built(dirs, monkeypatch, 
     monkeypatch.setenv("SGLANG_DSPINE_VERIFY", "adaptive")
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    if ON_0_5_23 and "SGLANG_DSPINE_VERIFY" not in env:
-        refusal = ADAPTIVE_REFUSED + "it is built on SGLang 0.5.17's DFlash decode step"
+    if ON_0_5_23 and "SGLANG_DSPINE_VERIFY" not in env:  # the tree, refused there too, is checked first
+        refusal = (TREE_REFUSED if "SGLANG_DSPINE_TREE" in env else ADAPTIVE_REFUSED) + \
+            "it is built on SGLang 0.5.17's DFlash decode step"
     if refusal is None:
         from sglang.srt.runtime_context import publish
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
