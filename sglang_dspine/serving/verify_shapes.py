@@ -98,11 +98,15 @@ class AcceptanceCounts:
         seen = min(rows - 1, self.positions)
         if seen <= 0 or not accepted:
             return
+        # at_least[k]: requests that accepted k drafts or more (one pass over the batch, not one per position)
+        at_least = [0] * (seen + 2)
+        for a in accepted:
+            at_least[min(a, seen + 1)] += 1
+        for k in range(seen, -1, -1):
+            at_least[k] += at_least[k + 1]
         for k in range(seen):
-            reach = sum(1 for a in accepted if a >= k)
-            passes = sum(1 for a in accepted if a >= k + 1)
-            self.reached[k] = self.decay * self.reached[k] + reach
-            self.passed[k] = self.decay * self.passed[k] + passes
+            self.reached[k] = self.decay * self.reached[k] + at_least[k]
+            self.passed[k] = self.decay * self.passed[k] + at_least[k + 1]
 
     def p(self, k: int) -> float:
         return (self.passed[k] + self.prior * self.prior_weight) / (self.reached[k] + self.prior_weight)
