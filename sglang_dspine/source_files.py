@@ -27,15 +27,7 @@ def load_file(path: str, name: str | None = None) -> ModuleType:
         return sys.modules[name]
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file to load as module {name}")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+    return _execute(name, importlib.util.spec_from_file_location(name, path))
 
 
 def load_package(name: str, folder: str) -> ModuleType:
@@ -47,6 +39,12 @@ def load_package(name: str, folder: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[folder])
     if spec is None or not os.path.isfile(init):
         raise FileNotFoundError(f"{init}: no such file to load as package {name}")
+    return _execute(name, spec)
+
+
+def _execute(name: str, spec) -> ModuleType:
+    """The module of `spec`, registered as `name` before it runs (so that it can import itself) and removed
+    again if it raises."""
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:

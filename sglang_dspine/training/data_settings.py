@@ -8,6 +8,7 @@ import json
 import os
 from typing import Any
 
+from .outputs import read_record
 from .target_loading import CLIError
 
 SUFFIX = ".settings.json"
@@ -55,11 +56,7 @@ def check_and_record(output: str, settings: dict[str, Any]) -> None:
         if not os.path.isfile(side):
             raise CLIError(f"--output {output}: holds records but no {os.path.basename(side)} saying what made "
                            "them; give another --output, or remove it to make it again")
-        try:
-            with open(side, encoding="utf-8") as f:
-                was = json.load(f)
-        except (OSError, ValueError) as e:
-            raise CLIError(f"--output {side}: unreadable ({e}); give another --output") from None
+        was = read_record("--output", side, "give another --output")
         diffs = _differences(settings, was)
         if diffs:
             raise CLIError(f"--output {output}: made with other settings: {'; '.join(diffs)}; to add to it give "

@@ -2,6 +2,7 @@
 the work longer; an unwritable output found at the end loses both), and exported files readable by others."""
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -45,6 +46,16 @@ def check_writable_file(flag: str, path: str) -> None:
         raise CLIError(f"{flag} {path}: cannot write there ({_why(path, e)})") from None
     if not existed:
         os.remove(path)
+
+
+def read_record(flag: str, path: str, remedy: str) -> dict:
+    """The settings an earlier run recorded in the JSON file `path`; one line naming `flag` and `remedy` if it
+    cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise CLIError(f"{flag} {path}: unreadable ({e}); {remedy}") from None
 
 
 def readable_by_all(folder: str) -> None:

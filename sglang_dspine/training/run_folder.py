@@ -12,12 +12,12 @@ settings. Checked before the target loads (minutes for an 8B one).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 from typing import Any
 
+from .outputs import read_record
 from .target_loading import CLIError
 from .train_config import TrainConfig, flag
 
@@ -98,11 +98,7 @@ def check_rerun(tc: TrainConfig, resume: bool, overwrite: bool) -> str:
                        "(its files are removed), --resume checks it is the same run, or give another --output-dir")
     path = os.path.join(d, CONFIG_FILE)
     if os.path.isfile(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                recorded = json.load(f)
-        except (OSError, ValueError) as e:
-            raise CLIError(f"--output-dir {path}: unreadable ({e}); --overwrite trains a new run there") from None
+        recorded = read_record("--output-dir", path, "--overwrite trains a new run there")
         diffs = changed_settings(tc, recorded)
         if diffs:
             raise CLIError(f"--output-dir {d}: holds a run trained with other settings: {'; '.join(diffs)}; give "
