@@ -18,8 +18,10 @@ target forward. Both give the user the same numbers.
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
+from typing import NamedTuple
 
 import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
@@ -135,6 +137,56 @@ class DSpineWorker(DFlashWorkerV2):
                           group if group.world_size > 1 else None)
 
 
+    def _host_bound(self, batch, draft_input) -> HostBound:
+        """A host bound on the committed lengths for a step's draft and verify, as DFlash's non-windowed path
+        makes it: the host's lengths (one step behind under overlap) + one block, else the reserved lengths, else
+        the lengths themselves (then not a bound: the verify keeps the batch's own)."""
+        bs, b = len(batch.seq_lens), int(self.block_size)
+        seq_lens_cpu, bounded = self._draft_seq_lens_cpu_buf[:bs], True
+        if batch.seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(batch.seq_lens_cpu)
+            seq_lens_cpu.add_(b)
+        elif draft_input.reserved_seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(draft_input.reserved_seq_lens_cpu)
+        else:
+            seq_lens_cpu.copy_(batch.seq_lens.to("cpu", dtype=torch.int32))
+            bounded = False
+        return HostBound(seq_lens_cpu, int(seq_lens_cpu.sum()), bounded)
+
+    def _draft_forward(self, batch, block_ids, positions, loc, host: HostBound):
+        """The drafter's forward over each request's block [anchor, mask...] (`block_ids` [bs, B]) at `positions`
+        and KV slots `loc` [bs·B], as DFlash's step runs it (its draft CUDA graphs, the sampler as their tail)."""
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        embed = self.target_worker.model_runner.model.get_input_embeddings()(block_ids)
+        draft_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=block_ids.shape[0], input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens, out_cache_loc=loc,
+            seq_lens_sum=host.seq_lens_sum, seq_lens_cpu=host.seq_lens_cpu, positions=positions,
+            input_embeds=embed.view(-1, embed.shape[-1]), spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info, capture_hidden_mode=CaptureHiddenMode.NULL)
+        with torch.inference_mode():
+            return self.draft_model_runner.forward(draft_batch)
+
+    def _prepare_verify(self, verify_input, batch, host: HostBound):
+        """SGLang's verify forward batch for `verify_input`, planned on the step's host bound where it is one (a
+        copy: the buffer is the next step's); the batch's own lengths are back afterwards."""
+        backup = batch.seq_lens_cpu, batch.seq_lens_sum
+        if host.bounded:
+            batch.seq_lens_cpu, batch.seq_lens_sum = host.seq_lens_cpu.clone(), host.seq_lens_sum
+        try:
+            return verify_input.prepare_for_verify(batch, self.target_worker)[0]
+        finally:
+            batch.seq_lens_cpu, batch.seq_lens_sum = backup
+
+
+class HostBound(NamedTuple):
+    seq_lens_cpu: torch.Tensor  # [bs] int32, the draft step's buffer
+    seq_lens_sum: int
+    bounded: bool  # False: the committed lengths themselves (no host lengths, no reservation)
+
+
 class DSpineLogprobWorker(DSpineWorker):
     """DSPINE on an SGLang whose DFlash worker refuses log-prob requests: DFlash's code runs on a view of the
     batch that hides `return_logprob`, the target worker gets the real batch, and the verify step's log-probs
@@ -236,14 +288,13 @@ class DSpineTreeWorker(DSpineWorker):
         """DFlash's decode step (SGLang 0.5.17's `DFlashWorkerV2.forward_batch_generation`, its eager block
         preparation) with a tree verified instead of the chain: tree_verify.py says what differs and why."""
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
         from sglang.srt.speculative.dflash_info import DFlashVerifyInput
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
         from sglang.srt.speculative.dflash_utils import (
             apply_dflash_verify_logits_adjustments,
             is_dflash_sampling_verify_available,
         )
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
         from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
         if self.use_compact_draft_cache or self._need_mamba_verify_commit:  # refused at start (check_tree)
@@ -285,26 +336,8 @@ class DSpineTreeWorker(DSpineWorker):
                 end_offset=prefix_lens + n, batch_size=bs, draft_token_num=n, device=dev).view(bs, n)
             loc_2d.copy_(verify_loc_2d[:, :b])
         positions, loc = positions_2d.reshape(-1), loc_2d.reshape(-1)
-        # a host bound on the committed lengths, as DFlash's non-windowed path has it, for the draft and the verify
-        seq_lens_cpu, bounded = self._draft_seq_lens_cpu_buf[:bs], True
-        if batch.seq_lens_cpu is not None:  # the host's lengths (one step behind under overlap) + one block
-            seq_lens_cpu.copy_(batch.seq_lens_cpu)
-            seq_lens_cpu.add_(b)
-        elif draft_input.reserved_seq_lens_cpu is not None:
-            seq_lens_cpu.copy_(draft_input.reserved_seq_lens_cpu)
-        else:  # the lengths themselves: the draft reads them, the verify keeps the batch's own
-            seq_lens_cpu.copy_(prefix_lens.to("cpu", dtype=torch.int32))
-            bounded = False
-        seq_lens_sum = int(seq_lens_cpu.sum())
-        embed = self.target_worker.model_runner.model.get_input_embeddings()(block_ids)
-        draft_batch = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.flatten(),
-            req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens, out_cache_loc=loc,
-            seq_lens_sum=seq_lens_sum, seq_lens_cpu=seq_lens_cpu, positions=positions,
-            input_embeds=embed.view(-1, embed.shape[-1]), spec_algorithm=SpeculativeAlgorithm.DFLASH,
-            spec_info=self._draft_block_spec_info, capture_hidden_mode=CaptureHiddenMode.NULL)
-        with torch.inference_mode():
-            draft_out = self.draft_model_runner.forward(draft_batch)
+        host = self._host_bound(batch, draft_input)
+        draft_out = self._draft_forward(batch, block_ids, positions, loc, host)
         if self._draft_sampler is not None and draft_out.can_run_graph:
             trees, layout = self._draft_sampler.drafts(bs)
         else:  # above the captured batch sizes, or graphs off
@@ -315,7 +348,7 @@ class DSpineTreeWorker(DSpineWorker):
             layout = None
 
         # 2) the target's verify pass over [anchor, nodes...] under the tree mask, N rows a request
-        cells = mask_cells_bound(seq_lens_cpu, n, getattr(self.target_worker.model_runner.attn_backend,
+        cells = mask_cells_bound(host.seq_lens_cpu, n, getattr(self.target_worker.model_runner.attn_backend,
                                                           "verify_mask", None))
         verify = tree_verify_inputs(trees, block_ids[:, 0], prefix_lens, depth=b - 1, mask_cells=cells,
                                     layout=layout)
@@ -325,11 +358,7 @@ class DSpineTreeWorker(DSpineWorker):
                                          draft_token_num=n, custom_mask=verify.custom_mask,
                                          capture_hidden_mode=CaptureHiddenMode.FULL)
         batch.out_cache_loc = verify_loc_2d.reshape(-1)
-        seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
-        if bounded:  # the verify plans on the same host bound (a copy: the buffer is the next step's)
-            batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu.clone(), seq_lens_sum
-        verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
-        batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
+        verify_batch = self._prepare_verify(verify_input, batch, host)
         target_out = self.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch,
                                                                  is_verify=True, skip_attn_backend_init=True)
         logits_output = target_out.logits_output
@@ -408,9 +437,8 @@ class DSpineAdaptiveWorker(DSpineWorker):
 
         super().__init__(server_args, *args, **kwargs)
         self.menu = parse_menu(ENV.verify_shapes, int(self.block_size))
-        self._pending: list = []
-        self._shares: dict[str, int] = {}
-        self._decisions = 0
+        self._pending: collections.deque = collections.deque()  # steps whose time and acceptance are not read yet
+        self._shares: collections.Counter = collections.Counter()  # steps by shape name since start
 
     def init_cuda_graphs(self):
         from . import verify_widths
@@ -453,14 +481,13 @@ class DSpineAdaptiveWorker(DSpineWorker):
     def _read_finished_steps(self) -> None:
         """Feed the policy every step whose GPU work has finished (in order; no sync)."""
         while self._pending and self._pending[0][3].query():
-            bs, shape, start, end, accepted = self._pending.pop(0)
+            bs, shape, start, end, accepted = self._pending.popleft()
             # commit length = accepted drafts + the bonus token
             self.policy.observe(bs, shape, start.elapsed_time(end), [int(a) - 1 for a in accepted.tolist()])
 
     def _count(self, shape) -> None:
-        self._shares[shape.name] = self._shares.get(shape.name, 0) + 1
-        self._decisions += 1
-        if self._decisions % self._log_every == 0:
+        self._shares[shape.name] += 1
+        if self._shares.total() % self._log_every == 0:
             shares = ", ".join(f"{k} {v}" for k, v in sorted(self._shares.items()))
             logger.info("DSPINE adaptive verify: steps by shape since start: %s; policy %s", shares,
                         json.dumps(self.policy.summary()))
@@ -472,10 +499,9 @@ class DSpineAdaptiveWorker(DSpineWorker):
         that width, DFlash's own acceptance rules (greedy, and target-only sampling) run on the prefix, and the
         committed rows' target features go into the draft KV as after any DFlash step."""
         from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
         from sglang.srt.speculative.dflash_info import DFlashVerifyInput
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
         from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
         from . import verify_widths
@@ -497,29 +523,11 @@ class DSpineAdaptiveWorker(DSpineWorker):
             req_pool_indices=batch.req_pool_indices.view(-1),
             req_to_token=self.model_runner.req_to_token_pool.req_to_token, block_ids_out=block_ids,
             positions_out=positions_2d, cache_loc_out=loc_2d, mask_token_id=int(self._mask_token_id))
-        # a host bound on the committed lengths, as DFlash's non-windowed path has it (+ one block)
-        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
-        if batch.seq_lens_cpu is not None:
-            seq_lens_cpu.copy_(batch.seq_lens_cpu)
-            seq_lens_cpu.add_(b)
-        elif draft_input.reserved_seq_lens_cpu is not None:
-            seq_lens_cpu.copy_(draft_input.reserved_seq_lens_cpu)
-        else:
-            seq_lens_cpu.copy_(prefix_lens.to("cpu", dtype=torch.int32))
-        seq_lens_sum = int(seq_lens_cpu.sum())
-
+        host = self._host_bound(batch, draft_input)
         candidates = torch.empty((bs, rows), dtype=block_ids.dtype, device=block_ids.device)
         candidates[:, 0].copy_(block_ids[:, 0])
         if rows > 1:  # 1) the drafter's block, as DFlash's step drafts it; its first rows - 1 tokens kept
-            embed = self.target_worker.model_runner.model.get_input_embeddings()(block_ids)
-            draft_batch = ForwardBatch(
-                forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=block_ids.flatten(),
-                req_pool_indices=batch.req_pool_indices, seq_lens=prefix_lens, out_cache_loc=loc_2d.reshape(-1),
-                seq_lens_sum=seq_lens_sum, seq_lens_cpu=seq_lens_cpu, positions=positions_2d.reshape(-1),
-                input_embeds=embed.view(-1, embed.shape[-1]), spec_algorithm=SpeculativeAlgorithm.DFLASH,
-                spec_info=self._draft_block_spec_info, capture_hidden_mode=CaptureHiddenMode.NULL)
-            with torch.inference_mode():
-                draft_out = self.draft_model_runner.forward(draft_batch)
+            draft_out = self._draft_forward(batch, block_ids, positions_2d.reshape(-1), loc_2d.reshape(-1), host)
             if self._draft_sampler is not None and draft_out.can_run_graph:
                 walk = self._draft_sampler.out[: bs * (b - 1)].view(bs, b - 1)
             else:
@@ -535,11 +543,8 @@ class DSpineAdaptiveWorker(DSpineWorker):
                                          draft_token_num=rows, custom_mask=None,
                                          capture_hidden_mode=CaptureHiddenMode.FULL)
         batch.out_cache_loc = verify_loc_2d.reshape(-1)
-        seq_lens_cpu_backup, seq_lens_sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
-        batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu.clone(), seq_lens_sum
         with verify_widths.verifying_at(self.model_runner, self._widths[rows], self._base_width):
-            verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
-            batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu_backup, seq_lens_sum_backup
+            verify_batch = self._prepare_verify(verify_input, batch, host)
             target_out = self.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch,
                                                                      is_verify=True, skip_attn_backend_init=True)
         logits_output = target_out.logits_output
