@@ -137,54 +137,54 @@ class DSpineWorker(DFlashWorkerV2):
                           group if group.world_size > 1 else None)
 
 
-    def _host_bound(self, batch, draft_input) -> HostBound:
-        """A host bound on the committed lengths for a step's draft and verify, as DFlash's non-windowed path
-        makes it: the host's lengths (one step behind under overlap) + one block, else the reserved lengths, else
-        the lengths themselves (then not a bound: the verify keeps the batch's own)."""
-        bs, b = len(batch.seq_lens), int(self.block_size)
-        seq_lens_cpu, bounded = self._draft_seq_lens_cpu_buf[:bs], True
-        if batch.seq_lens_cpu is not None:
-            seq_lens_cpu.copy_(batch.seq_lens_cpu)
-            seq_lens_cpu.add_(b)
-        elif draft_input.reserved_seq_lens_cpu is not None:
-            seq_lens_cpu.copy_(draft_input.reserved_seq_lens_cpu)
-        else:
-            seq_lens_cpu.copy_(batch.seq_lens.to("cpu", dtype=torch.int32))
-            bounded = False
-        return HostBound(seq_lens_cpu, int(seq_lens_cpu.sum()), bounded)
-
-    def _draft_forward(self, batch, block_ids, positions, loc, host: HostBound):
-        """The drafter's forward over each request's block [anchor, mask...] (`block_ids` [bs, B]) at `positions`
-        and KV slots `loc` [bs·B], as DFlash's step runs it (its draft CUDA graphs, the sampler as their tail)."""
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        embed = self.target_worker.model_runner.model.get_input_embeddings()(block_ids)
-        draft_batch = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=block_ids.shape[0], input_ids=block_ids.flatten(),
-            req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens, out_cache_loc=loc,
-            seq_lens_sum=host.seq_lens_sum, seq_lens_cpu=host.seq_lens_cpu, positions=positions,
-            input_embeds=embed.view(-1, embed.shape[-1]), spec_algorithm=SpeculativeAlgorithm.DFLASH,
-            spec_info=self._draft_block_spec_info, capture_hidden_mode=CaptureHiddenMode.NULL)
-        with torch.inference_mode():
-            return self.draft_model_runner.forward(draft_batch)
-
-    def _prepare_verify(self, verify_input, batch, host: HostBound):
-        """SGLang's verify forward batch for `verify_input`, planned on the step's host bound where it is one (a
-        copy: the buffer is the next step's); the batch's own lengths are back afterwards."""
-        backup = batch.seq_lens_cpu, batch.seq_lens_sum
-        if host.bounded:
-            batch.seq_lens_cpu, batch.seq_lens_sum = host.seq_lens_cpu.clone(), host.seq_lens_sum
-        try:
-            return verify_input.prepare_for_verify(batch, self.target_worker)[0]
-        finally:
-            batch.seq_lens_cpu, batch.seq_lens_sum = backup
-
-
 class HostBound(NamedTuple):
     seq_lens_cpu: torch.Tensor  # [bs] int32, the draft step's buffer
     seq_lens_sum: int
     bounded: bool  # False: the committed lengths themselves (no host lengths, no reservation)
+
+
+def host_bound(worker, batch, draft_input) -> HostBound:
+    """A DFlash worker's host bound on the committed lengths for a step's draft and verify, as DFlash's
+    non-windowed path makes it: the host's lengths (one step behind under overlap) + one block, else the reserved
+    lengths, else the lengths themselves (then not a bound: the verify keeps the batch's own)."""
+    bs, b = len(batch.seq_lens), int(worker.block_size)
+    seq_lens_cpu, bounded = worker._draft_seq_lens_cpu_buf[:bs], True
+    if batch.seq_lens_cpu is not None:
+        seq_lens_cpu.copy_(batch.seq_lens_cpu)
+        seq_lens_cpu.add_(b)
+    elif draft_input.reserved_seq_lens_cpu is not None:
+        seq_lens_cpu.copy_(draft_input.reserved_seq_lens_cpu)
+    else:
+        seq_lens_cpu.copy_(batch.seq_lens.to("cpu", dtype=torch.int32))
+        bounded = False
+    return HostBound(seq_lens_cpu, int(seq_lens_cpu.sum()), bounded)
+
+def draft_forward(worker, batch, block_ids, positions, loc, host: HostBound):
+    """The drafter's forward over each request's block [anchor, mask...] (`block_ids` [bs, B]) at `positions`
+    and KV slots `loc` [bs·B], as DFlash's step runs it (its draft CUDA graphs, the sampler as their tail)."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    embed = worker.target_worker.model_runner.model.get_input_embeddings()(block_ids)
+    draft_batch = ForwardBatch(
+        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=block_ids.shape[0], input_ids=block_ids.flatten(),
+        req_pool_indices=batch.req_pool_indices, seq_lens=batch.seq_lens, out_cache_loc=loc,
+        seq_lens_sum=host.seq_lens_sum, seq_lens_cpu=host.seq_lens_cpu, positions=positions,
+        input_embeds=embed.view(-1, embed.shape[-1]), spec_algorithm=SpeculativeAlgorithm.DFLASH,
+        spec_info=worker._draft_block_spec_info, capture_hidden_mode=CaptureHiddenMode.NULL)
+    with torch.inference_mode():
+        return worker.draft_model_runner.forward(draft_batch)
+
+def prepare_verify(worker, verify_input, batch, host: HostBound):
+    """SGLang's verify forward batch for `verify_input`, planned on the step's host bound where it is one (a
+    copy: the buffer is the next step's); the batch's own lengths are back afterwards."""
+    backup = batch.seq_lens_cpu, batch.seq_lens_sum
+    if host.bounded:
+        batch.seq_lens_cpu, batch.seq_lens_sum = host.seq_lens_cpu.clone(), host.seq_lens_sum
+    try:
+        return verify_input.prepare_for_verify(batch, worker.target_worker)[0]
+    finally:
+        batch.seq_lens_cpu, batch.seq_lens_sum = backup
 
 
 class DSpineLogprobWorker(DSpineWorker):
@@ -336,8 +336,8 @@ class DSpineTreeWorker(DSpineWorker):
                 end_offset=prefix_lens + n, batch_size=bs, draft_token_num=n, device=dev).view(bs, n)
             loc_2d.copy_(verify_loc_2d[:, :b])
         positions, loc = positions_2d.reshape(-1), loc_2d.reshape(-1)
-        host = self._host_bound(batch, draft_input)
-        draft_out = self._draft_forward(batch, block_ids, positions, loc, host)
+        host = host_bound(self, batch, draft_input)
+        draft_out = draft_forward(self, batch, block_ids, positions, loc, host)
         if self._draft_sampler is not None and draft_out.can_run_graph:
             trees, layout = self._draft_sampler.drafts(bs)
         else:  # above the captured batch sizes, or graphs off
@@ -358,7 +358,7 @@ class DSpineTreeWorker(DSpineWorker):
                                          draft_token_num=n, custom_mask=verify.custom_mask,
                                          capture_hidden_mode=CaptureHiddenMode.FULL)
         batch.out_cache_loc = verify_loc_2d.reshape(-1)
-        verify_batch = self._prepare_verify(verify_input, batch, host)
+        verify_batch = prepare_verify(self, verify_input, batch, host)
         target_out = self.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch,
                                                                  is_verify=True, skip_attn_backend_init=True)
         logits_output = target_out.logits_output
@@ -523,11 +523,11 @@ class DSpineAdaptiveWorker(DSpineWorker):
             req_pool_indices=batch.req_pool_indices.view(-1),
             req_to_token=self.model_runner.req_to_token_pool.req_to_token, block_ids_out=block_ids,
             positions_out=positions_2d, cache_loc_out=loc_2d, mask_token_id=int(self._mask_token_id))
-        host = self._host_bound(batch, draft_input)
+        host = host_bound(self, batch, draft_input)
         candidates = torch.empty((bs, rows), dtype=block_ids.dtype, device=block_ids.device)
         candidates[:, 0].copy_(block_ids[:, 0])
         if rows > 1:  # 1) the drafter's block, as DFlash's step drafts it; its first rows - 1 tokens kept
-            draft_out = self._draft_forward(batch, block_ids, positions_2d.reshape(-1), loc_2d.reshape(-1), host)
+            draft_out = draft_forward(self, batch, block_ids, positions_2d.reshape(-1), loc_2d.reshape(-1), host)
             if self._draft_sampler is not None and draft_out.can_run_graph:
                 walk = self._draft_sampler.out[: bs * (b - 1)].view(bs, b - 1)
             else:
@@ -544,7 +544,7 @@ class DSpineAdaptiveWorker(DSpineWorker):
                                          capture_hidden_mode=CaptureHiddenMode.FULL)
         batch.out_cache_loc = verify_loc_2d.reshape(-1)
         with verify_widths.verifying_at(self.model_runner, self._widths[rows], self._base_width):
-            verify_batch = self._prepare_verify(verify_input, batch, host)
+            verify_batch = prepare_verify(self, verify_input, batch, host)
             target_out = self.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch,
                                                                      is_verify=True, skip_attn_backend_init=True)
         logits_output = target_out.logits_output
