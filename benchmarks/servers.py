@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections import defaultdict
@@ -60,13 +61,16 @@ def spec_args(target: str, algo: str, drafter: str, *extra: str) -> list[str]:
 
 
 class Server:
+    running: dict[str, Server] = {}  # url -> server, for the HTTP client's watchdog (dump_stacks)
+
     def __init__(self, name: str, port: int, args: list[str], out: str, env: dict | None = None,
                  base_args: list[str] | None = None):
-        """env: variables set for this server only, over the machine's (which keep its NCCL settings)."""
+        """env: variables set for this server only, over the machine's (which keep its NCCL settings). Its
+        scheduler prints its Python stacks on SIGUSR1 (dump_stacks: a request stuck past STUCK_AFTER_S)."""
         self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
         self.log = os.path.join(out, f"server_{name}.log")
         open(self.log, "w").close()  # the server appends (O_APPEND), so notes written here are kept
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**os.environ, "SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1", **(env or {})}
         cmd = [sys.executable, "-m", "sglang.launch_server", *(BASE_ARGS if base_args is None else base_args),
                "--port", str(port), *args]
         self.cmd = cmd
@@ -74,6 +78,8 @@ class Server:
                                      start_new_session=True, cwd=OUTSIDE_REPO)
         self.started = time.time()
         self.up_after: float | None = None
+        self.dumped = False
+        Server.running[self.url] = self
 
     def wait(self, timeout: float = 600) -> bool:
         """True once /health answers; False if the process exits or `timeout` passes first."""
@@ -81,7 +87,7 @@ class Server:
             if self.proc.poll() is not None:
                 return False
             try:
-                urllib.request.urlopen(self.url + "/health", timeout=2)
+                request(self.url + "/health", timeout=2, stuck_after=None)
                 self.up_after = time.time() - self.started
                 return True
             except Exception:  # noqa: BLE001 - not up yet
@@ -113,7 +119,25 @@ class Server:
         return "".join(self.text().splitlines(keepends=True)[-n:])
 
     def info(self) -> dict:
-        return json.loads(urllib.request.urlopen(self.url + "/server_info", timeout=30).read())
+        return request(self.url + "/server_info", timeout=30)
+
+    def dump_stacks(self) -> None:
+        """A request is stuck: the server's scheduler processes print their Python stacks into its log (SIGUSR1,
+        faulthandler), and the process tree goes there too (a compiler running under it shows as a child); once."""
+        if self.dumped:
+            return
+        self.dumped = True
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.getpgid(int(pid)) == self.proc.pid and b"scheduler" in open(f"/proc/{pid}/cmdline", "rb").read():
+                    os.kill(int(pid), 10)
+            except OSError:
+                pass
+        tree = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,args", "--forest"], capture_output=True, text=True)
+        with open(self.log, "a") as f:
+            f.write("\n--- harness: process tree while a request was stuck ---\n" + tree.stdout[-20000:])
+        print(f"request to {self.name} stuck for {STUCK_AFTER_S} s: scheduler stacks and process tree in its log",
+              flush=True)
 
     def memory(self) -> dict:
         """KV-cache tokens and the request limit, from the scheduler's start-up line in the log, and the static
@@ -218,13 +242,35 @@ def prebuild_record(proc: subprocess.Popen, out: str) -> dict:
     return {"returncode": proc.poll(), "modules": prebuild_modules(log), "log": log[-800:]}
 
 
-def post(url: str, payload: dict, timeout: float = 300) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    body = urllib.request.urlopen(req, timeout=timeout).read().decode()
+STUCK_AFTER_S = 45  # no benchmark request on the built-in pair takes this long unless something blocks the server
+
+
+def request(url: str, payload: dict | None = None, timeout: float = 300,
+            stuck_after: float | None = STUCK_AFTER_S) -> dict:
+    """The benchmarks' one HTTP client: GET `url` (payload None) or POST `payload` as JSON; the answer's JSON
+    (plain text as {"text": ...}). `timeout` bounds each socket operation; a watchdog fires after `stuck_after`
+    seconds (None: none) and has the harness' server at that address dump its stacks (Server.dump_stacks)."""
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    base = url.split("/", 3)[:3]
+    server = Server.running.get("/".join(base))
+    watchdog = threading.Timer(stuck_after, server.dump_stacks) if server and stuck_after else None
+    if watchdog:
+        watchdog.daemon = True
+        watchdog.start()
+    try:
+        body = urllib.request.urlopen(req, timeout=timeout).read().decode()
+    finally:
+        if watchdog:
+            watchdog.cancel()
     try:
         return json.loads(body)
-    except json.JSONDecodeError:  # endpoints such as /start_profile answer with plain text
+    except json.JSONDecodeError:  # endpoints such as /start_profile and /health answer with plain text
         return {"text": body}
+
+
+def post(url: str, payload: dict, timeout: float = 300) -> dict:
+    return request(url, payload, timeout)
 
 
 # ------------------------------------------------------------------------------------------- the harness

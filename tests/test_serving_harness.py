@@ -24,6 +24,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):  # quiet
         pass
 
+    def do_GET(self):  # /health answers in plain text
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         srv = self.server
@@ -163,6 +168,24 @@ def test_e2e_throughput_cells_take_rounds_in_turn(answering):
     cell = e2e.throughput_cell(rounds, ["code", "math"])
     assert cell["tokens_per_s"] == 20.0 and cell["round_spread"] == 1.0
     assert cell["tau_by_suite"] == {"code": 2.0, "math": 2.0} and cell["verify_steps"] == 15
+
+
+def test_http_client_watchdog_has_a_stuck_server_dump_its_stacks(answering):
+    """servers.request: a request slower than stuck_after has the harness' server at that address dump its stacks
+    (once the watchdog fires, not for a fast request, and the answer still comes back); GET answers in plain text
+    come back as {"text": ...}."""
+    s = answering("slow", delay=0.4)
+    dumps = []
+    s.dump_stacks = lambda: dumps.append(s.name)
+    servers.Server.running[s.url] = s
+    try:
+        body = servers.generate_body([1, 2], 3)
+        assert servers.request(s.url + "/generate", body, stuck_after=5)["output_ids"] == [0, 1, 2] and dumps == []
+        assert servers.request(s.url + "/generate", body, stuck_after=0.1)["output_ids"] == [0, 1, 2]
+        assert dumps == ["slow"]
+        assert servers.request(s.url + "/health", stuck_after=None) == {"text": "ok"}
+    finally:
+        del servers.Server.running[s.url]
 
 
 def test_kv_pools_from_memory_records():

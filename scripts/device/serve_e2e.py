@@ -26,7 +26,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import torch
 
@@ -157,28 +156,20 @@ def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:
 
 
 # ---------------------------------------------------------------------------------------- servers
-_servers = []
-
-
 class Server(bench_servers.Server):
-    """A benchmark server with `base_args` (default SERVER_ARGS) whose scheduler prints its Python stacks on
-    SIGUSR1 (dump_stacks)."""
+    """A benchmark server with `base_args` (default SERVER_ARGS)."""
 
     def __init__(self, name, port, args, out, env=None, base_args=None):
-        """env: variables set for this server only (e.g. CUDA_VISIBLE_DEVICES), over the machine's."""
-        super().__init__(name, port, args, out, env={"SGLANG_DSPINE_STACKS_ON_SIGUSR1": "1", **(env or {})},
-                         base_args=SERVER_ARGS if base_args is None else base_args)
-        _servers.append(self)
+        super().__init__(name, port, args, out, env, SERVER_ARGS if base_args is None else base_args)
 
     def wait(self, timeout=420) -> bool:
         return super().wait(timeout)
 
     def post(self, path, payload, timeout=120):
-        """Every request of the harness (warm-up, rounds) through `post`, whose watchdog catches a stuck one."""
         return post(self.url + path, payload, timeout=timeout)
 
 
-_dumped = set()
+post = bench_servers.post  # the harness' HTTP client, whose watchdog has a stuck server dump its stacks
 
 
 def wait_all(servers, results) -> dict[str, bool]:
@@ -187,44 +178,6 @@ def wait_all(servers, results) -> dict[str, bool]:
     results["startup_seconds"] = {n: s.up_after for n, s in servers.items()}
     print("servers up:", up, results["startup_seconds"], flush=True)
     return up
-
-
-def dump_stacks(url):
-    """A request is stuck: have the server's scheduler processes print their Python stacks into its log, and
-    write its process tree there (a compiler running under it shows as a child), once per server."""
-    port = url.rsplit(":", 1)[-1].split("/")[0]
-    if port in _dumped:
-        return
-    _dumped.add(port)
-    for s in _servers:
-        if s.url.endswith(":" + port):
-            for pid in os.listdir("/proc"):
-                try:
-                    if pid.isdigit() and os.getpgid(int(pid)) == s.proc.pid and \
-                            b"scheduler" in open(f"/proc/{pid}/cmdline", "rb").read():
-                        os.kill(int(pid), 10)  # SIGUSR1 -> faulthandler (SGLANG_DSPINE_STACKS_ON_SIGUSR1)
-                except (OSError, ProcessLookupError):
-                    pass
-            tree = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,args", "--forest"], capture_output=True,
-                                  text=True)
-            with open(s.log, "a") as f:
-                f.write("\n--- serve_e2e: process tree while a request was stuck ---\n" + tree.stdout[-20000:])
-            print(f"request to {s.name} stuck for {STUCK_AFTER_S} s: scheduler stacks and process tree in its log",
-                  flush=True)
-
-
-STUCK_AFTER_S = 45  # no request here takes this long on a tiny model unless something blocks the server
-
-
-def post(url, payload, timeout=120):
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    watchdog = threading.Timer(STUCK_AFTER_S, dump_stacks, [url])
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
-    finally:
-        watchdog.cancel()
 
 
 def generate(server, input_ids, max_new, temperature=0.0, seed=None, logprobs=0, timeout=120, ignore_eos=True):
