@@ -51,6 +51,7 @@ if not __package__:  # run as a file (python benchmarks/x.py) or loaded by its p
 
 from benchmarks import servers as _servers  # noqa: E402
 from benchmarks.geometry import DFLASH2, DRAFTER, GEOMETRIES, TINY_DFLASH2, TINY_DRAFTER  # noqa: E402, F401
+from benchmarks.models import write_dflash2, write_drafters, write_target  # noqa: E402, F401 - the harness' builder
 
 Server, archive_logs, graph_use, kernel_times, spec_args = (
     _servers.Server, _servers.archive_logs, _servers.graph_use, _servers.kernel_times, _servers.spec_args
@@ -61,109 +62,6 @@ Server, archive_logs, graph_use, kernel_times, spec_args = (
 TREE_SERVERS = {"dspine_tree16": 16, "dspine_tree32": 32, "dspine_tree64": 64}
 SERVERS = ("dflash", "dspine", "dspine_torch", "dflash2", *TREE_SERVERS)
 DEFAULT_SERVERS = ("dflash", "dspine", "dspine_torch")
-
-
-# ------------------------------------------------------------------------------------------- models
-def write_target(root: str, geometry: dict) -> str:
-    """A Qwen3 target folder holding only config.json (served with --load-format dummy)."""
-    path = os.path.join(root, "target")
-    os.makedirs(path, exist_ok=True)
-    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
-           "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False, "attention_dropout": 0.0,
-           "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16", "use_cache": True,
-           **geometry}
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
-    return path
-
-
-def write_drafters(root: str, geometry: dict, shape: dict, device: str, dflash2: dict | None = None) -> dict[str, str]:
-    """A DSpine drafter and a DFlash drafter with the same random backbone, saved by this package; with `dflash2`
-    (its shape, DFLASH2), also a DFlash2 drafter on that backbone (write_dflash2)."""
-    from transformers import Qwen3Config
-
-    from sglang_dspine.drafter.checkpoint import save_drafter
-    from sglang_dspine.drafter.config import default_target_layer_ids
-    from sglang_dspine.drafter.model import DSpineDrafter
-    from sglang_dspine.drafter.tiny import drafter_config_for
-    from sglang_dspine.drafter.tree_calibration import FILE_NAME as CALIBRATION_FILE
-    from sglang_dspine.drafter.tree_calibration import TreeCalibration
-
-    target = Qwen3Config(**{k: v for k, v in geometry.items()})
-    holder = type("Target", (), {"config": target})
-    layer_ids = default_target_layer_ids(target.num_hidden_layers, shape["layers"])
-    out = {}
-    gen = torch.Generator(device=device).manual_seed(0)
-    for kind in ("dspine", "dflash"):
-        cfg = drafter_config_for(holder, kind=kind, block_size=shape["block_size"], layers=shape["layers"],
-                                 transfer_rank=shape["transfer_rank"], message_size=shape["message_size"],
-                                 top_k=shape["top_k"], mask_token_id=shape["mask_token_id"],
-                                 target_layer_ids=layer_ids)
-        with torch.device(device):
-            model = DSpineDrafter(cfg).to(torch.bfloat16)
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() == 2:
-                    p.normal_(0.0, 0.02, generator=gen)
-            if kind == "dspine":
-                codes = torch.randn(model.transfer_codes.shape, device=device, generator=gen)
-                model.transfer_codes.copy_(torch.nn.functional.normalize(codes, dim=-1))
-                model.transfer_ready.fill_(True)
-        path = os.path.join(root, kind)
-        save_drafter(model, path)
-        out[kind] = path
-        del model
-    # what a DSPINE server verifying trees wider than the block reads (random weights: the drafter's own scores;
-    # the step's cost does not depend on the values)
-    p = shape["block_size"] - 1
-    TreeCalibration(shape["block_size"], [1.0] * p, [0.0] * p,
-                    {"what": "placeholder for random weights (serving_scale.py)"}).save(
-        os.path.join(out["dspine"], CALIBRATION_FILE))
-    if dflash2 is not None:
-        out["dflash2"] = write_dflash2(out["dflash"], os.path.join(root, "dflash2"), dflash2, gen)
-    return out
-
-
-def write_dflash2(dflash: str, path: str, shape: dict, gen: torch.Generator) -> str:
-    """A DFlash2 drafter (SGLang 0.5.23's DFlash2DraftModel) from a DFlash one: the same backbone, random
-    convolution corrections around every sublayer (base kernel the identity, as a fresh DFlash 2) and a random
-    selector. The tensor names are DFlash 2's: `layers.{i}.{attention,mlp}_conv.{base_kernel,
-    kernel_projection.weight}`, `candidate_selector.{predecessor,successor}_codebook`,
-    `candidate_selector.hidden_projection.weight`."""
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(dflash, path, dirs_exist_ok=True)
-    with open(os.path.join(path, "config.json")) as f:
-        cfg = json.load(f)
-    hidden, vocab, layers = int(cfg["hidden_size"]), int(cfg["vocab_size"]), int(cfg["num_hidden_layers"])
-    taps, group = int(shape["conv_kernel_size"]), int(shape["conv_group_size"])
-    rank = int(shape["selector_rank"])
-    if hidden % group:
-        raise ValueError(f"DFlash2 conv_group_size {group} must divide the hidden size {hidden}")
-    cfg["architectures"] = ["DFlash2DraftModel"]
-    cfg["dflash_config"] = {**cfg.get("dflash_config", {}), **shape}
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
-    files = [f for f in os.listdir(path) if f.endswith(".safetensors")]
-    if files != ["model.safetensors"]:
-        raise ValueError(f"{dflash}: expected one model.safetensors, found {files}")
-    tensors = load_file(os.path.join(path, "model.safetensors"))
-    dtype, device = tensors["fc.weight"].dtype, gen.device
-
-    def normal(*size, std=0.02):
-        return torch.randn(*size, generator=gen, device=device).mul_(std).to(dtype).cpu()
-
-    for i in range(layers):
-        for conv in ("attention_conv", "mlp_conv"):
-            base = torch.zeros(2, taps, hidden)
-            base[:, 0] = 1.0
-            tensors[f"layers.{i}.{conv}.base_kernel"] = base.to(dtype)
-            tensors[f"layers.{i}.{conv}.kernel_projection.weight"] = normal(2 * taps * (hidden // group), hidden)
-    tensors["candidate_selector.predecessor_codebook"] = normal(vocab, rank)
-    tensors["candidate_selector.successor_codebook"] = normal(vocab, rank)
-    tensors["candidate_selector.hidden_projection.weight"] = normal(rank, hidden)
-    save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-    return path
 
 
 def check_servers(names: list[str]) -> None:

@@ -27,14 +27,13 @@ import sys
 import threading
 import time
 
-import torch
-
 from sglang_dspine.provenance import provenance
 from sglang_dspine.source_files import load_package
 
 # the benchmarks package by its folder (the repository root stays off sys.path: sglang_dspine.source_files)
 load_package("benchmarks", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                         "benchmarks"))
+from benchmarks import models as bench_models  # noqa: E402
 from benchmarks import servers as bench_servers  # noqa: E402
 
 # The benchmark servers' flags (benchmarks/servers.py) and this script's own: no grammar backend, decode graphs up
@@ -52,90 +51,8 @@ def server_args(backends: dict) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- models
-def make_tiny_models(root: str) -> None:
-    """A tiny Qwen3 target (BPE tokenizer trained on local sources), a DSpine drafter with codes from its head
-    and random injection, and a random DFlash drafter. Logit gaps are widened (head × 8) so bf16 near-ties
-    are rarer; the result is labelled as such."""
-    import glob
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    from sglang_dspine.drafter.checkpoint import init_dspine_transfer, save_drafter
-    from sglang_dspine.drafter.model import DSpineDrafter
-    from sglang_dspine.drafter.tiny import drafter_config_for
-
-    site = os.path.dirname(os.path.dirname(torch.__file__))
-    files = sorted(glob.glob(os.path.join(site, "torch", "nn", "**", "*.py"), recursive=True))[:300]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
-    tok.train_from_iterator((open(f, errors="ignore").read() for f in files),
-                            trainers.BpeTrainer(vocab_size=4096, special_tokens=special,
-                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   mask_token="<|MASK|>")
-    tdir = os.path.join(root, "target")
-    fast.save_pretrained(tdir)
-    cfg = Qwen3Config(vocab_size=len(fast), hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
-                      tie_word_embeddings=False, eos_token_id=fast.eos_token_id, bos_token_id=fast.eos_token_id)
-    torch.manual_seed(0)
-    target = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        target.lm_head.weight.mul_(8.0)
-    target.to(torch.bfloat16).save_pretrained(tdir)
-    target = target.float()
-    for kind in ("dspine", "dflash"):
-        dcfg = drafter_config_for(target, kind=kind, block_size=16, layers=2, transfer_rank=64, message_size=32,
-                                  top_k=8, mask_token_id=fast.mask_token_id, target_layer_ids=[1, 3])
-        torch.manual_seed(1)
-        d = DSpineDrafter(dcfg)
-        for p in d.parameters():
-            if p.dim() == 2:
-                torch.nn.init.normal_(p, std=0.02)
-        if kind == "dspine":
-            init_dspine_transfer(d, target.lm_head.weight)
-            with torch.no_grad():
-                for w in d.injection.writes:
-                    w.weight.normal_(0, 0.02)
-        save_drafter(d.to(torch.bfloat16), os.path.join(root, kind))
-        fast.save_pretrained(os.path.join(root, kind))
-
-
-def model_layout(models: str) -> str:
-    """The serving scripts read target/, dspine/, dflash/ and suites/ under `models`. A lab run's --out folder
-    (drafters/KIND, corpus/prompts) or its unpacked pack (drafters/KIND, suites/) gets links to that layout."""
-    links = {"dspine": "drafters/dspine", "dflash": "drafters/dflash", "suites": "corpus/prompts"}
-    for name, src in links.items():
-        link, src = os.path.join(models, name), os.path.join(models, src)
-        if not os.path.exists(link) and os.path.isdir(src):
-            os.symlink(src, link)
-    missing = [d for d in ("target", "dspine", "dflash") if not os.path.isdir(os.path.join(models, d))]
-    if missing:
-        raise SystemExit(f"{models}: no {', '.join(missing)} (want target/, dspine/, dflash/ or a lab's drafters/)")
-    return os.path.abspath(models)
-
-
-def drafter_variant(src: str, dst: str, edit_cfg=None, edit_tensors=None) -> str:
-    """A copy of drafter folder `src` at `dst` (replaced), its config.json and/or model.safetensors edited in place
-    by the given functions."""
-    from safetensors.torch import load_file, save_file
-
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(src, dst)
-    if edit_cfg:
-        p = os.path.join(dst, "config.json")
-        c = json.load(open(p))
-        edit_cfg(c)
-        json.dump(c, open(p, "w"))
-    if edit_tensors:
-        p = os.path.join(dst, "model.safetensors")
-        t = load_file(p)
-        edit_tensors(t)
-        save_file(t, p)
-    return dst
+make_tiny_models, model_layout, drafter_variant = (bench_models.make_tiny_models, bench_models.model_layout,
+                                                   bench_models.drafter_variant)
 
 
 def make_bad_drafters(root: str) -> dict[str, tuple[str, list[str], str]]:

@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-from serve_e2e import (
+from serve_e2e import (  # the harness (benchmarks.servers, benchmarks.models) as serve_e2e uses it
     Server,
     archive_logs,
     drafter_variant,
