@@ -81,6 +81,7 @@ if not __package__:  # run as a file (python benchmarks/kernels.py) or loaded by
     as_package(__file__)
 
 from benchmarks.geometry import DRAFTER, short  # noqa: E402
+from benchmarks.output import write_json  # noqa: E402
 
 torch.set_grad_enabled(False)
 
@@ -720,8 +721,7 @@ def main() -> int:
     def save():
         res["elapsed_s"] = round(time.time() - t_start, 1)
         for p, obj in zip(paths, (res, summarize(res, args.smoke))):
-            with open(p, "w") as f:
-                json.dump(obj, f, indent=1)
+            write_json(p, obj)
             if args.copy_to:
                 os.makedirs(args.copy_to, exist_ok=True)
                 shutil.copy(p, args.copy_to)

@@ -52,6 +52,7 @@ if not __package__:  # run as a file (python benchmarks/x.py) or loaded by its p
 from benchmarks import servers as _servers  # noqa: E402
 from benchmarks.geometry import DFLASH2, DRAFTER, GEOMETRIES, TINY_DFLASH2, TINY_DRAFTER  # noqa: E402, F401
 from benchmarks.models import write_dflash2, write_drafters, write_target  # noqa: E402, F401 - the harness' builder
+from benchmarks.output import write_json, write_result  # noqa: E402
 
 Server, archive_logs, graph_use, kernel_times, spec_args = (
     _servers.Server, _servers.archive_logs, _servers.graph_use, _servers.kernel_times, _servers.spec_args
@@ -357,8 +358,8 @@ def main() -> None:
     def save():
         for d in [args.out] + ([args.results_dir] if args.results_dir else []):
             os.makedirs(d, exist_ok=True)
-            json.dump(res, open(os.path.join(d, "serving_scale.json"), "w"), indent=1)
-            json.dump(summarize(res), open(os.path.join(d, "serving_scale_summary.json"), "w"), indent=1)
+            write_result(os.path.join(d, "serving_scale.json"), res)
+            write_json(os.path.join(d, "serving_scale_summary.json"), summarize(res))
 
     if "dflash2" in names or args.sampling_backend != "pytorch":  # FlashInfer's JIT modules before any server
         prebuild = _servers.start_prebuild(args.out)

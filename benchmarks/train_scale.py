@@ -51,6 +51,7 @@ if not __package__:  # run as a file (python benchmarks/x.py) or loaded by its p
     as_package(__file__)
 
 from benchmarks.geometry import short  # noqa: E402
+from benchmarks.output import write_json  # noqa: E402
 
 QWEN3_8B, TOY = short("qwen3-8b"), short("tiny")
 
@@ -374,9 +375,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write(path: str, res: dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+    write_json(path, res)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ from sglang_dspine.source_files import as_package
 if not __package__:  # run as a file (python benchmarks/x.py) or loaded by its path: the package `benchmarks` first
     as_package(__file__)
 
+from benchmarks.output import write_result  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REGIONS = ("train.data", "train.target", "train.blocks", "train.forward", "train.backward", "train.optimizer")
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync")
@@ -191,9 +193,7 @@ def main() -> int:
         if "kernel_launches_per_step" in a:
             res["dspine_over_dflash"]["kernel_launches_per_step"] = round(
                 b["kernel_launches_per_step"] / max(a["kernel_launches_per_step"], 1), 3)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    write_result(args.out, res)
     print(json.dumps({k: {x: v[x] for x in ("ms_per_step", "aten_calls_per_step", "kernel_launches_per_step",
                                              "regions_ms") if x in v}
                       for k, v in per_kind.items()}, indent=1))

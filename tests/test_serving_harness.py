@@ -212,3 +212,18 @@ def test_e2e_servers_take_the_backends_asked_for():
         ["--attention-backend", "sglang-default", "--sampling-backend", "sglang-default"])))
     assert "--attention-backend" not in chosen and "--sampling-backend" not in chosen
     assert chosen[-len(e2e.E2E_ARGS):] == e2e.E2E_ARGS == default[-len(e2e.E2E_ARGS):]
+
+
+def test_result_writer_stamps_provenance_once_and_writes_whole_files(tmp_path):
+    """benchmarks.output: write_result adds provenance (command, commit, versions, date) where a record has none
+    and keeps one it has; the file is whole JSON, its folders made, no temporary file left."""
+    from benchmarks import output
+
+    path = str(tmp_path / "a" / "b" / "r.json")
+    output.write_result(path, {"x": 1}, argv=["bench", "--flag"])
+    rec = json.load(open(path))
+    assert rec["x"] == 1 and rec["provenance"]["command"] == "bench --flag"
+    assert {"commit", "gpu", "versions", "date"} <= set(rec["provenance"])
+    output.write_result(path, {"x": 2, "provenance": {"commit": "abc"}})
+    assert json.load(open(path)) == {"x": 2, "provenance": {"commit": "abc"}}
+    assert os.listdir(tmp_path / "a" / "b") == ["r.json"]

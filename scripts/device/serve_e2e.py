@@ -35,6 +35,7 @@ load_package("benchmarks", os.path.join(os.path.dirname(os.path.dirname(os.path.
                                         "benchmarks"))
 from benchmarks import models as bench_models  # noqa: E402
 from benchmarks import servers as bench_servers  # noqa: E402
+from benchmarks.output import write_json, write_result  # noqa: E402
 
 # The benchmark servers' flags (benchmarks/servers.py) and this script's own: no grammar backend, decode graphs up
 # to the 48 load clients, a small KV pool so five servers fit on one GPU; no prefill graphs (they only change
@@ -419,8 +420,8 @@ def main():
 
 
 def save_results(results, out):
-    json.dump(results, open(os.path.join(out, "serving_e2e.json"), "w"), indent=1)
-    json.dump(summarize(results), open(os.path.join(out, "serving_e2e_summary.json"), "w"), indent=1)
+    write_result(os.path.join(out, "serving_e2e.json"), results)
+    write_json(os.path.join(out, "serving_e2e_summary.json"), summarize(results))
 
 
 def collect_server_info(servers, up, results, names=("dspine", "dflash", "dspine_det")):

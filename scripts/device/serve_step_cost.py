@@ -38,6 +38,7 @@ from serve_e2e import (  # the harness (benchmarks.servers, benchmarks.models) a
     warm,
 )
 
+from benchmarks.output import write_result
 from sglang_dspine.provenance import provenance
 
 SERVERS = ["plain", "dflash", "dflash_causal", "dspine", "dspine_torch", "dspine_tree", "dspine_tree32",
@@ -99,7 +100,7 @@ def main():
             order = dict(reversed(live.items())) if r % 2 else live  # drift over a repeat favours no server
             results["repeats"].append(throughput(order, prompts, [1, 4, 16, 48], args.max_new,
                                                  ignore_eos=not args.stop_at_eos))
-            json.dump(results, open(out, "w"), indent=1)
+            write_result(out, results)
         if args.t1_concurrency:
             spec_live = {n: s for n, s in live.items() if n != "plain"}
             results["throughput_t1"] = throughput(spec_live, prompts, [args.t1_concurrency], args.max_new,
@@ -110,7 +111,7 @@ def main():
             s.stop()
         results["wall_seconds"] = time.time() - t0
         results["summary"] = summarize(results)
-        json.dump(results, open(out, "w"), indent=1)
+        write_result(out, results)
         archive_logs(args.out, "step_cost_logs.tar.gz")
     print(json.dumps(results["summary"], indent=1))
 
