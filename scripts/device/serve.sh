@@ -3,9 +3,8 @@
 # pair (models/default), results in $OUT. Extra arguments go to the script.
 #   bash scripts/device/serve.sh e2e          # serve_e2e.py: end-to-end serving evidence (one GPU)
 #   bash scripts/device/serve.sh step_cost    # serve_step_cost.py: DFLASH vs DSPINE throughput and tau (one GPU)
-#   bash scripts/device/serve.sh tp2 --deterministic   # serve_tp2.py: tensor parallelism (two GPUs)
 set -uo pipefail
-WHAT="${1:?usage: serve.sh e2e|step_cost|tp2 [args]}"; shift
+WHAT="${1:?usage: serve.sh e2e|step_cost [args]}"; shift
 [ -f "scripts/device/serve_$WHAT.py" ] || { echo "serve.sh: no scripts/device/serve_$WHAT.py" >&2; exit 2; }
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
