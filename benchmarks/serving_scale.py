@@ -289,7 +289,7 @@ def server_args_for(name: str, target: str, drafters: dict, extra: list[str]) ->
     raise ValueError(name)
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="qwen3-8b")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
@@ -323,11 +323,111 @@ def main() -> None:
                     help="also write the results there (benchmarks/results for the committed ones); "
                          "default: --out only")
     ap.add_argument("--smoke", action="store_true", help="CPU: make tiny models and check the summary")
-    args = ap.parse_args()
-    backends = [tuple(b.split("/")) for b in args.backends.split(",") if b]
-    if any(len(b) != 2 or not all(b) for b in backends):
+    args = ap.parse_args(argv)
+    args.backend_pairs = [tuple(b.split("/")) for b in args.backends.split(",") if b]
+    if any(len(b) != 2 or not all(b) for b in args.backend_pairs):
         raise SystemExit(f"--backends {args.backends!r}: want ATTENTION/SAMPLING pairs separated by commas")
     args.alone = args.alone or args.alone_only
+    return args
+
+
+def side_by_side(args, res, names, servers, base, target, drafters, prompts, env_prof, save) -> None:
+    """Phase 1: the servers side by side with equal KV pools, then `--repeats` rounds, the order alternating."""
+    clients, temps = res["clients"], res["temperatures"]
+    side = ["--cuda-graph-max-bs-decode", str(args.graph_bs), "--max-total-tokens", str(args.pool),
+            "--max-running-requests", str(max(clients)),  # else SGLang derives a lower cap (48 at 60000)
+            "--mem-fraction-static", "0.88", "--disable-prefill-cuda-graph"]
+    for i, n in enumerate(names):
+        a, env = server_args_for(n, target, drafters, side)
+        servers[n] = Server(n, 31000 + i, a, args.out, env={**(env or {}), **env_prof}, base_args=base)
+        ok = servers[n].wait()
+        print(f"{n} up={ok} after {servers[n].up_after}", flush=True)
+        if not ok:
+            raise SystemExit(f"server {n} did not start:\n{servers[n].tail(60)}")
+        res["memory"][n] = servers[n].memory()
+    pools = _servers.kv_pools(res["memory"])
+    print("kv pools", pools, flush=True)
+    if len(set(pools.values())) > 1:
+        raise SystemExit(f"KV pools differ side by side: {pools}")
+    save()
+    if args.warmup_round:  # first use of each batch size and sampling mode: not counted
+        for n in names:
+            for t in temps:
+                for c in clients:
+                    measure(servers[n], prompts, c, min(args.max_new, 16), t)
+    for rnd in range(args.repeats):
+        order = names if rnd % 2 == 0 else names[::-1]
+        res["rounds"].append({})
+        for n in order:
+            ts = temps if not (n == "dspine_torch" and args.torch_once) else ([0.0] if rnd == 0 else [])
+            res["rounds"][-1][n] = [measure(servers[n], prompts, c, args.max_new, t) for t in ts for c in clients]
+            print(f"round {rnd} {n}", {f"T{r['temperature']:g}c{r['clients']}": round(r["step_ms"] or 0, 2)
+                                       for r in res["rounds"][-1][n]}, flush=True)
+            save()
+
+
+def profiles(args, res, names, servers, prompts, profile_dir, block_size, save) -> None:
+    """Phase 2: SGLang's profiler at each --profile-clients, per server, and DSPINE minus DFLASH per kernel."""
+    for c in [int(x) for x in args.profile_clients.split(",") if x]:
+        key = f"c{c}"
+        fits = max(args.profile_steps * 4, args.pool // c - args.prompt_len - 2 * block_size)
+        res["profile"][key] = {n: profile(servers[n], prompts, c, args.profile_steps, profile_dir, min(4096, fits))
+                               for n in names}
+        if "dspine" in names and "dflash" in names:
+            res["profile"][key]["diff"] = kernel_diff(res["profile"][key]["dspine"], res["profile"][key]["dflash"])
+        for n in [x for x in names if x.startswith("dspine_tree") and "dspine" in names]:  # what a tree adds
+            res["profile"][key]["diff_" + n] = kernel_diff(res["profile"][key][n], res["profile"][key]["dspine"],
+                                                           names=(n, "dspine"))
+        save()
+
+
+def alone(args, res, names, servers, base, target, drafters, prompts, save) -> None:
+    """Phase 3: each server alone, SGLang's default --cuda-graph-max-bs-decode: memory, one round, graph use."""
+    # DSPINE before DFlash2: at 35f24d8 DFlash2 hung starting under FA3 and DSPINE waited behind it
+    for n in [x for x in ("dflash", "dspine", "dflash2", *TREE_SERVERS) if x in names]:
+        a, env = server_args_for(n, target, drafters, ["--mem-fraction-static", str(args.alone_mem_fraction)])
+        s = servers[n] = Server(n + "_alone", 31010, a, args.out, env=env, base_args=base)
+        if s.wait(timeout=args.start_timeout):
+            res["alone"][n] = {"memory": s.memory(),
+                               "rounds": [measure(s, prompts, c, args.max_new, 0.0) for c in res["clients"]],
+                               "graph_use": graph_use(s.text())}
+        else:
+            res["alone"][n] = {"error": s.tail(40), "start_timeout_s": args.start_timeout}
+        s.stop()
+        del servers[n]
+        # a server that never answered is a result too (at 35f24d8 it was lost with the lease); the summary's alone
+        # ratios come from the rounds saved so far (a lease may end mid-run)
+        save()
+    if "dspine" in res["alone"]:
+        res["alone"]["dspine"].update(alone_step_ratios(res["alone"]))
+
+
+def other_backends(args, res, servers, target, drafters, prompts, save) -> None:
+    """DSPINE alone on each --backends ATTENTION/SAMPLING pair: whether it starts, what it ran, one round."""
+    for attention, sampling in args.backend_pairs:
+        key = f"{attention}/{sampling}"
+        base = _servers.base_args(None if attention == "default" else attention,
+                                  None if sampling == "default" else sampling)
+        a, env = server_args_for("dspine", target, drafters, ["--mem-fraction-static", str(args.alone_mem_fraction)])
+        s = servers["backend"] = Server("dspine_" + key.replace("/", "_"), 31020, a, args.out, env=env, base_args=base)
+        rec: dict = {"started": s.wait(timeout=args.start_timeout)}
+        if rec["started"]:
+            info = s.info()
+            rec["ran"] = {k: info.get(k) for k in ("attention_backend", "sampling_backend",
+                                                   "speculative_algorithm", "max_total_num_tokens")}
+            rec["draft_path_log"] = [l[-160:] for l in s.text().splitlines() if "DSPINE draft step" in l][:2]
+            rec["rounds"] = [measure(s, prompts, c, args.max_new, 0.0) for c in res["clients"]]
+        else:
+            rec["error"] = s.tail(40)[-2000:]
+        s.stop()
+        del servers["backend"]
+        res["backends"][key] = rec
+        print(f"DSPINE on {key}: started={rec['started']}", rec.get("ran", ""), flush=True)
+        save()
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     server_backends = _servers.backends_from_args(args)
     base = _servers.base_args(server_backends["attention"], server_backends["sampling"])
     names = [n for n in args.servers.split(",") if n]
@@ -373,101 +473,19 @@ def main() -> None:
     servers: dict[str, Server] = {}
     env_prof = {"SGLANG_TORCH_PROFILER_DIR": os.path.join(args.work, "profiles")}
     try:
-        # ---- phase 1: side by side, equal pools
-        side_names = [] if args.alone_only else names
-        side = ["--cuda-graph-max-bs-decode", str(args.graph_bs), "--max-total-tokens", str(args.pool),
-                "--max-running-requests", str(max(clients)),  # else SGLang derives a lower cap (48 at 60000)
-                "--mem-fraction-static", "0.88", "--disable-prefill-cuda-graph"]
-        for i, n in enumerate(side_names):
-            a, env = server_args_for(n, target, drafters, side)
-            servers[n] = Server(n, 31000 + i, a, args.out, env={**(env or {}), **env_prof}, base_args=base)
-            ok = servers[n].wait()
-            print(f"{n} up={ok} after {servers[n].up_after}", flush=True)
-            if not ok:
-                raise SystemExit(f"server {n} did not start:\n{servers[n].tail(60)}")
-            res["memory"][n] = servers[n].memory()
-        pools = _servers.kv_pools(res["memory"])
-        print("kv pools", pools, flush=True)
-        if len(set(pools.values())) > 1:
-            raise SystemExit(f"KV pools differ side by side: {pools}")
-        save()
-        if args.warmup_round:  # first use of each batch size and sampling mode: not counted
-            for n in side_names:
-                for t in temps:
-                    for c in clients:
-                        measure(servers[n], prompts, c, min(args.max_new, 16), t)
-        for rnd in range(0 if args.alone_only else args.repeats):
-            order = names if rnd % 2 == 0 else names[::-1]
-            res["rounds"].append({})
-            for n in order:
-                ts = temps if not (n == "dspine_torch" and args.torch_once) else ([0.0] if rnd == 0 else [])
-                res["rounds"][-1][n] = [measure(servers[n], prompts, c, args.max_new, t) for t in ts for c in clients]
-                print(f"round {rnd} {n}", {f"T{r['temperature']:g}c{r['clients']}": round(r["step_ms"] or 0, 2)
-                                           for r in res["rounds"][-1][n]}, flush=True)
-                save()
-        # ---- phase 2: profiles
-        for c in [] if args.alone_only else [int(x) for x in args.profile_clients.split(",") if x]:
-            key = f"c{c}"
-            fits = max(args.profile_steps * 4, args.pool // c - args.prompt_len - 2 * shape["block_size"])
-            res["profile"][key] = {n: profile(servers[n], prompts, c, args.profile_steps,
-                                              env_prof["SGLANG_TORCH_PROFILER_DIR"], min(4096, fits))
-                                   for n in names}
-            if "dspine" in names and "dflash" in names:
-                res["profile"][key]["diff"] = kernel_diff(res["profile"][key]["dspine"], res["profile"][key]["dflash"])
-            for n in [x for x in names if x.startswith("dspine_tree") and "dspine" in names]:  # what a tree adds
-                res["profile"][key]["diff_" + n] = kernel_diff(res["profile"][key][n], res["profile"][key]["dspine"],
-                                                               names=(n, "dspine"))
-            save()
+        if not args.alone_only:
+            side_by_side(args, res, names, servers, base, target, drafters, prompts, env_prof, save)
+            profiles(args, res, names, servers, prompts, env_prof["SGLANG_TORCH_PROFILER_DIR"], shape["block_size"],
+                     save)
         for n, s in servers.items():
             res["memory"][n]["graph_use"] = graph_use(s.text())
             res["memory"][n]["draft_path_log"] = [l[-160:] for l in s.text().splitlines()
                                                  if "DSPINE draft step" in l or "DSPINE candidate" in l][:4]
             s.stop()
-        servers = {}
-        # ---- phase 3: each alone, SGLang's default --cuda-graph-max-bs-decode
+        servers.clear()
         if args.alone:
-            # DSPINE before DFlash2: at 35f24d8 DFlash2 hung starting under FA3 and DSPINE waited behind it
-            for n in [x for x in ("dflash", "dspine", "dflash2", *TREE_SERVERS) if x in names]:
-                a, env = server_args_for(n, target, drafters, ["--mem-fraction-static", str(args.alone_mem_fraction)])
-                s = Server(n + "_alone", 31010, a, args.out, env=env, base_args=base)
-                servers[n] = s
-                if not s.wait(timeout=args.start_timeout):
-                    res["alone"][n] = {"error": s.tail(40), "start_timeout_s": args.start_timeout}
-                    s.stop()
-                    del servers[n]
-                    save()  # a server that never answered is a result too (at 35f24d8 it was lost with the lease)
-                    continue
-                res["alone"][n] = {"memory": s.memory(),
-                                   "rounds": [measure(s, prompts, c, args.max_new, 0.0) for c in clients]}
-                res["alone"][n]["graph_use"] = graph_use(s.text())
-                s.stop()
-                del servers[n]
-                save()  # the summary's alone ratios come from the rounds saved so far (a lease may end mid-run)
-            if "dspine" in res["alone"]:
-                res["alone"]["dspine"].update(alone_step_ratios(res["alone"]))
-        # ---- DSPINE alone on other attention / sampling backends
-        for attention, sampling in backends:
-            key = f"{attention}/{sampling}"
-            base = _servers.base_args(None if attention == "default" else attention,
-                                      None if sampling == "default" else sampling)
-            a, env = server_args_for("dspine", target, drafters,
-                                     ["--mem-fraction-static", str(args.alone_mem_fraction)])
-            s = Server("dspine_" + key.replace("/", "_"), 31020, a, args.out, env=env, base_args=base)
-            servers["backend"] = s
-            rec: dict = {"started": s.wait(timeout=args.start_timeout)}
-            if rec["started"]:
-                info = s.info()
-                rec["ran"] = {k: info.get(k) for k in ("attention_backend", "sampling_backend",
-                                                       "speculative_algorithm", "max_total_num_tokens")}
-                rec["draft_path_log"] = [l[-160:] for l in s.text().splitlines() if "DSPINE draft step" in l][:2]
-                rec["rounds"] = [measure(s, prompts, c, args.max_new, 0.0) for c in clients]
-            else:
-                rec["error"] = s.tail(40)[-2000:]
-            s.stop()
-            del servers["backend"]
-            res["backends"][key] = rec
-            print(f"DSPINE on {key}: started={rec['started']}", rec.get("ran", ""), flush=True)
-            save()
+            alone(args, res, names, servers, base, target, drafters, prompts, save)
+        other_backends(args, res, servers, target, drafters, prompts, save)
     finally:
         for s in servers.values():
             s.stop()
