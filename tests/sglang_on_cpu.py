@@ -191,7 +191,7 @@ def worker_shell(model, lm_head, block_size, draft_pool=None, cls=None):
     and no fused writer. Nothing else of a worker is built (no model runners on a CPU)."""
     from sglang_dspine.serving.worker import DSpineWorker
 
-    cls = cls or DSpineWorker  # or one of its subclasses (DSpineTreeWorker)
+    cls = cls or DSpineWorker
     worker = cls.__new__(cls)
     runner = SimpleNamespace(model=TargetModel(lm_head))
     attrs = dict(block_size=block_size, draft_model=model, _target_worker=SimpleNamespace(model_runner=runner),

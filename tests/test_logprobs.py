@@ -100,16 +100,38 @@ def test_dspine_server_admits_logprob_requests():
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
-def test_log_probs_are_computed_once():
-    """Where DFlash's verify step returns log-probs, DSPINE's worker runs DFlash's step as it is (it neither hides
-    the request from it nor computes them again); elsewhere the worker that supplies them is the one used."""
+@pytest.mark.parametrize("supplies", [False, True], ids=["dflash-returns-them", "dspine-supplies-them"])
+def test_log_probs_are_computed_once(supplies, monkeypatch):
+    """Where DFlash's verify step returns log-probs (0.5.23: the worker's `supplies_logprobs` False), DSPINE's
+    worker hands DFlash's step the batch itself and computes nothing after it; where DFlash refuses them (0.5.17),
+    DFlash's step sees a view that hides them and the worker computes them once, after the step."""
+    from sglang.srt.layers import logprob_processor
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineWorker
+    bs, block, vocab = 2, 4, 30
+    result, _, _ = _verify_result(bs, block, vocab)
+    seen, computed = [], []
+    monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation",
+                        lambda self, batch, on_publish=None, grammar_barrier=None: seen.append(batch) or result)
+    monkeypatch.setattr(logprob_processor, "compute_spec_v2_logprobs", lambda *a: computed.append(a))
+    worker = _worker_shell(block, supplies)
+    batch = _batch(bs, [1.0, 1.0], True)
+    batch.return_logprob, batch.is_extend_in_batch, batch.forward_mode = True, False, ForwardMode.DECODE
+    assert worker.forward_batch_generation(batch) is result
+    assert isinstance(seen[0], _LogprobsHidden) == supplies and (seen[0] is batch) == (not supplies)
+    assert len(computed) == int(supplies)
 
-    assert DSpineWorker.forward_batch_generation is DFlashWorkerV2.forward_batch_generation
-    assert DSpineWorker.target_worker is DFlashWorkerV2.target_worker
-    assert DSpineLogprobWorker.forward_batch_generation is not DFlashWorkerV2.forward_batch_generation
+
+def _worker_shell(block: int, supplies: bool):
+    """A DSpineWorker as its step's dispatch sees it (no model runners on a CPU): a fixed server of the block."""
+    from sglang_dspine.serving.verify_shapes import Shape
+    from sglang_dspine.serving.worker import DSpineWorker
+
+    worker = DSpineWorker.__new__(DSpineWorker)
+    worker._target_worker, worker.block_size = SimpleNamespace(), block
+    worker.supplies_logprobs, worker.shapes = supplies, (Shape(block),)
+    return worker
 
 
 def test_dflash_code_sees_no_logprob_request_and_the_target_sees_the_batch():
@@ -137,10 +159,7 @@ def test_verify_log_probs_follow_the_mode_the_batch_came_in(mode, verify, monkey
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineWorker
-
     upstream = dflash_returns_logprobs()
-    worker_class = DSpineWorker if upstream else DSpineLogprobWorker  # what plugin._worker_factory returns
     assert ForwardMode.TARGET_VERIFY.is_extend()  # the trap, as SGLang defines it
     bs, block, vocab = 2, 4, 30
     result, logits, tokens = _verify_result(bs, block, vocab)
@@ -154,8 +173,7 @@ def test_verify_log_probs_follow_the_mode_the_batch_came_in(mode, verify, monkey
         return result
 
     monkeypatch.setattr(DFlashWorkerV2, "forward_batch_generation", parent_forward)
-    worker = worker_class.__new__(worker_class)  # the wrapper's dispatch only: no model runners on a CPU
-    worker._target_worker, worker.block_size = SimpleNamespace(), block
+    worker = _worker_shell(block, supplies=not upstream)  # what the worker's __init__ sets on this release
     batch = _batch(bs, [1.0, 1.0], True)
     batch.return_logprob, batch.is_extend_in_batch, batch.forward_mode = True, False, getattr(ForwardMode, mode)
     assert worker.forward_batch_generation(batch) is result

@@ -248,12 +248,12 @@ def test_tree_verification_starts_only_where_it_is_built(dirs, monkeypatch, flag
         from sglang.srt.runtime_context import publish
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-        from sglang_dspine.serving.worker import DSpineTreeLogprobWorker
+        from sglang_dspine.serving.worker import DSpineWorker
 
         args = _args(root, root / "dspine", "DSPINE", *flags)
         assert _resolved(args).attention_backend == "triton"
         publish(args, role="test")  # what a scheduler process does before it creates the worker
-        assert SpeculativeAlgorithm.from_string("DSPINE").create_worker(args) is DSpineTreeLogprobWorker
+        assert SpeculativeAlgorithm.from_string("DSPINE").create_worker(args) is DSpineWorker
     else:
         with pytest.raises(StartupRefusal) as refused:
             _args(root, root / "dspine", "DSPINE", *flags)
@@ -297,12 +297,12 @@ def test_adaptive_verification_starts_only_where_it_is_built(dirs, monkeypatch, 
         from sglang.srt.runtime_context import publish
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-        from sglang_dspine.serving.worker import DSpineAdaptiveLogprobWorker
+        from sglang_dspine.serving.worker import DSpineWorker
 
         args = _args(root, root / "dspine", "DSPINE", *flags)
         assert _resolved(args).max_running_requests == 128
         publish(args, role="test")
-        assert SpeculativeAlgorithm.from_string("DSPINE").create_worker(args) is DSpineAdaptiveLogprobWorker
+        assert SpeculativeAlgorithm.from_string("DSPINE").create_worker(args) is DSpineWorker
         assert _resolved(_args(root, root / "dspine", "DSPINE", *flags, "--max-running-requests", "20")
                          ).max_running_requests == 20
     else:
@@ -380,7 +380,7 @@ def test_the_draft_forward_is_the_blocks_width_in_sglang(dirs, monkeypatch):
 
 
 def test_the_tree_worker_hands_dflash_the_blocks_arguments(dirs, monkeypatch):
-    """DSpineTreeWorker with N = 8 > B = 4 (0.5.17): DFlash's constructor (which builds the draft worker, its CUDA
+    """DSPINE's worker under SGLANG_DSPINE_TREE=1 with N = 8 > B = 4 (0.5.17): DFlash's constructor (which builds the draft worker, its CUDA
     graphs and block buffers from --speculative-num-draft-tokens, and needs a GPU) is handed a copy of the server
     arguments saying B (through ServerArgs.override, SGLang's one mutation point), the server's own arguments keep
     N, SGLang is told the draft forward's width, and the drafter's calibration is loaded. Recorded here in place
@@ -390,7 +390,8 @@ def test_the_tree_worker_hands_dflash_the_blocks_arguments(dirs, monkeypatch):
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_dspine.serving.worker import DSpineTreeWorker
+    from sglang_dspine.serving.verify_shapes import Shape
+    from sglang_dspine.serving.worker import DSpineWorker
 
     if ON_0_5_23:
         assert not hasattr(ServerArgs, "override")
@@ -408,9 +409,10 @@ def test_the_tree_worker_hands_dflash_the_blocks_arguments(dirs, monkeypatch):
     monkeypatch.setattr(DFlashWorkerV2, "__init__", dflash_init)
     algo = SpeculativeAlgorithm.from_string("DSPINE")
     monkeypatch.setattr(algo, "draft_rows_per_req", None)
-    worker = DSpineTreeWorker(server_args=args, gpu_id=0, ps=None, nccl_port=0, target_worker=None)
+    worker = DSpineWorker(server_args=args, gpu_id=0, ps=None, nccl_port=0, target_worker=None)
     assert [a.speculative_num_draft_tokens for a in handed] == [4] and handed[0] is not args
-    assert args.speculative_num_draft_tokens == 8 and worker.verify_rows == 8 and worker.block_size == 4
+    assert args.speculative_num_draft_tokens == 8 and worker.tree_rows == 8 and worker.block_size == 4
+    assert worker.shapes == (Shape(8, tree=True),) and worker.policy is None  # a fixed server of the tree
     assert algo.draft_rows_per_req == 4
     assert worker.calibration.temperature == [0.3, 0.2, 0.1]
     assert [t.tolist() for t in worker._calibration] == [pytest.approx([0.3, 0.2, 0.1]), pytest.approx([-0.2, -0.1, 0])]
@@ -456,7 +458,7 @@ def test_worker_factory_patches_verify_renorm_only_for_pytorch_sampling(dirs, fl
     """The DSPINE worker factory routes DFlash's verify renormalisation to SGLang's Triton kernels when the
     server samples in PyTorch (no FlashInfer JIT build in the middle of serving), whether the user or SGLang
     chose it, and leaves it alone otherwise. It returns the worker that leaves log-probs to DFlash's verify
-    step where that returns them, and the one that supplies them elsewhere."""
+    step where that returns them and supplies them elsewhere (one class: test_logprobs says how it decides)."""
     import importlib
 
     from sglang.kernels.ops.sampling import renorm_triton
@@ -464,8 +466,7 @@ def test_worker_factory_patches_verify_renorm_only_for_pytorch_sampling(dirs, fl
     from sglang.srt.speculative import dflash_utils
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_dspine.serving.plugin import dflash_returns_logprobs
-    from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineWorker
+    from sglang_dspine.serving.worker import DSpineWorker
 
     dflash_utils = importlib.reload(dflash_utils)  # undo an earlier case's patch
     stock = dflash_utils.top_k_renorm_prob, dflash_utils.top_p_renorm_prob
@@ -474,7 +475,7 @@ def test_worker_factory_patches_verify_renorm_only_for_pytorch_sampling(dirs, fl
     assert _resolved(args).sampling_backend == ("pytorch" if patched else "flashinfer")
     publish(args, role="test")  # what a scheduler process does before it creates the worker
     worker = SpeculativeAlgorithm.from_string("DSPINE").create_worker(args)
-    assert worker is (DSpineWorker if dflash_returns_logprobs() else DSpineLogprobWorker)
+    assert worker is DSpineWorker
     now = dflash_utils.top_k_renorm_prob, dflash_utils.top_p_renorm_prob
     if patched:
         assert now == (renorm_triton.top_k_renorm_probs_triton, renorm_triton.top_p_renorm_probs_triton)

@@ -66,15 +66,14 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
     from sglang_dspine.serving.sglang_model import DSpineDraftModel
-    from sglang_dspine.serving.worker import DSpineLogprobWorker, DSpineTreeWorker, DSpineWorker
+    from sglang_dspine.serving.worker import DSpineWorker
 
-    own = {DSpineWorker: {"_vocab_shard", "draft_sampler", "_attached_step", "_new_draft_sampler"},
-           DSpineLogprobWorker: {"_logprob_batch"},
-           DSpineTreeWorker: {"draft_sampler", "_forward_tree_decode", "_commit_tree_path", "_logprobs_asked",
-                              "_new_draft_sampler"},
+    own = {DSpineWorker: {"_vocab_shard", "_attached_step", "_new_draft_sampler", "_tree_server_args", "_step",
+                          "_verify_shape", "_read_finished_steps", "_count", "_logprobs_asked", "_prefix_step",
+                          "_commit_prefix", "_tree_step", "_commit_tree_path", "_log_every", "_logprob_batch",
+                          "tree_rows", "policy"},
            DSpineDraftModel: {"_check_names", "_set_up_draft_step", "post_load_weights"}}
-    parent = {DSpineWorker: DFlashWorkerV2, DSpineLogprobWorker: DFlashWorkerV2, DSpineTreeWorker: DFlashWorkerV2,
-              DSpineDraftModel: DFlashDraftModel}
+    parent = {DSpineWorker: DFlashWorkerV2, DSpineDraftModel: DFlashDraftModel}
     def members(cls):  # what the class body defines (not Python's own entries: dunders, the ABC cache)
         return {n for n in vars(cls) if not n.startswith("__") and n != "_abc_impl"}
 
@@ -83,8 +82,11 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
         assert overridden, cls
         for name in overridden:
             assert hasattr(parent[cls], name), f"{parent[cls].__name__}.{name}"
+    # the worker overrides the hooks inside DFlash's step that the start-up check covers, and beside them only
+    # the entry points SGLang itself calls (its decode steps run DFlash's step whole, or dflash_step's parts)
     checked = {name for module, owner, name, _ in sglang_patches.DFLASH_HOOKS if owner == "DFlashWorkerV2"}
-    assert members(DSpineWorker) - own[DSpineWorker] == checked
+    assert members(DSpineWorker) - own[DSpineWorker] == checked | {"init_cuda_graphs", "forward_batch_generation",
+                                                                   "target_worker"}
     # SGLang's loaders call post_load_weights (how a dummy-loaded drafter sets up its draft step)
     from sglang.srt.model_loader import loader
 
@@ -130,53 +132,40 @@ def test_the_tree_steps_block_preparation_at_the_chains_width_is_dflashs_kernels
     assert torch.equal(loc, r2t[pool[:, None], prefix[:, None] + torch.arange(b)].long())
 
 
-def test_what_the_tree_step_reads_from_sglang_exists(served, monkeypatch):
-    """The tree step (`DSpineTreeWorker._forward_tree_decode`, tree_verify.py, patch 6) repeats DFlash's decode step
-    around its own verify: every DFlash worker member and SGLang function it reads is in the installed 0.5.17.
-    On 0.5.23, whose DFlash decode step differs (and lacks SGLang's Triton tree walk), the tree is refused."""
+def test_what_dspines_steps_read_from_dflashs_step_is_listed_and_checked_at_start(served, monkeypatch):
+    """DSPINE's own decode steps (a prefix of the block, none, a tree) run DFlash's decode step in parts
+    (dflash_step.py). Every DFlash worker member they read (there, or in the worker's step methods) and every
+    SGLang function they call is in `DFLASH_STEP_NAMES`, the installed 0.5.17 has them all, and a server needing
+    them (trees, adaptive verification) is refused at start in one line where one is missing. On 0.5.23, whose
+    DFlash decode step differs, those servers are refused outright."""
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
+    from sglang_dspine.serving import dflash_step, startup_checks, worker
+    from sglang_dspine.serving.versions import class_names, names_used
+
     if sglang_on_cpu.on_0_5_23():
-        from sglang.srt.speculative import eagle_utils
-
-        from sglang_dspine.serving.startup_checks import StartupRefusal, check_tree
-
-        assert not hasattr(eagle_utils, "verify_tree_greedy_triton")
         monkeypatch.setenv("SGLANG_DSPINE_TREE", "1")
-        with pytest.raises(StartupRefusal, match="built on SGLang 0.5.17's DFlash decode step"):
-            check_tree(served.args)
+        with pytest.raises(startup_checks.StartupRefusal, match="built on SGLang 0.5.17's DFlash decode step"):
+            startup_checks.check_tree(served.args)
         return
-
-    methods = ["_ensure_draft_block_buffers", "_append_target_hidden_to_draft_kv_by_loc",
-               "_make_next_draft_input_decode", "_validate_phase1_sampling_support", "forward_batch_generation"]
-    for name in methods:
-        assert callable(getattr(DFlashWorkerV2, name, None)), f"DFlashWorkerV2.{name}"
-    init = DFlashWorkerV2.__init__.__code__.co_names  # the attributes its constructor sets
-    for name in ["_draft_block_ids_buf", "_draft_block_positions_buf", "_draft_verify_out_cache_loc_buf",
-                 "_draft_seq_lens_cpu_buf", "_block_pos_offsets", "_mask_token_id", "_draft_block_spec_info",
-                 "use_compact_draft_cache", "_need_mamba_verify_commit", "draft_model_runner", "_draft_sampler",
-                 "_use_triton_prepare_block"]:
-        assert name in init or name in _names_of_class(DFlashWorkerV2), f"DFlashWorkerV2 sets no {name}"
-    functions = [("sglang.kernels.ops.speculative.cache_locs", "assign_extend_cache_locs_func"),
-                 ("sglang.kernels.ops.speculative.dflash", "_prepare_dflash_draft_block_unchecked"),
-                 ("sglang.srt.speculative.eagle_utils", "verify_tree_greedy_triton"),
-                 ("sglang.srt.speculative.dflash_utils", "build_dflash_verify_target_probs"),
-                 ("sglang.srt.speculative.dflash_utils", "tree_speculative_sampling_target_only"),
-                 ("sglang.srt.speculative.dflash_utils", "apply_dflash_verify_logits_adjustments"),
-                 ("sglang.srt.speculative.dflash_utils", "resolve_dflash_verify_mask_policy"),
-                 ("sglang.srt.speculative.spec_utils", "build_grammar_vocab_mask"),
-                 ("sglang.srt.speculative.dflash_info", "DFlashVerifyInput")]
-    for module, name in functions:
-        assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
-    from sglang.srt.speculative.spec_utils import GrammarTree
-
-    assert callable(GrammarTree.from_device)
-
-
-def _names_of_class(cls) -> set[str]:
-    """Every name the methods of `cls` store or read as attributes."""
-    return set().union(*(sglang_patches._names_used(f.__code__) for f in vars(cls).values()
-                         if hasattr(f, "__code__")))
+    assert dflash_step.missing_dflash_step_names() == []
+    listed = {name for _, owner, name, _ in dflash_step.DFLASH_STEP_NAMES if owner == "DFlashWorkerV2"}
+    functions = {name for _, owner, name, _ in dflash_step.DFLASH_STEP_NAMES if owner is None}
+    dflash = set(dir(DFlashWorkerV2)) | class_names(DFlashWorkerV2)
+    hooks = {name for _, owner, name, _ in sglang_patches.DFLASH_HOOKS if owner == "DFlashWorkerV2"}
+    steps = [f for f in vars(dflash_step).values() if getattr(f, "__module__", None) == dflash_step.__name__
+             and hasattr(f, "__code__")]
+    steps += [f for n, f in vars(worker.DSpineWorker).items() if n in ("_prefix_step", "_commit_prefix", "_tree_step",
+                                                                      "_commit_tree_path")]
+    read = set().union(*(names_used(f.__code__) for f in steps))
+    private = {n for n in read & dflash if n.startswith("_") and not n.startswith("__")} - hooks - functions
+    assert private <= listed, private - listed
+    assert functions <= read, functions - read  # the list names nothing the steps do not use
+    # a listed member gone: a server that runs DSPINE's own steps is refused when its arguments are handled
+    monkeypatch.delattr(DFlashWorkerV2, "_make_next_draft_input_decode")
+    monkeypatch.setenv("SGLANG_DSPINE_VERIFY", "adaptive")
+    with pytest.raises(startup_checks.StartupRefusal, match="DFlashWorkerV2._make_next_draft_input_decode"):
+        startup_checks.check_adaptive(served.args)
 
 
 def _break(monkeypatch, module_name, owner_name, name, how):

@@ -290,7 +290,7 @@ def test_gpu_tree_sampling_keeps_the_target_law(tmp_path, target, temperature):
 
 @pytest.mark.parametrize("wide", [False, True], ids=["N=B", "N=B+2"])
 def test_a_tree_steps_tail_leaves_dspine_a_chains_state(served, wide):
-    """The tree step after its acceptance (`DSpineTreeWorker._commit_tree_path`), on the SGLang draft model with a draft
+    """The tree step after its acceptance (`DSpineWorker._commit_tree_path`), on the SGLang draft model with a draft
     KV pool on the CPU and DFlash's own context writer: three requests verify trees of N - 1 nodes, N = B = 4
     verify rows a request, or N = B + 2 (a tree wider than the block: the draft K/V and the next draft stay B
     wide). Each verify row's target features are random; the target's argmax walks node 1 then its child node 2
@@ -307,12 +307,12 @@ def test_a_tree_steps_tail_leaves_dspine_a_chains_state(served, wide):
 
     from sglang_dspine.drafter.tree_batch import TreeBatch
     from sglang_dspine.serving.tree_verify import accept_tree, tree_verify_inputs
-    from sglang_dspine.serving.worker import DSpineTreeWorker
+    from sglang_dspine.serving.worker import DSpineWorker
 
     b = served.plain.cfg.block_size
     rows_n = b + 2 if wide else b  # verify rows per request [anchor, nodes...]
     n = rows_n - 1
-    shell = sglang_on_cpu.step_shell(served, DSpineTreeWorker, 2 * rows_n, seed=8)  # SGLang reserves 2 N
+    shell = sglang_on_cpu.step_shell(served, DSpineWorker, 2 * rows_n, seed=8)  # SGLang reserves 2 N
     worker, g, width, req_to_token = shell.worker, shell.g, shell.width, shell.req_to_token
     seq_lens, anchors, req = shell.seq_lens, shell.anchors, shell.req
     # the trees: node 0 and node 1 under the anchor, node 2 under node 1 (rows 1, 2, 3); N = B + 2: node 3

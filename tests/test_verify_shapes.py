@@ -161,7 +161,7 @@ def served(tmp_path_factory):
 @pytest.mark.usefixtures("no_grad", "one_thread")
 @pytest.mark.parametrize("rows", [1, 3], ids=["none", "chain3"])
 def test_a_prefix_steps_tail_keeps_the_drafters_context(served, rows):
-    """The prefix step after its verify pass (`DSpineAdaptiveWorker._commit_prefix`), on the SGLang draft model
+    """The prefix step after its verify pass (`DSpineWorker._commit_prefix`), on the SGLang draft model
     with a draft KV pool on the CPU and DFlash's own context writer, B = 4: three requests verify their first
     `rows` rows (rows = 1: no speculation, the bonus token alone), greedy. Afterwards:
     - the tokens out and accept lengths are greedy verification's over the prefix;
@@ -172,9 +172,9 @@ def test_a_prefix_steps_tail_keeps_the_drafters_context(served, rows):
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
     from test_serving_glue import VOCAB
 
-    from sglang_dspine.serving.worker import DSpineAdaptiveWorker
+    from sglang_dspine.serving.worker import DSpineWorker
 
-    shell = sglang_on_cpu.step_shell(served, DSpineAdaptiveWorker, 2 * served.plain.cfg.block_size, seed=5)
+    shell = sglang_on_cpu.step_shell(served, DSpineWorker, 2 * served.plain.cfg.block_size, seed=5)
     worker, g, width, req_to_token = shell.worker, shell.g, shell.width, shell.req_to_token
     seq_lens, anchors, req = shell.seq_lens, shell.anchors, shell.req
     drafts = torch.tensor([[7, 8, 9], [12, 13, 14], [20, 21, 22]])

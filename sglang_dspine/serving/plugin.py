@@ -63,7 +63,7 @@ def _dspine_algo_class():
         # included). SGLang versions without the method never call it.
         supports_mixed_chunk = lambda self: True
         # The draft forward's rows per request where they differ from the verify's (a tree wider than the
-        # block, SGLANG_DSPINE_TREE=1): set by DSpineTreeWorker before its draft worker is built.
+        # block, SGLANG_DSPINE_TREE=1): set by the worker before its draft worker is built.
         draft_rows_per_req: int | None = None
 
         def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
@@ -98,26 +98,13 @@ def _dspine_algo_class():
 
 
 def _worker_factory(server_args):
-    from ..env import ENV
-    from .worker import (
-        DSpineAdaptiveLogprobWorker,
-        DSpineAdaptiveWorker,
-        DSpineLogprobWorker,
-        DSpineTreeLogprobWorker,
-        DSpineTreeWorker,
-        DSpineWorker,
-    )
+    from .worker import DSpineWorker
 
     sglang_patches.check_dflash_hooks()  # checked in the launcher already; this process's SGLang too
     sglang_patches.apply()
-    # Where DFlash's own verify step returns log-probs, DSPINE's worker leaves them to it (computing them twice,
-    # or hiding the request from it, would be wrong); elsewhere it supplies them. SGLANG_DSPINE_TREE=1: the
-    # same two, verifying trees (check_tree has refused it where it is not built).
-    if ENV.tree:
-        return DSpineTreeWorker if dflash_returns_logprobs() else DSpineTreeLogprobWorker
-    if ENV.adaptive:  # SGLANG_DSPINE_VERIFY=adaptive: each step's verify shape chosen (check_adaptive)
-        return DSpineAdaptiveWorker if dflash_returns_logprobs() else DSpineAdaptiveLogprobWorker
-    return DSpineWorker if dflash_returns_logprobs() else DSpineLogprobWorker
+    # One worker: it reads its verify shapes (fixed block, SGLANG_DSPINE_TREE=1, SGLANG_DSPINE_VERIFY=adaptive;
+    # refused at start where not built) and whether it supplies log-probs (where DFlash's worker refuses them).
+    return DSpineWorker
 
 
 def register() -> None:

@@ -19,7 +19,7 @@ when the DSPINE worker is created.
 
 2. Requests that ask for log-probabilities are admitted (SGLang 0.5.17 only).
    0.5.17's scheduler refuses them for the whole DFlash family (`validate_dflash_request`: "DFLASH speculative
-   decoding does not support return_logprob yet."). DSPINE returns them (`worker.DSpineLogprobWorker`), so in
+   decoding does not support return_logprob yet."). DSPINE returns them (`worker.DSpineWorker`'s `supplies_logprobs`), so in
    a DSPINE server the scheduler's check keeps only DFlash's other refusal (hidden states under overlap
    scheduling), worded for DSPINE. 0.5.23's scheduler admits them itself (its DFlash worker returns them) and
    is left alone.
@@ -77,6 +77,7 @@ import sys
 
 from .startup_checks import ALGORITHM, StartupRefusal, check_drafter_folder, check_not_a_dspine_drafter
 from .versions import dflash_returns_logprobs, sglang_version
+from .versions import names_used as _names_used
 
 logger = logging.getLogger(__name__)
 
@@ -100,15 +101,6 @@ def _wrap_once(module, name: str, mark: str, wrap):
     setattr(wrapper, mark, True)
     setattr(module, name, wrapper)
     return stock, wrapper
-
-
-def _names_used(code) -> set[str]:
-    """Every global or attribute name a code object (and the functions defined inside it) refers to."""
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if hasattr(c, "co_names"):
-            names |= _names_used(c)
-    return names
 
 
 def _used_by(namespace: dict, name: str, module: str) -> list[str]:

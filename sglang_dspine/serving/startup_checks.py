@@ -158,6 +158,8 @@ def check_tree(server_args) -> None:
     why = None
     if sglang_version() >= (0, 5, 23):
         why = "it is built on SGLang 0.5.17's DFlash decode step; install sglang==0.5.17 or unset it"
+    elif missing := dflash_step_missing():
+        why = missing
     elif view.attention_backend != "triton" or (view.decode_attention_backend or "triton") != "triton":
         why = ("the target's verify pass must read the tree mask: pass --attention-backend triton (found "
                f"--attention-backend {view.attention_backend}, "
@@ -172,11 +174,20 @@ def check_tree(server_args) -> None:
         raise StartupRefusal(f"{ALGORITHM}: refusing SGLANG_DSPINE_TREE=1: {why}")
 
 
+def dflash_step_missing() -> str | None:
+    """Why this SGLang lacks what DSPINE's own decode steps (a prefix, none, a tree) read of DFlash's step
+    (dflash_step.DFLASH_STEP_NAMES), or None."""
+    from .dflash_step import missing_dflash_step_names
+
+    missing = missing_dflash_step_names()
+    return f"SGLang's DFlash decode step lacks what it is built on: {', '.join(missing)}" if missing else None
+
+
 ADAPTIVE_MAX_RUNNING_REQUESTS = 128
 
 
 def check_adaptive(server_args) -> None:
-    """SGLANG_DSPINE_VERIFY=adaptive (verify_shapes.py, the worker's `DSpineAdaptiveWorker`) is built on SGLang
+    """SGLANG_DSPINE_VERIFY=adaptive (verify_shapes.py, the worker's policy) is built on SGLang
     0.5.17's DFlash decode step and SGLang's per-width verify graphs (verify_widths.py), for one rank (each rank
     would time its own steps and could choose differently), a whole draft cache, and without tree verification.
     Anything else is refused in one line; a malformed SGLANG_DSPINE_SHAPES too. Unless --max-running-requests is
@@ -199,6 +210,8 @@ def check_adaptive(server_args) -> None:
         why = "it is built on SGLang 0.5.17's DFlash decode step; install sglang==0.5.17 or unset it"
     elif ENV.tree:
         why = "it does not choose trees yet: unset SGLANG_DSPINE_TREE"
+    elif missing := dflash_step_missing():
+        why = missing
     elif int(view.tp_size) != 1 or dp_attention_enabled(view) or view.disaggregation_mode not in (None, "null"):
         why = "it runs on one rank, without data-parallel attention or disaggregation, so far"
     elif getattr(view, "speculative_draft_window_size", None):

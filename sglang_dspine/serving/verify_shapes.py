@@ -34,9 +34,11 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, order=True)
 class Shape:
-    """Verify rows a request: 1 for `none`, W for `chainW`."""
+    """Verify rows a request: 1 for `none`, W for `chainW` (W = B: the block, DFlash's own step), N for `treeN`
+    (a tree of N - 1 nodes over the lattice, tree_verify.py; served fixed, SGLANG_DSPINE_TREE=1)."""
 
     rows: int
+    tree: bool = False
 
     @property
     def drafts(self) -> bool:
@@ -44,6 +46,8 @@ class Shape:
 
     @property
     def name(self) -> str:
+        if self.tree:
+            return f"tree{self.rows}"
         return "none" if self.rows == 1 else f"chain{self.rows}"
 
 

@@ -98,3 +98,18 @@ def dp_attention_enabled(view) -> bool:
 
         return bool(attn_dp_enabled_of(view))
     return bool(view.enable_dp_attention)
+
+
+def names_used(code) -> set[str]:
+    """Every global or attribute name a code object (and the functions defined inside it) refers to."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_names"):
+            names |= names_used(c)
+    return names
+
+
+def class_names(cls) -> set[str]:
+    """Every name the methods of `cls` (its own, not its bases') store or read as attributes or globals: the
+    members its code sets on an instance (buffers, flags) as well as those it calls."""
+    return set().union(*(names_used(f.__code__) for f in vars(cls).values() if hasattr(f, "__code__")))
