@@ -19,8 +19,8 @@ when the DSPINE worker is created.
 
 2. Requests that ask for log-probabilities are admitted (SGLang 0.5.17 only).
    0.5.17's scheduler refuses them for the whole DFlash family (`validate_dflash_request`: "DFLASH speculative
-   decoding does not support return_logprob yet."). DSPINE returns them (`worker.DSpineWorker`'s `supplies_logprobs`), so in
-   a DSPINE server the scheduler's check keeps only DFlash's other refusal (hidden states under overlap
+   decoding does not support return_logprob yet."). DSPINE returns them (`worker.DSpineWorker.supplies_logprobs`),
+   so in a DSPINE server the scheduler's check keeps only DFlash's other refusal (hidden states under overlap
    scheduling), worded for DSPINE. 0.5.23's scheduler admits them itself (its DFlash worker returns them) and
    is left alone.
 
