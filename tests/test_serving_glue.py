@@ -988,3 +988,34 @@ if versions.dflash_hands_off_to_decode():
         assert want != argmax  # the transition walk left the backbone's argmax: DSpine's own decoding ran
         other, _ = draft(decode, decode_rtt, batch.req_pool_indices, batch.seq_lens, handed.bonus_tokens.roll(1))
         assert other != want  # the anchors are DSpine state: others on the same context draft otherwise
+
+
+def test_an_adaptive_servers_decode_log_line_names_its_verify_shapes(caplog):
+    """Patch 7: SGLang's decode log line (its metrics reporter's logger, which still writes it) ends with the
+    steps by verify shape since the previous line, then counting starts anew; other lines, and a decode line with
+    no steps since, are untouched. Installing it twice leaves one filter."""
+    import collections
+    import logging
+
+    steps = collections.Counter()
+    sglang_patches.show_verify_shapes_in_decode_log(steps)
+    sglang_patches.show_verify_shapes_in_decode_log(steps)
+    reporter = importlib.import_module(sglang_patches.DECODE_LOG).logger
+    try:
+        assert sum(isinstance(f, sglang_patches._VerifyShapesInDecodeLog) for f in reporter.filters) == 1
+        steps.update({"none": 3, "chain4": 1})
+        with caplog.at_level(logging.INFO, logger=reporter.name):
+            reporter.info("Decode batch, #running-req: 4, cuda graph: True, #queue-req: 0")
+            steps.update({"chain16": 2})
+            reporter.info("Prefill batch, #new-seq: 1")
+            reporter.info("Decode batch, #running-req: 5, #queue-req: 0")
+            reporter.info("Decode batch, #running-req: 5, #queue-req: 1")
+        assert [r.getMessage() for r in caplog.records] == [
+            "Decode batch, #running-req: 4, cuda graph: True, #queue-req: 0, verify shapes: chain4 1, none 3",
+            "Prefill batch, #new-seq: 1",
+            "Decode batch, #running-req: 5, #queue-req: 0, verify shapes: chain16 2",
+            "Decode batch, #running-req: 5, #queue-req: 1"]
+        assert not steps
+    finally:
+        for f in [f for f in reporter.filters if isinstance(f, sglang_patches._VerifyShapesInDecodeLog)]:
+            reporter.removeFilter(f)

@@ -62,6 +62,15 @@ Patches 3 to 6 are applied at plugin registration, in every SGLang process (`app
    `spec_info.custom_mask` into it). The function's one caller imports it when it captures, so the module
    attribute is replaced. DFLASH servers, and DSPINE servers verifying chains, keep SGLang's answer.
 
+Patch 7 is applied by an adaptive worker (SGLANG_DSPINE_VERIFY=adaptive) in its scheduler process when it
+builds its shapes (`show_verify_shapes_in_decode_log`):
+
+7. SGLang's decode log line names the verify shapes the steps since the previous line ran (SGLang 0.5.17).
+   Every decode log line ("Decode batch, #running-req: ...") of an adaptive server gets ", verify shapes: none 31,
+   chain4 9" at its end: steps by shape since the line before, what the policy chose under that load. A filter on
+   the scheduler's metrics-reporter logger, the line's one emitter; SGLang's code is not changed. The same counts
+   go to Prometheus as `sglang:dspine_verify_steps_total{shape}` when the server has --enable-metrics.
+
 What DSPINE relies on in SGLang's DFlash code is checked when a DSPINE server starts (`check_dflash_hooks`, from
 the algorithm's server-argument handling in the launcher, and again when the worker is created): the DFlash
 worker methods `worker.DSpineWorker` overrides (its draft decoding: DFlash's argmax sampler builder and eager
@@ -204,6 +213,40 @@ def apply() -> None:
     """Both patches, in a scheduler process (SGLang has published its configuration there)."""
     verify_renorm_follows_sampling_backend()
     admit_logprob_requests()
+
+
+DECODE_LOG = "sglang.srt.managers.scheduler_components.metrics_reporter"  # the module whose logger writes the line
+
+
+class _VerifyShapesInDecodeLog(logging.Filter):
+    """Appends the steps by shape since the previous decode line to each one (then starts counting anew)."""
+
+    def __init__(self, steps):
+        super().__init__()
+        self.steps = steps  # a collections.Counter the worker adds each step's shape name to
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("Decode batch") and self.steps:
+            shares = ", ".join(f"{k} {v}" for k, v in sorted(self.steps.items()))
+            record.msg = f"{record.msg}, verify shapes: {shares}"
+            self.steps.clear()
+        return True
+
+
+def show_verify_shapes_in_decode_log(steps) -> None:
+    """Patch 7 (see the module docstring): `steps` is a Counter of shape names the worker adds to each step.
+    Refused where SGLang's decode log line has moved (a changed SGLang would otherwise drop it silently)."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(DECODE_LOG)
+    reporter = getattr(module, "logger", None)
+    if reporter is None or 'f"Decode batch' not in inspect.getsource(module):
+        raise _not_found(f"{DECODE_LOG}'s decode log line")
+    for f in list(reporter.filters):
+        if isinstance(f, _VerifyShapesInDecodeLog):
+            reporter.removeFilter(f)
+    reporter.addFilter(_VerifyShapesInDecodeLog(steps))
 
 
 def _check_drafter_first(algorithm, draft_path) -> None:

@@ -35,7 +35,7 @@ import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
 from ..drafter.sharding import VocabShard
-from . import dflash_step
+from . import dflash_step, sglang_patches
 from .tree_verify import (
     TreeDraftSampler,
     accept_tree,
@@ -131,6 +131,8 @@ class DSpineWorker(DFlashWorkerV2):
             self.shapes = parse_menu(ENV.verify_shapes, block)
             self._pending: collections.deque = collections.deque()  # steps whose time and acceptance are unread
             self._shares: collections.Counter = collections.Counter()  # steps by shape name since start
+            self._since_log: collections.Counter = collections.Counter()  # since SGLang's last decode log line
+            self._metrics_on = bool(getattr(server_args, "enable_metrics", False))
         else:
             self.shapes = (Shape(block),)
 
@@ -177,6 +179,13 @@ class DSpineWorker(DFlashWorkerV2):
                 self._widths[shape.rows] = verify_widths.build(mr, shape.rows, self.device, self.gpu_id)
         buckets = list(getattr(self._base_width.graph_runner, "capture_bs", None) or [])
         self.policy = ShapePolicy(self.shapes, buckets, b)
+        sglang_patches.show_verify_shapes_in_decode_log(self._since_log)
+        self._shape_metric = None
+        if self._metrics_on:  # SGLang's metrics are prometheus_client's (multiprocess mode): /metrics shows it
+            from prometheus_client import Counter
+
+            self._shape_metric = Counter("sglang:dspine_verify_steps", "DSPINE decode steps by the verify shape "
+                                         "the adaptive policy chose", labelnames=["shape"])
         gib = sum(w.gib for w in self._widths.values())
         logger.info("DSPINE adaptive verify: shapes %s, %.2f GiB for the narrower widths' backends and graphs, "
                     "batch buckets %s", ", ".join(s.name for s in self.shapes), gib, buckets)
@@ -289,6 +298,9 @@ class DSpineWorker(DFlashWorkerV2):
 
     def _count(self, shape) -> None:
         self._shares[shape.name] += 1
+        self._since_log[shape.name] += 1
+        if self._shape_metric is not None:
+            self._shape_metric.labels(shape=shape.name).inc()
         if self._shares.total() % self._log_every == 0:
             shares = ", ".join(f"{k} {v}" for k, v in sorted(self._shares.items()))
             logger.info("DSPINE adaptive verify: steps by shape since start: %s; policy %s", shares,
