@@ -43,6 +43,11 @@ VARIABLES = (
     _Variable("SGLANG_DSPINE_SHAPES", "none,4,8",
               "the shapes SGLANG_DSPINE_VERIFY=adaptive chooses from, comma-separated: 'none' and chain widths "
               "2..B; the block itself is always one of them (unset: none, 4 and 8 where below the block)"),
+    _Variable("SGLANG_DSPINE_SPLITKV_VERIFY", False,
+              "1: on the triton attention backend the target's chain verify passes (the block, a prefix, none) read "
+              "the committed context with SGLang's split-KV verify kernel (what SGLang runs on AMD's MI350) instead "
+              "of its serial-prefix extend kernel; trees keep the extend kernel (docs/verify_shapes.md; "
+              "experimental, not yet measured on a GPU; refused at start on another attention backend)"),
     _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
               "1: `kill -USR1 <scheduler pid>` prints every thread's Python stack to the server log"),
     _Variable("DSPINE_SUITES_DIR", None,
@@ -69,6 +74,10 @@ class _Env:
     @property
     def verify_shapes(self) -> str | None:
         return os.environ.get("SGLANG_DSPINE_SHAPES") or None
+
+    @property
+    def split_kv_verify(self) -> bool:
+        return _flag("SGLANG_DSPINE_SPLITKV_VERIFY", False)
 
     @property
     def stacks_on_sigusr1(self) -> bool:

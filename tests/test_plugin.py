@@ -217,6 +217,56 @@ def test_what_dspine_cannot_serve_here_is_refused(dirs, flags, refusal):
         assert not isinstance(stock.value, StartupRefusal)
 
 
+SPLIT_KV_REFUSED = "DSPINE: refusing SGLANG_DSPINE_SPLITKV_VERIFY=1: "
+
+
+@pytest.mark.parametrize("flags,tree,refusal", [
+    (["--attention-backend", "triton"], False, None),
+    (["--attention-backend", "fa3"], False, "it switches a kernel of the triton attention backend: pass "
+     "--attention-backend triton (found --attention-backend fa3"),
+    (["--attention-backend", "triton", "--decode-attention-backend", "flashinfer"], False,
+     "it switches a kernel of the triton attention backend"),
+    (["--attention-backend", "triton"], True, "a tree's verify needs its mask"),
+], ids=["triton", "fa3", "flashinfer-decode", "tree"])
+def test_split_kv_verify_starts_only_on_the_triton_backend(dirs, monkeypatch, flags, tree, refusal):
+    """SGLANG_DSPINE_SPLITKV_VERIFY=1 (patch 8) starts a DSPINE server whose target verifies on SGLang's triton
+    backend, and is refused in one line elsewhere (it would do nothing) and beside a tree (whose mask the kernel
+    does not read). Both releases."""
+    from sglang_dspine.serving.plugin import StartupRefusal
+
+    root, _ = dirs
+    monkeypatch.setenv("SGLANG_DSPINE_SPLITKV_VERIFY", "1")
+    if tree:
+        monkeypatch.setenv("SGLANG_DSPINE_TREE", "1")
+        if ON_0_5_23:  # the tree is refused there first, whatever else
+            refusal = None
+    if refusal is None and not (tree and ON_0_5_23):
+        _args(root, root / "dspine", "DSPINE", *flags)
+    elif refusal is None:
+        with pytest.raises(StartupRefusal, match="SGLANG_DSPINE_TREE=1"):
+            _args(root, root / "dspine", "DSPINE", *flags)
+    else:
+        with pytest.raises(StartupRefusal) as refused:
+            _args(root, root / "dspine", "DSPINE", *flags)
+        assert str(refused.value).startswith(SPLIT_KV_REFUSED + refusal)
+
+
+def test_split_kv_verify_switches_sglangs_own_dispatch():
+    """Patch 8 sets the flag SGLang's triton backend dispatches its verify on (checked to be still read by its
+    extend path, else refused: it would silently do nothing), and refuses any other backend in one line."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from sglang_dspine.serving import sglang_patches
+    from sglang_dspine.serving.plugin import StartupRefusal
+
+    backend = TritonAttnBackend.__new__(TritonAttnBackend)  # SGLang's class; its constructor needs a model runner
+    backend.verify_splitkv_fwd, backend.use_verify_splitkv = object(), False
+    sglang_patches.split_kv_verify(backend)
+    assert backend.use_verify_splitkv is True
+    with pytest.raises(StartupRefusal, match="needs the triton attention backend"):
+        sglang_patches.split_kv_verify(object())
+
+
 TREE_REFUSED = "DSPINE: refusing SGLANG_DSPINE_TREE=1: "
 TREE_CASES = [  # flags; the refusal's reason on 0.5.17 (None: the server starts)
     ("triton", ["--attention-backend", "triton"], None),

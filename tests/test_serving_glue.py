@@ -85,8 +85,8 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
     # the worker overrides the hooks inside DFlash's step that the start-up check covers, and beside them only
     # the entry points SGLang itself calls (its decode steps run DFlash's step whole, or dflash_step's parts)
     checked = {name for module, owner, name, _ in sglang_patches.DFLASH_HOOKS if owner == "DFlashWorkerV2"}
-    assert members(DSpineWorker) - own[DSpineWorker] == checked | {"init_cuda_graphs", "forward_batch_generation",
-                                                                   "target_worker"}
+    assert members(DSpineWorker) - own[DSpineWorker] == checked | {"init_attention_backends", "init_cuda_graphs",
+                                                                   "forward_batch_generation", "target_worker"}
     # SGLang's loaders call post_load_weights (how a dummy-loaded drafter sets up its draft step)
     from sglang.srt.model_loader import loader
 
@@ -1019,3 +1019,54 @@ def test_an_adaptive_servers_decode_log_line_names_its_verify_shapes(caplog):
     finally:
         for f in [f for f in reporter.filters if isinstance(f, sglang_patches._VerifyShapesInDecodeLog)]:
             reporter.removeFilter(f)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_the_split_kv_verify_kernel_is_causal_attention_over_context_and_chain(rows, monkeypatch):
+    """What patch 8 switches a chain verify to: SGLang's split-KV verify kernel (Triton's interpreter here) on
+    DFlash's verify shape (W = `rows` rows a request, GQA, contexts of different lengths in scattered KV slots)
+    gives what its extend kernel gives and what plain causal attention over [context, chain] gives, also where its
+    scratch was allocated over NaN bit patterns (simulated here): the patch zeroes it; without, NaN comes out."""
+    from sglang.kernels.ops.attention import verify_splitkv
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+    from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
+
+    stock = verify_splitkv.VerifySplitKV._alloc
+
+    def over_nan(self, max_bs):  # an allocator handing back memory that holds NaN
+        stock(self, max_bs)
+        self.att_out.fill_(float("nan"))
+
+    monkeypatch.setattr(verify_splitkv.VerifySplitKV, "_alloc", over_nan)
+
+    g = torch.Generator().manual_seed(rows)
+    bs, hq, hkv, d = 3, 4, 2, 64
+    context = torch.tensor([5, 40, 17])
+    k_pool, v_pool = torch.randn(200, hkv, d, generator=g), torch.randn(200, hkv, d, generator=g)
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(context, 0)
+    kv_indices = torch.randperm(200, generator=g)[: int(context.sum())].to(torch.int32)
+    qo_indptr = torch.arange(0, (bs + 1) * rows, rows, dtype=torch.int32)
+    q = torch.randn(bs * rows, hq, d, generator=g)
+    k, v = torch.randn(bs * rows, hkv, d, generator=g), torch.randn(bs * rows, hkv, d, generator=g)
+    args = (kv_indptr, kv_indices, None, True, None, rows, 1.0, 1.0)
+    split, extend = torch.empty_like(q), torch.empty_like(q)
+    monkeypatch.setattr(verify_splitkv, "_VK_CACHE", {})
+    assert verify_splitkv_fwd(q, k, v, split, k_pool, v_pool, qo_indptr, *args)  # it served the case
+    assert split.isnan().any()  # a context shorter than the splits leaves some unrun: 0 × NaN
+    monkeypatch.setattr(verify_splitkv, "_VK_CACHE", {})
+    sglang_patches.zero_split_kv_scratch()
+    assert verify_splitkv_fwd(q, k, v, split, k_pool, v_pool, qo_indptr, *args)
+    extend_attention_fwd(q, k, v, extend, k_pool, v_pool, qo_indptr, *args)
+    want = torch.empty_like(q)
+    for b in range(bs):
+        slots = kv_indices[kv_indptr[b]: kv_indptr[b + 1]].long()
+        keys = torch.cat([k_pool[slots], k[b * rows: (b + 1) * rows]])
+        values = torch.cat([v_pool[slots], v[b * rows: (b + 1) * rows]])
+        for j in range(rows):
+            seen = len(slots) + j + 1  # the context, then the chain up to and with row j
+            for h in range(hq):
+                p = torch.softmax(keys[:seen, h // (hq // hkv)] @ q[b * rows + j, h] / d ** 0.5, 0)
+                want[b * rows + j, h] = p @ values[:seen, h // (hq // hkv)]
+    torch.testing.assert_close(split, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(extend, want, atol=1e-5, rtol=1e-5)

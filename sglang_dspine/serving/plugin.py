@@ -33,6 +33,7 @@ from .startup_checks import (  # noqa: F401
     check_not_a_dspine_drafter,
     check_placement,
     check_server_args,
+    check_split_kv_verify,
     check_tree,
     dflash_refusal_as_dspine,
 )
@@ -81,6 +82,7 @@ def _dspine_algo_class():
             check_placement(server_args)
             check_tree(server_args)
             check_adaptive(server_args)
+            check_split_kv_verify(server_args)
             try:
                 SpeculativeAlgorithm.handle_server_args(self, server_args)
             except ValueError as e:

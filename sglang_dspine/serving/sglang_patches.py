@@ -71,6 +71,23 @@ builds its shapes (`show_verify_shapes_in_decode_log`):
    the scheduler's metrics-reporter logger, the line's one emitter; SGLang's code is not changed. The same counts
    go to Prometheus as `sglang:dspine_verify_steps_total{shape}` when the server has --enable-metrics.
 
+Patch 8 is applied by a DSPINE worker under SGLANG_DSPINE_SPLITKV_VERIFY=1, to the target's attention backends that
+verify chains (the server's, before its CUDA graphs are captured, and the adaptive worker's other widths), not to a
+tree server's nor to the drafter's (`split_kv_verify`):
+
+8. Chain verify passes read the committed context with SGLang's split-KV verify kernel (SGLang 0.5.17 and 0.5.23).
+   On the triton backend a TARGET_VERIFY pass runs `extend_attention_fwd`, which walks each request's whole
+   committed context serially per (request, head) with a query tile of 64-128 rows of which a verify fills W: at
+   high load that attention, not the verify's width, dominates the step (docs/verify_shapes.md). SGLang ships a
+   split-KV (flash-decode) verify kernel for exactly this shape (`verify_splitkv_fwd`: a causal chain of a constant
+   W rows a request; it returns False and the extend kernel runs for anything else) and turns it on only on AMD's
+   MI350 (`use_verify_splitkv`). The flag is set on the backend object; SGLang's own dispatch does the rest. A
+   tree's verify needs its mask, so a tree server never gets it. One more change, to that kernel's scratch: its
+   combine step weighs every split's partial output, also the splits a short context leaves unrun (weight 0, their
+   partials never written), and 0 × NaN is NaN, so an uninitialised scratch holding a NaN bit pattern would make
+   the output NaN (seen under Triton's interpreter: tests/test_serving_glue.py). `VerifySplitKV._alloc` is wrapped
+   to zero the partials once when they are allocated; a run split only ever writes finite values there after.
+
 What DSPINE relies on in SGLang's DFlash code is checked when a DSPINE server starts (`check_dflash_hooks`, from
 the algorithm's server-argument handling in the launcher, and again when the worker is created): the DFlash
 worker methods `worker.DSpineWorker` overrides (its draft decoding: DFlash's argmax sampler builder and eager
@@ -213,6 +230,37 @@ def apply() -> None:
     """Both patches, in a scheduler process (SGLang has published its configuration there)."""
     verify_renorm_follows_sampling_backend()
     admit_logprob_requests()
+
+
+def split_kv_verify(backend) -> None:
+    """Patch 8 (see the module docstring): `backend` (SGLang's triton attention backend of the target) verifies
+    chains with SGLang's split-KV verify kernel. Refused where the backend is another, or SGLang's triton backend no
+    longer dispatches on the flag (it would silently do nothing)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    if not isinstance(backend, TritonAttnBackend):
+        raise StartupRefusal(f"{ALGORITHM}: SGLANG_DSPINE_SPLITKV_VERIFY=1 needs the triton attention backend for the "
+                             f"target's verify (found {type(backend).__name__}): pass --attention-backend triton or "
+                             "unset it")
+    if "use_verify_splitkv" not in _names_used(TritonAttnBackend.forward_extend.__code__) or \
+            not hasattr(backend, "verify_splitkv_fwd"):
+        raise _not_found("TritonAttnBackend's split-KV verify dispatch (use_verify_splitkv)")
+    zero_split_kv_scratch()
+    backend.use_verify_splitkv = True
+
+
+def zero_split_kv_scratch() -> None:
+    """Patch 8's scratch change (see the module docstring). Idempotent."""
+    from sglang.kernels.ops.attention import verify_splitkv
+
+    def zeroed(stock):
+        def _alloc(self, max_bs):
+            stock(self, max_bs)
+            self.att_out.zero_()
+
+        return _alloc
+
+    _wrap_once(verify_splitkv.VerifySplitKV, "_alloc", "_dspine_zeroed", zeroed)
 
 
 DECODE_LOG = "sglang.srt.managers.scheduler_components.metrics_reporter"  # the module whose logger writes the line

@@ -174,6 +174,27 @@ def check_tree(server_args) -> None:
         raise StartupRefusal(f"{ALGORITHM}: refusing SGLANG_DSPINE_TREE=1: {why}")
 
 
+def check_split_kv_verify(server_args) -> None:
+    """SGLANG_DSPINE_SPLITKV_VERIFY=1 (sglang_patches' patch 8) switches a kernel of SGLang's triton attention
+    backend: refused in one line on another backend (it would do nothing) and on a tree server (a tree's verify
+    needs its mask: the flag would be ignored there)."""
+    from ..env import ENV
+    from .versions import argument_view
+
+    if not ENV.split_kv_verify:
+        return
+    view = argument_view(server_args)
+    why = None
+    if view.attention_backend != "triton" or (view.decode_attention_backend or "triton") != "triton":
+        why = (f"it switches a kernel of the triton attention backend: pass --attention-backend triton (found "
+               f"--attention-backend {view.attention_backend}, --decode-attention-backend "
+               f"{view.decode_attention_backend})")
+    elif ENV.tree:
+        why = "a tree's verify needs its mask, which the split-KV kernel does not read: unset one of them"
+    if why:
+        raise StartupRefusal(f"{ALGORITHM}: refusing SGLANG_DSPINE_SPLITKV_VERIFY=1: {why}")
+
+
 def dflash_step_missing() -> str | None:
     """Why this SGLang lacks what DSPINE's own decode steps (a prefix, none, a tree) read of DFlash's step
     (dflash_step.DFLASH_STEP_NAMES), or None."""

@@ -164,6 +164,16 @@ class DSpineWorker(DFlashWorkerV2):
             server_args.override("sglang_dspine.tree_worker", speculative_num_draft_tokens=block)
         return server_args
 
+    def init_attention_backends(self):
+        from ..env import ENV
+
+        super().init_attention_backends()
+        # the target's backend exists now (SGLang built it just before), its verify graphs are captured next
+        self._split_kv = ENV.split_kv_verify and self.tree_rows is None
+        if self._split_kv:
+            sglang_patches.split_kv_verify(self.model_runner.attn_backend)
+            logger.info("DSPINE: the target's chain verify passes read the context with SGLang's split-KV kernel")
+
     def init_cuda_graphs(self):
         from . import verify_widths
         from .verify_shapes import ShapePolicy
@@ -176,7 +186,8 @@ class DSpineWorker(DFlashWorkerV2):
         self._widths = {b: self._base_width}
         for shape in self.shapes:
             if shape.rows != b:
-                self._widths[shape.rows] = verify_widths.build(mr, shape.rows, self.device, self.gpu_id)
+                self._widths[shape.rows] = verify_widths.build(mr, shape.rows, self.device, self.gpu_id,
+                                                               split_kv=self._split_kv)
         buckets = list(getattr(self._base_width.graph_runner, "capture_bs", None) or [])
         self.policy = ShapePolicy(self.shapes, buckets, b)
         sglang_patches.show_verify_shapes_in_decode_log(self._since_log)
