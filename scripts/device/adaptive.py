@@ -2,14 +2,15 @@
 
 Phases (`--phases`, in order; each server's cell is written to the JSON as soon as it is measured, and a rerun
 with the same --out skips the servers already there, so a lost machine loses one server's work at most):
-  pair      the built-in pair (or --models): plain, DFLASH, DSPINE at the block, DSPINE adaptive, each alone;
+  pair      the built-in pair (or --models): plain, DFLASH, DSPINE at the block, DSPINE adaptive, and both DSPINE
+            servers again under SGLANG_DSPINE_SPLITKV_VERIFY=1 (`_splitkv`), each alone;
             T=0 at --clients, `--repeats` rounds a cell (median, min, max tokens/s; τ), T=1 at 1 and 48; the
             adaptive server's shape counts per cell (its log lines); greedy outputs (24 prompts, 8 clients)
             against plain.
   geometry  Qwen3-8B geometry, random weights (--load-format dummy): plain, DSPINE at the block and adaptive
-            alone; tokens/s per client count, and the adaptive server's own step-time table per (batch bucket,
-            shape), which its policy measured online (every shape is run a few times per bucket before it
-            decides); projected tokens/s with the pair's acceptance per width.
+            (each also `_splitkv`) alone; tokens/s per client count, and the adaptive servers' own step-time
+            tables per (batch bucket, shape), which their policies measured online (every shape is run a few
+            times per bucket before it decides); projected tokens/s with the pair's acceptance per width.
   profile   (with geometry) SGLang's profiler over 20 steps at 48 clients, adaptive and plain: GPU kernel time
             per step against the wall time per step.
 Writes $OUT/adaptive.json. Usage (GPU machine, repo root, after `source scripts/device/setup.sh`):
@@ -35,6 +36,14 @@ from benchmarks import servers as bench  # noqa: E402
 from benchmarks import serving_scale as scale  # noqa: E402
 
 ADAPTIVE_ENV = {"SGLANG_DSPINE_VERIFY": "adaptive"}
+SPLIT_KV_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "1"}  # the chain verifies on SGLang's split-KV kernel (patch 8)
+
+
+def with_split_kv(servers: dict) -> dict:
+    """`servers` plus each DSPINE server again under SGLANG_DSPINE_SPLITKV_VERIFY=1, named <name>_splitkv."""
+    extra = {f"{n}_splitkv": (a, {**(e or {}), **SPLIT_KV_ENV}) for n, (a, e) in servers.items()
+             if n.startswith("dspine")}
+    return {**servers, **extra}
 POLICY_LINE = re.compile(r"DSPINE adaptive verify: steps by shape since start: (.*?); policy (\{.*\})")
 PAIR_ARGS = ["--grammar-backend", "none", "--cuda-graph-max-bs-decode", "64", "--mem-fraction-static", "0.3",
              "--disable-prefill-cuda-graph"]
@@ -105,8 +114,10 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--models", default=os.path.join(_root, "models", "default"))
     ap.add_argument("--phases", default="pair,geometry")
-    ap.add_argument("--pair-servers", default="plain,dspine_adaptive,dspine,dflash")
-    ap.add_argument("--geometry-servers", default="plain,dspine_adaptive,dspine")
+    ap.add_argument("--pair-servers", default="plain,dspine_adaptive,dspine,dflash,dspine_splitkv,"
+                                              "dspine_adaptive_splitkv")
+    ap.add_argument("--geometry-servers", default="plain,dspine_adaptive,dspine,dspine_splitkv,"
+                                                  "dspine_adaptive_splitkv")
     ap.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4, 16, 48, 64])
     ap.add_argument("--t1-clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 48])
     ap.add_argument("--repeats", type=int, default=3)
@@ -133,6 +144,7 @@ def main():
         servers = {"plain": (["--model-path", target, *PAIR_ARGS], None), "dflash": (spec("DFLASH", "dflash"), None),
                    "dspine": (spec("DSPINE", "dspine"), None), "dspine_adaptive": (spec("DSPINE", "dspine"),
                                                                                   ADAPTIVE_ENV)}
+        servers = with_split_kv(servers)
         for name in filter(None, args.pair_servers.split(",")):
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)
     if "geometry" in phases:
@@ -146,6 +158,7 @@ def main():
                    "dspine": (bench.spec_args(target, "DSPINE", drafters["dspine"], *common,
                                               "--speculative-draft-load-format", "safetensors"), None)}
         servers["dspine_adaptive"] = (servers["dspine"][0], ADAPTIVE_ENV)
+        servers = with_split_kv(servers)
         for name in filter(None, args.geometry_servers.split(",")):
             run_alone(res, "geometry", name, *servers[name], prompts, args, out_path)
         if "profile" in phases:  # where a step's time goes at 48 clients: GPU kernel time per step vs wall
@@ -223,8 +236,8 @@ def plot(summary: dict, path: str, runs: list[dict]) -> None:
     ax.legend()
     if proj:
         ax = axes[0][1]
-        for name in ("plain", "dspine", "dspine_adaptive"):
-            cs = [c for c in sorted(proj) if name in proj[c]]
+        for name in ("plain", "dspine", "dspine_adaptive", "dspine_splitkv", "dspine_adaptive_splitkv"):
+            cs = [c for c in sorted(proj, key=int) if name in proj[c]]
             ax.plot(cs, [proj[c][name] for c in cs], marker="o", label=name)
         ax.set(xscale="log", yscale="log", xlabel="clients", ylabel="projected tokens/s",
                title="Qwen3-8B geometry: measured step times\n× the pair's acceptance per shape")
@@ -249,28 +262,30 @@ def summarize(res: dict) -> dict:
             if ref and n != "plain" and r.get("greedy_ids")}
     out = {"end_to_end": e2e, "greedy_equal_to_plain": {n: f"{sum(v)}/{len(v)}" for n, v in same.items()}}
     geo = res.get("geometry", {})
-    table = (geo.get("dspine_adaptive", {}).get("policy_last") or {}).get("step_ms")
     plain = {c: 1000.0 * int(c) / v["tokens_per_s"]["median"] for c, v in geo.get("plain", {}).get("t0", {}).items()}
     # acceptance per shape at T=0: the adaptive server's policy after its last T=0 cell of the pair phase
     t0_cells = res.get("pair", {}).get("dspine_adaptive", {}).get("t0", {})
     last = t0_cells[max(t0_cells, key=int)] if t0_cells else {}
     accept = (last.get("policy") or {}).get("expected_tokens")
-    if table:
-        out["geometry_step_ms"] = {"plain": {c: round(v, 3) for c, v in plain.items()}, "dspine_shapes": table}
-    if table and accept and plain:
-        proj = {}
+    for suffix in ("", "_splitkv"):  # the extend-kernel verify, and SGLang's split-KV verify kernel (patch 8)
+        table = (geo.get(f"dspine_adaptive{suffix}", {}).get("policy_last") or {}).get("step_ms")
+        if table:
+            out.setdefault("geometry_step_ms", {"plain": {c: round(v, 3) for c, v in plain.items()}})
+            out["geometry_step_ms"][f"dspine_shapes{suffix}"] = table
+        if not (table and accept and plain):
+            continue
+        proj = out.setdefault("geometry_projection", {})
         for c, plain_ms in plain.items():
             bucket = min((int(b) for b in table if int(b) >= int(c)), default=None)
             row = table.get(str(bucket)) or {}
             rates = {s: accept[s] / ms for s, ms in row.items() if s in accept}
-            proj[c] = {"plain": round(1000 * int(c) / plain_ms, 1)}
+            cell_ = proj.setdefault(c, {"plain": round(1000 * int(c) / plain_ms, 1)})
             if "chain16" in rates:
-                proj[c]["dspine"] = round(1000 * int(c) * rates["chain16"], 1)
+                cell_[f"dspine{suffix}"] = round(1000 * int(c) * rates["chain16"], 1)
             if rates:
                 best = max(rates, key=rates.get)
-                proj[c]["dspine_adaptive"] = round(1000 * int(c) * rates[best], 1)
-                proj[c]["adaptive_shape"] = best
-        out["geometry_projection"] = proj
+                cell_[f"dspine_adaptive{suffix}"] = round(1000 * int(c) * rates[best], 1)
+                cell_[f"adaptive_shape{suffix}"] = best
         out["projection_acceptance"] = {"expected_tokens_per_shape": accept, "from": "the built-in pair's adaptive "
                                         "server (its policy's per-position acceptance after its last T=0 cell)"}
     return out
