@@ -11,6 +11,11 @@ with the same --out skips the servers already there, so a lost machine loses one
             (each also `_splitkv`) alone; tokens/s per client count, and the adaptive servers' own step-time
             tables per (batch bucket, shape), which their policies measured online (every shape is run a few
             times per bucket before it decides); projected tokens/s with the pair's acceptance per width.
+  switching the built-in pair: plain and an adaptive server side by side; while a background load on the
+            adaptive server cycles 1 / 48 / 4 / 64 / 16 clients (so its policy switches shapes), greedy answers
+            against plain (near-tie gaps) and the T=1 two-sample test (serve_e2e's); then a load ramp
+            1 -> 64 -> 1 clients (--ramp-seconds a level): requests, errors and the shapes chosen per level, from
+            SGLang's decode log lines (patch 7's suffix).
   profile   (with geometry) SGLang's profiler over 20 steps at 48 clients, adaptive and plain: GPU kernel time
             per step against the wall time per step.
 Writes $OUT/adaptive.json. Usage (GPU machine, repo root, after `source scripts/device/setup.sh`):
@@ -19,13 +24,16 @@ Writes $OUT/adaptive.json. Usage (GPU machine, repo root, after `source scripts/
 from __future__ import annotations
 
 import argparse
+import collections
+import concurrent.futures as cf
 import json
 import os
 import re
 import statistics
 import sys
+import threading
 
-from serve_e2e import model_layout, prompts_for
+from serve_e2e import greedy_agreement, load_test, max_gap, model_layout, prompts_for, t1_test
 
 from sglang_dspine.provenance import provenance
 from sglang_dspine.source_files import load_package
@@ -56,6 +64,58 @@ def policy_state(server) -> tuple[dict, dict]:
         return {}, {}
     counts, summary = lines[-1]
     return {k: int(v) for k, v in (c.rsplit(" ", 1) for c in counts.split(", "))}, json.loads(summary)
+
+
+SHAPES_SUFFIX = re.compile(r"verify shapes: ([a-z0-9 ,]+?)\s*$", re.M)
+
+
+def shapes_in(text: str) -> dict:
+    """Steps by verify shape summed over the decode log lines in `text` (their ", verify shapes: ..." suffix)."""
+    total = collections.Counter()
+    for m in SHAPES_SUFFIX.finditer(text):
+        for item in m.group(1).split(", "):
+            name, n = item.rsplit(" ", 1)
+            total[name] += int(n)
+    return dict(total)
+
+
+def switching(server, plain, prompts, args) -> dict:
+    """Lossless while switching, then the ramp (the module docstring's `switching` phase)."""
+    rec, stop = {}, threading.Event()
+    cycle = []
+
+    def varying_load():
+        while not stop.is_set():
+            for c in (1, 48, 4, 64, 16):
+                if stop.is_set():
+                    break
+                cycle.append(load_test(server, c, 6))
+
+    start = len(server.text())
+    background = threading.Thread(target=varying_load, daemon=True)
+    background.start()
+    try:
+        with cf.ThreadPoolExecutor(16) as pool:
+            rec["greedy"] = greedy_agreement(plain, server, prompts[:24], args.max_new, pool)
+            print("switching: greedy", rec["greedy"].get("identical"), "/ 24", flush=True)
+            rec["t1"] = t1_test(plain, server, prompts[:3], args.t1_samples, pool)
+            print("switching: t1 p", rec["t1"]["bonferroni_min_pvalue"], flush=True)
+    finally:
+        stop.set()
+        background.join()
+    rec["background_load"] = {"levels": len(cycle), "requests": sum(r["requests"] for r in cycle),
+                              "errors": sum(r["errors"] for r in cycle)}
+    rec["shapes_during_tests"] = shapes_in(server.text()[start:])
+    ramp = []
+    for c in (1, 4, 16, 48, 64, 48, 16, 4, 1):
+        start = len(server.text())
+        level = load_test(server, c, args.ramp_seconds)
+        level["shapes"] = shapes_in(server.text()[start:])
+        ramp.append(level)
+        print("ramp", c, level["requests"], "errors", level["errors"], level["shapes"], flush=True)
+    rec["ramp"] = ramp
+    rec["ramp_errors"] = sum(r["errors"] + r["lost"] for r in ramp)
+    return rec
 
 
 def cell(rounds: list[dict]) -> dict:
@@ -122,6 +182,10 @@ def main():
     ap.add_argument("--t1-clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 48])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=96)
+    ap.add_argument("--switching-server", default="dspine_adaptive", help="the pair's adaptive server the "
+                    "switching phase checks (dspine_adaptive or dspine_adaptive_splitkv)")
+    ap.add_argument("--t1-samples", type=int, default=300)
+    ap.add_argument("--ramp-seconds", type=int, default=15)
     ap.add_argument("--merge", nargs="+", metavar="ADAPTIVE_JSON",
                     help="no GPU: merge these runs' phases (later files win) and write the summary to "
                          "--out/adaptive_summary.json")
@@ -133,7 +197,7 @@ def main():
     res = json.load(open(out_path)) if os.path.exists(out_path) else {}
     res["provenance"] = provenance(sys.argv)
     phases = args.phases.split(",")
-    if "pair" in phases:
+    if "pair" in phases or "switching" in phases:
         from transformers import AutoTokenizer
 
         models = model_layout(args.models)
@@ -145,8 +209,22 @@ def main():
                    "dspine": (spec("DSPINE", "dspine"), None), "dspine_adaptive": (spec("DSPINE", "dspine"),
                                                                                   ADAPTIVE_ENV)}
         servers = with_split_kv(servers)
-        for name in filter(None, args.pair_servers.split(",")):
+        for name in filter(None, args.pair_servers.split(",")) if "pair" in phases else ():
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)
+        if "switching" in phases and "switching" not in res:
+            name = args.switching_server
+            base = bench.Server("switch_plain", 34010, servers["plain"][0], args.out)
+            adaptive = bench.Server(name, 34011, *servers[name], args.out)
+            try:
+                if base.wait(600) and adaptive.wait(600):
+                    bench.wave_round(adaptive, prompts, 8, 16)  # warm-up
+                    res["switching"] = {"server": name, **switching(adaptive, base, prompts, args)}
+                else:
+                    res["switching"] = {"server": name, "error": "a server did not start"}
+            finally:
+                base.stop()
+                adaptive.stop()
+            json.dump(res, open(out_path, "w"), indent=1)
     if "geometry" in phases:
         work = "/tmp/adaptive_geometry"
         target = scale.write_target(work, scale.GEOMETRIES["qwen3-8b"])
@@ -261,6 +339,14 @@ def summarize(res: dict) -> dict:
     same = {n: [a == b for a, b in zip(r["greedy_ids"], ref)] for n, r in res.get("pair", {}).items()
             if ref and n != "plain" and r.get("greedy_ids")}
     out = {"end_to_end": e2e, "greedy_equal_to_plain": {n: f"{sum(v)}/{len(v)}" for n, v in same.items()}}
+    sw = res.get("switching")
+    if sw and "ramp" in sw:
+        out["switching"] = {"server": sw["server"], "greedy_identical": sw["greedy"].get("identical"),
+                            "greedy_max_top2_gap": max_gap(sw["greedy"]),
+                            "t1_bonferroni_min_pvalue": sw["t1"]["bonferroni_min_pvalue"],
+                            "shapes_during_tests": sw["shapes_during_tests"], "ramp_errors": sw["ramp_errors"],
+                            "ramp": [{"clients": r["clients"], "requests": r["requests"], "errors": r["errors"],
+                                      "shapes": r["shapes"]} for r in sw["ramp"]]}
     geo = res.get("geometry", {})
     plain = {c: 1000.0 * int(c) / v["tokens_per_s"]["median"] for c, v in geo.get("plain", {}).get("t0", {}).items()}
     # acceptance per shape at T=0: the adaptive server's policy after its last T=0 cell of the pair phase
