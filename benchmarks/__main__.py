@@ -14,6 +14,8 @@ import sys
 # scenario -> (module under benchmarks, what it measures)
 SCENARIOS = {
     "step_cost": ("serving_scale", "SGLang's per-step cost at a geometry (Qwen3-8B), servers side by side or alone"),
+    "e2e": ("serve_e2e", "end-to-end serving evidence: greedy agreement, the T=1 test, load, refusals (a pair)"),
+    "step_cost_pair": ("serve_step_cost", "a pair's servers side by side: tokens/s, tau and steps/s per client count"),
     "features": ("serving_features", "request features against the server without speculation"),
     "pressure": ("serving_pressure", "KV exhaustion, graph sizes, near-context prompts, disconnects, soak"),
     "versions": ("serving_versions", "the SGLang release x backend matrix, from the runs' results"),

@@ -58,7 +58,7 @@ PARTS = [
          ["-m", "benchmarks", "step_cost", "--out", "{out}", "--work", "{out}/work", "--servers", "dflash,dspine",
           "--alone-only", "--clients", "1", "--temperatures", "0", "--repeats", str(REPEATS)]),
     Part("pair", ("lab_pair_sglang_tokens_per_s", "tree_served"), 480, 5,
-         [os.path.join("scripts", "device", "serve_step_cost.py"), "--models", os.path.join("models", "default"),
+         ["-m", "benchmarks", "step_cost_pair", "--models", os.path.join("models", "default"),
           "--out", "{out}", "--servers", "plain,dflash,dspine,dspine_tree32,dspine_tree64",
           "--repeats", str(REPEATS), "--mem-fraction", "{mem}", "--pool", "60000"]),  # equal KV pools
     Part("features", ("request_features",), 420, 3, ["-m", "benchmarks", "features", "--out", "{out}"]),

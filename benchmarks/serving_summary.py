@@ -3,9 +3,9 @@
     python benchmarks/serving_summary.py      # rewrites benchmarks/results/{serving_e2e,tp2,lab}_summary.json
                                               # (lab_summary.json's `previous` once the lab's second edition is in it)
 
-Inputs (benchmarks/results/): serving_e2e_lab_pair.json (scripts/device/serve_e2e.py, deterministic servers
+Inputs (benchmarks/results/): serving_e2e_lab_pair.json (benchmarks/serve_e2e.py, deterministic servers
 included), serving_e2e_lab_pair_h200.json (an earlier full run of the same script), tp2_serving.json
-(scripts/device/serve_tp2.py, removed after 925d389), serving_step_cost.json (scripts/device/serve_step_cost.py:
+(scripts/device/serve_tp2.py, removed after 925d389), serving_step_cost.json (benchmarks/serve_step_cost.py:
 the throughput comparison with repeats), lab_cpu_pair.json (offline tau on CPU), and the lab's budget run on the H200:
 lab_budget.json, lab_gpu_serving.json, lab_gpu_ablations.json (scripts/device/lab_gpu.sh), and the training step
 on the H200: train_step_gpu_chunk{128,0}.json (scripts/device/train_step.sh).

@@ -1,7 +1,7 @@
 """The served tree's numbers in one file (docs/tree.md, "Trees wider than the block"): DSPINE servers verifying
 trees (SGLANG_DSPINE_TREE=1, --speculative-num-draft-tokens N) against the chain server, from the GPU runs'
 result files:
-- `--step-cost`: scripts/device/serve_step_cost.py's record (servers side by side on one GPU, the built-in pair):
+- `--step-cost`: benchmarks/serve_step_cost.py's record (servers side by side on one GPU, the built-in pair):
   tau as the paper counts it (mean over suites of tokens per verify step) and output tokens/s, each server's
   ratio to the chain server's at the same temperature and client count;
 - `--e2e`: serve_e2e.py's summary of a tree server (greedy equality with no speculation, the T=1 test, the load);

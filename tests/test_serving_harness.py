@@ -12,9 +12,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sglang_dspine.source_files import load_file
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 servers = importlib.import_module("benchmarks.servers")
 
 ACCEPT = 3  # tokens per verify step the answering server reports
@@ -144,7 +141,7 @@ def test_e2e_throughput_cells_take_rounds_in_turn(answering):
     """serve_e2e.throughput: each cell is `rounds` measured rounds, the servers taking turns round by round (a drift
     of the machine falls on each alike); tokens/s over all rounds, each round's and their spread, τ and SGLang's
     accept length per suite from the answers."""
-    e2e = load_file(os.path.join(ROOT, "scripts", "device", "serve_e2e.py"), "dspine_serve_e2e")
+    from benchmarks import serve_e2e as e2e
     order = []
     a, b = answering("a", delay=0.01, order=order), answering("b", delay=0.01, order=order)
     prompts = [("code", [1, 2]), ("math", [3, 4, 5, 6]), ("code", [7])]
@@ -196,12 +193,12 @@ def test_kv_pools_from_memory_records():
 
 
 def test_e2e_servers_take_the_backends_asked_for():
-    """scripts/device/serve_e2e.py (the T=1 two-sample test among its items): its servers' flags name the backends
+    """benchmarks/serve_e2e.py (the T=1 two-sample test among its items): its servers' flags name the backends
     given, and leave a flag out for 'sglang-default' (SGLang's own choice, FA3 and FlashInfer on an H200), with the
     script's own flags after them either way."""
     import argparse
 
-    e2e = load_file(os.path.join(ROOT, "scripts", "device", "serve_e2e.py"), "dspine_serve_e2e")
+    from benchmarks import serve_e2e as e2e
     ap = argparse.ArgumentParser()
     servers.add_backend_args(ap)
     default = e2e.server_args(servers.backends_from_args(ap.parse_args([])))

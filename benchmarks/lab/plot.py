@@ -1,5 +1,5 @@
 """Plots of lab results: acceptance per block position (an offline lab JSON), and SGLang throughput and tau
-against concurrency (scripts/device/serve_step_cost.py's JSON).
+against concurrency (benchmarks/serve_step_cost.py's JSON).
 
     python benchmarks/lab/plot.py benchmarks/results/lab_cpu_pair.json       # <json stem>_positions.png
     python benchmarks/lab/plot.py benchmarks/results/serving_step_cost.json  # <json stem>.png

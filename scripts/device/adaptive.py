@@ -33,8 +33,6 @@ import statistics
 import sys
 import threading
 
-from serve_e2e import greedy_agreement, load_test, max_gap, model_layout, prompts_for, t1_test
-
 from sglang_dspine.provenance import provenance
 from sglang_dspine.source_files import load_package
 
@@ -42,6 +40,7 @@ _root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 load_package("benchmarks", os.path.join(_root, "benchmarks"))  # the repository root stays off sys.path
 from benchmarks import servers as bench  # noqa: E402
 from benchmarks import serving_scale as scale  # noqa: E402
+from benchmarks.serve_e2e import greedy_agreement, load_test, max_gap, model_layout, prompts_for, t1_test  # noqa: E402
 
 ADAPTIVE_ENV = {"SGLANG_DSPINE_VERIFY": "adaptive"}
 SPLIT_KV_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "1"}  # the chain verifies on SGLang's split-KV kernel (patch 8)

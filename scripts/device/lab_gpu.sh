@@ -2,7 +2,7 @@
 # The lab's GPU stages on one H200 as one detached job (together they outlast one device call):
 #   1. benchmarks/lab/run.py --preset budget   corpus, tokenizer, target, regenerated data, DFlash and DSpine
 #                                              drafters (same data, steps, backbone), offline tau, pack
-#   2. scripts/device/serve_step_cost.py       the lab's pair in SGLang: no speculation / DFLASH / DSPINE,
+#   2. python -m benchmarks step_cost_pair     the lab's pair in SGLang: no speculation / DFLASH / DSPINE,
 #                                              T=0 at 1, 4, 16, 48 clients (twice) and T=1 at 16
 #   3. benchmarks/lab/ablate.py                no alignment / no refinement (retrained), walk off, injection off
 # From the repo root, carrying .devbundle:
@@ -33,7 +33,7 @@ stages)
         --results $LAB/results --pack $LAB/pack $(cat "$LAB/run_args")" || step "lab failed ($?)"
   if [ -d "$LAB/lab/drafters/dspine" ] && [ -d "$LAB/lab/drafters/dflash" ]; then
     step "2 serving"
-    python3 scripts/device/serve_step_cost.py --models "$LAB/lab" --out "$LAB/serving" --name lab_gpu_serving \
+    python3 -m benchmarks step_cost_pair --models "$LAB/lab" --out "$LAB/serving" --name lab_gpu_serving \
       --servers plain,dflash,dspine --t1-concurrency 16 --stop-at-eos 2>&1 | grep -v "Decode batch\|Prefill batch\|Capturing"
     cp "$LAB/serving/lab_gpu_serving.json" "$LAB/results/" 2>/dev/null || step "serving wrote no results"
     step "3 ablations"

@@ -8,7 +8,7 @@ through the OpenAI API (c), CUDA graphs in the decode logs (d), accept length in
 
 Usage: `bash scripts/device/serve.sh e2e` on the GPU machine, or (from the repo root, after
 `source scripts/device/setup.sh`):
-    python3 scripts/device/serve_e2e.py --models DIR --out $OUT
+    python3 -m benchmarks e2e --models DIR --out $OUT
 DIR holds target/, dspine/ and dflash/ (a trained lab pair); without --models tiny random ones are made.
 """
 from __future__ import annotations
@@ -27,15 +27,10 @@ import sys
 import threading
 import time
 
+from benchmarks import models as bench_models
+from benchmarks import servers as bench_servers
+from benchmarks.output import write_json, write_result
 from sglang_dspine.provenance import provenance
-from sglang_dspine.source_files import load_package
-
-# the benchmarks package by its folder (the repository root stays off sys.path: sglang_dspine.source_files)
-load_package("benchmarks", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                        "benchmarks"))
-from benchmarks import models as bench_models  # noqa: E402
-from benchmarks import servers as bench_servers  # noqa: E402
-from benchmarks.output import write_json, write_result  # noqa: E402
 
 # The benchmark servers' flags (benchmarks/servers.py) and this script's own: no grammar backend, decode graphs up
 # to the 48 load clients, a small KV pool so five servers fit on one GPU; no prefill graphs (they only change

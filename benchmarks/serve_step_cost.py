@@ -14,7 +14,7 @@ the speculative servers.
 
 Usage: `bash scripts/device/serve.sh step_cost` on the GPU machine, or (repo root, after
 `source scripts/device/setup.sh`):
-    python3 scripts/device/serve_step_cost.py --models models/default --out $OUT
+    python3 -m benchmarks step_cost_pair --models models/default --out $OUT
 `--models` also takes a lab run's --out folder (benchmarks/lab/run.py) or its unpacked pack.
 """
 from __future__ import annotations
@@ -25,7 +25,8 @@ import os
 import sys
 import time
 
-from serve_e2e import (  # the harness (benchmarks.servers, benchmarks.models) as serve_e2e uses it
+from benchmarks.output import write_result
+from benchmarks.serve_e2e import (  # the harness (benchmarks.servers, benchmarks.models) as serve_e2e uses it
     Server,
     archive_logs,
     drafter_variant,
@@ -37,8 +38,6 @@ from serve_e2e import (  # the harness (benchmarks.servers, benchmarks.models) a
     wait_all,
     warm,
 )
-
-from benchmarks.output import write_result
 from sglang_dspine.provenance import provenance
 
 SERVERS = ["plain", "dflash", "dflash_causal", "dspine", "dspine_torch", "dspine_tree", "dspine_tree32",
