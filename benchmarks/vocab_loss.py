@@ -18,16 +18,14 @@ over --iters (a training step is grad_accum × sequences / 2 micro-batches of th
 inputs, and how old and new agree (CE/L1 loss, the gradient of the hidden states, argmax, the top-K sets, the
 teacher's candidate probabilities).
 
-    python benchmarks/vocab_loss.py --out /tmp/vocab_loss.json                   # H200, the real shape
-    python benchmarks/vocab_loss.py --seq-len 64 --anchors 8 --chunk-blocks 4 --vocab 500 --hidden 32 \
+    python -m benchmarks vocab_loss --out /tmp/vocab_loss.json                   # H200, the real shape
+    python -m benchmarks vocab_loss --seq-len 64 --anchors 8 --chunk-blocks 4 --vocab 500 --hidden 32 \
         --path torch --out /tmp/v.json                                            # CPU check
 Writes JSON with provenance (command, commit, GPU, versions, date).
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -36,6 +34,12 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from sglang_dspine.provenance import default_output
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/vocab_loss.py): the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks.output import write_json  # noqa: E402
 
 CE_WEIGHT = {"dspine": 0.1, "dflash": 1.0}
 POSITIONS = 15  # supervised positions of a block of 16
@@ -252,10 +256,7 @@ def main(argv=None) -> int:
     k = res["kinds"]
     if {"dspine", "dflash"} <= set(k):
         res["dspine_minus_dflash_ms"] = {v: k["dspine"][v]["ms"] - k["dflash"][v]["ms"] for v in ("old", "new")}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
-    print("->", args.out)
+    print("->", write_json(args.out, res))
     return 0
 
 

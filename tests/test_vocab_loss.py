@@ -36,7 +36,6 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Triton's interpreter converts its one-element arrays with a NumPy deprecation warning, thousands of times
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(ROOT, "benchmarks", "vocab_loss.py")
 
 
 def _interpreted() -> bool:
@@ -240,19 +239,13 @@ def test_objective_kernel_path_equals_pytorch_path(target, kind, ce_weight):
     assert any(float(g.abs().sum()) > 0 for g in g_got.values())
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_vocab_loss", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 @pytest.mark.parametrize("kernel", [True, False])
 def test_vocab_terms_equal_the_former_formulation(kernel):
     """benchmarks/vocab_loss.py keeps the objective's former float32 code (teacher logits per row, inside the
     chunk): the objective's code now gives the same loss, gradient, argmax, candidates and teacher
     probabilities of the candidates (their sum: the refinement's candidate mass), over several chunks."""
-    bench = _bench()
+    from benchmarks import vocab_loss as bench
+
     inp, h = bench.make_inputs(2, 40, 6, 300, 32, torch.device(DEVICE))
     head, last, t_pos, labels, weights = inp
     inp = (head.float(), last.float(), t_pos, labels, weights)
@@ -300,10 +293,10 @@ def test_vocab_path_is_chosen_by_device(target, monkeypatch):
 
 def test_benchmark_runs_at_a_tiny_size(tmp_path):
     out = tmp_path / "v.json"
-    r = subprocess.run([sys.executable, BENCH, "--seq-len", "40", "--anchors", "6", "--chunk-blocks", "5",
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "vocab_loss", "--seq-len", "40", "--anchors", "6", "--chunk-blocks", "5",
                         "--vocab", "500", "--hidden", "32", "--path", "torch", "--iters", "2", "--warmup", "1",
                         "--device", "cpu", "--out", str(out)],
-                       capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["vocab"] == 500 and res["new_path"] == "torch" and res["chunks"] == 3 and res["rows_per_chunk"] == 75
