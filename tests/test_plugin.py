@@ -321,8 +321,10 @@ ADAPTIVE_CASES = [  # env, flags; the refusal on 0.5.17 (None: the server starts
     ("bad shape", {"SGLANG_DSPINE_SHAPES": "none,9"}, [], "DSPINE: SGLANG_DSPINE_SHAPES: width 9 outside 2..4"),
     ("bad value", {"SGLANG_DSPINE_VERIFY": "sometimes"}, [], "DSPINE: SGLANG_DSPINE_VERIFY: expected fixed or "
      "adaptive, found 'sometimes'"),
-    ("tree", {"SGLANG_DSPINE_TREE": "1"}, ["--attention-backend", "triton"],
-     ADAPTIVE_REFUSED + "it does not choose trees yet: unset SGLANG_DSPINE_TREE"),
+    ("tree", {"SGLANG_DSPINE_TREE": "1"}, ["--attention-backend", "triton", "--speculative-num-draft-tokens", "4"],
+     None),
+    ("tree on fa3", {"SGLANG_DSPINE_TREE": "1"}, ["--attention-backend", "fa3"],
+     TREE_REFUSED + "the target's verify pass must read the tree mask"),
     ("two ranks", {}, ["--tp-size", "2"],
      ADAPTIVE_REFUSED + "it runs on one rank, without data-parallel attention or disaggregation, so far"),
 ]
@@ -332,8 +334,8 @@ ADAPTIVE_CASES = [  # env, flags; the refusal on 0.5.17 (None: the server starts
 def test_adaptive_verification_starts_only_where_it_is_built(dirs, monkeypatch, env, flags, refusal):
     """SGLANG_DSPINE_VERIFY=adaptive starts a DSPINE server on SGLang 0.5.17, one rank, any attention backend,
     with the adaptive worker and a cap of 128 running requests instead of the DFLASH family's 48 (the narrow
-    shapes serve what plain decoding would); a malformed value or shape menu, trees, or more ranks are refused in
-    one line; on 0.5.23 it is refused whatever the flags. An explicit --max-running-requests is kept."""
+    shapes serve what plain decoding would); a malformed value or shape menu or more ranks are refused in one
+    line, and a tree (SGLANG_DSPINE_TREE=1) joins the menu under its own checks; on 0.5.23 it is refused whatever the flags. An explicit --max-running-requests is kept."""
     from sglang_dspine.serving.plugin import StartupRefusal
 
     root, _ = dirs
@@ -776,7 +778,8 @@ def test_dummy_weights_run_the_same_draft_step_as_loaded_ones(sglang_cpu, dirs, 
 def test_tree_verify_graphs_are_captured_reading_the_mask(dirs, monkeypatch, algorithm, tree):
     """Patch 6: where the target's verify CUDA graphs are captured (the decode graph runner imports SGLang's mask
     policy when it captures), a DSPINE server verifying trees is told to build the custom mask on the triton
-    backend, which SGLang skips for the DFlash family's chains; DSPINE chains and DFLASH keep SGLang's answer."""
+    backend, which SGLang skips for the DFlash family's chains; DSPINE chains (an adaptive tree server's chain
+    widths among them) and DFLASH keep SGLang's answer."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.runtime_context import publish
     from sglang.srt.speculative import dflash_utils
@@ -800,6 +803,12 @@ def test_tree_verify_graphs_are_captured_reading_the_mask(dirs, monkeypatch, alg
     stock = resolve_dflash_verify_mask_policy.__wrapped__(backend)
     assert stock == ("TritonAttnBackend", False)
     assert resolve_dflash_verify_mask_policy(backend) == ("TritonAttnBackend", algorithm == "DSPINE" and tree == "1")
+    # an adaptive tree server's chain widths (verify_widths.build captures them) keep SGLang's answer: their
+    # passes bring no mask, and graphs reading the buffer would see the last tree step's
+    from sglang_dspine.serving import verify_widths
+
+    monkeypatch.setattr(verify_widths, "_building_chain", True)
+    assert resolve_dflash_verify_mask_policy(backend) == stock
 
 
 @pytest.mark.parametrize("algorithm", ["DSPINE", "DFLASH"])

@@ -298,6 +298,8 @@ def test_dspine_draft_tree_is_the_offline_lattice_tree(served, monkeypatch, kern
             sampler.prepare(seq_lens, greedy)
             sampler(out.hidden_states)
             served_trees, layout = sampler.drafts(n)
+            for r, (ref, (_, a)) in enumerate(zip(refs, REQUESTS)):  # and the walk, for an adaptive chain step
+                assert sampler.walk_rows(n)[r].tolist() == plain.draft(ref, head, torch.tensor([a])).tokens[0].tolist()
             for r, (ref, (_, a)) in enumerate(zip(refs, REQUESTS)):
                 want = plain.draft(ref, head, torch.tensor([a]))
                 if chains and greedy[r]:

@@ -116,6 +116,34 @@ def test_an_unseen_bucket_is_explored_shape_by_shape_then_decided():
     assert policy.summary()["step_ms"][8] == {"none": 5.0, "chain8": 6.0, "chain16": 8.0}
 
 
+def test_a_tree_shape_learns_its_own_acceptance_and_competes_on_tokens_per_ms():
+    """A tree in the menu (adaptive with SGLANG_DSPINE_TREE=1): its steps' accept lengths are its own mean (the
+    chain's per-position counts stay as the chain steps left them), E(tree) is E(chainB) before any tree step,
+    and the choice is still the best expected tokens per ms (brute force), tree included."""
+    tree = Shape(32, tree=True)
+    assert tree.name == "tree32" and tree.drafts and sorted([tree, Shape(16), Shape(1)])[-1] == tree
+    policy = ShapePolicy((*parse_menu("none,4", 16), tree), [1], 16, margin=0.0, patience=1)
+    assert policy.expected_tokens(tree) == policy.expected_tokens(Shape(16))  # the prior
+    g = random.Random(3)
+    ms = {Shape(1): 10.0, Shape(4): 11.0, Shape(16): 14.0, tree: 16.0}
+    for _ in range(200):  # chains accept each draft with p = 0.6; the tree's steps emit 4 or 6 tokens
+        shape = policy.choose(1)
+        if shape.tree:
+            accepted = [g.choice([3, 5])]
+        else:
+            a = 0
+            while a < shape.rows - 1 and g.random() < 0.6:
+                a += 1
+            accepted = [a]
+        chain_counts = (list(policy.acceptance.reached), list(policy.acceptance.passed))
+        policy.observe(1, shape, ms[shape], accepted)
+        if shape.tree:
+            assert (policy.acceptance.reached, policy.acceptance.passed) == chain_counts
+    assert abs(policy.expected_tokens(tree) - 5.0) < 0.5
+    rates = {s: policy.expected_tokens(s) / ms[s] for s in policy.menu}
+    assert policy.choose(1) == max(rates, key=rates.get) == tree
+
+
 def test_a_prefix_step_emits_what_greedy_decoding_emits():
     """Greedy verification of the walk's first W - 1 tokens (SGLang's DFlash rule, then `prefix_outputs`)
     emits the target's own greedy continuation, as long as accepted + 1, whatever W."""

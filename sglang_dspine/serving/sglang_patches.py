@@ -60,7 +60,9 @@ Patches 3 to 6 are applied at plugin registration, in every SGLang process (`app
    verify row must see only its own path, so for DSPINE servers the policy says "build the mask": the graphs
    read the backend's mask buffer, which each replay fills with the step's tree mask (the triton backend copies
    `spec_info.custom_mask` into it). The function's one caller imports it when it captures, so the module
-   attribute is replaced. DFLASH servers, and DSPINE servers verifying chains, keep SGLang's answer.
+   attribute is replaced. DFLASH servers, DSPINE servers verifying chains, and an adaptive tree server's chain
+   widths (verify_widths.py: their passes bring no mask, so a graph reading the buffer would see the last tree's)
+   keep SGLang's answer.
 
 Patch 7 is applied by an adaptive worker (SGLANG_DSPINE_VERIFY=adaptive) in its scheduler process when it
 builds its shapes (`show_verify_shapes_in_decode_log`):
@@ -401,9 +403,11 @@ def tree_verify_graphs_read_the_mask() -> None:
             from sglang.srt.runtime_context import get_spec
 
             from ..env import ENV
+            from .verify_widths import building_chain_graphs
 
             name, build_custom_mask = stock(attn_backend)
-            if ENV.tree and (get_spec().speculative_algorithm or "").upper() == ALGORITHM:
+            if ENV.tree and (get_spec().speculative_algorithm or "").upper() == ALGORITHM and \
+                    not building_chain_graphs():
                 return name, True
             return name, build_custom_mask
 

@@ -176,8 +176,8 @@ def check_tree(server_args) -> None:
 
 def check_split_kv_verify(server_args) -> None:
     """SGLANG_DSPINE_SPLITKV_VERIFY=1 (sglang_patches' patch 8) switches a kernel of SGLang's triton attention
-    backend: refused in one line on another backend (it would do nothing) and on a tree server (a tree's verify
-    needs its mask: the flag would be ignored there)."""
+    backend: refused in one line on another backend (it would do nothing) and on a fixed tree server (a tree's
+    verify needs its mask: the flag would be ignored there; an adaptive tree server's chains get it)."""
     from ..env import ENV
     from .versions import argument_view
 
@@ -189,8 +189,9 @@ def check_split_kv_verify(server_args) -> None:
         why = (f"it switches a kernel of the triton attention backend: pass --attention-backend triton (found "
                f"--attention-backend {view.attention_backend}, --decode-attention-backend "
                f"{view.decode_attention_backend})")
-    elif ENV.tree:
-        why = "a tree's verify needs its mask, which the split-KV kernel does not read: unset one of them"
+    elif ENV.tree and not ENV.adaptive:
+        why = ("a tree's verify needs its mask, which the split-KV kernel does not read, and a fixed tree server "
+               "verifies nothing else: unset one of them (with SGLANG_DSPINE_VERIFY=adaptive its chains get it)")
     if why:
         raise StartupRefusal(f"{ALGORITHM}: refusing SGLANG_DSPINE_SPLITKV_VERIFY=1: {why}")
 
@@ -210,7 +211,8 @@ ADAPTIVE_MAX_RUNNING_REQUESTS = 128
 def check_adaptive(server_args) -> None:
     """SGLANG_DSPINE_VERIFY=adaptive (verify_shapes.py, the worker's policy) is built on SGLang
     0.5.17's DFlash decode step and SGLang's per-width verify graphs (verify_widths.py), for one rank (each rank
-    would time its own steps and could choose differently), a whole draft cache, and without tree verification.
+    would time its own steps and could choose differently) and a whole draft cache; with SGLANG_DSPINE_TREE=1
+    (check_tree's conditions) the server's tree is one more shape of the menu.
     Anything else is refused in one line; a malformed SGLANG_DSPINE_SHAPES too. Unless --max-running-requests is
     given, the DFLASH family's cap of 48 becomes 128: the narrow shapes serve the requests plain decoding would."""
     from ..drafter.config import DrafterConfig, DrafterConfigError
@@ -229,8 +231,6 @@ def check_adaptive(server_args) -> None:
     why = None
     if sglang_version() >= (0, 5, 23):
         why = "it is built on SGLang 0.5.17's DFlash decode step; install sglang==0.5.17 or unset it"
-    elif ENV.tree:
-        why = "it does not choose trees yet: unset SGLANG_DSPINE_TREE"
     elif missing := dflash_step_missing():
         why = missing
     elif int(view.tp_size) != 1 or dp_attention_enabled(view) or view.disaggregation_mode not in (None, "null"):

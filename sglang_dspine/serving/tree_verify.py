@@ -67,6 +67,7 @@ class TreeDraftSampler:
         self.next_token, self.next_sibling = (torch.empty(max_bs, rows, dtype=torch.int64, device=dev)
                                               for _ in range(2))
         self.row_index = torch.arange(max_bs * rows, dtype=torch.int64, device=dev)  # links.index, any bs
+        self.walk = torch.empty(max_bs, step.block_size - 1, dtype=torch.int64, device=dev)  # an adaptive chain's
         self.seq_lens = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.greedy = torch.zeros(max_bs, dtype=torch.bool, device=dev)
         self.temperature = self.log_mass = None  # calibrated: [max_bs, B-1] each
@@ -77,7 +78,9 @@ class TreeDraftSampler:
     def __call__(self, hidden_states, input_ids=None):
         bs = hidden_states.shape[0] // self.step.block_size
         cal = (None, None) if self.temperature is None else (self.temperature[:bs], self.log_mass[:bs])
-        trees = served_trees(self.step, hidden_states, self.nodes, self.greedy[:bs], self.chains_for_greedy, *cal)
+        walk, trees = served_trees(self.step, hidden_states, self.nodes, self.greedy[:bs], self.chains_for_greedy,
+                                   *cal)
+        self.walk[:bs].copy_(walk)
         layout = tree_layout(trees, self.seq_lens[:bs], depth=self.step.block_size - 1)
         for buf, src in zip((self.tokens, self.parents, self.depths, self.scores, self.positions, self.masks,
                              self.mask_index, self.next_token, self.next_sibling),
@@ -96,6 +99,11 @@ class TreeDraftSampler:
             self.temperature[:bs].copy_(temperature)
             self.log_mass[:bs].copy_(log_mass)
 
+    def walk_rows(self, bs: int) -> torch.Tensor:
+        """[bs, B-1] the walk the graph's tail decoded this step (what a chain step of an adaptive server verifies
+        a prefix of; the trees' inputs `prepare` set are then not read)."""
+        return self.walk[:bs]
+
     def drafts(self, bs: int) -> tuple[TreeBatch, TreeLayout]:
         rows = self.nodes + 1
         links = RetrieveLinks(index=self.row_index[: bs * rows].view(bs, rows),
@@ -105,12 +113,13 @@ class TreeDraftSampler:
 
 
 def served_trees(step, hidden_states: torch.Tensor, nodes: int, greedy: torch.Tensor, chains_for_greedy: bool,
-                 temperature: torch.Tensor | None = None, log_mass: torch.Tensor | None = None) -> TreeBatch:
-    """The trees a tree step verifies, from the draft forward's final-normed states [bs·B, H]: each request's
-    tree of `nodes` nodes, or with `chains_for_greedy` (N = B) its walk as a chain where `greedy` [bs] is True
-    (`chains_where`); temperature, log_mass: `DraftStep.walk_and_tree`'s."""
+                 temperature: torch.Tensor | None = None,
+                 log_mass: torch.Tensor | None = None) -> tuple[torch.Tensor, TreeBatch]:
+    """(the walk [bs, B-1], the trees a tree step verifies) from the draft forward's final-normed states
+    [bs·B, H]: each request's tree of `nodes` nodes, or with `chains_for_greedy` (N = B) its walk as a chain where
+    `greedy` [bs] is True (`chains_where`); temperature, log_mass: `DraftStep.walk_and_tree`'s."""
     walk, trees = step.walk_and_tree(step.rows_after_anchor(hidden_states), nodes, temperature, log_mass)
-    return chains_where(greedy, walk, trees) if chains_for_greedy else trees
+    return walk, chains_where(greedy, walk, trees) if chains_for_greedy else trees
 
 
 def calibration_rows(greedy: torch.Tensor, temperature: torch.Tensor,

@@ -6,7 +6,8 @@ compute-bound and grows with batch × width, so a fixed width is wrong somewhere
 shapes an adaptive server can run, for the whole batch:
   - `none`: the batch verifies only its bonus token: a plain decode step, no draft forward; the target's
     features of that token still go into the drafter's context, so speculation can resume on the next step;
-  - `chainW`: the walk's first W - 1 draft tokens after the anchor (W verify rows a request), 2 <= W <= B.
+  - `chainW`: the walk's first W - 1 draft tokens after the anchor (W verify rows a request), 2 <= W <= B;
+  - `treeN`: with SGLANG_DSPINE_TREE=1, the server's tree of N - 1 nodes (N = --speculative-num-draft-tokens).
 Verifying a prefix of a deterministic draft with the target-only rule is still lossless (each emitted token is
 the target's own sample or argmax where the draft disagrees), so switching shapes between steps changes speed,
 never text.
@@ -15,7 +16,8 @@ The policy maximises expected tokens per second: E(shape) / t(batch, shape), wit
   - E(chainW) = 1 + Σ_{j=1}^{W-1} Π_{k<j} p_k: p_k the conditional acceptance at draft position k (accepted k+1
     given the first k were), counted on recent steps. A step of width W observes positions k < W - 1 only
     (later ones were not verified), so counts are kept per position and a narrow shape never erases what a wide
-    one learned; E(none) = 1;
+    one learned; E(none) = 1; E(treeN): the tree steps' own mean tokens per request (a tree's accepted path is
+    not a prefix of the walk), E(chainB) before the first;
   - t(bucket, shape): the step's own GPU time, measured online by the worker (CUDA events around the step) per
     batch bucket (the captured CUDA-graph batch size the batch pads to) and shape. Online, not a start-up
     table, because it times what the server really runs (draft, verify, acceptance, context upkeep, at the
@@ -125,6 +127,25 @@ class AcceptanceCounts:
 
 
 @dataclass
+class TreeAcceptance:
+    """Tokens a request emits per step of one tree shape (accepted drafts + the bonus): a decayed mean over recent
+    tree steps' requests. A tree's accepted path is not a prefix of the walk, so its steps never touch the chain's
+    per-position counts; before any tree step, E is `prior`."""
+
+    decay: float = 0.98
+    _sum: float = 0.0
+    _weight: float = 0.0
+
+    def update(self, accepted: list[int]) -> None:
+        if accepted:
+            self._sum = self.decay * self._sum + sum(a + 1 for a in accepted)
+            self._weight = self.decay * self._weight + len(accepted)
+
+    def expected_tokens(self, prior: float) -> float:
+        return self._sum / self._weight if self._weight else prior
+
+
+@dataclass
 class StepCosts:
     """t(bucket, shape) in ms: a decayed mean of measured step times. A cell with fewer than `explore` samples
     is unknown (the policy runs it to learn it); the first sample of a cell is dropped (a first replay, or a
@@ -169,7 +190,9 @@ class ShapePolicy:
         if not menu:
             raise ValueError("ShapePolicy: an empty menu")
         self.menu, self.buckets = tuple(sorted(menu)), sorted(set(buckets))
+        self.block = block
         self.acceptance = AcceptanceCounts(block - 1)
+        self.trees = {s: TreeAcceptance() for s in self.menu if s.tree}
         self.costs = StepCosts()
         self.margin, self.patience = margin, patience
         self.current = self.menu[-1]  # the widest: what the fixed server runs
@@ -183,7 +206,14 @@ class ShapePolicy:
     def rate(self, bucket: int, shape: Shape) -> float | None:
         """Expected tokens per ms a request, or None while the cell's cost is unknown."""
         ms = self.costs.ms(bucket, shape) if self.costs.known(bucket, shape) else None
-        return None if ms is None else self.acceptance.expected_tokens(shape) / ms
+        return None if ms is None else self.expected_tokens(shape) / ms
+
+    def expected_tokens(self, shape: Shape) -> float:
+        """E(shape): the chain's from per-position acceptance; a tree's its own mean, the block chain's before any
+        tree step (the walk is the best guess of the tree's best path)."""
+        if shape.tree:
+            return self.trees[shape].expected_tokens(self.acceptance.expected_tokens(Shape(self.block)))
+        return self.acceptance.expected_tokens(shape)
 
     def choose(self, bs: int) -> Shape:
         bucket = self.bucket(bs)
@@ -205,10 +235,12 @@ class ShapePolicy:
         """A finished step: its measured time (None when not measured) and accepted drafts per request."""
         if ms is not None:
             self.costs.add(self.bucket(bs), shape, ms)
-        if accepted is not None:
+        if accepted is not None and shape.tree:
+            self.trees[shape].update(accepted)
+        elif accepted is not None:
             self.acceptance.update(shape.rows, accepted)
 
     def summary(self) -> dict:
         return {"current": self.current.name,
-                "expected_tokens": {s.name: round(self.acceptance.expected_tokens(s), 3) for s in self.menu},
+                "expected_tokens": {s.name: round(self.expected_tokens(s), 3) for s in self.menu},
                 "step_ms": self.costs.table()}

@@ -18,6 +18,14 @@ from dataclasses import dataclass
 logger = logging.getLogger(__name__)
 
 
+_building_chain = False  # while a chain width's graphs are captured (sglang_patches' patch 6 reads it)
+
+
+def building_chain_graphs() -> bool:
+    """Whether the verify graphs being captured now are a chain width's (captured without a tree's mask)."""
+    return _building_chain
+
+
 @dataclass
 class VerifyWidth:
     rows: int
@@ -49,6 +57,7 @@ def build(model_runner, rows: int, device, gpu_id: int, split_kv: bool = False) 
     from sglang.srt.runtime_context import get_context, get_spec
     from sglang.srt.utils import get_available_gpu_memory
 
+    global _building_chain
     tic, before = time.perf_counter(), get_available_gpu_memory(device, gpu_id)
     saved = get_spec().speculative_num_draft_tokens
     get_context().override("sglang_dspine.verify_width", speculative_num_draft_tokens=rows)
@@ -61,8 +70,10 @@ def build(model_runner, rows: int, device, gpu_id: int, split_kv: bool = False) 
             split_kv_verify(backend)
         runner = None
         if not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED):
+            _building_chain = True  # every width built here is a chain's: no tree mask in its graphs
             runner = DecodeCudaGraphRunner(model_runner, attn_backend=backend, speculative_num_draft_tokens=rows)
     finally:
+        _building_chain = False
         model_runner.init_new_workspace = init_new_workspace
         get_context().override("sglang_dspine.verify_width", speculative_num_draft_tokens=saved)
     gib = before - get_available_gpu_memory(device, gpu_id)

@@ -99,6 +99,10 @@ class DSpineDraftSampler:
         tokens = self.step.decode(self.step.rows_after_anchor(hidden_states))
         self.out[: tokens.numel()].copy_(tokens.reshape(-1))
 
+    def walk_rows(self, bs: int) -> torch.Tensor:
+        """[bs, B-1] the walk the graph's tail decoded this step."""
+        return self.out[: bs * (self.step.block_size - 1)].view(bs, -1)
+
 
 class DSpineWorker(DFlashWorkerV2):
     """DSPINE's worker (the module docstring says what it adds to DFlash's). Its attributes beside DFlash's:
@@ -122,19 +126,19 @@ class DSpineWorker(DFlashWorkerV2):
         super().__init__(server_args, *args, **kwargs)
         if int(self.block_size) != block:
             raise RuntimeError(f"DSPINE: DFlash's worker took block size {self.block_size}, the drafter's is {block}")
-        if self.tree_rows is not None:
-            self.shapes = (Shape(self.tree_rows, tree=True),)
+        tree = () if self.tree_rows is None else (Shape(self.tree_rows, tree=True),)
+        if tree:
             self._calibration = None if self.calibration is None else tuple(
                 torch.tensor(v, dtype=torch.float32, device=self.device)
                 for v in (self.calibration.temperature, self.calibration.log_mass))
-        elif ENV.adaptive:  # check_adaptive has refused it where it is not built
-            self.shapes = parse_menu(ENV.verify_shapes, block)
+        if ENV.adaptive:  # check_adaptive has refused it where it is not built
+            self.shapes = (*parse_menu(ENV.verify_shapes, block), *tree)
             self._pending: collections.deque = collections.deque()  # steps whose time and acceptance are unread
             self._shares: collections.Counter = collections.Counter()  # steps by shape name since start
             self._since_log: collections.Counter = collections.Counter()  # since SGLang's last decode log line
             self._metrics_on = bool(getattr(server_args, "enable_metrics", False))
         else:
-            self.shapes = (Shape(block),)
+            self.shapes = tree or (Shape(block),)
 
     def _tree_server_args(self, server_args, block: int):
         """SGLANG_DSPINE_TREE=1: each decode step verifies a tree over the lattice of N - 1 nodes, N =
@@ -168,10 +172,12 @@ class DSpineWorker(DFlashWorkerV2):
         from ..env import ENV
 
         super().init_attention_backends()
-        # the target's backend exists now (SGLang built it just before), its verify graphs are captured next
-        self._split_kv = ENV.split_kv_verify and self.tree_rows is None
-        if self._split_kv:
+        # the target's backend exists now (SGLang built it just before), its verify graphs are captured next; a
+        # tree server's is the tree's (its mask), an adaptive one's chain widths are built later with their own
+        self._split_kv = ENV.split_kv_verify
+        if self._split_kv and self.tree_rows is None:
             sglang_patches.split_kv_verify(self.model_runner.attn_backend)
+        if self._split_kv:
             logger.info("DSPINE: the target's chain verify passes read the context with SGLang's split-KV kernel")
 
     def init_cuda_graphs(self):
@@ -182,12 +188,15 @@ class DSpineWorker(DFlashWorkerV2):
         if len(self.shapes) == 1:
             return
         mr, b = self.model_runner, int(self.block_size)
-        self._base_width = verify_widths.current(mr, b)
-        self._widths = {b: self._base_width}
+        # the server's own width: the tree's N (its graphs read the tree mask), else the block's
+        self._base_width = verify_widths.current(mr, self.tree_rows or b)
+        self._widths = {}
         for shape in self.shapes:
-            if shape.rows != b:
-                self._widths[shape.rows] = verify_widths.build(mr, shape.rows, self.device, self.gpu_id,
-                                                               split_kv=self._split_kv)
+            if shape.tree or (shape.rows == b and self.tree_rows is None):
+                self._widths[shape] = self._base_width
+            else:  # a chain's width, captured without the tree mask even where N = B
+                self._widths[shape] = verify_widths.build(mr, shape.rows, self.device, self.gpu_id,
+                                                          split_kv=self._split_kv)
         buckets = list(getattr(self._base_width.graph_runner, "capture_bs", None) or [])
         self.policy = ShapePolicy(self.shapes, buckets, b)
         sglang_patches.show_verify_shapes_in_decode_log(self._since_log)
@@ -198,7 +207,7 @@ class DSpineWorker(DFlashWorkerV2):
             self._shape_metric = Counter("sglang:dspine_verify_steps", "DSPINE decode steps by the verify shape "
                                          "the adaptive policy chose", labelnames=["shape"])
         gib = sum(w.gib for w in self._widths.values())
-        logger.info("DSPINE adaptive verify: shapes %s, %.2f GiB for the narrower widths' backends and graphs, "
+        logger.info("DSPINE adaptive verify: shapes %s, %.2f GiB for the other widths' backends and graphs, "
                     "batch buckets %s", ", ".join(s.name for s in self.shapes), gib, buckets)
 
     # ---------------------------------------------------------------------------------------- draft decoding
@@ -295,9 +304,10 @@ class DSpineWorker(DFlashWorkerV2):
     def _verify_shape(self, shape: Shape, batch, on_publish, grammar_barrier):
         if shape.tree:
             return self._tree_step(batch, on_publish, grammar_barrier)
-        if shape.rows == int(self.block_size):
+        if shape.rows == int(self.block_size) and self.tree_rows is None:
             return DFlashWorkerV2.forward_batch_generation(self, batch, on_publish=on_publish,
                                                            grammar_barrier=grammar_barrier)
+        # a prefix, none, or beside a tree the whole block (DFlash's own step reads the chain sampler's buffer)
         return self._prefix_step(batch, shape.rows, on_publish, grammar_barrier)
 
     def _read_finished_steps(self) -> None:
@@ -331,7 +341,7 @@ class DSpineWorker(DFlashWorkerV2):
         from . import verify_widths
 
         draft_input = dflash_step.draft_input_of(self, batch)
-        bs, b = len(batch.seq_lens), int(self.block_size)
+        bs = len(batch.seq_lens)
         slots = dflash_step.block_slots(self, batch, draft_input, rows)
         host = dflash_step.host_bound(self, batch, draft_input)
         candidates = torch.empty((bs, rows), dtype=slots.block_ids.dtype, device=slots.block_ids.device)
@@ -340,7 +350,7 @@ class DSpineWorker(DFlashWorkerV2):
             draft_out = dflash_step.draft_forward(self, batch, slots, host)
             sampler = dflash_step.graph_sampler(self, draft_out)
             if sampler is not None:
-                walk = sampler.out[: bs * (b - 1)].view(bs, b - 1)
+                walk = sampler.walk_rows(bs)
             else:
                 step = self._attached_step(self.target_worker.model_runner.model.lm_head)
                 walk = step.decode(step.rows_after_anchor(draft_out.logits_output.hidden_states))
@@ -350,7 +360,7 @@ class DSpineWorker(DFlashWorkerV2):
         # 2) the target verifies the prefix: rows slots and positions from the committed length on
         verify_loc_2d = slots.verify_loc_2d.contiguous()
         positions = slots.positions_2d[:, :rows].reshape(-1)
-        with verify_widths.verifying_at(self.model_runner, self._widths[rows], self._base_width):
+        with verify_widths.verifying_at(self.model_runner, self._widths[Shape(rows)], self._base_width):
             target_out = dflash_step.verify(self, batch, candidates.reshape(-1), positions, rows, verify_loc_2d, host)
         logits_output = target_out.logits_output
         dflash_step.adjust_logits(batch, logits_output.next_token_logits, rows, grammar_tree, grammar_barrier)
@@ -402,8 +412,8 @@ class DSpineWorker(DFlashWorkerV2):
         else:  # above the captured batch sizes, or graphs off
             step = self._attached_step(self.target_worker.model_runner.model.lm_head)
             # at the block's size greedy requests verify their walk (chains_where says why)
-            trees = served_trees(step, draft_out.logits_output.hidden_states, n - 1, greedy, n == b,
-                                 *(calibration or (None, None)))
+            _, trees = served_trees(step, draft_out.logits_output.hidden_states, n - 1, greedy, n == b,
+                                    *(calibration or (None, None)))
             layout = None
 
         # 2) the target's verify pass over [anchor, nodes...] under the tree mask, N rows a request
