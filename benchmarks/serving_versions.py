@@ -5,7 +5,7 @@ without speculation, mixed-load errors) and the per-step cost against DFLASH at 
 the measured result files named in the row (no number is typed here). A release or backend that was not run
 has a row saying so and why. Writes benchmarks/results/serving_versions_summary.json.
 
-    python benchmarks/serving_versions.py [--results-dir benchmarks/results]
+    python -m benchmarks versions [--results-dir benchmarks/results]
 """
 from __future__ import annotations
 
@@ -13,11 +13,16 @@ import argparse
 import json
 import os
 import re
-import sys
+
+from sglang_dspine.provenance import changed_files, git_commit
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/serving_versions.py): the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks.output import write_json  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)  # run as a script from a checkout: the package's provenance helpers
-from sglang_dspine.provenance import changed_files, git_commit  # noqa: E402
 
 # What a GPU row measured: a row at an older commit still describes the code where none of this changed since.
 SERVING_CODE = ("sglang_dspine/serving", "sglang_dspine/drafter", "kernels", "setup.py")
@@ -198,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     out = build(args.results_dir)
     # beside what the files say: how far the code moved since each run (as of this checkout's commit)
     out["serving_code_changed_since_runs"] = serving_code_since(out["rows"], git_commit())
-    path = os.path.join(args.results_dir, "serving_versions_summary.json")
-    json.dump(out, open(path, "w"), indent=1)
+    path = write_json(os.path.join(args.results_dir, "serving_versions_summary.json"), out)
     for r in out["rows"]:
         f = r.get("features", {}).get("servers", {}).get("dspine", {})
         steps = (r.get("dspine_over_dflash_step") or {}).get("by_clients", {}).get("T0")

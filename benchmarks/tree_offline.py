@@ -32,11 +32,14 @@ import sys
 import time
 
 from sglang_dspine.provenance import default_output
+from sglang_dspine.source_files import as_package
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if sys.path and sys.path[0] and os.path.abspath(sys.path[0]) == HERE:
-    sys.path.pop(0)  # `python benchmarks/tree_offline.py`: benchmarks/kernels.py would shadow the `kernels` package
-ROOT = os.path.dirname(HERE)
+if not __package__:  # run as a file (python benchmarks/tree_offline.py): the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks.output import write_json  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "models", "default")
 
 # arm -> (drafter, rule, which fitted temperatures it uses: None = raw (1.0))
@@ -391,11 +394,7 @@ def _run(args, argv) -> int:
         "calibration": calibration, "rows": [],
     }
 
-    def save():
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1)
-        os.replace(args.out + ".tmp", args.out)
+    save = lambda: write_json(args.out, record)
 
     def out_of_time() -> bool:
         if args.deadline_s is not None and time.time() - t_start > args.deadline_s:
@@ -453,9 +452,7 @@ def _run(args, argv) -> int:
                         **rule_summary(record["rows"], names, args.sizes, args.temperatures, args.rule)},
                "step_cost": STEP_COST,
                "cut_at_deadline_s": record.get("cut_at_deadline_s"), "seconds": record["seconds"]}
-    os.makedirs(os.path.dirname(os.path.abspath(args.summary)), exist_ok=True)
-    with open(args.summary, "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
+    write_json(args.summary, summary)
     print(table)
     print(json.dumps({k: summary[k] for k in ("tau_tree_over_chain", "tau_tree_over_ddtree", "tau_extended_over_chain",
                                               "tau_extended_over_ddtree", "goals")}, indent=1))

@@ -8,7 +8,7 @@ result files:
 - `--scale`: serving_scale.py's summary at Qwen3-8B geometry (random weights: the per-step cost only).
 
 Usage:
-    python benchmarks/tree_served.py --step-cost F [--e2e F] [--scale F] \
+    python -m benchmarks tree_served --step-cost F [--e2e F] [--scale F] \
         --out benchmarks/results/tree_served_summary.json
 """
 from __future__ import annotations
@@ -18,6 +18,13 @@ import json
 import os
 import statistics
 import sys
+
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/tree_served.py): the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks.output import write_json  # noqa: E402
 
 CHAIN = "dspine"
 
@@ -92,9 +99,7 @@ def main(argv=None) -> int:
         out["qwen3_8b_geometry"] = {  # a tree server's step ÷ DSPINE's, side by side or each server alone
             "side_by_side": scale.get("tree_step_ratio_vs_dspine_by_clients"),
             "alone": {k: v for k, v in alone.items() if k.startswith("dspine_tree")}}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=1)
+    write_json(args.out, out)
     for temp, rows in out["built_in_pair"].items():
         for server, by_clients in rows.items():
             print(temp, server, {c: (r["tau"], r.get("tau_over_chain"), r.get("tokens_per_s_over_chain"))

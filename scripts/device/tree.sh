@@ -44,7 +44,7 @@ args=()
 if [ -f "$root/step_cost/tree_step_cost.json" ]; then
   [ -f "$root/e2e/serving_e2e_summary.json" ] && args+=(--e2e "$root/e2e/serving_e2e_summary.json")
   [ -f "$root/scale/serving_scale_summary.json" ] && args+=(--scale "$root/scale/serving_scale_summary.json")
-  python3 benchmarks/tree_served.py --step-cost "$root/step_cost/tree_step_cost.json" "${args[@]}" \
-    --out "$root/tree_served_summary.json" || failed=1
+  (source scripts/device/setup.sh >/dev/null && python3 -m benchmarks tree_served \
+    --step-cost "$root/step_cost/tree_step_cost.json" "${args[@]}" --out "$root/tree_served_summary.json") || failed=1
 fi
 exit "$failed"
