@@ -38,7 +38,8 @@ VARIABLES = (
     _Variable("SGLANG_DSPINE_VERIFY", "fixed",
               "fixed (default): every decode step verifies the drafter's whole block; adaptive: each step verifies "
               "the shape (none, a chain of the walk's first W tokens, with SGLANG_DSPINE_TREE=1 the tree) that "
-              "maximises expected tokens per second at the batch's size, from acceptance seen on recent steps and step times measured on this GPU "
+              "maximises expected tokens per second at the batch's size, from acceptance seen on recent steps and "
+              "step times measured on this GPU "
               "(docs/verify_shapes.md; SGLang 0.5.17, one rank; the default cap of 48 running requests becomes 128)"),
     _Variable("SGLANG_DSPINE_SHAPES", "none,4,8",
               "the shapes SGLANG_DSPINE_VERIFY=adaptive chooses from, comma-separated: 'none' and chain widths "
