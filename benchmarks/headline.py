@@ -35,6 +35,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from benchmarks.output import write_json
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BUDGET_S = 540  # one part: under a device call's 10 minutes, with the start and the copy back
@@ -93,10 +95,7 @@ def load_state(out: str) -> dict:
 
 
 def save_state(out: str, state: dict) -> None:
-    tmp = os.path.join(out, "state.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(state, f, indent=1)
-    os.replace(tmp, os.path.join(out, "state.json"))  # a machine lost mid-write leaves the previous state
+    write_json(os.path.join(out, "state.json"), state)  # whole: a machine lost mid-write leaves the previous state
 
 
 def next_part(state: dict, parts: list[Part]) -> Part | None:
@@ -317,9 +316,7 @@ def write_headline(out: str, results: str, parts: list[Part]) -> list[str]:
         for row in build(dest):
             by_id[row["id"]].update(row)
             written.append(row["id"])
-    with open(path, "w") as f:
-        json.dump(headline, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    write_json(path, headline)
     return written
 
 
@@ -331,8 +328,7 @@ def collect(out: str, parts: list[Part]) -> dict:
         if st.get("status") == "done" and part.name in COLLECTORS:
             found[part.name] = {"rows": list(part.rows), "gpu": st["gpu"],
                                 **COLLECTORS[part.name](os.path.join(out, "parts", part.name))}
-    with open(os.path.join(out, "headline_parts.json"), "w") as f:
-        json.dump(found, f, indent=1)
+    write_json(os.path.join(out, "headline_parts.json"), found)
     return found
 
 
