@@ -1056,42 +1056,63 @@ LOAD_KINDS = {
 }
 
 
-def load_worker(url: str, ctx: dict, seconds: float, clients: int, seed: int = 0) -> dict:
-    """`clients` threads sending random request kinds for `seconds`; every answer checked. An error: any
-    non-2xx answer but the over-context 400, any exception, any answer failing its check."""
-    api = Api(url, timeout=REQUEST_TIMEOUT)
+ANSWERED = ("ok", "expected_400", LENGTH_BEFORE_STOP)  # load outcomes that are answers (their latency counts)
+
+
+def unsupported(msg: str) -> bool:
+    """An HTTP 400 refusing a feature (stock DFLASH: "... does not support return_logprob yet.")."""
+    return msg.startswith("HTTP 400") and "does not support" in msg
+
+
+def mixed_load(api, ctx: dict, seconds: float, clients: int, seed: int = 0, refusable: bool = False,
+               records: list | None = None, stop: threading.Event | None = None) -> dict:
+    """LOAD_KINDS from `clients` threads for `seconds`, every answer checked; per request (start second, latency,
+    kind, outcome). An error: any non-2xx answer but the over-context 400, any exception, any answer failing its
+    check; with `refusable`, a refused feature (`unsupported`) is counted apart. records: a list the per-request
+    records are appended to as they come; stop: once set, each client ends after its request in flight."""
     kinds = sorted(LOAD_KINDS)
-    stats = {k: {"requests": 0, "ok": 0, "expected_400": 0, LENGTH_BEFORE_STOP: 0, "errors": 0} for k in kinds}
+    records = [] if records is None else records
     samples: dict[str, list[str]] = {}
     lock = threading.Lock()
-    deadline = time.time() + seconds
+    t0 = time.time()
+    deadline = t0 + seconds
 
     def client(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
-        while time.time() < deadline:
+        while time.time() < deadline and not (stop and stop.is_set()):
             kind = rng.choice(kinds)
-            msg = None
+            t, msg = time.time(), None
             try:
                 outcome = LOAD_KINDS[kind](api, ctx, rng)
-                if outcome not in ("ok", "expected_400", LENGTH_BEFORE_STOP):
+                if outcome not in ANSWERED:
                     raise Malformed(f"check returned {outcome!r}")
-            except Exception as e:  # noqa: BLE001 - every failure is counted and sampled
-                outcome, msg = "errors", error_text(e)
+            except Exception as e:  # noqa: BLE001 - counted and sampled
+                msg = error_text(e)
+                outcome = "unsupported" if refusable and unsupported(msg) else "errors"
             with lock:
-                stats[kind]["requests"] += 1
-                stats[kind][outcome] += 1
-                if msg and len(samples.setdefault(kind, [])) < 3:
+                records.append((t - t0, time.time() - t, kind, outcome))
+                if outcome == "errors" and len(samples.setdefault(kind, [])) < 3:
                     samples[kind].append(msg)
 
-    t = time.time()
     with cf.ThreadPoolExecutor(clients) as ex:
         list(ex.map(client, range(clients)))
-    return {"clients": clients, "seconds": round(time.time() - t, 1),
-            "requests": sum(s["requests"] for s in stats.values()),
-            "errors": sum(s["errors"] for s in stats.values()),
-            "expected_400": sum(s["expected_400"] for s in stats.values()),
-            LENGTH_BEFORE_STOP: sum(s[LENGTH_BEFORE_STOP] for s in stats.values()),
-            "by_kind": stats, "error_samples": samples}
+    by_kind: dict[str, dict] = {}
+    for _, _, kind, outcome in records:
+        d = by_kind.setdefault(kind, {"requests": 0, "errors": 0, "unsupported": 0})
+        d["requests"] += 1
+        d[outcome] = d.get(outcome, 0) + 1
+    count = lambda o: sum(r[3] == o for r in records)  # noqa: E731
+    return {"clients": clients, "seconds": round(time.time() - t0, 1), "requests": len(records),
+            "errors": count("errors"), "unsupported": count("unsupported"), "expected_400": count("expected_400"),
+            LENGTH_BEFORE_STOP: count(LENGTH_BEFORE_STOP), "by_kind": by_kind, "error_samples": samples,
+            "records": records}
+
+
+def load_worker(url: str, ctx: dict, seconds: float, clients: int, seed: int = 0) -> dict:
+    """mixed_load on one server from a client process (load_in_processes), without its per-request records."""
+    rec = mixed_load(Api(url, timeout=REQUEST_TIMEOUT), ctx, seconds, clients, seed)
+    rec.pop("records")
+    return rec
 
 
 def warm_up(url: str, ctx: dict, n: int = 48) -> float:

@@ -23,10 +23,15 @@ Scenarios, each isolated (an exception is recorded and the run goes on):
   disconnects     24 clients of the mixed request load (serving_features' kinds) for 20 s while a stream of 1024
                   tokens is opened and closed after 3 chunks every second: no error, the server answers after,
                   the pool drains to its start (no leak).
-  soak            (--soak-seconds > 0) the mixed load for that long: requests/s, p50/p99 latency and errors per
-                  minute, the pool's used tokens and the GPU's memory per minute (the server's own processes'
-                  where nvidia-smi lists them), the leak at the end; the minutes so far are rewritten every
-                  15 s to serving_pressure[_TAG]_<server>_soak_minutes.json.
+  retraction      48 greedy streams of 384 tokens at once, in rounds, until 16 requests were retracted and
+                  re-admitted (4 rounds at most); each retracted one alone after; its accept length after the
+                  re-admission against alone's over the same tokens (each stream chunk carries the request's
+                  counts), and before it (readmission_accept).
+  soak            (--soak-seconds > 0) benchmarks/soak.py: the mixed load at 1-64 clients varying by the minute,
+                  per minute requests/s, p50/p99, errors, the pool's peak, and at the idle end of each minute the
+                  free KV tokens and the GPU's memory (the server's own processes' where nvidia-smi lists them);
+                  goals: 0 errors, memory and free tokens flat, p99 not rising; the minutes so far and their plot
+                  rewritten after each minute to serving_pressure[_TAG]_<server>_soak_minutes.json/.png.
 After each scenario the server must still be alive: its process runs and /health answers (a dead server's
 remaining scenarios are skipped with the exception its log ends with). In the mixed load an answer that ends by
 length and keeps a stop string is counted apart (SGLang checks max_new_tokens before stop strings), not an error.
@@ -76,6 +81,7 @@ if not __package__:  # run as a file (python benchmarks/x.py) or loaded by its p
 
 from benchmarks import servers as _servers  # noqa: E402
 from benchmarks import serving_features as sf  # noqa: E402
+from benchmarks import soak  # noqa: E402
 from benchmarks.servers import NEAR_TIE_MARGIN, is_near_tie  # noqa: E402, F401 - the harness' near-tie rule
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,7 +92,7 @@ BASE_ARGS, Server, archive_logs, graph_use, spec_args = (
 REPO = os.path.dirname(_HERE)
 NAMES = ("plain", "dflash", "dspine")
 PORTS = {"plain": 31011, "dflash": 31012, "dspine": 31013}  # --port-offset moves them (runs side by side)
-SCENARIOS = ("kv_exhaustion", "graph_overflow", "long_prompts", "disconnects", "soak")
+SCENARIOS = ("kv_exhaustion", "graph_overflow", "long_prompts", "disconnects", "retraction", "soak")
 CHUNK = 64
 GRAPH_MAX_BS = 8
 # 48 x (300 + 128) tokens is 3.3x this pool, and it still holds a request at the context limit (4096 + drafts).
@@ -104,7 +110,11 @@ LONG_PROMPTS, LONG_MIN_TOKENS, LONG_NEW = 4, 8 * CHUNK, 32
 NEAR_PROMPTS, NEAR_NEW = 2, 48
 SHARED_CLIENTS, SHARED_PREFIX_TOKENS, SHARED_NEW = 32, 448, 48
 DISCONNECT_SECONDS, DISCONNECT_CLIENTS, DISCONNECT_TOKENS, DISCONNECT_CHUNKS = 20.0, 24, 1024, 3
-SOAK_CLIENTS, SOAK_BUCKET_S, SOAK_SAMPLE_S = 48, 60.0, 15.0
+# Retraction of DSpine's per-request state: 48 streams of 384 tokens on the 6144-token pool, in rounds, until 16
+# distinct requests were retracted and re-admitted; the server's new-token ratio decays in 20 steps (not 600) after a
+# retraction (--server-env SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS=20: the device plan's retraction part), so admission
+# over-commits again soon and the pool runs out again.
+RETRACT_CLIENTS, RETRACT_NEW, RETRACT_MIN, RETRACT_ROUNDS = 48, 384, 16, 4
 # Relative accept-length difference allowed between a request set under pressure and the same set alone/cold:
 # the drafts see bf16 target features of another batch shape; a lost per-request state drops it toward 1.
 ACCEPT_TOL = 0.05
@@ -128,8 +138,7 @@ LEAK_MARK = "memory leak detected"
 ERROR_LINE_RE = re.compile(r"^(\w+(?:Error|Exception)): .*$", re.M)
 
 
-def error_text(e: BaseException) -> str:
-    return sf.error_text(e)
+error_text = sf.error_text
 
 
 # ------------------------------------------------------------------------------------------- inputs
@@ -221,9 +230,7 @@ def burst_requests(ctx: dict) -> list[dict]:
     return out
 
 
-def unsupported(msg: str) -> bool:
-    """An HTTP 400 refusing a feature (stock DFLASH: "... does not support return_logprob yet.")."""
-    return msg.startswith("HTTP 400") and "does not support" in msg
+unsupported = sf.unsupported
 
 
 def check_burst_answer(req: dict, answer, vocab_text: list[str]) -> list[int] | None:
@@ -470,8 +477,9 @@ def gpu_memory_mib(sid: int | None = None) -> tuple[int | None, str]:
 
 
 # --------------------------------------------------------------------------------- running requests
-def burst(api, reqs: list[dict]) -> list[tuple]:
-    """All requests at once (a barrier), each (answer, error text, seconds)."""
+def burst(api, reqs: list, call=None) -> list[tuple]:
+    """All requests at once (a barrier), each (answer, error text, seconds); `call(req)` sends one (api.call)."""
+    call = call or api.call
     bar = threading.Barrier(len(reqs))
 
     def one(req):
@@ -481,7 +489,7 @@ def burst(api, reqs: list[dict]) -> list[tuple]:
             pass
         t = time.time()
         try:
-            return api.call(req), None, time.time() - t
+            return call(req), None, time.time() - t
         except Exception as e:  # noqa: BLE001 - recorded per request
             return None, error_text(e), time.time() - t
 
@@ -523,84 +531,6 @@ def greedy_results(results: list[tuple], new: int, ids_only: bool = False) -> tu
             ids.append(ans["output_ids"])
             metas.append(ans["meta_info"])
     return ids, metas, errors
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile."""
-    if not values:
-        return None
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, math.ceil(q / 100 * len(v)) - 1))]
-
-
-# Load outcomes that are answers (their latency counts): a checked answer, the over-context 400, and an answer
-# ended by length that keeps a stop string (SGLang checks max_new_tokens before stop strings,
-# Req.update_finish_state: not an error of the server under test; serving_features._load_stop).
-ANSWERED = ("ok", "expected_400", sf.LENGTH_BEFORE_STOP)
-
-
-def buckets(records: list[tuple], width: float, total: float | None = None) -> list[dict]:
-    """Per `width` seconds of (start second, latency, kind, outcome) records: requests, errors, answers ended by
-    length before a stop string, requests/s, p50/p99 latency of the answered ones. With `total` (the load's
-    seconds) the last, partial bucket's requests/s is over its own length (the fc5c402 100 s soak's second minute
-    read 39.7 req/s for 2,380 requests in its 40 s)."""
-    out: dict[int, list] = {}
-    for r in records:
-        out.setdefault(int(r[0] // width), []).append(r)
-    rows = []
-    for b in range(max(out, default=-1) + 1):
-        rs = out.get(b, [])
-        lat = [r[1] for r in rs if r[3] in ANSWERED]
-        rows.append({"bucket": b, "requests": len(rs), "errors": sum(r[3] == "errors" for r in rs),
-                     "unsupported": sum(r[3] == "unsupported" for r in rs),
-                     "length_before_stop": sum(r[3] == sf.LENGTH_BEFORE_STOP for r in rs),
-                     "seconds": (span := min(width, total - b * width) if total else width),
-                     "rps": round(len(rs) / span, 2) if span > 0 else None,
-                     "p50_s": percentile(lat, 50), "p99_s": percentile(lat, 99)})
-    return rows
-
-
-def mixed_load(api, ctx: dict, seconds: float, clients: int, seed: int = 0, refusable: bool = False,
-               records: list | None = None, stop: threading.Event | None = None) -> dict:
-    """serving_features' request kinds from `clients` threads for `seconds`, every answer checked; per request
-    (start second, latency, kind, outcome). With `refusable`, a refused feature (unsupported) is counted apart
-    from errors; an answer ended by length that keeps a stop string only where SGLang checks the length first.
-    records: a list the per-request records are appended to as they come (a soak reads it while it runs).
-    stop: once set, each client ends after its request in flight (a soak whose server has exited)."""
-    kinds = sorted(sf.LOAD_KINDS)
-    records = [] if records is None else records
-    samples: dict[str, list[str]] = {}
-    lock = threading.Lock()
-    t0 = time.time()
-    deadline = t0 + seconds
-
-    def client(i: int) -> None:
-        rng = random.Random(seed * 1000 + i)
-        while time.time() < deadline and not (stop and stop.is_set()):
-            kind = rng.choice(kinds)
-            t, msg = time.time(), None
-            try:
-                outcome = sf.LOAD_KINDS[kind](api, ctx, rng)
-            except Exception as e:  # noqa: BLE001 - counted and sampled
-                msg = error_text(e)
-                outcome = "unsupported" if refusable and unsupported(msg) else "errors"
-            with lock:
-                records.append((t - t0, time.time() - t, kind, outcome))
-                if outcome == "errors" and len(samples.setdefault(kind, [])) < 3:
-                    samples[kind].append(msg)
-
-    with cf.ThreadPoolExecutor(clients) as ex:
-        list(ex.map(client, range(clients)))
-    by_kind: dict[str, dict] = {}
-    for _, _, kind, outcome in records:
-        d = by_kind.setdefault(kind, {"requests": 0, "errors": 0, "unsupported": 0})
-        d["requests"] += 1
-        d[outcome] = d.get(outcome, 0) + 1
-    return {"clients": clients, "seconds": round(time.time() - t0, 1), "requests": len(records),
-            "errors": sum(r[3] == "errors" for r in records),
-            "unsupported": sum(r[3] == "unsupported" for r in records),
-            "length_before_stop": sum(r[3] == sf.LENGTH_BEFORE_STOP for r in records), "by_kind": by_kind,
-            "error_samples": samples, "records": records}
 
 
 # ---------------------------------------------------------------------------------------- scenarios
@@ -805,7 +735,7 @@ def s_disconnects(s: Session) -> dict:
     th = threading.Thread(target=every_second, daemon=True)
     th.start()
     try:
-        load = mixed_load(api, ctx, DISCONNECT_SECONDS, DISCONNECT_CLIENTS, seed=7, refusable=s.refusable)
+        load = sf.mixed_load(api, ctx, DISCONNECT_SECONDS, DISCONNECT_CLIENTS, seed=7, refusable=s.refusable)
     finally:
         done.set()
         th.join(REQUEST_TIMEOUT + 5)
@@ -823,76 +753,193 @@ def s_disconnects(s: Session) -> dict:
     return rec
 
 
-def soak_minutes(records: list[tuple], samples: list[dict], total: float | None = None) -> tuple[list[dict], str]:
-    """The soak's per-minute rows (buckets) with the pool's and the GPU's peak from the samples taken in each
-    minute, and the memory's scope: the server's own where any sample had it (never one scope's first minute
-    against another's last)."""
-    rows = buckets(records, SOAK_BUCKET_S, total)
-    scope = "server" if any(x["gpu_scope"] == "server" for x in samples) else "gpu"
-    for row in rows:
-        inside = [x for x in samples if row["bucket"] * SOAK_BUCKET_S <= x["t"] < (row["bucket"] + 1) * SOAK_BUCKET_S]
-        row["used_tokens_max"] = max((x["used_tokens"] for x in inside if x["used_tokens"] is not None), default=None)
-        row["gpu_mib_max"] = max((x["gpu_mib"] for x in inside if x["gpu_mib"] is not None
-                                  and x["gpu_scope"] == scope), default=None)
-    return rows, scope
-
-
 def s_soak(s: Session, seconds: float) -> dict:
-    api, ctx = s.api, s.ctx
+    """soak.run_minutes on this server: the mixed load (serving_features' kinds) at soak.SCHEDULE's client counts,
+    a minute each, the idle free KV tokens and the server's GPU memory after each minute; the minutes so far and
+    their plot rewritten after each (Session.progress_path)."""
+    api = s.api
     start = wait_idle(api)
     off = len(s.server.text())
-    samples: list[dict] = []
-    live: list[tuple] = []  # the load's records as they come
-    done, server_gone = threading.Event(), threading.Event()
-    exited: dict = {}
-    t0 = time.time()
+    minutes = soak.schedule(max(1, math.ceil(seconds / soak.MINUTE_S)))
+    alive = lambda: s.server.proc.poll() is None  # noqa: E731
+    stop = threading.Event()
+    samples: list = []
 
-    def sampler():
-        while not done.is_set():
-            if s.server.proc.poll() is not None:  # the server has exited: the rest of the soak would only count
-                exited.update(at_s=round(time.time() - t0, 1), returncode=s.server.proc.poll())  # refusals
-                server_gone.set()
-                break
-            try:
-                load = get_load(api) or {}
-            except Exception:  # noqa: BLE001 - a missed sample
-                load = {}
-            mib, scope = gpu_memory_mib(s.server.proc.pid)
-            samples.append({"t": round(time.time() - t0, 1), "used_tokens": load.get("num_used_tokens"),
-                            "running": load.get("num_running_reqs"), "gpu_mib": mib, "gpu_scope": scope})
-            if s.progress_path:  # the minutes so far, should the run end before the soak does (a lost lease)
-                rows, scope = soak_minutes(list(live), samples)
-                with open(s.progress_path, "w") as f:
-                    json.dump({"seconds": round(time.time() - t0, 1), "of_seconds": seconds,
-                               "gpu_mib_scope": scope, "per_minute": rows}, f, indent=1)
-            done.wait(SOAK_SAMPLE_S)
+    def load(clients: int, secs: float, minute: int) -> list:
+        stop.clear()
 
-    th = threading.Thread(target=sampler, daemon=True)
-    th.start()
-    try:
-        load = mixed_load(api, ctx, seconds, SOAK_CLIENTS, seed=11, refusable=s.refusable, records=live,
-                          stop=server_gone)
-    finally:
-        done.set()
-        th.join(60)
-    rows, scope = soak_minutes(load.pop("records"), samples, load["seconds"])
-    gpu = [r["gpu_mib_max"] for r in rows if r["gpu_mib_max"] is not None]
-    rec = {"requests": load["requests"], "errors": load["errors"], "unsupported": load["unsupported"],
-           "load": load, "per_minute": rows, "samples": samples, "log": log_stats(s.log_from(off)),
-           "gpu_mib_first_last": [gpu[0], gpu[-1]] if gpu else None, "gpu_mib_scope": scope}
-    if exited:  # ended early: no pool to read after it
-        rec["server_exited"] = exited
-        rec["checks"] = {"no_errors": load["errors"] == 0, "lasted": False}
+        def watch() -> None:  # a server that exits ends the minute's clients after their request in flight
+            while not stop.wait(1.0):
+                if not alive():
+                    stop.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+        rec = sf.mixed_load(api, s.ctx, secs, clients, seed=11 + minute, refusable=s.refusable, stop=stop)
+        stop.set()
+        samples.append({k: rec[k] for k in ("error_samples", "by_kind")})
+        return rec["records"]
+
+    def idle_sample() -> dict:
+        load_ = wait_idle(api)
+        mib, scope = gpu_memory_mib(s.server.proc.pid)
+        return {"free_tokens": free_tokens(load_) if load_ else None, "gpu_mib": mib, "gpu_scope": scope}
+
+    def progress(rows: list) -> None:
+        if s.progress_path:
+            soak.write_progress(s.progress_path, rows, len(minutes))
+
+    rows, end = soak.run_minutes(minutes, load, idle_sample, lambda: get_load(api) or {}, alive, progress,
+                                 answered=sf.ANSWERED)
+    v = soak.verdict(rows, end["seconds"])
+    errors = {}
+    for x in samples:
+        for k, msgs in x["error_samples"].items():
+            errors.setdefault(k, []).extend(msgs[:3 - len(errors.get(k, []))])
+    rec = {"requests": sum(r["requests"] for r in rows), "errors": sum(r["errors"] for r in rows),
+           "unsupported": sum(r["unsupported"] for r in rows), "per_minute": rows, "verdict": v, **end,
+           "schedule": minutes, "error_samples": errors, "log": log_stats(s.log_from(off)),
+           "gpu_mib_scope": next((r["gpu_scope"] for r in rows if r.get("gpu_scope")), None)}
+    if s.progress_path and rows:
+        try:
+            rec["plot"] = os.path.basename(soak.plot(rows, s.progress_path.replace(".json", ".png"),
+                                                     f"{s.name} soak"))
+        except Exception as e:  # noqa: BLE001 - the numbers stand without the picture
+            rec["plot_error"] = error_text(e)
+    if "server_exited_after_minute" in end:
+        rec["checks"] = {"no_errors": rec["errors"] == 0, "lasted": False}
         return rec
-    idle = wait_idle(api)
-    rec["leaked_tokens"] = leaked(start, [idle] if idle else [])
-    rec["checks"] = {"no_errors": load["errors"] == 0, "no_leak": no_leak(rec["leaked_tokens"]),
-                     "gpu_memory_flat": (gpu[-1] - gpu[0] <= 256) if gpu else None}
+    rec["leaked_tokens"] = leaked(start, [r for r in [wait_idle(api)] if r])
+    rec["checks"] = {**soak.checks(v), "no_leak": no_leak(rec["leaked_tokens"])}
+    return rec
+
+
+# ------------------------------------------------------------------------------------- retraction
+def stream_generate(api, ids: list[int], new: int) -> dict:
+    """A greedy streamed /generate of exactly `new` tokens: every chunk's cumulative (completion tokens, verify
+    steps, retractions) from its meta_info (SGLang sends them with each chunk), the output ids and the last
+    meta_info."""
+    body = {**greedy_req(ids, new)["body"], "stream": True}
+    chunks, last = [], None
+    with api.http.stream("POST", "/generate", json=body) as r:
+        if r.status_code != 200:
+            raise sf.HttpError(r.status_code, r.read().decode(errors="replace"))
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            last = json.loads(line[len("data:"):])
+            mi = last.get("meta_info") or {}
+            chunks.append((int(mi.get("completion_tokens") or 0), int(mi.get("spec_verify_ct") or 0),
+                           int(mi.get("num_retractions") or 0)))
+    if last is None:
+        raise sf.Malformed("a stream without chunks")
+    out = last.get("output_ids") or []
+    if len(out) != last["meta_info"].get("completion_tokens"):
+        raise sf.Malformed(f"stream ended with {len(out)} ids for {last['meta_info'].get('completion_tokens')} "
+                           "tokens (incremental streaming output?)")
+    return {"chunks": chunks, "output_ids": out, "meta_info": last["meta_info"]}
+
+
+def split_at(chunks: list[tuple], tokens: int) -> dict | None:
+    """A stream's accept length before and after the first chunk that holds `tokens` tokens: (tokens, verify
+    steps) each side; the prefill's token is left out before, one token per re-admission after (a re-prefill
+    emits a token without a verify step). None when the stream never reaches `tokens` or either side has no
+    verify step."""
+    at = next((c for c in chunks if c[0] >= tokens), None)
+    if at is None or not chunks:
+        return None
+    end = chunks[-1]
+    before = (at[0] - 1 - at[2], at[1])
+    after = (end[0] - at[0] - (end[2] - at[2]), end[1] - at[1])
+    if before[1] <= 0 or after[1] <= 0:
+        return None
+    return {"split_tokens": at[0], "before": before, "after": after}
+
+
+def readmission_point(chunks: list[tuple]) -> int | None:
+    """Tokens a retracted stream held when it was first retracted: the last chunk before its retraction count
+    first rose (None: never retracted, or retracted before its first token)."""
+    prev = None
+    for c in chunks:
+        if c[2] > 0:
+            return prev[0] if prev else None
+        prev = c
+    return None
+
+
+def readmission_accept(loaded: list[dict], alone: list[dict], tol: float = ACCEPT_TOL) -> dict:
+    """Retracted requests' accept length after their re-admission against before it, and against the same
+    request alone over the same tokens (split at the retraction point; alone at its first chunk holding as many
+    tokens). After re-admission the re-prefill's token is left out (it took no verify step), so a request that
+    drafts as alone reads 1/(its tokens after) below alone: under 1% for the scenario's ~200 tokens after. Only
+    requests whose tokens equal their run alone are compared (a near-tie flip changes the text, and with it the
+    acceptance). ok: the pooled accept length after re-admission within `tol` of alone's over the same tokens (a
+    lost per-request drafting state would draw it toward 1 while the tokens before stay equal)."""
+    rows, pools = [], {k: [0, 0] for k in ("before", "after", "alone_before", "alone_after")}
+    for i, (a, b) in enumerate(zip(loaded, alone)):
+        point = readmission_point(a["chunks"])
+        if point is None or a["output_ids"] != b["output_ids"]:
+            continue
+        la, lb = split_at(a["chunks"], point), split_at(b["chunks"], point)
+        if la is None or lb is None:
+            continue
+        for k, (n, v) in (("before", la["before"]), ("after", la["after"]), ("alone_before", lb["before"]),
+                          ("alone_after", lb["after"])):
+            pools[k][0] += n
+            pools[k][1] += v
+        rows.append({"index": i, "retracted_at_tokens": point, "retractions": a["chunks"][-1][2],
+                     "before": la["before"][0] / la["before"][1], "after": la["after"][0] / la["after"][1],
+                     "alone_after": lb["after"][0] / lb["after"][1]})
+    acc = {k: (n / v if v else None) for k, (n, v) in pools.items()}
+    ratio = acc["after"] / acc["alone_after"] if acc["after"] and acc["alone_after"] else None
+    return {"compared": len(rows), "accept_before": acc["before"], "accept_after": acc["after"],
+            "accept_alone_before": acc["alone_before"], "accept_alone_after": acc["alone_after"],
+            "after_over_alone": ratio, "after_over_before": acc["after"] / acc["before"] if acc["after"] and
+            acc["before"] else None, "tolerance": tol, "ok": ratio is not None and abs(ratio - 1) <= tol,
+            "requests": rows}
+
+
+def s_retraction(s: Session) -> dict:
+    """RETRACT_CLIENTS greedy streams of RETRACT_NEW tokens at once, in rounds, until RETRACT_MIN distinct
+    requests were retracted and re-admitted (or RETRACT_ROUNDS rounds); then each retracted one alone (after a
+    cache flush), streamed too: readmission_accept on them. The pool's free tokens at idle against the start."""
+    prompts = s.ctx["kv_prompts"][:RETRACT_CLIENTS]
+    start = wait_idle(s.api)
+    off = len(s.server.text())
+    loaded, errors, rounds = [], [], 0
+    while rounds < RETRACT_ROUNDS and sum(bool(readmission_point(x["chunks"])) for x in loaded) < RETRACT_MIN:
+        rounds += 1
+        for p, (out, err, _) in zip(prompts, burst(s.api, prompts, lambda p: stream_generate(s.api, p, RETRACT_NEW))):
+            if err is None and len(out["output_ids"]) != RETRACT_NEW:
+                err = f"{len(out['output_ids'])} tokens of {RETRACT_NEW}"
+            if err is not None:
+                errors.append(err)
+            else:
+                loaded.append({**out, "prompt": p})
+    idle = wait_idle(s.api)
+    retracted = [x for x in loaded if readmission_point(x["chunks"]) is not None]
+    flush(s.api)
+    alone_runs = []
+    for x in retracted:
+        try:
+            alone_runs.append(stream_generate(s.api, x["prompt"], RETRACT_NEW))
+        except Exception as e:  # noqa: BLE001 - recorded
+            errors.append(f"alone: {error_text(e)}")
+            alone_runs.append({"chunks": [], "output_ids": None})
+    acc = readmission_accept(retracted, alone_runs) if s.spec else None
+    rec = {"requests": len(prompts) * rounds + len(retracted), "rounds": rounds, "errors": len(errors),
+           "error_samples": errors[:3], "retracted_requests": len(retracted),
+           "retracted_equal_alone": sum(a["output_ids"] == b["output_ids"] for a, b in zip(retracted, alone_runs)),
+           "accept_readmitted": acc, "log": log_stats(s.log_from(off)),
+           "leaked_tokens": leaked(start, [idle] if idle else [])}
+    rec["checks"] = {"no_errors": not errors, "retracted_enough": len(retracted) >= RETRACT_MIN,
+                     "no_leak": no_leak(rec["leaked_tokens"])}
+    if s.spec:
+        rec["checks"]["accept_after_readmission"] = bool(acc and acc["ok"])
     return rec
 
 
 SCENARIO_FNS = {"kv_exhaustion": s_kv_exhaustion, "graph_overflow": s_graph_overflow,
-                "long_prompts": s_long_prompts, "disconnects": s_disconnects}
+                "long_prompts": s_long_prompts, "disconnects": s_disconnects, "retraction": s_retraction}
 
 
 def run_scenario(s: Session, name: str, soak_seconds: float = 0.0) -> dict:
@@ -921,39 +968,104 @@ def scenario_or_skip(s: Session, name: str, soak_seconds: float = 0.0) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ summary
+MINUTE_KEYS = ("minute", "clients", "requests", "errors", "rps", "p50_s", "p99_s", "used_tokens_peak", "free_tokens",
+               "gpu_mib")
+
+
+def explain_mismatches(scenarios: dict, server: str, scenario: str = "graph_overflow", other: str = "dflash") -> list:
+    """Each greedy mismatch of `server` in `scenario`: the prompt, the first differing token, the top-2 margin there
+    under the reference run (the server alone: tie_margins), whether that is a near-tie, and whether the same prompt
+    differs under `other` in the same scenario (None where `other` did not run it)."""
+    mine = ((scenarios.get(server) or {}).get(scenario) or {}).get("greedy") or {}
+    theirs = ((scenarios.get(other) or {}).get(scenario) or {}).get("greedy")
+    differs = None if theirs is None else {m["index"] for m in theirs.get("details") or []}
+    return [{"index": m["index"], "position": m.get("position"), "margin": m.get("margin"),
+             "near_tie": is_near_tie(m), "margin_error": m.get("margin_error"),
+             f"{other}_differs": None if differs is None else m["index"] in differs}
+            for m in mine.get("details") or []]
+
+
 def summarize(res: dict) -> dict:
-    """Per server and scenario: requests, errors, mismatches (near-ties among them), leaked tokens, accept length
-    (the pressured set and its reference), retractions, failed checks."""
+    """Per server and scenario: requests, errors, mismatches (near-ties among them, each explained), leaked tokens,
+    accept length (the pressured set and its reference), retractions, failed checks; a soak's minutes and verdict.
+    The run's SGLang release, backends and DSPINE variant beside."""
     out = {}
+    scen = res.get("scenarios", {})
     for name in res.get("server_names", []):
         srv = res.get("servers", {}).get(name, {})
         rows = {}
-        for sc, r in res.get("scenarios", {}).get(name, {}).items():
+        for sc, r in scen.get(name, {}).items():
             g = r.get("greedy") or {}
             acc = r.get("accept_retracted") or (r.get("parts", {}).get("shared_prefix", {}).get("accept")) \
                 or r.get("accept_all")
+            ra = r.get("accept_readmitted")
+            if ra:
+                acc = {"accept_length": ra["accept_after"], "reference": ra["accept_alone_after"]}
+            load = r.get("load") or {}
             rows[sc] = {"ok": r.get("ok", False), "requests": r.get("requests"), "errors": r.get("errors"),
-                        "refused_unsupported": r.get("unsupported", (r.get("load") or {}).get("unsupported")),
+                        "refused_unsupported": r.get("unsupported", load.get("unsupported")),
                         "mismatches": g.get("mismatches"), "mismatches_near_tie": g.get("near_tie"),
                         "leaked_tokens": r.get("leaked_tokens"),
                         "accept_length": acc["accept_length"] if acc else None,
                         "accept_length_reference": acc["reference"] if acc else None,
                         "retracted_requests": r.get("retracted_requests", (r.get("log") or {}).get("retracted_reqs")),
-                        "length_before_stop": (r.get("load") or {}).get("length_before_stop"),
+                        "length_before_stop": load.get(sf.LENGTH_BEFORE_STOP),
                         "failed_checks": sorted(k for k, v in r.get("checks", {}).items() if v is False),
                         "error": r.get("error"), "server_error": r.get("server_error")}
+            if g.get("details"):
+                rows[sc]["mismatch_details"] = explain_mismatches(scen, name, sc)
+            if ra:
+                rows[sc]["accept_before_readmission"] = ra["accept_before"]
+                rows[sc]["readmitted_compared"] = ra["compared"]
             if r.get("per_minute"):
-                rows[sc]["per_minute"] = [{k: m.get(k) for k in ("requests", "errors", "rps", "p99_s",
-                                                                 "used_tokens_max", "gpu_mib_max")}
-                                          for m in r["per_minute"]]
-                rows[sc]["gpu_mib_scope"] = r.get("gpu_mib_scope")
+                rows[sc]["per_minute"] = [{k: m.get(k) for k in MINUTE_KEYS} for m in r["per_minute"]]
+                rows[sc].update({k: r.get(k) for k in ("gpu_mib_scope", "verdict", "plot", "seconds")})
         out[name] = {"up": srv.get("up", False), "start_error": srv.get("error"), "scenarios": rows,
                      "accept_length_server": srv.get("accept_length")}
     prov = res.get("provenance", {})
     return {"servers": out, "geometry": res.get("geometry"), "server_flags": res.get("server_flags", FLAGS),
+            "release": res.get("release"), "backends": res.get("backends"), "variant": res.get("variant", "chain"),
             "near_tie_margin": NEAR_TIE_MARGIN, "accept_tolerance": ACCEPT_TOL,
             "commit": prov.get("commit"), "gpu": prov.get("gpu"), "date": prov.get("date"),
             "command": prov.get("command"), "wall_seconds": res.get("wall_seconds")}
+
+
+ROW_KEYS = ("release", "attention", "sampling", "variant", "geometry", "server", "scenario")
+RESULTS_SUMMARY = "serving_pressure_summary.json"
+
+
+def result_rows(summary: dict) -> list[dict]:
+    """One row per server and scenario of a run's summary, keyed by ROW_KEYS (release, backends, DSPINE variant,
+    geometry, server, scenario), with the run's commit and GPU; a soak's minutes stay in its row."""
+    b = summary.get("backends") or {}
+    key = {"release": summary.get("release"), "attention": b.get("attention"), "sampling": b.get("sampling"),
+           "variant": summary.get("variant") or "chain", "geometry": summary.get("geometry") or "pair"}
+    return [{**key, "server": name, "scenario": sc, **row, "commit": summary.get("commit"), "gpu": summary.get("gpu"),
+             "date": summary.get("date")}
+            for name, srv in summary["servers"].items() for sc, row in srv["scenarios"].items()]
+
+
+def merge_results(path: str, summary: dict) -> dict:
+    """benchmarks/results/serving_pressure_summary.json with this run in it: `rows` (result_rows of every run so
+    far; this run's replace those with its keys) and, for the reference run (SGLang 0.5.17, triton/pytorch, the
+    chain, the pair: what docs/results.md and the headline's pressure row read), its summary at the top level
+    as before. Other runs leave the top level as it was."""
+    old = json.load(open(path)) if os.path.exists(path) else {}
+    new = result_rows(summary)
+    keys = {tuple(r[k] for k in ROW_KEYS) for r in new}
+    rows = [r for r in old.get("rows", []) if tuple(r.get(k) for k in ROW_KEYS) not in keys] + new
+    rows.sort(key=lambda r: tuple(str(r.get(k)) for k in ROW_KEYS))
+    b = summary.get("backends") or {}
+    reference = (str(summary.get("release") or "").startswith("0.5.17") and (summary.get("variant") or "chain") ==
+                 "chain" and not summary.get("geometry") and (b.get("attention"), b.get("sampling")) in
+                 ((None, None), ("triton", "pytorch")) and set(summary["servers"]) == set(NAMES))
+    top = summary if reference or "servers" not in old else {k: v for k, v in old.items() if k != "rows"}
+    merged = {**top, "rows": rows}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(merged, f, indent=1)
+    os.replace(tmp, path)
+    return merged
 
 
 def _f(v, fmt="{}"):
@@ -978,29 +1090,68 @@ def print_table(summary: dict) -> None:
                 print(f"  {name} {sc}: failed {r['failed_checks']} {(r['error'] or '')[:240]}"
                       + (f" [server: {r['server_error'][:200]}]" if r.get("server_error") else ""))
             for m in r.get("per_minute") or []:
-                print(f"  {name} {sc} minute: {m['requests']} requests, {m['errors']} errors, {m['rps']} req/s, "
-                      f"p99 {_f(m['p99_s'], '{:.2f}')} s, pool used {_f(m['used_tokens_max'])}, "
-                      f"GPU {_f(m['gpu_mib_max'])} MiB")
+                print(f"  {name} {sc} minute {m['minute'] + 1}: {m['clients']} clients, {m['requests']} requests, "
+                      f"{m['errors']} errors, {m['rps']} req/s, p99 {_f(m['p99_s'], '{:.2f}')} s, pool peak "
+                      f"{_f(m['used_tokens_peak'])}, idle free {_f(m['free_tokens'])}, GPU {_f(m['gpu_mib'])} MiB")
+            for m in r.get("mismatch_details") or []:
+                if not m["near_tie"]:
+                    print(f"  {name} {sc}: prompt {m['index']} differs at token {m['position']}, margin "
+                          f"{_f(m['margin'], '{:.4f}')}: NOT a near-tie")
 
 
 # --------------------------------------------------------------------------------------------- main
-def geometry_flags() -> list[str]:
+# GiB one server holds (weights, drafter, the 6144-token pool, CUDA graphs), and what each server beside it costs
+# on top (CUDA context, activations): the pair's are small, Qwen3-8B's weights alone are 16.4 GB.
+NEED_GIB = {"pair": 6.0, "geometry": 22.0}
+OVERHEAD_GIB = 2.0
+# --variant: what the DSPINE server runs (env set for it alone); see docs/verify_shapes.md for adaptive.
+VARIANTS = {"chain": {}, "tree": {"SGLANG_DSPINE_TREE": "1"}, "adaptive": {"SGLANG_DSPINE_VERIFY": "adaptive"}}
+
+
+def mem_fraction(card_gib: float, servers: int, need_gib: float) -> float:
+    """--mem-fraction-static for `servers` servers side by side on a card of `card_gib`, each holding `need_gib`.
+    SGLang (0.5.17, kv_cache_configurator._profile_available_bytes) gives weights and KV pool this fraction of the
+    memory free when the server starts; the last of the servers to start finds the others' need and overhead gone.
+    At most 0.88 (the rest: activations); 0.1 for the pair and 0.71 for Qwen3-8B on an H100 (80 GB), 0.24 on an
+    H200, where 0.6 had been set for the H200 and would not start a third 8B server on an H100."""
+    free_last = card_gib - (servers - 1) * (need_gib + OVERHEAD_GIB)
+    if free_last <= need_gib:
+        raise ValueError(f"{servers} servers of {need_gib} GiB do not fit a {card_gib:.0f} GiB card")
+    return round(min(0.88, max(0.05, math.ceil(100 * need_gib / free_last) / 100)), 2)
+
+
+def card_gib() -> float | None:
+    """The GPU's memory in GiB (nvidia-smi), None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        return float(out[0]) / 1024 if out else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def geometry_flags(mem: float | None = None) -> list[str]:
     """FLAGS for a target of a real geometry with random weights: the same pool, graphs, chunks and admission, a
-    static memory fraction for 8B weights, dummy weights and no tokenizer."""
-    flags = list(FLAGS)
-    flags[flags.index("--mem-fraction-static") + 1] = str(GEOMETRY_MEM_FRACTION)
-    return flags + GEOMETRY_TARGET_ARGS
+    static memory fraction for 8B weights (`mem`, else GEOMETRY_MEM_FRACTION), dummy weights and no tokenizer."""
+    return with_mem(FLAGS, GEOMETRY_MEM_FRACTION if mem is None else mem) + GEOMETRY_TARGET_ARGS
 
 
-def server_args(name: str, models: str, geometry_dirs: dict | None = None) -> list[str]:
+def with_mem(flags: list[str], mem: float | None) -> list[str]:
+    flags = list(flags)
+    if mem is not None:
+        flags[flags.index("--mem-fraction-static") + 1] = str(mem)
+    return flags
+
+
+def server_args(name: str, models: str, geometry_dirs: dict | None = None, mem: float | None = None) -> list[str]:
     """A server's arguments on the pair in `models`, or, with `geometry_dirs` (write_geometry_models), on a target
-    of a real geometry with random weights and its random drafters."""
+    of a real geometry with random weights and its random drafters; `mem`: the static memory fraction."""
     if geometry_dirs:
-        target, flags = geometry_dirs["target"], geometry_flags()
+        target, flags = geometry_dirs["target"], geometry_flags(mem)
         drafter = geometry_dirs.get(name)
         flags += GEOMETRY_DRAFT_ARGS if name != "plain" else []
     else:
-        target, flags, drafter = os.path.join(models, "target"), FLAGS, os.path.join(models, name)
+        target, flags, drafter = os.path.join(models, "target"), with_mem(FLAGS, mem), os.path.join(models, name)
     if name == "plain":
         return ["--model-path", target, *flags]
     algo = {"dflash": "DFLASH", "dspine": "DSPINE"}[name]
@@ -1044,6 +1195,18 @@ def warm_up(url: str, ctx: dict) -> float:
     return _servers.warm_up(lambda body: api.call({"endpoint": "/generate", "body": body}), ctx["kv_prompts"], 16, 16)
 
 
+def publish(results_dir: str, summary: dict, out: str) -> None:
+    """The run into results_dir/serving_pressure_summary.json (merge_results) and a soak's plot beside it."""
+    os.makedirs(results_dir, exist_ok=True)
+    merge_results(os.path.join(results_dir, RESULTS_SUMMARY), summary)
+    for srv in summary["servers"].values():
+        plot = (srv["scenarios"].get("soak") or {}).get("plot")
+        if plot and os.path.exists(os.path.join(out, plot)):
+            import shutil
+
+            shutil.copyfile(os.path.join(out, plot), os.path.join(results_dir, plot))
+
+
 def output_names(tag: str) -> dict:
     """The result files of a run: serving_pressure.json, its summary and the logs' archive, or with a tag (a
     geometry run, a separate soak) serving_pressure_TAG.json and so on, so that runs do not overwrite each other."""
@@ -1065,6 +1228,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="added to every server's port, for a run beside another on the same machine (a soak)")
     ap.add_argument("--tag", default=None,
                     help="results named serving_pressure_TAG*.json (default: none on the pair, the geometry's name)")
+    ap.add_argument("--variant", default="chain", choices=sorted(VARIANTS),
+                    help="the DSPINE server's step: chain, tree (SGLANG_DSPINE_TREE=1), adaptive verification "
+                         "(SGLANG_DSPINE_VERIFY=adaptive)")
+    ap.add_argument("--mem-fraction", default="auto",
+                    help="every server's --mem-fraction-static; auto: from the card's memory (mem_fraction)")
+    ap.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable for every server (e.g. SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS=20)")
+    _servers.add_backend_args(ap)
     args = ap.parse_args(argv)
     geometry = None if args.geometry == "pair" else args.geometry
     tag = (geometry or "") if args.tag is None else args.tag
@@ -1075,6 +1246,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         names, models = sf.servers_and_models(args.servers, args.models)
     allowed = GEOMETRY_SCENARIOS if geometry else SCENARIOS
+    env = dict(x.split("=", 1) for x in args.server_env)
+    backends = _servers.backends_from_args(args)
+    base = _servers.base_args(backends["attention"], backends["sampling"])
     scenarios = [x for x in (args.scenarios or ",".join(allowed)).split(",") if x]
     if set(scenarios) - set(allowed):
         raise SystemExit(f"--scenarios: choose from {','.join(allowed)}"
@@ -1089,6 +1263,10 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     files = output_names(tag)
+    gib = card_gib()
+    mem = (None if gib is None else mem_fraction(gib, len(names), NEED_GIB["geometry" if geometry else "pair"])) \
+        if args.mem_fraction == "auto" else float(args.mem_fraction)
+    from importlib.metadata import version
     dirs = None
     if geometry:
         import torch
@@ -1104,7 +1282,9 @@ def main(argv: list[str] | None = None) -> int:
         ctx = build_inputs(AutoTokenizer.from_pretrained(os.path.join(models, "target")), models)
     res = {"provenance": provenance(sys.argv if argv is None else ["serving_pressure.py", *argv]),
            "geometry": geometry, "server_names": names, "scenario_names": scenarios,
-           "server_flags": geometry_flags() if geometry else FLAGS,
+           "server_flags": geometry_flags(mem) if geometry else with_mem(FLAGS, mem), "base_flags": base,
+           "release": version("sglang"), "variant": args.variant, "server_env": env, "card_gib": gib,
+           "backends": {k: v or _servers.SGLANG_DEFAULT for k, v in backends.items()},
            "soak_seconds": args.soak_seconds, "near_tie_margin": NEAR_TIE_MARGIN, "accept_tolerance": ACCEPT_TOL,
            "inputs": {"kv_prompt_tokens": [len(p) for p in ctx["kv_prompts"]],
                       "long_prompt_tokens": [len(p) for p in ctx.get("long_prompts", [])],
@@ -1117,9 +1297,7 @@ def main(argv: list[str] | None = None) -> int:
             res["wall_seconds"] = round(time.time() - t0, 1)
             summary = summarize(res)
             json.dump(res, open(os.path.join(args.out, files["json"]), "w"), indent=1)
-            for d in [args.out] + ([args.results_dir] if args.results_dir else []):
-                os.makedirs(d, exist_ok=True)
-                json.dump(summary, open(os.path.join(d, files["summary"]), "w"), indent=1)
+            json.dump(summary, open(os.path.join(args.out, files["summary"]), "w"), indent=1)
 
     def stamp(what: str) -> None:
         with guard:
@@ -1142,6 +1320,10 @@ def main(argv: list[str] | None = None) -> int:
         return ok
 
     done = {n: threading.Event() for n in NAMES}
+
+    def start(name: str) -> Server:
+        return Server(name, PORTS[name] + args.port_offset, server_args(name, models, dirs, mem), args.out,
+                      env={**env, **(VARIANTS[args.variant] if name == "dspine" else {})}, base_args=base)
 
     def phase(name: str) -> None:
         try:
@@ -1185,14 +1367,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         order = [n for n in NAMES if n in names]
         first = order[0]  # alone, so the kernel builds are cached for the others
-        servers[first] = Server(first, PORTS[first] + args.port_offset, server_args(first, models, dirs), args.out)
+        servers[first] = start(first)
         if not bring_up(first):
             with guard:
                 for n in order[1:]:
                     res["servers"][n] = {"up": False, "error": f"not started: {first} did not start"}
         else:
             for n in order[1:]:
-                servers[n] = Server(n, PORTS[n] + args.port_offset, server_args(n, models, dirs), args.out)
+                servers[n] = start(n)
             with cf.ThreadPoolExecutor(len(order)) as ex:
                 futs = {n: ex.submit(phase, n) for n in order}
                 for n, f in futs.items():
@@ -1212,6 +1394,8 @@ def main(argv: list[str] | None = None) -> int:
             os.killpg(prebuild.pid, 15)
         save()
         archive_logs(args.out, files["logs"])
+        if args.results_dir:
+            publish(args.results_dir, summarize(res), args.out)
     print_table(summarize(res))
     return 0
 
@@ -1316,8 +1500,9 @@ def smoke(models: str) -> int:
     assert mismatch_counts(mm, 2)["near_tie"] == 1
     load = {"max_total_num_tokens": POOL_TOKENS, "num_used_tokens": 0}
     assert leaked(load, [{**load, "num_used_tokens": 17}]) == 17
-    rows = buckets([(0.5, 1.0, "greedy", "ok"), (61.0, 2.0, "greedy", "errors")], 60)
-    assert [r["errors"] for r in rows] == [0, 1]
+    rows = [soak.minute_row(m, 4, [(0.5, 1.0, "greedy", "ok"), (1.0, 2.0, "greedy", o)], 60.0, sf.ANSWERED)
+            for m, o in enumerate(("ok", "errors"))]
+    assert [r["errors"] for r in rows] == [0, 1] and soak.verdict(rows, 120.0)["no_errors"] is False
     res = {"server_names": list(NAMES), "provenance": {"commit": "smoke"}, "servers": {n: {"up": True} for n in NAMES},
            "scenarios": {n: {"kv_exhaustion": {"ok": True, "requests": 48, "errors": 0, "leaked_tokens": 0,
                                                "greedy": mismatch_counts(mm, 48), "retracted_requests": 9,

@@ -218,20 +218,47 @@ def test_answer_checks(sp, ctx):
     assert not sp.unsupported("HTTP 400: The input (5000 tokens) is longer than the model's context length")
 
 
-def test_per_minute_rows(sp):
-    assert sp.percentile([], 99) is None
-    assert sp.percentile(list(range(1, 101)), 99) == 99 and sp.percentile(list(range(1, 101)), 50) == 50
-    recs = [(1.0, 0.2, "greedy", "ok"), (2.0, 0.4, "greedy", "ok"), (59.9, 9.0, "json", "errors"),
-            (130.0, 1.0, "logprobs_chat", "unsupported"), (131.0, 0.3, "over_context", "expected_400")]
-    rows = sp.buckets(recs, 60)
-    assert [r["requests"] for r in rows] == [3, 0, 2] and [r["errors"] for r in rows] == [1, 0, 0]
-    assert rows[0]["p99_s"] == 0.4 and rows[1]["p99_s"] is None and rows[2]["p50_s"] == 0.3
-    assert rows[2]["unsupported"] == 1 and rows[0]["rps"] == 0.05
-    # the fc5c402 soak of 100 s: its second minute is 40 s long
-    recs = [(k * 100 / 5645, 0.5, "greedy", "ok") for k in range(5645)]
-    rows = sp.buckets(recs, 60, 100.0)
-    assert [r["requests"] for r in rows] == [3387, 2258] and [r["seconds"] for r in rows] == [60, 40.0]
-    assert rows[1]["rps"] == round(2258 / 40, 2) and sp.buckets(recs, 60)[1]["rps"] == round(2258 / 60, 2)
+def test_soak_analysis_on_synthetic_minutes(sp):
+    """The soak's verdict: a slope fitted over the minutes against 1% of the fitted start (a pool losing 2% over
+    the run fails, one flat within noise passes), p99 against its own load's median (a p99 that doubles over the
+    run fails, one that scatters passes), the minutes' rows from the load's records."""
+    soak = sp.soak
+    assert soak.percentile([], 99) is None and soak.percentile(list(range(1, 101)), 99) == 99
+    assert soak.schedule(12) == list(soak.SCHEDULE) + list(soak.SCHEDULE[:2])
+    assert min(soak.SCHEDULE) == 1 and max(soak.SCHEDULE) == 64
+    assert soak.fit_line([0, 1, 2], [1, 3, 5]) == (1.0, 2.0) and soak.fit_line([1, 1], [1, 2]) is None
+    flat = soak.flatness([6100, 6102, 6099, 6101, None, 6100, 6098, 6101, 6100, 6099, 6102, 6100, 6101, 6099, 6100])
+    assert flat["ok"] is True and flat["readings"] == 14 and flat["relative"] < 0.001
+    leak = soak.flatness([6100 - 9 * m for m in range(16)])  # 135 tokens of 6100 over 15 minutes: 2.2%
+    assert leak["ok"] is False and leak["slope_per_minute"] == -9.0 and abs(leak["relative"] - 135 / 6100) < 1e-4
+    assert soak.flatness([None, 5])["ok"] is None
+    base = {1: 0.5, 16: 1.0, 64: 3.0, 32: 2.0, 4: 0.6, 48: 2.5, 8: 0.8, 24: 1.5, 2: 0.5}
+    clients = soak.schedule(20)
+    steady = [{"clients": c, "p99_s": base[c] * (1.05 if m % 3 else 0.95)} for m, c in enumerate(clients)]
+    rising = [{"clients": c, "p99_s": base[c] * (1 + m / 10)} for m, c in enumerate(clients)]
+    assert soak.p99_trend(steady)["ok"] is True
+    r = soak.p99_trend(rising)
+    assert r["ok"] is False and r["per_clients"]["64"] == {"minutes": 4, "first_p99_s": base[64] * (1 + 2 / 10),
+                                                            "last_p99_s": base[64] * (1 + 17 / 10)}
+    recs = [(1.0, 0.2, "greedy", "ok"), (2.0, 0.4, "stop", sp.sf.LENGTH_BEFORE_STOP), (3.0, 9.0, "json", "errors"),
+            (4.0, 1.0, "logprobs_chat", "unsupported"), (5.0, 0.3, "over_context", "expected_400")]
+    row = soak.minute_row(3, 16, recs, 50.0, sp.sf.ANSWERED)
+    assert (row["minute"], row["clients"], row["requests"], row["errors"], row["unsupported"]) == (3, 16, 5, 1, 1)
+    assert row["rps"] == 0.1 and row["p50_s"] == 0.3 and row["p99_s"] == 0.4  # answered outcomes' latencies
+    rows = [{**soak.minute_row(m, c, recs[:1], 60.0, ("ok",)), "gpu_mib": 1840, "free_tokens": 6100}
+            for m, c in enumerate(clients)]
+    v = soak.verdict(rows, 20 * 60.0)
+    assert soak.checks(v) == {"lasted": True, "no_errors": True, "gpu_memory_flat": True,
+                              "free_kv_tokens_flat": True, "p99_not_rising": True}
+    assert soak.checks(soak.verdict(rows[:5], 300.0))["lasted"] is False
+
+
+def test_soak_plot_draws_every_series(sp, tmp_path):
+    rows = [{"minute": m, "clients": c, "requests": 10 * c, "errors": 0, "rps": c / 2, "p50_s": 0.1, "p99_s": 0.3,
+             "gpu_mib": 1840, "free_tokens": 6100 if m != 2 else None} for m, c in enumerate(sp.soak.schedule(6))]
+    path = sp.soak.plot(rows, str(tmp_path / "soak.png"), "dspine soak")
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
 def test_a_failing_scenario_is_recorded_and_isolated(sp, ctx, monkeypatch):
@@ -367,7 +394,15 @@ class FakeSglang:
             def do_POST(self):
                 fake.calls.append(self.path)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                self._send(200, fake.generate(body))
+                answer = fake.generate(body)
+                if not body.get("stream"):
+                    return self._send(200, answer)
+                self.send_response(200)  # SSE as SGLang streams /generate: a data line a chunk, then [DONE]
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for chunk in answer:
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.write(b"data: [DONE]\n\n")
 
         class Server(ThreadingHTTPServer):
             request_queue_size = 128  # 48 clients connect at once (the default backlog, 5, resets some)
@@ -441,32 +476,27 @@ def test_the_scenarios_of_a_dead_server_are_skipped_with_its_crash(sp, ctx, monk
 def test_the_load_counts_answers_ended_by_length_with_a_stop_string_apart(sp, ctx, monkeypatch):
     """DSPINE's one disconnects error at fc5c402: a T=0/1 'stop' answer of 48 tokens whose last token is ',' (its
     stop string), finished by length since SGLang checks max_new_tokens first (Req.update_finish_state). Since
-    6cd0b93 serving_features' stop kind returns LENGTH_BEFORE_STOP for it; the pressure load counts those apart,
-    per minute too, with their latency, and not as errors."""
+    6cd0b93 serving_features' stop kind returns LENGTH_BEFORE_STOP for it; the load counts those apart, per minute
+    too, with their latency, and not as errors."""
     sf = sp.sf
 
     def boom(api, ctx, rng):
         raise sf.Malformed("output contains the stop string ',' (finish_reason 'stop')")
 
     monkeypatch.setattr(sf, "LOAD_KINDS", {"stop_kept": lambda api, ctx, rng: sf.LENGTH_BEFORE_STOP,
-                                           "ok": lambda api, ctx, rng: "ok", "bad": boom})
-    load = sp.mixed_load(SimpleNamespace(), ctx, 0.3, 3)
+                                           "ok": lambda api, ctx, rng: "ok", "bad": boom,
+                                           "odd": lambda api, ctx, rng: "maybe"})
+    load = sf.mixed_load(SimpleNamespace(), ctx, 0.3, 3)
     by = load["by_kind"]
-    assert load["errors"] == by["bad"]["requests"] > 0 and by["stop_kept"]["errors"] == 0
-    assert load["length_before_stop"] == by["stop_kept"]["requests"] > 0
-    rows = sp.buckets([(1.0, 0.2, "stop", sf.LENGTH_BEFORE_STOP), (2.0, 0.4, "greedy", "ok"),
-                       (3.0, 9.0, "stop", "errors")], 60)
-    assert rows[0]["length_before_stop"] == 1 and rows[0]["errors"] == 1
-    assert rows[0]["p50_s"] == 0.2 and rows[0]["p99_s"] == 0.4  # the kept-stop answer's latency counts
+    assert load["errors"] == by["bad"]["requests"] + by["odd"]["requests"] and by["stop_kept"]["errors"] == 0
+    assert load[sf.LENGTH_BEFORE_STOP] == by["stop_kept"]["requests"] > 0
+    assert "check returned 'maybe'" in load["error_samples"]["odd"][0]
+    row = sp.soak.minute_row(0, 3, load["records"], 0.3, sf.ANSWERED)
+    assert row["errors"] == load["errors"] and row["p99_s"] is not None
     s = sp.summarize({"server_names": ["dspine"], "servers": {"dspine": {"up": True}},
-                      "scenarios": {"dspine": {"soak": {"ok": True, "requests": 9, "errors": 0,
-                                                        "load": {"length_before_stop": 2}, "checks": {},
-                                                        "per_minute": [{**rows[0], "used_tokens_max": 10,
-                                                                        "gpu_mib_max": 700}]}}}})
-    soak = s["servers"]["dspine"]["scenarios"]["soak"]
-    assert soak["length_before_stop"] == 2
-    assert soak["per_minute"] == [{"requests": 3, "errors": 1, "rps": 0.05, "p99_s": 0.4, "used_tokens_max": 10,
-                                   "gpu_mib_max": 700}]
+                      "scenarios": {"dspine": {"disconnects": {"ok": True, "requests": 9, "errors": 0, "checks": {},
+                                                               "load": {sf.LENGTH_BEFORE_STOP: 2}}}}})
+    assert s["servers"]["dspine"]["scenarios"]["disconnects"]["length_before_stop"] == 2
 
 
 def test_the_fc5c402_unexplained_mismatches_are_three_way_ties(sp):
@@ -566,53 +596,39 @@ def test_a_servers_processes_are_found_by_its_session(sp):
         proc.wait()
 
 
-def test_soak_minutes_take_the_servers_own_memory_where_any_sample_has_it(sp):
-    """The soak's minutes (also written while it runs): requests and p99 per minute, the pool's and the GPU's
-    peak within it, on one memory scope: the whole GPU's samples are left out once the server's own were read."""
-    records = [(1.0, 0.5, "greedy", "ok"), (61.0, 0.7, "greedy", "errors"), (62.0, 0.2, "stop", "ok")]
-    samples = [{"t": 0.0, "used_tokens": 5, "gpu_mib": 900, "gpu_scope": "server"},
-               {"t": 15.0, "used_tokens": 9, "gpu_mib": 80_000, "gpu_scope": "gpu"},
-               {"t": 60.0, "used_tokens": 7, "gpu_mib": 910, "gpu_scope": "server"}]
-    rows, scope = sp.soak_minutes(records, samples)
-    assert scope == "server"
-    assert [(r["requests"], r["errors"], r["used_tokens_max"], r["gpu_mib_max"]) for r in rows] == [
-        (1, 0, 9, 900), (2, 1, 7, 910)]
-    rows, scope = sp.soak_minutes(records, [dict(x, gpu_scope="gpu") for x in samples])
-    assert scope == "gpu" and rows[0]["gpu_mib_max"] == 80_000
-
-
-def test_a_soak_writes_its_minutes_while_it_runs(sp, ctx, monkeypatch, tmp_path):
-    """A lease can end inside the 20-minute soak: its minutes so far are on disk after every sample, and the
-    finished soak's rows agree with the last of them."""
-    monkeypatch.setattr(sp, "SOAK_SAMPLE_S", 0.3)
-    monkeypatch.setattr(sp, "SOAK_CLIENTS", 4)
+def test_a_soak_runs_its_minutes_at_the_scheduled_clients(sp, ctx, monkeypatch, tmp_path):
+    """Each minute at its client count, then an idle reading (free tokens, GPU memory); the minutes so far and
+    their plot on disk after each minute (a lease can end inside the soak); the summary carries the minutes."""
+    monkeypatch.setattr(sp.soak, "MINUTE_S", 0.3)
+    monkeypatch.setattr(sp.soak, "SCHEDULE", (1, 4, 2))
+    monkeypatch.setattr(sp.sf, "LOAD_KINDS", {"generate": lambda api, ctx, rng: api.call(
+        sp.sf.generate_req([1, 2], 1)) and "ok"})
     fake = FakeSglang(generate=lambda body: {"text": "x", "meta_info": {"finish_reason": {"type": "length"}}})
     path = tmp_path / "soak_minutes.json"
-    seen = []
-    real_dump = sp.json.dump
-
-    def dump(obj, f, **kw):  # every write of the minutes, as the sampler makes them
-        if getattr(f, "name", "") == str(path):
-            seen.append(obj["per_minute"][0]["requests"] if obj["per_minute"] else 0)
-        return real_dump(obj, f, **kw)
-
-    monkeypatch.setattr(sp.json, "dump", dump)
     server = SimpleNamespace(url=fake.url, proc=SimpleNamespace(poll=lambda: None, pid=os.getpid()), text=lambda: "")
     try:
-        rec = sp.s_soak(sp.Session("dspine", server, ctx, progress_path=str(path)), 2.0)
+        rec = sp.s_soak(sp.Session("dspine", server, ctx, progress_path=str(path)), 1.2)
     finally:
         fake.close()
-    assert len(seen) >= 3 and seen == sorted(seen) and seen[-1] > 0
-    assert rec["requests"] > 0 and rec["per_minute"][0]["requests"] == rec["requests"] >= seen[-1]
-    assert rec["gpu_mib_scope"] in ("server", "gpu")
+    rows = rec["per_minute"]
+    assert [r["clients"] for r in rows] == [1, 4, 2, 1] == rec["schedule"]
+    assert all(r["requests"] > 0 and r["errors"] == 0 and r["free_tokens"] == 6144 for r in rows)
+    assert rec["requests"] == sum(r["requests"] for r in rows) and rec["leaked_tokens"] == 0
+    assert rec["checks"]["lasted"] is False and rec["checks"]["free_kv_tokens_flat"] is True
+    assert sp.json.load(open(path))["per_minute"] == sp.json.loads(sp.json.dumps(rows))
+    assert os.path.getsize(tmp_path / "soak_minutes.png") > 0 and rec["plot"] == "soak_minutes.png"
+    s = sp.summarize({"server_names": ["dspine"], "servers": {"dspine": {"up": True}},
+                      "scenarios": {"dspine": {"soak": {**rec, "ok": False}}}})["servers"]["dspine"]["scenarios"]["soak"]
+    assert [m["clients"] for m in s["per_minute"]] == [1, 4, 2, 1] and s["verdict"]["lasted"] is False
+    assert "lasted" in s["failed_checks"] and set(s["failed_checks"]) <= {"lasted", "p99_not_rising"}
 
 
 def test_a_soak_ends_when_its_server_exits(sp, ctx, monkeypatch):
     """A server that exits inside the soak (at stop 47 another job's cleanup killed it 10 minutes in) ends the
     soak at the next sample: the rest of the 20 minutes would only count refused connections on the GPU's time.
     The record keeps the minutes served and says when the server went."""
-    monkeypatch.setattr(sp, "SOAK_SAMPLE_S", 0.2)
-    monkeypatch.setattr(sp, "SOAK_CLIENTS", 2)
+    monkeypatch.setattr(sp.soak, "MINUTE_S", 2.0)
+    monkeypatch.setattr(sp.soak, "SCHEDULE", (2,))
     served = []
 
     def generate(body):
@@ -629,5 +645,132 @@ def test_a_soak_ends_when_its_server_exits(sp, ctx, monkeypatch):
     finally:
         fake.close()
     assert time.time() - t0 < 30
-    assert rec["server_exited"]["returncode"] == -9 and rec["server_exited"]["at_s"] < 20
+    assert rec["server_exited_after_minute"] == 0 and len(rec["per_minute"]) == 1
     assert rec["checks"]["lasted"] is False and rec["requests"] > 0 and rec["per_minute"][0]["requests"] > 0
+
+
+def chunks_of(steps: list[int], retract_after: int | None = None) -> list[tuple]:
+    """A stream's cumulative (tokens, verify steps, retractions) chunks: the prefill's token, then a verify step
+    emitting each of `steps` tokens; a retraction after chunk `retract_after`, whose re-prefill emits the next
+    step's first token (so the total stays that of the steps)."""
+    out, tokens, verify, retr = [(1, 0, 0)], 1, 0, 0
+    for k, n in enumerate(steps):
+        if k == retract_after:
+            retr, tokens, n = retr + 1, tokens + 1, n - 1
+            out.append((tokens, verify, retr))
+        tokens, verify = tokens + n, verify + 1
+        out.append((tokens, verify, retr))
+    return out
+
+
+def test_readmission_accept_splits_each_stream_where_it_was_retracted(sp):
+    """Accept length before and after a request's re-admission from its stream's cumulative counts, against the
+    same request alone split at the same token: equal (but for the re-prefill's one token) when the request drafts
+    after re-admission as alone (its per-request state kept), far below when re-admission lost it (τ toward 1); a
+    request whose tokens differ from alone's (a near-tie flip) or that was never retracted is not compared."""
+    steps = [3, 4, 2, 5, 3, 4, 3, 2, 4, 3] * 8
+    kept = chunks_of(steps, retract_after=4)
+    lost = chunks_of(steps[:4] + [1] * 250, retract_after=4)
+    alone = chunks_of(steps)
+    assert kept[-1][0] == alone[-1][0] == lost[-1][0] == 265
+    assert sp.readmission_point(kept) == 15 and sp.readmission_point(alone) is None
+    assert sp.split_at(alone, 16) == {"split_tokens": 18, "before": (17, 5), "after": (265 - 18, 75)}
+    assert sp.split_at(alone, 10_000) is None
+    same = {"output_ids": [7] * 265}
+    ok = sp.readmission_accept([{"chunks": kept, **same}], [{"chunks": alone, **same}])
+    assert ok["compared"] == 1 and ok["ok"] is True and 0.99 < ok["after_over_alone"] < 1.0
+    assert ok["accept_before"] == ok["accept_alone_before"] == 14 / 4
+    assert ok["requests"][0]["retracted_at_tokens"] == 15 and ok["requests"][0]["retractions"] == 1
+    bad = sp.readmission_accept([{"chunks": lost, **same}], [{"chunks": alone, **same}])
+    assert bad["ok"] is False and bad["accept_after"] < 1.01 and bad["accept_before"] == ok["accept_before"]
+    other = sp.readmission_accept([{"chunks": kept, **same}], [{"chunks": alone, "output_ids": [8] * 265}])
+    never = sp.readmission_accept([{"chunks": alone, **same}], [{"chunks": alone, **same}])
+    assert other["compared"] == never["compared"] == 0 and other["ok"] is never["ok"] is False
+
+
+def test_retraction_streams_until_enough_requests_came_back(sp, ctx, monkeypatch):
+    """The retraction scenario on a streaming stand-in for SGLang: rounds until RETRACT_MIN distinct requests were
+    retracted, each retracted one streamed again alone after a cache flush, the re-admitted requests' accept
+    length compared with alone's; greedy streams whose tokens end short are errors."""
+    monkeypatch.setattr(sp, "RETRACT_CLIENTS", 6)
+    monkeypatch.setattr(sp, "RETRACT_NEW", 265)
+    monkeypatch.setattr(sp, "RETRACT_MIN", 4)
+    steps = [3, 4, 2, 5, 3, 4, 3, 2, 4, 3] * 8
+    seen = {"flushed": False, "calls": 0}
+
+    def generate(body):
+        seen["calls"] += 1
+        i = ctx["kv_prompts"].index(body["input_ids"])
+        assert body["stream"] and body["sampling_params"]["max_new_tokens"] == 265
+        retracted = not seen["flushed"] and i % 2 == 0 and seen["calls"] > 6  # two per round, from round 2
+        ch = chunks_of(steps, retract_after=4 if retracted else None)
+        return [{"text": "", "output_ids": [7] * c[0],
+                 "meta_info": {"completion_tokens": c[0], "spec_verify_ct": c[1], "num_retractions": c[2]}}
+                for c in ch]
+
+    fake = FakeSglang(generate=generate)
+    real_flush = sp.flush
+    monkeypatch.setattr(sp, "flush", lambda api: (seen.update(flushed=True), real_flush(api)))
+    try:
+        rec = sp.s_retraction(sp.Session("dspine", fake.server(), ctx))
+    finally:
+        fake.close()
+    assert rec["rounds"] == 3 and rec["retracted_requests"] == 6 and rec["errors"] == 0
+    assert rec["accept_readmitted"]["compared"] == 6 and rec["accept_readmitted"]["ok"] is True
+    assert rec["checks"] == {"no_errors": True, "retracted_enough": True, "no_leak": True,
+                             "accept_after_readmission": True}
+    row = sp.summarize({"server_names": ["dspine"], "servers": {"dspine": {"up": True}},
+                        "scenarios": {"dspine": {"retraction": {**rec, "ok": True}}}})["servers"]["dspine"]
+    r = row["scenarios"]["retraction"]
+    assert r["retracted_requests"] == 6 and r["accept_length"] == 249 / 76 and r["accept_length_reference"] == 250 / 76
+
+
+def test_memory_fractions_are_sized_from_the_card(sp):
+    """--mem-fraction-static from the card's memory: the pair's 0.1 and Qwen3-8B's three servers on an H100 (80 GB),
+    less on an H200; a card too small for the servers is refused before any starts."""
+    assert sp.mem_fraction(79.2, 3, sp.NEED_GIB["pair"]) == 0.1
+    h100 = sp.mem_fraction(79.2, 3, sp.NEED_GIB["geometry"])
+    h200 = sp.mem_fraction(139.8, 3, sp.NEED_GIB["geometry"])
+    assert 0.6 < h100 <= 0.88 and h200 < 0.3
+    # the last 8B server on an H100 finds two others' weights gone: its share of what is free covers its need
+    assert h100 * (79.2 - 2 * (sp.NEED_GIB["geometry"] + sp.OVERHEAD_GIB)) >= sp.NEED_GIB["geometry"]
+    with pytest.raises(ValueError, match="do not fit"):
+        sp.mem_fraction(40.0, 3, sp.NEED_GIB["geometry"])
+    line = sp.server_args("dspine", MODELS, None, 0.13)
+    assert line[line.index("--mem-fraction-static") + 1] == "0.13" and "0.13" not in sp.FLAGS
+
+
+def test_results_merge_per_release_backends_and_variant(sp, tmp_path):
+    """benchmarks/results/serving_pressure_summary.json keeps a row per (release, backends, variant, geometry,
+    server, scenario): a later run replaces its own rows only; the reference run (0.5.17, triton/pytorch, chain,
+    pair) stays the file's top level, which the headline's pressure row reads."""
+    def run(release, backends, variant, errors, servers=("plain", "dflash", "dspine")):
+        return {"release": release, "backends": backends, "variant": variant, "geometry": None, "commit": "c",
+                "gpu": "G", "servers": {n: {"up": True, "scenarios": {"kv_exhaustion": {"ok": True, "errors": errors}}}
+                                        for n in servers}}
+    path = str(tmp_path / "serving_pressure_summary.json")
+    ref = run("0.5.17", {"attention": "triton", "sampling": "pytorch"}, "chain", 0)
+    sp.merge_results(path, ref)
+    sp.merge_results(path, run("0.5.23", {"attention": "sglang-default", "sampling": "sglang-default"}, "chain", 1))
+    sp.merge_results(path, run("0.5.17", {"attention": "triton", "sampling": "pytorch"}, "tree", 2, ("dspine",)))
+    merged = sp.merge_results(path, run("0.5.17", {"attention": "triton", "sampling": "pytorch"}, "tree", 3,
+                                        ("dspine",)))
+    assert merged["servers"] == ref["servers"] and merged["release"] == "0.5.17"
+    keys = [(r["release"], r["attention"], r["variant"], r["server"], r["errors"]) for r in merged["rows"]]
+    assert len(keys) == 7 and ("0.5.17", "triton", "tree", "dspine", 3) in keys
+    assert ("0.5.17", "triton", "tree", "dspine", 2) not in keys
+    assert ("0.5.23", "sglang-default", "chain", "dflash", 1) in keys
+
+
+def test_overflow_mismatches_are_explained_with_margins_and_dflash(sp):
+    """Each graph-overflow mismatch: its margin under the reference run, near-tie or not, and whether DFLASH
+    differs on that prompt too (None where DFLASH did not run the scenario)."""
+    def mm(index, margin, ref=5, got=9):
+        return {"index": index, "position": 3, "top1": [ref, -0.5], "top2": [got, -0.5 - margin], "margin": margin,
+                "ref_token": ref, "got_token": got}
+    scen = {"dspine": {"graph_overflow": {"greedy": {"details": [mm(1, 0.03), mm(4, 0.5), mm(6, 0.0)]}}},
+            "dflash": {"graph_overflow": {"greedy": {"details": [mm(1, 0.03), mm(2, 0.01)]}}}}
+    got = sp.explain_mismatches(scen, "dspine")
+    assert [(m["index"], m["near_tie"], m["dflash_differs"]) for m in got] == [
+        (1, True, True), (4, False, False), (6, True, False)]
+    assert [m["dflash_differs"] for m in sp.explain_mismatches({"dspine": scen["dspine"]}, "dspine")] == [None] * 3
