@@ -15,6 +15,13 @@ from __future__ import annotations
 import json
 import os
 
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/serving_summary.py): the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks.output import write_json  # noqa: E402
+
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SUITES = ("code", "math", "prose")  # the lab's held-out suites (the serving scripts add "openings" as filler)
 
@@ -25,9 +32,7 @@ def load(name):
 
 
 def write(name, obj):
-    with open(os.path.join(RESULTS, name), "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
+    write_json(os.path.join(RESULTS, name), obj)
 
 
 def max_gap(agreement):

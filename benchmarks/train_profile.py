@@ -27,6 +27,13 @@ from collections import defaultdict
 
 import torch
 
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/train_profile.py timeline ...): the package first
+    as_package(__file__)
+
+from benchmarks.output import write_json  # noqa: E402
+
 EVAL = "autograd::engine::evaluate_function: "
 REGION_PREFIXES = ("train.", "obj.", "drafter.")
 OUTSIDE = "(outside regions)"
@@ -351,7 +358,6 @@ def timeline_table(per_kind: dict, rows: int = 12) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    import json
 
     ap = argparse.ArgumentParser(description="Read train_scale.py --profile's chrome traces (the device truth).")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -365,10 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     per_kind = {kind_name(p): timeline(p, args.steps) for p in args.traces}
     print(timeline_table(per_kind, args.rows))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"what": "train_profile.py timeline: per optimizer step, from chrome traces",
-                       "traces": args.traces, "per_kind": per_kind}, f, indent=1)
-        print("->", args.out)
+        print("->", write_json(args.out, {"what": "train_profile.py timeline: per optimizer step, from chrome traces",
+                                          "traces": args.traces, "per_kind": per_kind}))
     return 0
 
 
