@@ -470,6 +470,39 @@ def test_the_tree_worker_hands_dflash_the_blocks_arguments(dirs, monkeypatch):
     assert [t.tolist() for t in worker._calibration] == [pytest.approx([0.3, 0.2, 0.1]), pytest.approx([-0.2, -0.1, 0])]
 
 
+@pytest.mark.parametrize("verify", ["fixed", "adaptive"])
+def test_the_worker_reads_its_shapes_and_log_prob_duty_from_the_configuration(dirs, monkeypatch, verify):
+    """The one worker, constructed as SGLang constructs it (DFlash's constructor, which needs a GPU, recorded in
+    its place): a fixed server verifies the block every step and has no policy; an adaptive one (0.5.17) holds
+    the menu (its policy is built with the graphs); it supplies log-probs exactly where DFlash's worker refuses
+    them; on both releases the arguments reach DFlash's constructor as they came (no drafter read before it)."""
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_dspine.serving.verify_shapes import Shape
+    from sglang_dspine.serving.versions import dflash_returns_logprobs
+    from sglang_dspine.serving.worker import DSpineWorker
+
+    if verify == "adaptive" and ON_0_5_23:
+        return  # refused at start there (test_adaptive_verification_starts_only_where_it_is_built)
+    root, _ = dirs
+    monkeypatch.setenv("SGLANG_DSPINE_VERIFY", verify)
+    args = _args(root, root / "dspine", "DSPINE")
+    handed = []
+
+    def dflash_init(self, server_args, *a, **k):
+        handed.append(server_args)
+        self.block_size, self.device = 4, "cpu"
+
+    monkeypatch.setattr(DFlashWorkerV2, "__init__", dflash_init)
+    worker = DSpineWorker(args, gpu_id=0, ps=None, nccl_port=0, target_worker=None)
+    assert handed == [args] and worker.supplies_logprobs == (not dflash_returns_logprobs())
+    assert worker.policy is None and worker.tree_rows is None
+    if verify == "fixed":
+        assert worker.shapes == (Shape(4),)
+    else:  # B = 4: the default menu's widths below the block (none), and the block
+        assert worker.shapes == (Shape(1), Shape(4))
+
+
 def test_version_facts_are_what_the_installed_sglang_does(dirs):
     """The release facts the refusals above follow (`versions`), against what the installed SGLang's DFlash code
     does: stock DFLASH's argument handling accepts data-parallel attention (with the DP LM head) exactly where

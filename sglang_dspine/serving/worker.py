@@ -119,13 +119,14 @@ class DSpineWorker(DFlashWorkerV2):
         from .verify_shapes import parse_menu
         from .versions import dflash_returns_logprobs
 
-        block = DrafterConfig.from_file(server_args.speculative_draft_model_path).block_size
         self.supplies_logprobs = not dflash_returns_logprobs()
-        if ENV.tree:  # check_tree has refused it where it is not built
+        if ENV.tree:  # 0.5.17 (check_tree has refused it elsewhere), whose record holds the resolved drafter path
+            block = DrafterConfig.from_file(server_args.speculative_draft_model_path).block_size
             server_args = self._tree_server_args(server_args, block)
         super().__init__(server_args, *args, **kwargs)
-        if int(self.block_size) != block:
+        if ENV.tree and int(self.block_size) != block:
             raise RuntimeError(f"DSPINE: DFlash's worker took block size {self.block_size}, the drafter's is {block}")
+        block = int(self.block_size)
         tree = () if self.tree_rows is None else (Shape(self.tree_rows, tree=True),)
         if tree:
             self._calibration = None if self.calibration is None else tuple(
