@@ -288,7 +288,7 @@ class DSpineWorker(DFlashWorkerV2):
             return DFlashWorkerV2.forward_batch_generation(self, batch, on_publish=on_publish,
                                                            grammar_barrier=grammar_barrier)
         if self.policy is None:
-            return self._verify_shape(self.shapes[0], batch, on_publish, grammar_barrier)
+            return self._verify_shape(self.shapes[-1], batch, on_publish, grammar_barrier)  # the widest
         self._read_finished_steps()
         bs = len(batch.seq_lens)
         shape = self.policy.choose(bs)
