@@ -29,7 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from sglang_dspine.drafter.config import DSpineSettings
-from sglang_dspine.source_files import OUTSIDE_REPO
+from sglang_dspine.source_files import OUTSIDE_REPO, as_package
+
+if not __package__:  # run as a file (python benchmarks/lab/x.py): the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks.output import write_json  # noqa: E402
 
 # variant -> (the lab training command it changes, the flags it adds)
 TRAIN_FLAGS = {"no_alignment": ("dspine", ["--no-alignment-loss"]),
@@ -140,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
            "lab": os.path.abspath(args.lab), "tau_t0": table,
            "ratio_to_dflash": {n: round(v["mean"] / table["dflash"]["mean"], 4) for n, v in table.items()},
            "seconds": round(time.time() - t0, 1), **provenance(command)}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    json.dump(res, open(args.out, "w"), indent=1)
+    write_json(args.out, res)
     print(json.dumps(res["ratio_to_dflash"]))
     return 0
 

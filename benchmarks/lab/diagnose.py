@@ -23,6 +23,13 @@ import time
 
 import torch
 
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/lab/x.py): the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks.output import write_json  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Short chat prompts outside the default pair's corpus (whose answers are often one short fixed phrase).
 CHAT_PROMPTS = [
@@ -160,9 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("truth", "dflash", "dspine_argmax", "dspine_walk"):
                 print(f"    {k:14s} {' '.join(r[k][:8])}")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        json.dump({"summary": summary, "prompts": prompts_out, "seconds": round(time.time() - t0, 1),
-                   **provenance(sys.argv)}, open(args.out, "w"), indent=1)
+        write_json(args.out, {"summary": summary, "prompts": prompts_out, "seconds": round(time.time() - t0, 1),
+                              **provenance(sys.argv)})
     return 0
 
 

@@ -10,9 +10,15 @@ at OUT_DIR/LABEL_SUITE_tT.json; a suite whose file exists is skipped.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/lab/x.py): the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks.output import write_json  # noqa: E402
 
 
 def suite_file(out_dir: str, label: str, suite: str, temperature: float) -> str:
@@ -72,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                            args.seed)
             res.update({"drafter": args.drafter, "target": args.target, "prompts_file": path, "suite": name})
             out = suite_file(args.out_dir, args.label, name, args.temperature)
-            with open(out + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(res, f, indent=2)
-            os.replace(out + ".tmp", out)
+            write_json(out, res, indent=2)
             print(f"eval_suites {args.label} {name} T={args.temperature:g}: tau {res['tau']:.3f} "
                   f"({res['prompts']} prompts, {res['rounds']} rounds, {res['seconds']:.1f} s)", flush=True)
     return 0

@@ -29,6 +29,12 @@ import sys
 from typing import Any
 
 from sglang_dspine.provenance import git_commit
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/lab/x.py): the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks.output import write_json  # noqa: E402
 
 TEMPS = ("t0", "t1")
 
@@ -283,8 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     stem = re.sub(r"(_summary)?\.json$", "", os.path.basename(args.out))
     summary["plot"] = os.path.basename(plot(summary, args.plot or os.path.join(
         os.path.dirname(os.path.abspath(args.out)), f"{stem}_positions.png")))
-    with open(args.out, "w") as f:
-        json.dump(summary, f, indent=1)
+    write_json(args.out, summary)
     print(json.dumps({k: summary[k] for k in ("recipe", "recipe_t1_winner", "tau_ratio_of_means_t0",
                                               "tau_ratio_of_means_t0_per_seed", "tau_ratio_of_means_t1",
                                               "tau_ratio_of_means_t1_per_seed", "missing_evaluations")}))

@@ -55,6 +55,8 @@ from sglang_dspine.source_files import as_package
 if not __package__:  # run as a file (python benchmarks/lab/x.py) or loaded by its path: the package `benchmarks` first
     as_package(__file__)
 
+from benchmarks.output import write_json  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 STAGES = ["corpus", "tokenizer", "target", "data", "train", "export", "eval", "report"]
 KINDS = ("dflash", "dspine")
@@ -445,9 +447,8 @@ class Lab:
                 n += 1
                 toks += len(r["input_ids"])
                 resp += sum(r["loss_mask"])
-            with open(self.path("data", "summary.json"), "w") as f:
-                json.dump({"sequences": n, "tokens": toks, "response_tokens": resp,
-                           "seconds": round(time.time() - t0, 1)}, f)
+            write_json(self.path("data", "summary.json"), {"sequences": n, "tokens": toks, "response_tokens": resp,
+                                                           "seconds": round(time.time() - t0, 1)}, indent=None)
         s = json.load(open(self.path("data", "summary.json")))
         self.summary["data"] = s
         self.log("data: " + json.dumps(s))
@@ -678,10 +679,7 @@ class Lab:
             ratios = [r["ratio"] for r in rows.values()]
             res[f"tau_ratio_{tk}"] = round(sum(ratios) / len(ratios), 4)
             res[f"tau_{tk}_mean"] = {k: round(v, 4) for k, v in means.items()}
-        os.makedirs(self.args.results, exist_ok=True)
-        path = os.path.join(self.args.results, f"lab_{self.args.preset}.json")
-        with open(path, "w") as f:
-            json.dump(res, f, indent=2)
+        path = write_json(os.path.join(self.args.results, f"lab_{self.args.preset}.json"), res, indent=2)
         shutil.copy(path, self.path("results.json"))
         self.log(f"report: {path}" + "".join(f"  tau_ratio_of_means_{tk} {res[f'tau_ratio_of_means_{tk}']:.3f}"
                                              f" (mean of suite ratios {res[f'tau_ratio_{tk}']:.3f})" for tk in ev))

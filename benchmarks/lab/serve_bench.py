@@ -32,6 +32,7 @@ if not __package__:  # run as a file (python benchmarks/lab/x.py) or loaded by i
     as_package(__file__)
 
 from benchmarks import servers as _servers  # noqa: E402
+from benchmarks.output import write_json  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE_ARGS, Server, archive_logs, post = _servers.BASE_ARGS, _servers.Server, _servers.archive_logs, _servers.post
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{run['mean_tpot_ms']:.2f} ms, accept {run.get('accept_length')}"
                     if done else run.get("error", "?")), flush=True)
             res.update(summarize(res["cells"]))
-            json.dump(res, open(out_json, "w"), indent=1)
+            write_json(out_json, res)
     except SystemExit as e:  # what is known goes into the JSON too
         res["error"] = str(e)
         raise
@@ -230,10 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers.values():
             s.stop()
         archive_logs(args.out, "bench_server_logs.tar.gz")
-        json.dump(res, open(out_json, "w"), indent=1)
+        write_json(out_json, res)
     res["seconds"] = round(time.time() - t0, 1)
     res.update(summarize(res.get("cells", {})))
-    json.dump(res, open(out_json, "w"), indent=1)
+    write_json(out_json, res)
     print(f"serve_bench: {out_json}: throughput DSPINE/DFLASH mean {res['throughput_ratio_mean']} "
           f"min {res['throughput_ratio_min']} ({res['seconds']} s)", flush=True)
     return 0

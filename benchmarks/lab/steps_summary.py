@@ -17,6 +17,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from sglang_dspine.provenance import default_output, provenance  # noqa: E402
+from sglang_dspine.source_files import as_package  # noqa: E402
+
+if not __package__:  # run as a file (python benchmarks/lab/x.py): the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks.output import write_json  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -67,9 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"what": "offline tau (DSpine vs DFlash) of one CPU pair's drafters retrained at several step counts; "
                    "same target, data, suites and settings otherwise",
            **provenance(), "settings": {k: base.get(k) for k in SAME}, "points": points}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    write_json(args.out, out)
 
     fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(10, 3.6))
     temps = [t for t in ("t0", "t1") if t in points[0]["tau_mean"]]

@@ -29,6 +29,8 @@ from sglang_dspine.source_files import as_package
 if not __package__:  # run as a file (python benchmarks/lab/x.py) or loaded by its path: the package `benchmarks` first
     as_package(__file__)
 
+from benchmarks.output import write_json  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -118,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if old.get("edition") == 2:  # a rerun replaces the second edition's fields; what came before stays
         old = old.get("previous", {})
     new["previous"] = old
-    with open(args.out, "w") as f:
-        json.dump(new, f, indent=1)
+    write_json(args.out, new)
     plots = []
     if lab.get("eval"):  # acceptance per block position of the main pair (a failed run may have none)
         plots.append(_sibling("plot").plot(args.lab))

@@ -31,6 +31,8 @@ from sglang_dspine.source_files import as_package
 if not __package__:  # run as a file (python benchmarks/lab/x.py) or loaded by its path: the package `benchmarks` first
     as_package(__file__)
 
+from benchmarks.output import write_json  # noqa: E402
+
 # Sizes. The default trains in ≤ 8 minutes on one H200 and stays small enough (≈ 31 MB in bf16) to be kept.
 DEFAULT = dict(hidden=384, layers=6, heads=6, kv_heads=2, head_dim=64, intermediate=1024, seq_len=1024,
                batch_size=64, lr=2e-3, seconds=420.0, eval_tokens=262144)
@@ -81,8 +83,7 @@ def encode_corpus(corpus: str, tokenizer_dir: str, cache: str, seed: int = 0, lo
         np.save(os.path.join(cache, f"{name}.npy"), arr)
         meta["streams"][name] = {"tokens": int(arr.size), "documents": len(docs)}
     meta["seconds"] = round(time.time() - t0, 2)
-    with open(meta_path, "w") as f:
-        json.dump(meta, f, indent=2)
+    write_json(meta_path, meta, indent=2)
     log(f"target: tokenized corpus in {meta['seconds']} s: " +
         ", ".join(f"{k} {v['tokens']:,}" for k, v in meta["streams"].items()))
     return meta
@@ -247,8 +248,7 @@ def train(args) -> dict[str, Any]:
         "size_mb_bf16": round(os.path.getsize(os.path.join(args.out, "model.safetensors")) / 1e6, 2),
         "history": history[-50:],
     }
-    with open(os.path.join(args.out, "lab_target.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    write_json(os.path.join(args.out, "lab_target.json"), summary, indent=2)
     return summary
 
 

@@ -22,6 +22,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from sglang_dspine.source_files import as_package
+
+if not __package__:  # run as a file (python benchmarks/lab/x.py): the package `benchmarks` first
+    as_package(__file__)
+
+from benchmarks.output import write_json  # noqa: E402
+
 EOT, IM_START, IM_END, MASK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"
 SPECIAL_TOKENS = [EOT, IM_START, IM_END, MASK]
 CHAT_TEMPLATE = (
@@ -128,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"vocab_size": len(fast), "special": special_ids(fast),
                "trained_on_mb": round(sum(map(len, texts)) / 1e6, 2),
                "bytes_per_token": round(len(sample.encode()) / max(n_tok, 1), 3), "seconds": round(time.time() - t0, 2)}
-    with open(os.path.join(args.out, "lab_tokenizer.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
+    write_json(os.path.join(args.out, "lab_tokenizer.json"), summary, indent=2)
     print("tokenizer: " + json.dumps(summary))
     return 0
 

@@ -28,6 +28,8 @@ from sglang_dspine.source_files import as_package
 if not __package__:  # run as a file (python benchmarks/lab/x.py) or loaded by its path: the package `benchmarks` first
     as_package(__file__)
 
+from benchmarks.output import write_json  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -64,7 +66,7 @@ def build_models(lab: str, preset: str, out: str) -> dict[str, str]:
     cfg.architectures = ["Qwen3ForCausalLM"]
     d = cfg.to_dict()
     d["dtype"] = d["torch_dtype"] = "bfloat16"  # what the real target's folder says (saved in bf16)
-    json.dump(d, open(os.path.join(tdir, "config.json"), "w"), indent=2)
+    write_json(os.path.join(tdir, "config.json"), d, indent=2)
     tokenizer.save_pretrained(tdir)
     layers = int(p["draft_layers"])
     layer_ids = ([int(x) for x in str(p["target_layer_ids"]).split(",")] if p["target_layer_ids"]
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     res["seconds"] = round(time.time() - t0, 1)
     checks = res.get("bench_check", {})
     res["ok"] = len(checks) == len(servers) and all(c.get("completed") for c in checks.values())
-    json.dump(res, open(os.path.join(args.out, "warm_sglang.json"), "w"), indent=1)
+    write_json(os.path.join(args.out, "warm_sglang.json"), res)
     print("warm_sglang: " + json.dumps(res), flush=True)
     return 0
 
