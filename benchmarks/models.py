@@ -3,6 +3,8 @@
 
 - `write_target`, `write_drafters` (`write_dflash2`): a config-only target at a geometry (served with
   `--load-format dummy`) and random DSpine / DFlash (/ DFlash2) drafters of a drafter shape, saved by this package.
+- `random_target`, `on_device`: a random Qwen3 target in memory at a geometry (`geometry.short`'s names), and any
+  module made on its device in its dtype (never on the CPU first).
 - `make_tiny_models`: a tiny Qwen3 target with real random weights and a trained BPE tokenizer, and its drafters.
 - `model_layout`, `drafter_variant`: the target/dspine/dflash/suites layout over a lab run, and edited copies of a
   drafter (the refusal tests' broken ones).
@@ -14,6 +16,29 @@ import os
 import shutil
 
 import torch
+
+
+def on_device(make, device, dtype: torch.dtype):
+    """make()'s module, its parameters created on `device` in `dtype` (never on the CPU first)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return make()
+    finally:
+        torch.set_default_dtype(old)
+
+
+def random_target(geom: dict, device, dtype: torch.dtype, seed: int = 0):
+    """A random Qwen3ForCausalLM of `geom` (geometry.short's names), made on `device` in `dtype`."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=geom["vocab"], hidden_size=geom["hidden"], intermediate_size=geom["intermediate"],
+                      num_hidden_layers=geom["layers"], num_attention_heads=geom["heads"],
+                      num_key_value_heads=geom["kv_heads"], head_dim=geom["head_dim"], rope_theta=geom["rope_theta"],
+                      max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return on_device(lambda: Qwen3ForCausalLM(cfg), device, dtype).eval()
 
 
 def write_target(root: str, geometry: dict) -> str:

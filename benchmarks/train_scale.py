@@ -51,28 +51,10 @@ if not __package__:  # run as a file (python benchmarks/x.py) or loaded by its p
     as_package(__file__)
 
 from benchmarks.geometry import short  # noqa: E402
+from benchmarks.models import random_target as build_target  # noqa: E402
 from benchmarks.output import write_json  # noqa: E402
 
 QWEN3_8B, TOY = short("qwen3-8b"), short("tiny")
-
-
-def build_target(geom: dict, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """A random Qwen3ForCausalLM of `geom`, made on `device` in `dtype` (never on the CPU first)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    cfg = Qwen3Config(vocab_size=geom["vocab"], hidden_size=geom["hidden"], intermediate_size=geom["intermediate"],
-                      num_hidden_layers=geom["layers"], num_attention_heads=geom["heads"],
-                      num_key_value_heads=geom["kv_heads"], head_dim=geom["head_dim"], rope_theta=geom["rope_theta"],
-                      max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = Qwen3ForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(old)
-    return model.eval()
 
 
 def write_data(path: str, n: int, seq_len: int, vocab: int, seed: int = 0) -> None:
@@ -229,7 +211,7 @@ def later_runs(summary: dict, paths: list[str]) -> list[dict]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n\n".join(__doc__.split("\n\n")[1:]))
@@ -262,13 +244,86 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.later and not args.merge_recipes:
         ap.error("--later goes with --merge-recipes")
+    return ap, args
+
+
+def merge(args: argparse.Namespace) -> int:
+    """--merge-recipes: one summary from timing runs of several recipes (and --later runs), no training."""
+    out = merge_recipes(args.merge_recipes)
+    if args.later:
+        out["later_runs"] = later_runs(out, args.later)
+    write_json(args.out or default_output("train_scale_summary.json"), out)
+    print(json.dumps(out["dspine_over_dflash_step_by_recipe"]))
+    return 0
+
+
+def start(args: argparse.Namespace) -> tuple[int, int, torch.device]:
+    """torch.distributed under torchrun (the other ranks wait at a barrier while rank 0 trains alone: a longer
+    timeout than the default); (rank, world size, this rank's device)."""
+    import torch.distributed as dist
+
+    from sglang_dspine.training.distributed import setup_distributed
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() and not args.smoke else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
+    rank, world, local = setup_distributed()
+    device = torch.device("cuda", local) if torch.cuda.is_available() and not args.smoke else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return rank, world, device
+
+
+def time_kinds(args, kinds, target, data, device, world: int, rank: int) -> dict[str, dict]:
+    """Each kind's timed run on every rank; under torchrun (unless --no-compare) first rank 0 alone on the same
+    global batch, and the scaling efficiency and loss difference between the two."""
+    import torch.distributed as dist
+
+    per_kind: dict[str, dict] = {}
+    compare = world > 1 and not args.no_compare
+    for kind in kinds:
+        row: dict = {}
+        if compare:  # rank 0 alone, the same global batch; the others wait
+            if rank == 0:
+                row["one_gpu"] = run_kind(args, kind, target, data, os.path.join(args.work, f"{kind}_1gpu"), device,
+                                          args.grad_accum * world, True, world, rank)
+            dist.barrier()
+        row["run"] = run_kind(args, kind, target, data, os.path.join(args.work, f"{kind}_{world}gpu"), device,
+                              args.grad_accum, False, world, rank)
+        if compare and rank == 0:
+            one, many = row["one_gpu"], row["run"]
+            row[f"scaling_efficiency_{world}gpu"] = round(many["tokens_per_s"] / (world * one["tokens_per_s"]), 3)
+            row[f"loss_diff_{world}gpu_vs_1gpu"] = max(abs(a - b) for a, b in zip(one["losses"], many["losses"]))
+        per_kind[kind] = row
+    return per_kind
+
+
+def timing_record(head: dict, per_kind: dict, target, device: torch.device, world: int) -> dict:
+    """The timing run's record: the head, each kind's rows, and tokens/s, ms per step, peak memory and DSpine's
+    step over DFlash's across kinds."""
+    res: dict = {**head, "per_kind": per_kind}
+    if device.type == "cuda":
+        res["target_weights_gb"] = round(sum(p.numel() * p.element_size() for p in target.parameters()) / 1e9, 2)
+    run = {k: v["run"] for k, v in per_kind.items()}
+    res["tokens_per_s"] = {k: v["tokens_per_s"] for k, v in run.items()}
+    res["ms_per_step"] = {k: v["ms_per_step"] for k, v in run.items()}
+    if device.type == "cuda":
+        res["peak_mem_gb"] = {k: v["peak_mem_gb"] for k, v in run.items()}
+    if {"dflash", "dspine"} <= set(run):
+        res["dspine_over_dflash_step"] = round(run["dspine"]["ms_per_step"] / run["dflash"]["ms_per_step"], 3)
+    for k, v in per_kind.items():
+        for key in (f"scaling_efficiency_{world}gpu", f"loss_diff_{world}gpu_vs_1gpu"):
+            if key in v:
+                res.setdefault(key, {})[k] = v[key]
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap, args = parse_args(argv)
     if args.merge_recipes:
-        out = merge_recipes(args.merge_recipes)
-        if args.later:
-            out["later_runs"] = later_runs(out, args.later)
-        _write(args.out or default_output("train_scale_summary.json"), out)
-        print(json.dumps(out["dspine_over_dflash_step_by_recipe"]))
-        return 0
+        return merge(args)
     args.recipe = args.recipe or DEFAULT_RECIPE  # recorded by name in the results
     args.out = args.out or default_output("train_profile.json" if args.profile else "train_scale_summary.json")
     geom = dict(QWEN3_8B)
@@ -279,24 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         args.profile_steps = min(args.profile_steps, 1)
 
     from sglang_dspine.provenance import provenance
-    from sglang_dspine.training.distributed import setup_distributed
 
     t_start = time.time()
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        # the other ranks wait at a barrier while rank 0 trains alone: a longer timeout than the default
-        backend = "nccl" if torch.cuda.is_available() and not args.smoke else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
-    rank, world, local = setup_distributed()
+    rank, world, device = start(args)
     if args.profile and world > 1:
         ap.error("--profile runs in one process (not under torchrun)")
-
-    device = torch.device("cuda", local) if torch.cuda.is_available() and not args.smoke else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     t0 = time.time()
     target = build_target(geom, device, dtype)
@@ -309,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in (1, world):
                 shutil.rmtree(os.path.join(args.work, f"{kind}_{n}gpu"), ignore_errors=True)
     if world > 1:
-        dist.barrier()
+        torch.distributed.barrier()
     os.makedirs(args.work, exist_ok=True)
     # every rank writes the same data to its own file (no shared file system needed)
     data = os.path.join(args.work, f"data_rank{rank}.jsonl")
@@ -330,52 +372,20 @@ def main(argv: list[str] | None = None) -> int:
         what = ("A profile of drafter training steps at a real target's geometry (train_scale.py --profile): "
                 "device time and launches per part of a step and per kernel, DSpine minus DFlash.")
         res = {**head, "what": what, **prof, "seconds": round(time.time() - t_start, 1)}
-        _write(args.out, res)
+        write_json(args.out, res)
         print(table or json.dumps({k: v["total_ms"] for k, v in prof["per_kind"].items()}))
         print("->", args.out)
         return 0
 
-    per_kind: dict[str, dict] = {}
-    compare = world > 1 and not args.no_compare
-    for kind in kinds:
-        row: dict = {}
-        if compare:  # rank 0 alone, the same global batch; the others wait
-            if rank == 0:
-                row["one_gpu"] = run_kind(args, kind, target, data, os.path.join(args.work, f"{kind}_1gpu"), device,
-                                          args.grad_accum * world, True, world, rank)
-            dist.barrier()
-        row["run"] = run_kind(args, kind, target, data, os.path.join(args.work, f"{kind}_{world}gpu"), device,
-                              args.grad_accum, False, world, rank)
-        if compare and rank == 0:
-            one, many = row["one_gpu"], row["run"]
-            row[f"scaling_efficiency_{world}gpu"] = round(many["tokens_per_s"] / (world * one["tokens_per_s"]), 3)
-            row[f"loss_diff_{world}gpu_vs_1gpu"] = max(abs(a - b) for a, b in zip(one["losses"], many["losses"]))
-        per_kind[kind] = row
+    per_kind = time_kinds(args, kinds, target, data, device, world, rank)
     if rank != 0:
         return 0
-    res: dict = {**head, "per_kind": per_kind}
-    if device.type == "cuda":
-        res["target_weights_gb"] = round(sum(p.numel() * p.element_size() for p in target.parameters()) / 1e9, 2)
-    run = {k: v["run"] for k, v in per_kind.items()}
-    res["tokens_per_s"] = {k: v["tokens_per_s"] for k, v in run.items()}
-    res["ms_per_step"] = {k: v["ms_per_step"] for k, v in run.items()}
-    if device.type == "cuda":
-        res["peak_mem_gb"] = {k: v["peak_mem_gb"] for k, v in run.items()}
-    if {"dflash", "dspine"} <= set(run):
-        res["dspine_over_dflash_step"] = round(run["dspine"]["ms_per_step"] / run["dflash"]["ms_per_step"], 3)
-    for k, v in per_kind.items():
-        for key in (f"scaling_efficiency_{world}gpu", f"loss_diff_{world}gpu_vs_1gpu"):
-            if key in v:
-                res.setdefault(key, {})[k] = v[key]
+    res = timing_record(head, per_kind, target, device, world)
     res["seconds"] = round(time.time() - t_start, 1)
-    _write(args.out, res)
+    write_json(args.out, res)
     print(json.dumps({k: res[k] for k in ("ms_per_step", "tokens_per_s", "peak_mem_gb", "dspine_over_dflash_step")
                       if k in res}), "->", args.out)
     return 0
-
-
-def _write(path: str, res: dict) -> None:
-    write_json(path, res)
 
 
 if __name__ == "__main__":
