@@ -292,7 +292,7 @@ def load_test(server, clients, seconds):
 
 
 # ------------------------------------------------------------------------------------------- main
-def main():
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=None)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
@@ -307,7 +307,77 @@ def main():
                     help="more arguments for the DSPINE servers, e.g. '--speculative-num-draft-tokens 32' (with "
                          "SGLANG_DSPINE_TREE=1: trees of 31 nodes)")
     bench_servers.add_backend_args(ap)  # e.g. sglang-default for both: the T=1 test under FA3 and FlashInfer sampling
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def start_servers(args, models: str, serve) -> dict:
+    """plain (alone first, so that the JIT kernel builds are cached before the others start), DSPINE, DFLASH and
+    unless --no-deterministic the deterministic plain/DSPINE pair: {name: Server}, started."""
+    target, dspine = os.path.join(models, "target"), os.path.join(models, "dspine")
+    dspine_args = shlex.split(args.dspine_args)
+    servers = {"plain": serve("plain", 30001, ["--model-path", target], args.out)}
+    servers["plain"].wait()
+    servers |= {
+        "dspine": serve("dspine", 30002, spec_args(target, "DSPINE", dspine, *dspine_args), args.out),
+        "dflash": serve("dflash", 30003, spec_args(target, "DFLASH", os.path.join(models, "dflash")), args.out),
+    }
+    if not args.no_deterministic:
+        det = ["--enable-deterministic-inference"]
+        servers["plain_det"] = serve("plain_det", 30004, ["--model-path", target, *det], args.out)
+        servers["dspine_det"] = serve("dspine_det", 30005, spec_args(target, "DSPINE", dspine, *det, *dspine_args),
+                                      args.out)
+    return servers
+
+
+def refusals_seen(refusals: dict, bad: dict) -> dict:
+    """(g) each broken drafter's server: whether it exited with an error and its log says why."""
+    refused = {}
+    for n, s in refusals.items():
+        try:
+            s.proc.wait(300)
+        except subprocess.TimeoutExpired:
+            pass
+        text = open(s.log, errors="ignore").read()
+        refused[n] = {"exited": s.proc.poll() is not None and s.proc.returncode != 0,
+                      "message_found": bad[n][2] in text,
+                      "message": next((l.strip()[:300] for l in text.splitlines()
+                                       if l.startswith(("ValueError: DSPINE",
+                                                        "sglang_dspine.drafter.config.DrafterConfigError"))), None)}
+    return refused
+
+
+def correctness(args, servers: dict, up: dict, prompts: list, warming: dict, results: dict, checkpoint) -> None:
+    """(a) greedy agreement (bf16, deterministic, DFLASH's), (b) the T=1 test and (c) the 48-client load, which
+    runs beside them (they only get stronger with the DSPINE server under load); into `results`."""
+    load_box = {}
+    load = threading.Thread(target=lambda: load_box.update(load_test(servers["dspine"], 48, args.load_seconds)))
+    with cf.ThreadPoolExecutor(16) as pool:
+        results["greedy_bf16"] = greedy_agreement(servers["plain"], servers["dspine"], prompts, args.max_new, pool)
+        print("greedy bf16:", results["greedy_bf16"]["identical"], "/", args.prompts, flush=True)
+        checkpoint()
+        load.start()
+        results["t1"] = t1_test(servers["plain"], servers["dspine"], prompts[: args.t1_prompts], args.t1_samples,
+                                pool)
+        print("t1 p:", results["t1"]["bonferroni_min_pvalue"], flush=True)
+        checkpoint()
+        if up.get("plain_det") and up.get("dspine_det") and warm(warming, "plain_det", "dspine_det"):
+            results["greedy_deterministic"] = greedy_agreement(servers["plain_det"], servers["dspine_det"], prompts,
+                                                               args.max_new, pool)
+            print("greedy det:", results["greedy_deterministic"]["identical"], "/", args.prompts, flush=True)
+        checkpoint()
+        if up["dflash"] and warm(warming, "dflash"):
+            results["dflash_greedy_bf16"] = greedy_agreement(servers["plain"], servers["dflash"], prompts[:20],
+                                                             args.max_new, pool)
+        results["warm_up_seconds"] = warm_up_seconds(warming)
+        print("warm-up burst seconds:", results["warm_up_seconds"], flush=True)
+        checkpoint()
+    load.join()
+    results["load"] = load_box
+    print("load:", results["load"], flush=True)
+
+
+def main():
+    args = parse_args()
     backends = bench_servers.backends_from_args(args)
     base = server_args(backends)
     serve = functools.partial(Server, base_args=base)  # every server of the run under the backends asked for
@@ -322,79 +392,26 @@ def main():
     model_layout(models)
     bad = make_bad_drafters(models)
     target = os.path.join(models, "target")
-    spec = lambda algo, d, *extra: spec_args(target, algo, d, *extra)
-    dspine_args = shlex.split(args.dspine_args)
-    # The plain server starts alone first so the JIT kernel builds are cached before the others start.
-    servers = {"plain": serve("plain", 30001, ["--model-path", target], args.out)}
-    servers["plain"].wait()
-    servers |= {
-        "dspine": serve("dspine", 30002, spec("DSPINE", os.path.join(models, "dspine"), *dspine_args), args.out),
-        "dflash": serve("dflash", 30003, spec("DFLASH", os.path.join(models, "dflash")), args.out),
-    }
-    if not args.no_deterministic:
-        det = ["--enable-deterministic-inference"]
-        servers["plain_det"] = serve("plain_det", 30004, ["--model-path", target, *det], args.out)
-        servers["dspine_det"] = serve("dspine_det", 30005,
-                                       spec("DSPINE", os.path.join(models, "dspine"), *det, *dspine_args), args.out)
-    refusals = {n: serve("bad_" + n, 30010 + i, spec("DSPINE", d, *extra), args.out)
+    servers = start_servers(args, models, serve)
+    refusals = {n: serve("bad_" + n, 30010 + i, spec_args(target, "DSPINE", d, *extra), args.out)
                 for i, (n, (d, extra, _)) in enumerate(bad.items())}
     results = {"models": label, "provenance": provenance(sys.argv), "server_args": base,
                "backends": {k: v or bench_servers.SGLANG_DEFAULT for k, v in backends.items()}}
     try:
         up = wait_all(servers, results)
-        refused = {}
-        for n, s in refusals.items():
-            try:
-                s.proc.wait(300)
-            except subprocess.TimeoutExpired:
-                pass
-            text = open(s.log, errors="ignore").read()
-            refused[n] = {"exited": s.proc.poll() is not None and s.proc.returncode != 0,
-                          "message_found": bad[n][2] in text,
-                          "message": next((l.strip()[:300] for l in text.splitlines()
-                                           if l.startswith(("ValueError: DSPINE",
-                                                            "sglang_dspine.drafter.config.DrafterConfigError"))), None)}
-        results["refusals"] = refused
+        results["refusals"] = refusals_seen(refusals, bad)
         if not (up["plain"] and up["dspine"]):
             raise SystemExit("plain or DSPINE server did not start")
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(target)
-        suite_prompts = prompts_for(tok, args.prompts, os.path.join(models, "suites"))
-        prompts = [ids for _, ids in suite_prompts]
+        suite_prompts = prompts_for(AutoTokenizer.from_pretrained(target), args.prompts, os.path.join(models, "suites"))
         checkpoint = lambda: save_results(results, args.out)  # a call cut short by the device still returns these
         warming = start_warm_up({n: s for n, s in servers.items() if up.get(n)}, suite_prompts)
         warm(warming, "plain", "dspine")
         results["warm_up_seconds"] = warm_up_seconds(warming)
         print("warm-up burst seconds (so far):", results["warm_up_seconds"], flush=True)
         checkpoint()
-        load_box = {}
-        load = threading.Thread(target=lambda: load_box.update(load_test(servers["dspine"], 48, args.load_seconds)))
-        with cf.ThreadPoolExecutor(16) as pool:
-            results["greedy_bf16"] = greedy_agreement(servers["plain"], servers["dspine"], prompts, args.max_new, pool)
-            print("greedy bf16:", results["greedy_bf16"]["identical"], "/", args.prompts, flush=True)
-            checkpoint()
-            # (c) runs now, beside the correctness tests below (they only get stronger with the DSPINE server
-            # under load); the throughput sweep waits until it is over.
-            load.start()
-            results["t1"] = t1_test(servers["plain"], servers["dspine"], prompts[: args.t1_prompts], args.t1_samples,
-                                    pool)
-            print("t1 p:", results["t1"]["bonferroni_min_pvalue"], flush=True)
-            checkpoint()
-            if up.get("plain_det") and up.get("dspine_det") and warm(warming, "plain_det", "dspine_det"):
-                results["greedy_deterministic"] = greedy_agreement(servers["plain_det"], servers["dspine_det"], prompts,
-                                                                   args.max_new, pool)
-                print("greedy det:", results["greedy_deterministic"]["identical"], "/", args.prompts, flush=True)
-            checkpoint()
-            if up["dflash"] and warm(warming, "dflash"):
-                results["dflash_greedy_bf16"] = greedy_agreement(servers["plain"], servers["dflash"], prompts[:20],
-                                                                 args.max_new, pool)
-            results["warm_up_seconds"] = warm_up_seconds(warming)
-            print("warm-up burst seconds:", results["warm_up_seconds"], flush=True)
-            checkpoint()
-        load.join()
-        results["load"] = load_box
-        print("load:", results["load"], flush=True)
+        correctness(args, servers, up, [ids for _, ids in suite_prompts], warming, results, checkpoint)
         collect_server_info(servers, up, results)
         checkpoint()
         results["throughput"] = throughput({n: servers[n] for n in ("plain", "dflash", "dspine") if up.get(n)},
