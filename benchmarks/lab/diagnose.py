@@ -47,17 +47,7 @@ def agree(draft: list[int], truth: list[int]) -> int:
     return len(os.path.commonprefix([draft, truth]))
 
 
-@torch.no_grad()  # inference only; the caller's grad mode is restored on return (tests call main in-process)
-def main(argv: list[str] | None = None) -> int:
-    from transformers import AutoTokenizer
-
-    from sglang_dspine.cli import load_target
-    from sglang_dspine.drafter.checkpoint import load_drafter
-    from sglang_dspine.provenance import provenance
-    from sglang_dspine.training.data import eos_ids_of, prompt_ids
-    from sglang_dspine.training.generate import DrafterProposer, speculative_generate, target_features
-    from sglang_dspine.training.jsonl import read_jsonl
-
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default=os.path.join(REPO, "models", "default"),
                     help="a folder with target/, dflash/, dspine/ (default: the built-in pair)")
@@ -70,78 +60,92 @@ def main(argv: list[str] | None = None) -> int:
     for d in ("target", "dflash", "dspine"):
         if not os.path.isdir(os.path.join(args.pair, d)):
             raise SystemExit(f"--pair {args.pair}: no {d}/ folder")
-    t0 = time.time()
-    target = load_target(os.path.join(args.pair, "target"), "fp32", "cpu").eval()
-    tok = AutoTokenizer.from_pretrained(os.path.join(args.pair, "target"))
-    dflash = load_drafter(os.path.join(args.pair, "dflash"), dtype=target.dtype).eval()
-    dspine = load_drafter(os.path.join(args.pair, "dspine"), dtype=target.dtype).eval()
+    return args
+
+
+def load_pair(pair: str):
+    """(target, tokenizer, DFlash drafter, DSpine drafter) of the pair's folder, float32 on the CPU."""
+    from transformers import AutoTokenizer
+
+    from sglang_dspine.cli import load_target
+    from sglang_dspine.drafter.checkpoint import load_drafter
+
+    target = load_target(os.path.join(pair, "target"), "fp32", "cpu").eval()
+    tok = AutoTokenizer.from_pretrained(os.path.join(pair, "target"))
+    dflash = load_drafter(os.path.join(pair, "dflash"), dtype=target.dtype).eval()
+    dspine = load_drafter(os.path.join(pair, "dspine"), dtype=target.dtype).eval()
     if dflash.cfg.kind != "dflash" or dspine.cfg.kind != "dspine":
-        raise SystemExit(f"--pair {args.pair}: dflash/ and dspine/ must hold a DFlash and a DSpine drafter")
-    eos = eos_ids_of(tok, target)
-    b = dspine.cfg.block_size
-    texts = [r["prompt"] for r in read_jsonl(args.prompts)] if args.prompts else CHAT_PROMPTS
-    texts = texts[: args.limit]
-    head = target.get_output_embeddings().weight
-    embed = target.get_input_embeddings()
+        raise SystemExit(f"--pair {pair}: dflash/ and dspine/ must hold a DFlash and a DSpine drafter")
+    return target, tok, dflash, dspine
 
-    def block_at(drafter, seq: list[int]):
-        """The drafter's block output for the anchor seq[-1] given the verified context seq[:-1]."""
-        s = len(seq) - 1
-        out = target(input_ids=torch.tensor([seq[:-1]]), output_hidden_states=True)
-        feats = target_features(out.hidden_states, drafter.cfg.target_layer_ids).to(head.dtype)
-        ctx = drafter.context_kv(feats, torch.arange(s)[None])
-        block = torch.tensor([[seq[-1]] + [drafter.cfg.mask_token_id] * (b - 1)])
-        positions = (s + torch.arange(b)).view(1, 1, b)
-        visible = torch.ones(1, 1, s, dtype=torch.bool)
-        anchors = torch.tensor([[seq[-1]]])
-        return drafter.forward_blocks(embed(block).view(1, 1, b, -1), positions, ctx, visible, anchors), anchors
 
-    prompts_out = []
-    for text in texts:
-        ids = prompt_ids({"prompt": text}, tok)
-        runs = {}
-        for name, drafter, decoding in (("dflash", dflash, "walk"), ("dspine_walk", dspine, "walk"),
-                                        ("dspine_argmax", dspine, "argmax")):
-            runs[name] = speculative_generate(target, DrafterProposer(drafter, target, decoding=decoding), ids,
-                                              args.max_new_tokens, eos_token_ids=eos, block_size=b)
-        answer = runs["dspine_walk"].tokens
-        for name, r in runs.items():  # T=0 speculation reproduces the target's greedy answer whatever the drafter
-            if r.tokens != answer:
-                raise SystemExit(f"prompt {text!r}: {name}'s answer differs from the walk's; greedy speculation broke")
-        rounds, a = [], 0
-        for acc in runs["dspine_walk"].accept_lengths:
-            seq = ids + answer[: a + 1]  # anchor answer[a]
-            truth = answer[a + 1: a + b]
-            out_s, anchors = block_at(dspine, seq)
-            bd = dspine.draft(out_s, head, anchors.view(1))
-            walk = bd.tokens[0].tolist()
-            argmax = dspine.block_logits(out_s, head)[0].argmax(-1).tolist()
-            out_f, _ = block_at(dflash, seq)
-            flash = dflash.block_logits(out_f, head)[0].argmax(-1).tolist()
-            n = {"dflash": agree(flash, truth), "dspine_argmax": agree(argmax, truth),
-                 "dspine_walk": agree(walk, truth)}
-            miss = n["dspine_walk"]
-            cands = bd.candidates[0].tolist()
-            rounds.append({
-                "anchor": tok.decode([answer[a]]), "truth": tok.convert_ids_to_tokens(truth),
-                "dflash": tok.convert_ids_to_tokens(flash[: len(truth)]),
-                "dspine_argmax": tok.convert_ids_to_tokens(argmax[: len(truth)]),
-                "dspine_walk": tok.convert_ids_to_tokens(walk[: len(truth)]), "accepted": n,
-                "run_accepted": acc - 1,  # the run's own count (context built round by round; equal but for near-ties)
-                "walk_miss_position": miss + 1 if miss < len(truth) else None,
-                "truth_in_top_k_at_walk_miss": (truth[miss] in cands[miss]) if miss < len(truth) else None,
-                "argmax_right_walk_wrong": miss < len(truth) and argmax[miss] == truth[miss],
-            })
-            a += acc
-        tau = {n: round(r.tau, 3) for n, r in runs.items()}
-        prompts_out.append({"prompt": text, "answer": tok.decode(answer), "tokens": len(answer), "tau": tau,
-                            "rounds": rounds})
-        print(f"τ DFlash {tau['dflash']:.2f}  walk {tau['dspine_walk']:.2f}  argmax {tau['dspine_argmax']:.2f}  "
-              f"{text[:50]!r} -> {tok.decode(answer)[:60]!r}", flush=True)
+def block_at(target, drafter, seq: list[int]):
+    """The drafter's block output for the anchor seq[-1] given the verified context seq[:-1], and the anchor."""
+    from sglang_dspine.training.generate import target_features
 
+    b, s = drafter.cfg.block_size, len(seq) - 1
+    head, embed = target.get_output_embeddings().weight, target.get_input_embeddings()
+    out = target(input_ids=torch.tensor([seq[:-1]]), output_hidden_states=True)
+    feats = target_features(out.hidden_states, drafter.cfg.target_layer_ids).to(head.dtype)
+    ctx = drafter.context_kv(feats, torch.arange(s)[None])
+    block = torch.tensor([[seq[-1]] + [drafter.cfg.mask_token_id] * (b - 1)])
+    positions = (s + torch.arange(b)).view(1, 1, b)
+    visible = torch.ones(1, 1, s, dtype=torch.bool)
+    anchors = torch.tensor([[seq[-1]]])
+    return drafter.forward_blocks(embed(block).view(1, 1, b, -1), positions, ctx, visible, anchors), anchors
+
+
+def diagnose_prompt(target, tok, dflash, dspine, text: str, max_new: int, eos) -> dict:
+    """One prompt: the three speculative runs (their answers must be the target's greedy one), then at each
+    round of DSpine's run the truth against DFlash's draft, DSpine's argmax and its walk."""
+    from sglang_dspine.training.data import prompt_ids
+    from sglang_dspine.training.generate import DrafterProposer, speculative_generate
+
+    b, head = dspine.cfg.block_size, target.get_output_embeddings().weight
+    ids = prompt_ids({"prompt": text}, tok)
+    runs = {}
+    for name, drafter, decoding in (("dflash", dflash, "walk"), ("dspine_walk", dspine, "walk"),
+                                    ("dspine_argmax", dspine, "argmax")):
+        runs[name] = speculative_generate(target, DrafterProposer(drafter, target, decoding=decoding), ids,
+                                          max_new, eos_token_ids=eos, block_size=b)
+    answer = runs["dspine_walk"].tokens
+    for name, r in runs.items():  # T=0 speculation reproduces the target's greedy answer whatever the drafter
+        if r.tokens != answer:
+            raise SystemExit(f"prompt {text!r}: {name}'s answer differs from the walk's; greedy speculation broke")
+    rounds, a = [], 0
+    for acc in runs["dspine_walk"].accept_lengths:
+        seq = ids + answer[: a + 1]  # anchor answer[a]
+        truth = answer[a + 1: a + b]
+        out_s, anchors = block_at(target, dspine, seq)
+        bd = dspine.draft(out_s, head, anchors.view(1))
+        walk = bd.tokens[0].tolist()
+        argmax = dspine.block_logits(out_s, head)[0].argmax(-1).tolist()
+        out_f, _ = block_at(target, dflash, seq)
+        flash = dflash.block_logits(out_f, head)[0].argmax(-1).tolist()
+        n = {"dflash": agree(flash, truth), "dspine_argmax": agree(argmax, truth), "dspine_walk": agree(walk, truth)}
+        miss = n["dspine_walk"]
+        cands = bd.candidates[0].tolist()
+        rounds.append({
+            "anchor": tok.decode([answer[a]]), "truth": tok.convert_ids_to_tokens(truth),
+            "dflash": tok.convert_ids_to_tokens(flash[: len(truth)]),
+            "dspine_argmax": tok.convert_ids_to_tokens(argmax[: len(truth)]),
+            "dspine_walk": tok.convert_ids_to_tokens(walk[: len(truth)]), "accepted": n,
+            "run_accepted": acc - 1,  # the run's own count (context built round by round; equal but for near-ties)
+            "walk_miss_position": miss + 1 if miss < len(truth) else None,
+            "truth_in_top_k_at_walk_miss": (truth[miss] in cands[miss]) if miss < len(truth) else None,
+            "argmax_right_walk_wrong": miss < len(truth) and argmax[miss] == truth[miss],
+        })
+        a += acc
+    tau = {n: round(r.tau, 3) for n, r in runs.items()}
+    print(f"τ DFlash {tau['dflash']:.2f}  walk {tau['dspine_walk']:.2f}  argmax {tau['dspine_argmax']:.2f}  "
+          f"{text[:50]!r} -> {tok.decode(answer)[:60]!r}", flush=True)
+    return {"prompt": text, "answer": tok.decode(answer), "tokens": len(answer), "tau": tau, "rounds": rounds}
+
+
+def summarize(prompts_out: list[dict], b: int) -> dict:
     all_rounds = [r for p in prompts_out for r in p["rounds"]]
     misses = [r for r in all_rounds if r["walk_miss_position"] is not None]
-    summary = {
+    return {
         "prompts": len(prompts_out),
         "dspine_loses_prompts": sum(p["tau"]["dflash"] > p["tau"]["dspine_walk"] for p in prompts_out),
         "walk_equals_argmax_tau_prompts": sum(p["tau"]["dspine_walk"] == p["tau"]["dspine_argmax"]
@@ -156,8 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         "rounds_dflash_accepts_more": sum(r["accepted"]["dflash"] > r["accepted"]["dspine_walk"] for r in all_rounds),
         "rounds_walk_accepts_more": sum(r["accepted"]["dspine_walk"] > r["accepted"]["dflash"] for r in all_rounds),
     }
-    print(json.dumps(summary))
-    worst = sorted(prompts_out, key=lambda p: p["tau"]["dspine_walk"] - p["tau"]["dflash"])[: args.show]
+
+
+def print_worst(prompts_out: list[dict], show: int) -> None:
+    """The rounds of the `show` prompts DSpine loses most on."""
+    worst = sorted(prompts_out, key=lambda p: p["tau"]["dspine_walk"] - p["tau"]["dflash"])[:show]
     for p in worst:
         print(f"\n--- {p['prompt']!r}: τ DFlash {p['tau']['dflash']}, walk {p['tau']['dspine_walk']}, "
               f"argmax {p['tau']['dspine_argmax']}")
@@ -166,6 +173,24 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['walk_miss_position']} (truth in top-K: {r['truth_in_top_k_at_walk_miss']})")
             for k in ("truth", "dflash", "dspine_argmax", "dspine_walk"):
                 print(f"    {k:14s} {' '.join(r[k][:8])}")
+
+
+@torch.no_grad()  # inference only; the caller's grad mode is restored on return (tests call main in-process)
+def main(argv: list[str] | None = None) -> int:
+    from sglang_dspine.provenance import provenance
+    from sglang_dspine.training.data import eos_ids_of
+    from sglang_dspine.training.jsonl import read_jsonl
+
+    args = parse_args(argv)
+    t0 = time.time()
+    target, tok, dflash, dspine = load_pair(args.pair)
+    eos = eos_ids_of(tok, target)
+    texts = [r["prompt"] for r in read_jsonl(args.prompts)] if args.prompts else CHAT_PROMPTS
+    prompts_out = [diagnose_prompt(target, tok, dflash, dspine, text, args.max_new_tokens, eos)
+                   for text in texts[: args.limit]]
+    summary = summarize(prompts_out, dspine.cfg.block_size)
+    print(json.dumps(summary))
+    print_worst(prompts_out, args.show)
     if args.out:
         write_json(args.out, {"summary": summary, "prompts": prompts_out, "seconds": round(time.time() - t0, 1),
                               **provenance(sys.argv)})
