@@ -81,6 +81,7 @@ if not __package__:  # run as a file (python benchmarks/kernels.py) or loaded by
     as_package(__file__)
 
 from benchmarks.geometry import DRAFTER, short  # noqa: E402
+from benchmarks.models import on_device  # noqa: E402
 from benchmarks.output import write_json  # noqa: E402
 
 torch.set_grad_enabled(False)
@@ -216,13 +217,7 @@ def build_model(s: dict, device: str, dtype: torch.dtype) -> tuple[DSpineDrafter
     """A DSpineDrafter with random weights (injection and norms too: nothing is the zero/identity init)."""
     cfg = drafter_config(s)
     torch.manual_seed(0)
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = DSpineDrafter(cfg).eval()
-    finally:
-        torch.set_default_dtype(old)
+    model = on_device(lambda: DSpineDrafter(cfg), device, dtype).eval()
     for name, p in model.named_parameters():
         if name.startswith("injection."):
             fan_in = p.shape[-1] if p.dim() > 1 else 10
@@ -664,7 +659,7 @@ def summarize(res: dict, smoke: bool) -> dict:
     }
 
 
-def main() -> int:
+def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bs", default=None, help="batch sizes (requests per draft step; default 1,4,16,48,64, "
                     "--smoke: 1,3)")
@@ -679,32 +674,108 @@ def main() -> int:
     ap.add_argument("--summary", default=os.path.join(RESULTS, "kernels_summary.json"),
                     help="this benchmark's summary for --compare-serving")
     args = ap.parse_args()
+    try:
+        args.bs = [int(x) for x in (args.bs or ("1,3" if args.smoke else "1,4,16,48,64")).split(",")]
+    except ValueError:
+        ap.error(f"--bs: expected comma-separated integers, found {args.bs!r}")
+    if any(b < 1 for b in args.bs):
+        ap.error(f"--bs: batch sizes must be positive, found {args.bs!r}")
+    return ap, args
 
+
+def compare_serving(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """--compare-serving: the server's DSPINE − DFLASH per step beside this benchmark's summary; runs nothing."""
+    for p in (args.compare_serving, args.summary):
+        if not os.path.isfile(p):
+            ap.error(f"{p}: no such file")
+    serving, summary = json.load(open(args.compare_serving)), json.load(open(args.summary))
+    if "rounds" not in serving or "clients" not in serving:
+        ap.error(f"{args.compare_serving}: not a serving_scale.json (no 'rounds'/'clients')")
+    if "draft_step_overhead_us" not in summary:
+        ap.error(f"{args.summary}: not a kernels_summary.json (no 'draft_step_overhead_us')")
+    print_serving_comparison(serving_comparison(summary, serving), summary, serving)
+    return 0
+
+
+def copy_ceiling(bench: Bench, res: dict) -> None:
+    """1. the device's copy bandwidth (GB/s of a bf16 copy, eager and graphed, and of an elementwise kernel)."""
+    x = torch.empty(512 << 20, dtype=torch.bfloat16, device=bench.device)
+    x.normal_()
+    y = torch.empty_like(x)
+    nbytes = 2 * x.numel() * x.element_size()
+    copies = {}
+    for name, fn, graph in (("copy_ graph", lambda: y.copy_(x), True),
+                            ("copy_ eager", lambda: y.copy_(x), False),
+                            ("elementwise kernel (mul 1)", lambda: torch.mul(x, 1.0, out=y), True)):
+        t = bench.time(fn, reps=20, flush=False, graph=graph)
+        copies[name] = nbytes / (t["us"] * 1e3)
+    res["copy_GBps"] = copies
+    res["copy_ceiling_GBps"] = max(copies.values())
+    print(f"copy ceiling: {res['copy_ceiling_GBps']:.0f} GB/s {copies}", flush=True)
+
+
+def guarded(res: dict, what: str, fn) -> None:
+    """fn(), an exception recorded in res["errors"] under `what` (e.g. out of memory at one batch size)."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        res["errors"].append(f"{what}: {e!r}")
+        traceback.print_exc()
+
+
+def draft_check(res: dict, key: str, model, head, steps, device: str, exact: bool) -> None:
+    """2. the timed paths' tokens against the plain drafter's (exact at float32, agreement in bf16)."""
+    res[key] = check_draft_step(model, head, steps, device, exact=exact)
+    print(f"{key}:", res[key], flush=True)
+    if exact and not res[key]["ok"]:
+        res["errors"].append("draft check: the timed paths' tokens differ from the plain drafter's")
+
+
+def tiny_check(res: dict, device: str) -> None:
+    """2. the benchmark runs the right math: the tiny shape in float32, its tokens exact."""
+    model, head = build_model(TINY, device, torch.float32)
+    draft_check(res, "draft_check", model, head, served_steps(model, head), device, exact=True)
+
+
+def by_batch(bench: Bench, res: dict, what: str, sizes: list[int], need_s: float, run, save) -> None:
+    """run(bs) for each batch size while need_s seconds of the budget are left (else recorded as skipped), an
+    error recorded (run the next), the results saved after each."""
+    for bs in sizes:
+        if bench.left() < need_s:
+            res["skipped"].append(f"{what} bs={bs}")
+            continue
+        print(f"{what} bs={bs}", flush=True)
+        guarded(res, f"{what} bs={bs}", lambda bs=bs: run(bs))
+        save()
+        if bench.gpu:
+            torch.cuda.empty_cache()
+
+
+def smoke_comparison(res: dict, bss: list[int]) -> None:
+    """--smoke: the serving comparison on a synthetic server whose DSPINE step is DFLASH's plus this run's
+    overhead; it must predict that overhead exactly."""
+    summary = summarize(res, True)
+    fake = {"clients": bss, "temperatures": [0.0], "rounds": [{
+        "dflash": [{"clients": c, "temperature": 0.0, "step_ms": 10.0} for c in bss],
+        "dspine": [{"clients": c, "temperature": 0.0, "step_ms": 10.0 + summary["draft_step_overhead_us"][str(c)]
+                    / 1000.0} for c in bss]}], "profile": {}}
+    rows = serving_comparison(summary, fake)
+    print_serving_comparison(rows, summary, fake)
+    if not all(abs(r["prediction_error"]) < 1e-9 for r in rows):
+        res["errors"].append("serving comparison: a server with exactly the benchmark's overhead not predicted")
+
+
+def main() -> int:
+    ap, args = parse_args()
     if args.compare_serving:
-        for p in (args.compare_serving, args.summary):
-            if not os.path.isfile(p):
-                ap.error(f"{p}: no such file")
-        serving, summary = json.load(open(args.compare_serving)), json.load(open(args.summary))
-        if "rounds" not in serving or "clients" not in serving:
-            ap.error(f"{args.compare_serving}: not a serving_scale.json (no 'rounds'/'clients')")
-        if "draft_step_overhead_us" not in summary:
-            ap.error(f"{args.summary}: not a kernels_summary.json (no 'draft_step_overhead_us')")
-        print_serving_comparison(serving_comparison(summary, serving), summary, serving)
-        return 0
-
+        return compare_serving(ap, args)
     t_start = time.time()
     s = dict(TINY if args.smoke else QWEN3_8B)
     device = "cpu" if args.smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         ap.error("no CUDA device (use --smoke for the CPU check)")
     out_dir = args.out or (tempfile.mkdtemp(prefix="dspine_kernels_smoke_") if args.smoke else RESULTS)
-    dtype = torch.float32 if args.smoke else torch.bfloat16
-    try:
-        bss = [int(x) for x in (args.bs or ("1,3" if args.smoke else "1,4,16,48,64")).split(",")]
-    except ValueError:
-        ap.error(f"--bs: expected comma-separated integers, found {args.bs!r}")
-    if any(b < 1 for b in bss):
-        ap.error(f"--bs: batch sizes must be positive, found {args.bs!r}")
+    dtype, bss = (torch.float32 if args.smoke else torch.bfloat16), args.bs
     bench = Bench(device, t_start + args.budget)
     res = {
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
@@ -715,7 +786,6 @@ def main() -> int:
         "dtype": str(dtype), "shapes": s, "batch_sizes": bss,
         "results": [], "draft_step": {}, "errors": [], "skipped": [],
     }
-    os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, "kernels.json"), os.path.join(out_dir, "kernels_summary.json")]
 
     def save():
@@ -726,96 +796,32 @@ def main() -> int:
                 os.makedirs(args.copy_to, exist_ok=True)
                 shutil.copy(p, args.copy_to)
 
-    # 1. copy ceiling
     if bench.gpu:
-        x = torch.empty(512 << 20, dtype=torch.bfloat16, device=device)
-        x.normal_()
-        y = torch.empty_like(x)
-        nbytes = 2 * x.numel() * x.element_size()
-        copies = {}
-        for name, fn, graph in (("copy_ graph", lambda: y.copy_(x), True),
-                                ("copy_ eager", lambda: y.copy_(x), False),
-                                ("elementwise kernel (mul 1)", lambda: torch.mul(x, 1.0, out=y), True)):
-            t = bench.time(fn, reps=20, flush=False, graph=graph)
-            copies[name] = nbytes / (t["us"] * 1e3)
-        res["copy_GBps"] = copies
-        res["copy_ceiling_GBps"] = max(copies.values())
-        print(f"copy ceiling: {res['copy_ceiling_GBps']:.0f} GB/s {copies}", flush=True)
-        del x, y
-    ceiling = res.get("copy_ceiling_GBps")
-
-    # 2. the benchmark runs the right math: tiny shape, float32, exact tokens
-    try:
-        tm, th = build_model(TINY, device, torch.float32)
-        res["draft_check"] = check_draft_step(tm, th, served_steps(tm, th), device, exact=True)
-        print("draft check (tiny, float32):", res["draft_check"], flush=True)
-        if not res["draft_check"]["ok"]:
-            res["errors"].append("draft check: the timed paths' tokens differ from the plain drafter's")
-        del tm, th
-    except Exception as e:  # noqa: BLE001
-        res["errors"].append(f"draft check: {e!r}")
-        traceback.print_exc()
+        copy_ceiling(bench, res)
+    guarded(res, "draft check", lambda: tiny_check(res, device))
     save()
-
     model, head = build_model(s, device, dtype)
     t0 = time.time()
     steps = served_steps(model, head)
     res["tables_build_s"] = round(time.time() - t0, 2)
     res["tables_bytes"] = steps["kernels"].tables.nbytes
     if bench.gpu:  # the same check at the benchmark's shapes in bf16: agreement only
-        try:
-            res["draft_check_bf16"] = check_draft_step(model, head, steps, device, exact=False)
-            print("draft check (qwen3-8b, bf16):", res["draft_check_bf16"], flush=True)
-        except Exception as e:  # noqa: BLE001
-            res["errors"].append(f"draft check bf16: {e!r}")
-            traceback.print_exc()
+        guarded(res, "draft check bf16",
+                lambda: draft_check(res, "draft_check_bf16", model, head, steps, device, exact=False))
     save()
 
-    # 3. the draft steps (the headline), every batch size
-    for bs in bss:
-        if bench.left() < 20:
-            res["skipped"].append(f"draft step bs={bs}")
-            continue
-        print(f"draft step bs={bs}", flush=True)
-        try:
-            st = section_step(bench, model, head, steps, bs, s, res)
-        except Exception as e:  # noqa: BLE001 - e.g. out of memory at one batch size
-            res["errors"].append(f"draft step bs={bs}: {e!r}")
-            traceback.print_exc()
-            continue
-        res["draft_step"][str(bs)] = st
+    def draft_step(bs):
+        st = res["draft_step"][str(bs)] = section_step(bench, model, head, steps, bs, s, res)
         print("  ", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in st.items() if k != "timing"},
               flush=True)
-        save()
-        if bench.gpu:
-            torch.cuda.empty_cache()
 
-    # 4. kernels vs references, the largest batch first, while the budget lasts
-    for bs in sorted(bss, reverse=True):
-        if bench.left() < 15:
-            res["skipped"].append(f"kernels bs={bs}")
-            continue
-        print(f"kernels bs={bs}", flush=True)
-        try:
-            section_kernels(bench, model, head, steps, bs, s, res, ceiling,
-                            sweep=not args.no_sweep and not args.smoke and bench.left() > 60)
-        except Exception as e:  # noqa: BLE001
-            res["errors"].append(f"kernels bs={bs}: {e!r}")
-            traceback.print_exc()
-        save()
-        if bench.gpu:
-            torch.cuda.empty_cache()
-
-    if args.smoke:  # the comparison code on a synthetic serving result built from this run
-        summary = summarize(res, True)
-        fake = {"clients": bss, "temperatures": [0.0], "rounds": [{
-            "dflash": [{"clients": c, "temperature": 0.0, "step_ms": 10.0} for c in bss],
-            "dspine": [{"clients": c, "temperature": 0.0, "step_ms": 10.0 + summary["draft_step_overhead_us"][str(c)]
-                        / 1000.0} for c in bss]}], "profile": {}}
-        rows = serving_comparison(summary, fake)
-        print_serving_comparison(rows, summary, fake)
-        if not all(abs(r["prediction_error"]) < 1e-9 for r in rows):
-            res["errors"].append("serving comparison: a server with exactly the benchmark's overhead not predicted")
+    # 3. the draft steps (the headline), every batch size; 4. kernels vs references, the largest batch first
+    by_batch(bench, res, "draft step", bss, 20, draft_step, save)
+    by_batch(bench, res, "kernels", sorted(bss, reverse=True), 15, lambda bs: section_kernels(
+        bench, model, head, steps, bs, s, res, res.get("copy_ceiling_GBps"),
+        sweep=not args.no_sweep and not args.smoke and bench.left() > 60), save)
+    if args.smoke:
+        smoke_comparison(res, bss)
     save()
     print_table(res)
     print("wrote", *paths)
