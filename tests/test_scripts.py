@@ -546,6 +546,30 @@ def test_lab2_stop_stops_the_labs_servers_only(tmp_path):
     assert not lab.exists()
 
 
+def test_lab2_stop_leaves_a_lab_run_elsewhere_alone(tmp_path):
+    """scripts/device/lab2.sh stop ends this lab's steps (their outputs under $LAB), not a lab step writing
+    elsewhere on the same machine (a CPU rebuild of the built-in pair while the tests run)."""
+    lab = tmp_path / "lab2"
+    (lab / "lab").mkdir(parents=True)
+    script = f"""
+cd {tmp_path}
+setsid bash -c 'exec -a "python benchmarks/lab/target.py --out {lab}/lab/target" sleep 300' &
+mine=$!
+setsid bash -c 'exec -a "python benchmarks/lab/target.py --out {tmp_path}/elsewhere" sleep 300' &
+other=$!
+for i in $(seq 100); do pgrep -s "$mine" -f '[b]enchmarks' >/dev/null && pgrep -s "$other" -f '[b]enchmarks' >/dev/null \
+  && break; sleep 0.1; done
+LAB={lab} bash {REPO}/scripts/device/lab2.sh stop
+ps -o stat=,args= -s "$mine" | grep -v '^Z' | grep -q benchmarks && echo mine-alive
+ps -o stat=,args= -s "$other" | grep -v '^Z' | grep -q benchmarks && echo other-alive
+pkill -9 -s "$mine"; pkill -9 -s "$other"; true
+"""
+    (tmp_path / "run.sh").write_text(script)  # a file: `bash -c SCRIPT` would carry the lab's path in its own args
+    r = subprocess.run(["bash", str(tmp_path / "run.sh")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["lab2:", "stopped", "and", "cleared", "other-alive"]
+
+
 def _rounds(steps: dict) -> list[dict]:
     """serving_scale.py's rounds at T=0: {clients: step ms} -> round records."""
     return [{"clients": c, "temperature": 0.0, "step_ms": v} for c, v in steps.items()]
