@@ -49,9 +49,9 @@ def check_verify_width_hooks() -> str | None:
     return None
 
 
-def build(model_runner, rows: int, device, gpu_id: int, split_kv: bool = False) -> VerifyWidth:
-    """The target's attention backend and verify CUDA graphs at `rows` rows a request; `split_kv`: the backend
-    reads the committed context with SGLang's split-KV verify kernel (sglang_patches' patch 8)."""
+def build(model_runner, rows: int, device, gpu_id: int, prepare=None) -> VerifyWidth:
+    """The target's attention backend and verify CUDA graphs at `rows` rows a request; `prepare(backend)`, where
+    given, runs on the new backend before its graphs are captured (the worker's patch 8)."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from sglang.srt.runtime_context import get_context, get_spec
@@ -64,10 +64,8 @@ def build(model_runner, rows: int, device, gpu_id: int, split_kv: bool = False) 
     init_new_workspace = model_runner.init_new_workspace
     try:
         backend = model_runner._get_attention_backend(init_new_workspace=True)
-        if split_kv:
-            from .sglang_patches import split_kv_verify
-
-            split_kv_verify(backend)
+        if prepare is not None:
+            prepare(backend)
         runner = None
         if not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED):
             _building_chain = True  # every width built here is a chain's: no tree mask in its graphs

@@ -196,8 +196,9 @@ class DSpineWorker(DFlashWorkerV2):
             if shape.tree or (shape.rows == b and self.tree_rows is None):
                 self._widths[shape] = self._base_width
             else:  # a chain's width, captured without the tree mask even where N = B
-                self._widths[shape] = verify_widths.build(mr, shape.rows, self.device, self.gpu_id,
-                                                          split_kv=self._split_kv)
+                self._widths[shape] = verify_widths.build(
+                    mr, shape.rows, self.device, self.gpu_id,
+                    prepare=sglang_patches.split_kv_verify if self._split_kv else None)
         buckets = list(getattr(self._base_width.graph_runner, "capture_bs", None) or [])
         self.policy = ShapePolicy(self.shapes, buckets, b)
         sglang_patches.show_verify_shapes_in_decode_log(self._since_log)
