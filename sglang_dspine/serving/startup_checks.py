@@ -143,6 +143,14 @@ def check_placement(server_args) -> None:
         )
 
 
+def _not_on_triton(view) -> str | None:
+    """What to pass where the target's verify does not run on the triton attention backend (None: it does)."""
+    if view.attention_backend == "triton" and (view.decode_attention_backend or "triton") == "triton":
+        return None
+    return (f"pass --attention-backend triton (found --attention-backend {view.attention_backend}, "
+            f"--decode-attention-backend {view.decode_attention_backend})")
+
+
 def check_tree(server_args) -> None:
     """SGLANG_DSPINE_TREE=1 (tree verification, tree_verify.py; its width: `check_verify_width`) is built on SGLang
     0.5.17's DFlash decode step, for one rank, the triton attention backend (it reads the tree mask in the
@@ -160,10 +168,8 @@ def check_tree(server_args) -> None:
         why = "it is built on SGLang 0.5.17's DFlash decode step; install sglang==0.5.17 or unset it"
     elif missing := dflash_step_missing():
         why = missing
-    elif view.attention_backend != "triton" or (view.decode_attention_backend or "triton") != "triton":
-        why = ("the target's verify pass must read the tree mask: pass --attention-backend triton (found "
-               f"--attention-backend {view.attention_backend}, "
-               f"--decode-attention-backend {view.decode_attention_backend})")
+    elif off_triton := _not_on_triton(view):
+        why = f"the target's verify pass must read the tree mask: {off_triton}"
     elif int(view.page_size or 1) != 1:
         why = f"the accepted path's KV slots are reordered token by token: pass --page-size 1 (found {view.page_size})"
     elif int(view.tp_size) != 1 or dp_attention_enabled(view) or view.disaggregation_mode not in (None, "null"):
@@ -185,10 +191,8 @@ def check_split_kv_verify(server_args) -> None:
         return
     view = argument_view(server_args)
     why = None
-    if view.attention_backend != "triton" or (view.decode_attention_backend or "triton") != "triton":
-        why = (f"it switches a kernel of the triton attention backend: pass --attention-backend triton (found "
-               f"--attention-backend {view.attention_backend}, --decode-attention-backend "
-               f"{view.decode_attention_backend})")
+    if off_triton := _not_on_triton(view):
+        why = f"it switches a kernel of the triton attention backend: {off_triton}"
     elif ENV.tree and not ENV.adaptive:
         why = ("a tree's verify needs its mask, which the split-KV kernel does not read, and a fixed tree server "
                "verifies nothing else: unset one of them (with SGLANG_DSPINE_VERIFY=adaptive its chains get it)")
