@@ -716,12 +716,16 @@ def f_json_schema(api, ctx) -> dict:
 
 
 def stream_text(stream) -> tuple[str, int, str | None]:
+    """A streamed answer's text, chunk count and finish reason; the stream is closed however the reading ends.
+    An unclosed stream is closed by the garbage collector, which may run inside httpcore's connection-pool lock
+    on another client thread: the close then waits on that lock forever (the soak test hung CI that way)."""
     text, chunks, finish = "", 0, None
-    for chunk in stream:
-        chunks += 1
-        for c in dump(chunk).get("choices") or []:
-            text += c.get("text") or ""
-            finish = c.get("finish_reason") or finish
+    with stream:
+        for chunk in stream:
+            chunks += 1
+            for c in dump(chunk).get("choices") or []:
+                text += c.get("text") or ""
+                finish = c.get("finish_reason") or finish
     return text, chunks, finish
 
 
@@ -804,13 +808,14 @@ def f_shared_prefix(api, ctx) -> dict:
 
 
 def close_after(stream, n: int) -> int:
-    """Read at most `n` chunks of a streamed answer, then close the stream (an abort); how many came."""
+    """Read at most `n` chunks of a streamed answer, then close the stream (an abort; closed on an error too, as
+    in stream_text); how many came."""
     chunks = 0
-    for _ in stream:
-        chunks += 1
-        if chunks >= n:
-            break
-    stream.close()
+    with stream:
+        for _ in stream:
+            chunks += 1
+            if chunks >= n:
+                break
     return chunks
 
 

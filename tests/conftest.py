@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random Qwen3 targets and drafters built on the spot (no hub, float32, CPU)."""
+import faulthandler
 import os
 
 import pytest
@@ -15,6 +16,21 @@ from sglang_dspine.drafter.tiny import make_target, tiny_drafter
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run on the device by scripts/device/*.sh)")
+
+
+# A test that hangs (a deadlock: stop 59's CI ran into its 90-minute limit on one) ends the run at once, with every
+# thread's stack in the log, instead of silently using up CI's time. Far above any test's duration (the slowest,
+# a training run, takes about a minute here); the clock is restarted for each test.
+TEST_HANG_S = 600
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    faulthandler.dump_traceback_later(TEST_HANG_S, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_collection_modifyitems(config, items):
