@@ -278,7 +278,11 @@ def merge(paths: list[str], out: str) -> None:
     geo = res.get("geometry", {})
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "adaptive_summary.json")
-    json.dump({**summary, "runs": runs, "pair_cells": pair, "geometry_cells": geo}, open(path, "w"), indent=1)
+    # the top-level keys: the GPU and commit of every run merged (one each, unless runs differ)
+    named = {k: ", ".join(sorted({str((r.get("provenance") or {}).get(k, "?")) for r in runs}))
+             for k in ("gpu", "commit")}
+    json.dump({**named, **summary, "runs": runs, "pair_cells": pair, "geometry_cells": geo}, open(path, "w"),
+              indent=1)
     print(f"wrote {path}")
     plot(summary, os.path.join(out, "adaptive_tokens_per_s.png"), runs)
 
