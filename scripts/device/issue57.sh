@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Issue 57 (verify shapes) in one detached job on the GPU machine, from the repo root (carry .devbundle):
+#   GIT_COMMIT=<hash> bash scripts/device/job.sh start l57 'bash scripts/device/issue57.sh'
+#   bash scripts/device/job.sh wait l57 540     # again within ~30 s of each return; $OUT/l57.tar.gz each time
+# In the order the decision needs it (a lease can end anywhere; adaptive.py skips what its JSON already has):
+#   1. Qwen3-8B geometry, each server alone: DSPINE at the block with and without SGLang's split-KV verify kernel
+#      (patch 8), and plain decoding (~8 min);
+#   2. the GPU tests, the split-KV kernel against the extend kernel at Qwen3-8B heads among them (~2.5 min);
+#   3. the geometry's adaptive servers, with and without split-KV (~5 min);
+#   4. the built-in pair: greedy answers and tokens/s of plain and DSPINE with split-KV and without (~5 min);
+#   5. switching: lossless while the adaptive split-KV server switches shapes, and the 1 -> 64 -> 1 ramp (~5 min).
+# Decision rule, fixed before the run: split-KV becomes the default on triton if dspine_splitkv's tokens/s (median
+# of 3) is >= dspine's at every client count at Qwen3-8B geometry, the GPU tests pass and the pair's greedy
+# answers with split-KV equal plain decoding's (near ties as before).
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"
+A="python3 scripts/device/adaptive.py --out $OUT"
+nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
+$A --phases geometry --geometry-servers dspine,dspine_splitkv,plain --clients 1,4,16,48,64
+bash scripts/device/gpu_tests.sh
+$A --phases geometry --geometry-servers dspine_adaptive_splitkv,dspine_adaptive --clients 1,4,16,48,64
+$A --phases pair --pair-servers plain,dspine_splitkv,dspine --clients 1,16,48 --t1-clients 48
+$A --phases switching --switching-server dspine_adaptive_splitkv
