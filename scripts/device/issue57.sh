@@ -6,9 +6,10 @@
 #   1. Qwen3-8B geometry, each server alone: DSPINE at the block with and without SGLang's split-KV verify kernel
 #      (patch 8), and plain decoding (~8 min);
 #   2. the GPU tests, the split-KV kernel against the extend kernel at Qwen3-8B heads among them (~2.5 min);
-#   3. the geometry's adaptive servers, with and without split-KV (~5 min);
-#   4. the built-in pair: greedy answers and tokens/s of plain and DSPINE with split-KV and without (~5 min);
-#   5. switching: lossless while the adaptive split-KV server switches shapes, and the 1 -> 64 -> 1 ramp (~5 min).
+#   3. the geometry's adaptive server with split-KV (~2.5 min);
+#   4. the built-in pair: greedy answers and tokens/s of plain and DSPINE with split-KV (~3 min);
+#   5. switching: lossless while the adaptive split-KV server switches shapes, and the 1 -> 64 -> 1 ramp (~5 min);
+#   6. what a longer lease has time for: the geometry's adaptive server without split-KV, the pair's DSPINE without.
 # Decision rule, fixed before the run: split-KV becomes the default on triton if dspine_splitkv's tokens/s (median
 # of 3) is >= dspine's at every client count at Qwen3-8B geometry, the GPU tests pass and the pair's greedy
 # answers with split-KV equal plain decoding's (near ties as before).
@@ -18,6 +19,8 @@ A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 $A --phases geometry --geometry-servers dspine,dspine_splitkv,plain --clients 1,4,16,48,64
 bash scripts/device/gpu_tests.sh
-$A --phases geometry --geometry-servers dspine_adaptive_splitkv,dspine_adaptive --clients 1,4,16,48,64
-$A --phases pair --pair-servers plain,dspine_splitkv,dspine --clients 1,16,48 --t1-clients 48
+$A --phases geometry --geometry-servers dspine_adaptive_splitkv --clients 1,4,16,48,64
+$A --phases pair --pair-servers plain,dspine_splitkv --clients 1,16,48 --t1-clients 48
 $A --phases switching --switching-server dspine_adaptive_splitkv
+$A --phases geometry --geometry-servers dspine_adaptive --clients 1,4,16,48,64
+$A --phases pair --pair-servers dspine --clients 1,16,48 --t1-clients 48
