@@ -1012,12 +1012,17 @@ def test_an_adaptive_servers_decode_log_line_names_its_verify_shapes(caplog):
             reporter.info("Prefill batch, #new-seq: 1")
             reporter.info("Decode batch, #running-req: 5, #queue-req: 0")
             reporter.info("Decode batch, #running-req: 5, #queue-req: 1")
-        assert [r.getMessage() for r in caplog.records] == [
+        lines = [r for r in caplog.records if r.name == reporter.name]  # not a first import's own log lines
+        assert [r.getMessage() for r in lines] == [
             "Decode batch, #running-req: 4, cuda graph: True, #queue-req: 0, verify shapes: chain4 1, none 3",
             "Prefill batch, #new-seq: 1",
             "Decode batch, #running-req: 5, #queue-req: 0, verify shapes: chain16 2",
             "Decode batch, #running-req: 5, #queue-req: 1"]
         assert not steps
+        # what benchmarks read back from a server log of such lines (SGLang's format: a timestamp before each)
+        log = "\n".join(f"[2026-12-06 01:00:0{k}] {r.getMessage()}" for k, r in enumerate(lines))
+        assert sglang_patches.verify_shapes_in_log(log) == {"chain4": 1, "none": 3, "chain16": 2}
+        assert sglang_patches.verify_shapes_in_log(log.splitlines()[-1]) == {}
     finally:
         for f in [f for f in reporter.filters if isinstance(f, sglang_patches._VerifyShapesInDecodeLog)]:
             reporter.removeFilter(f)

@@ -24,7 +24,6 @@ Writes $OUT/adaptive.json. Usage (GPU machine, repo root, after `source scripts/
 from __future__ import annotations
 
 import argparse
-import collections
 import concurrent.futures as cf
 import json
 import os
@@ -34,6 +33,7 @@ import sys
 import threading
 
 from sglang_dspine.provenance import provenance
+from sglang_dspine.serving.sglang_patches import verify_shapes_in_log
 from sglang_dspine.source_files import load_package
 
 _root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,17 +65,7 @@ def policy_state(server) -> tuple[dict, dict]:
     return {k: int(v) for k, v in (c.rsplit(" ", 1) for c in counts.split(", "))}, json.loads(summary)
 
 
-SHAPES_SUFFIX = re.compile(r"verify shapes: ([a-z0-9 ,]+?)\s*$", re.M)
-
-
-def shapes_in(text: str) -> dict:
-    """Steps by verify shape summed over the decode log lines in `text` (their ", verify shapes: ..." suffix)."""
-    total = collections.Counter()
-    for m in SHAPES_SUFFIX.finditer(text):
-        for item in m.group(1).split(", "):
-            name, n = item.rsplit(" ", 1)
-            total[name] += int(n)
-    return dict(total)
+shapes_in = verify_shapes_in_log  # steps by verify shape in a stretch of a server's log (patch 7's suffix)
 
 
 def switching(server, plain, prompts, args) -> dict:

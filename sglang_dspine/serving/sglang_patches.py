@@ -268,6 +268,9 @@ def zero_split_kv_scratch() -> None:
 DECODE_LOG = "sglang.srt.managers.scheduler_components.metrics_reporter"  # the module whose logger writes the line
 
 
+VERIFY_SHAPES_SUFFIX = ", verify shapes: "  # then "<shape> <steps>" items joined by ", ", to the line's end
+
+
 class _VerifyShapesInDecodeLog(logging.Filter):
     """Appends the steps by shape since the previous decode line to each one (then starts counting anew)."""
 
@@ -278,9 +281,24 @@ class _VerifyShapesInDecodeLog(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str) and record.msg.startswith("Decode batch") and self.steps:
             shares = ", ".join(f"{k} {v}" for k, v in sorted(self.steps.items()))
-            record.msg = f"{record.msg}, verify shapes: {shares}"
+            record.msg = f"{record.msg}{VERIFY_SHAPES_SUFFIX}{shares}"
             self.steps.clear()
         return True
+
+
+def verify_shapes_in_log(text: str) -> dict[str, int]:
+    """Steps by verify shape summed over the decode lines of a server log `text` that patch 7 extended (the
+    reader of the suffix above, for benchmarks reading a server's log)."""
+    import collections
+
+    total = collections.Counter()
+    for line in text.splitlines():
+        if "Decode batch" not in line or VERIFY_SHAPES_SUFFIX not in line:
+            continue
+        for item in line.rsplit(VERIFY_SHAPES_SUFFIX, 1)[1].strip().split(", "):
+            name, steps = item.rsplit(" ", 1)
+            total[name] += int(steps)
+    return dict(total)
 
 
 def show_verify_shapes_in_decode_log(steps) -> None:
