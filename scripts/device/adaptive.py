@@ -65,9 +65,6 @@ def policy_state(server) -> tuple[dict, dict]:
     return {k: int(v) for k, v in (c.rsplit(" ", 1) for c in counts.split(", "))}, json.loads(summary)
 
 
-shapes_in = verify_shapes_in_log  # steps by verify shape in a stretch of a server's log (patch 7's suffix)
-
-
 def switching(server, plain, prompts, args) -> dict:
     """Lossless while switching, then the ramp (the module docstring's `switching` phase)."""
     rec, stop = {}, threading.Event()
@@ -94,12 +91,12 @@ def switching(server, plain, prompts, args) -> dict:
         background.join()
     rec["background_load"] = {"levels": len(cycle), "requests": sum(r["requests"] for r in cycle),
                               "errors": sum(r["errors"] for r in cycle)}
-    rec["shapes_during_tests"] = shapes_in(server.text()[start:])
+    rec["shapes_during_tests"] = verify_shapes_in_log(server.text()[start:])
     ramp = []
     for c in (1, 4, 16, 48, 64, 48, 16, 4, 1):
         start = len(server.text())
         level = load_test(server, c, args.ramp_seconds)
-        level["shapes"] = shapes_in(server.text()[start:])
+        level["shapes"] = verify_shapes_in_log(server.text()[start:])
         ramp.append(level)
         print("ramp", c, level["requests"], "errors", level["errors"], level["shapes"], flush=True)
     rec["ramp"] = ramp
@@ -274,10 +271,10 @@ def merge(paths: list[str], out: str) -> None:
     json.dump({**named, **summary, "runs": runs, "pair_cells": pair, "geometry_cells": geo}, open(path, "w"),
               indent=1)
     print(f"wrote {path}")
-    plot(summary, os.path.join(out, "adaptive_tokens_per_s.png"), runs)
+    plot(summary, os.path.join(out, "adaptive_tokens_per_s.png"), named)
 
 
-def plot(summary: dict, path: str, runs: list[dict]) -> None:
+def plot(summary: dict, path: str, named: dict) -> None:
     """Tokens/s against clients, one line per server (median, min-max as error bars): the built-in pair end to
     end and, where measured, the Qwen3-8B geometry projection."""
     try:
@@ -300,10 +297,8 @@ def plot(summary: dict, path: str, runs: list[dict]) -> None:
         lo = [m - e2e[c][name]["tokens_per_s"]["min"] for m, c in zip(med, cs)]
         hi = [e2e[c][name]["tokens_per_s"]["max"] - m for m, c in zip(med, cs)]
         ax.errorbar(cs, med, yerr=[lo, hi], marker="o", capsize=3, label=name)
-    gpu = ", ".join(sorted({(r.get("provenance") or {}).get("gpu", "?") for r in runs}))
-    commit = ", ".join(sorted({(r.get("provenance") or {}).get("commit", "?") for r in runs}))
     ax.set(xscale="log", yscale="log", xlabel="clients", ylabel="output tokens/s",
-           title=f"built-in pair, T=0, each server alone\n{gpu}, {commit}, median of 3 (min-max)")
+           title=f"built-in pair, T=0, each server alone\n{named['gpu']}, {named['commit']}, median of 3 (min-max)")
     ax.legend()
     if proj:
         ax = axes[0][1]
