@@ -9,8 +9,6 @@ import argparse
 import json
 import os
 
-SUITES = ("code", "math", "prose")
-
 
 def nats_per_byte(target: str, suites: str, max_tokens: int = 1024) -> dict:
     import torch
@@ -18,8 +16,10 @@ def nats_per_byte(target: str, suites: str, max_tokens: int = 1024) -> dict:
 
     tok = AutoTokenizer.from_pretrained(target)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    # the folder's suites, as tau_table.py finds them
+    names = sorted(f.split(".")[0] for f in os.listdir(suites) if f.endswith(".heldout.jsonl"))
     out = {}
-    for suite in SUITES:
+    for suite in names:
         nats = nbytes = 0.0
         with open(os.path.join(suites, f"{suite}.heldout.jsonl")) as f:
             for line in f:
@@ -31,13 +31,13 @@ def nats_per_byte(target: str, suites: str, max_tokens: int = 1024) -> dict:
                 # the first token is not predicted: only the predicted tokens' bytes count
                 nbytes += len(tok.decode(ids[0]).encode()) - len(tok.decode(ids[0, :1]).encode())
         out[suite] = round(nats / nbytes, 4)
-    out["mean"] = round(sum(out[s] for s in SUITES) / len(SUITES), 4)
+    out["mean"] = round(sum(out[s] for s in names) / len(names), 4)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("suites", help="a folder with code/math/prose.heldout.jsonl (prompt, reference)")
+    ap.add_argument("suites", help="a folder of SUITE.heldout.jsonl files (prompt, reference)")
     ap.add_argument("targets", nargs="+")
     args = ap.parse_args()
     for t in args.targets:
