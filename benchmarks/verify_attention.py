@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""The target's attention in a verify step against a plain decode step, at Qwen3-8B heads, under SGLang's
+triton backend: a diagnosis of why a DSPINE `none` step (one verify row a request, no drafter) cost 2.7x a plain
+decode step at 48 requests (docs/results.md, "Adaptive verification").
+
+SGLang's triton backend runs a speculative verify pass (TARGET_VERIFY: W rows a request, causal over the
+context and the chain) on its extend kernel, or with SGLANG_DSPINE_SPLITKV_VERIFY=1 (patch 8) on its split-KV
+verify kernel; a plain decode step (1 row) on its flash-decoding kernel. This times the three kernels alone, on
+the inputs the backend hands them (the GPU test of patch 8 builds the same), per layer:
+  - Qwen3-8B heads: 32 query heads, 8 KV heads of 128, bf16; 36 layers, each its own KV pool (so one layer's K/V
+    is not in L2 for the next, as in the model);
+  - `--context` tokens a request (default 576: the harness's 512-token prompts and half of its new tokens), in
+    scattered KV slots;
+  - rows W = 1 (`none`; the decode kernel too), 4, 8, 16 (the block), batch sizes 1, 4, 16, 48, 64;
+  - decode: `--kv-splits` static splits a request (SGLang's default is 8, chosen per request by a Triton kernel;
+    static here, as SGLang does with SGLANG_TRITON_DECODE_ATTN_STATIC_KV_SPLITS).
+Timing: the 36 layers' calls captured in one CUDA graph per (kernel, W, bs), as the server replays them; median
+of `--repeats` replays timed with CUDA events. It is the attention kernels only: no GEMMs, norms or sampling.
+Writes verify_attention.json (command, commit, GPU, versions, date) to --out and prints a table: ms per step
+(36 layers) per kernel, W and bs.
+    python3 benchmarks/verify_attention.py --out $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+
+from sglang_dspine.provenance import default_output, provenance
+
+HQ, HKV, D, LAYERS = 32, 8, 128, 36  # Qwen3-8B
+
+
+def inputs(bs: int, rows: int, context: int, gen: torch.Generator, dev: str = "cuda"):
+    """One layer's tensors as the triton backend hands them to its kernels: queries and the chain's own K/V
+    [bs·W, heads, D], the KV pools with `context` scattered slots a request, and the index arrays."""
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    pool = bs * (context + 16) + 64
+    k_pool, v_pool = (torch.randn(pool, HKV, D, generator=gen, device=dev, dtype=dt) for _ in range(2))
+    kv_indptr = torch.arange(0, (bs + 1) * context, context, dtype=torch.int32, device=dev)
+    kv_indices = torch.randperm(pool, generator=gen, device=dev)[: bs * context].to(torch.int32)
+    qo_indptr = torch.arange(0, (bs + 1) * rows, rows, dtype=torch.int32, device=dev)
+    q = torch.randn(bs * rows, HQ, D, generator=gen, device=dev, dtype=dt)
+    k, v = (torch.randn(bs * rows, HKV, D, generator=gen, device=dev, dtype=dt) for _ in range(2))
+    return dict(q=q, k=k, v=v, o=torch.empty_like(q), k_pool=k_pool, v_pool=v_pool, kv_indptr=kv_indptr,
+                kv_indices=kv_indices, qo_indptr=qo_indptr)
+
+
+def calls(kernel: str, layers: list[dict], bs: int, rows: int, kv_splits: int, dev: str = "cuda"):
+    """The per-layer calls of `kernel` over `layers` (a list of `inputs`), as one function to capture."""
+    from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+    from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
+
+    scale = D ** -0.5
+    if kernel == "decode":
+        logits = torch.empty(bs, HQ, kv_splits, D, dtype=torch.float32, device=dev)
+        lse = torch.empty(bs, HQ, kv_splits, dtype=torch.float32, device=dev)
+        splits = torch.full((bs,), kv_splits, dtype=torch.int32, device=dev)
+
+        def run():
+            for t in layers:  # the context already holds this step's K/V in a decode step: the same work
+                decode_attention_fwd(t["q"], t["k_pool"], t["v_pool"], t["o"], t["kv_indptr"], t["kv_indices"],
+                                     logits, lse, splits, kv_splits, scale, 1.0, 1.0)
+        return run
+    if kernel == "splitkv":
+        from sglang_dspine.serving import sglang_patches
+
+        sglang_patches.zero_split_kv_scratch()  # what patch 8 does before the server's first verify
+
+        def run():
+            for t in layers:
+                if not verify_splitkv_fwd(t["q"], t["k"], t["v"], t["o"], t["k_pool"], t["v_pool"], t["qo_indptr"],
+                                          t["kv_indptr"], t["kv_indices"], None, True, None, rows, 1.0, 1.0,
+                                          sm_scale=scale, max_bs=64):
+                    raise RuntimeError(f"split-KV verify refused W={rows} bs={bs} (the backend falls back)")
+        return run
+
+    def run():
+        for t in layers:
+            extend_attention_fwd(t["q"], t["k"], t["v"], t["o"], t["k_pool"], t["v_pool"], t["qo_indptr"],
+                                 t["kv_indptr"], t["kv_indices"], None, True, None, rows, 1.0, 1.0, sm_scale=scale)
+    return run
+
+
+def time_graph(run, repeats: int) -> list[float]:
+    """ms per replay of `run` captured in a CUDA graph (after warm-up runs that compile the Triton kernels)."""
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for _ in range(3):
+        graph.replay()
+    out = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end))
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=default_output("verify_attention"))
+    ap.add_argument("--context", type=int, default=576)
+    ap.add_argument("--batch-sizes", default="1,4,16,48,64")
+    ap.add_argument("--rows", default="1,4,8,16")
+    ap.add_argument("--kv-splits", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("verify_attention.py: needs a CUDA GPU (it times SGLang's Triton kernels)")
+    os.makedirs(args.out, exist_ok=True)
+    res = {"provenance": provenance(), "settings": vars(args), "ms_per_step": {}}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for bs in (int(b) for b in args.batch_sizes.split(",")):
+        for rows in (int(r) for r in args.rows.split(",")):
+            layers = [inputs(bs, rows, args.context, gen) for _ in range(LAYERS)]
+            for kernel in ("decode", "extend", "splitkv") if rows == 1 else ("extend", "splitkv"):
+                ms = time_graph(calls(kernel, layers, bs, rows, args.kv_splits), args.repeats)
+                cell = {"median": round(statistics.median(ms), 4), "min": round(min(ms), 4), "max": round(max(ms), 4)}
+                res["ms_per_step"].setdefault(str(bs), {}).setdefault(str(rows), {})[kernel] = cell
+                print(f"bs {bs:3d} W {rows:2d} {kernel:8s} {cell['median']:8.3f} ms/step (36 layers)", flush=True)
+            del layers
+            torch.cuda.empty_cache()
+            json.dump(res, open(os.path.join(args.out, "verify_attention.json"), "w"), indent=1)
+    print(f"{'bs':>4} {'W':>3} {'decode':>8} {'extend':>8} {'splitkv':>8}")
+    for bs, by_rows in res["ms_per_step"].items():
+        for rows, cells in by_rows.items():
+            row = [f"{cells[k]['median']:8.3f}" if k in cells else f"{'':8s}" for k in ("decode", "extend", "splitkv")]
+            print(f"{bs:>4} {rows:>3} {' '.join(row)}")
+
+
+if __name__ == "__main__":
+    main()
