@@ -29,6 +29,8 @@ SCENARIOS = {
     "kernels": ("kernels", "the draft step's kernels against DFlash's"),
     "headline": ("headline", "the README's GPU headline rows re-measured at one commit, in resumable parts"),
     "headline_table": ("headline_table", "the README's headline table from benchmarks/results/headline.json"),
+    "verify_attention": ("verify_attention", "a verify step's attention kernels vs plain decode's (Qwen3-8B heads)"),
+    "greedy_divergence": ("greedy_divergence", "a GPU run's greedy divergences from plain, judged by the fp32 target"),
 }
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -18,7 +18,7 @@ Timing: the 36 layers' calls captured in one CUDA graph per (kernel, W, bs), as 
 of `--repeats` replays timed with CUDA events. It is the attention kernels only: no GEMMs, norms or sampling.
 Writes verify_attention.json (command, commit, GPU, versions, date) to --out and prints a table: ms per step
 (36 layers) per kernel, W and bs.
-    python3 benchmarks/verify_attention.py --out $OUT
+    python -m benchmarks verify_attention --out $OUT
 """
 from __future__ import annotations
 

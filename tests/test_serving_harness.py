@@ -224,3 +224,88 @@ def test_result_writer_stamps_provenance_once_and_writes_whole_files(tmp_path):
     output.write_result(path, {"x": 2, "provenance": {"commit": "abc"}})
     assert json.load(open(path)) == {"x": 2, "provenance": {"commit": "abc"}}
     assert os.listdir(tmp_path / "a" / "b") == ["r.json"]
+
+
+def test_greedy_divergence_judges_each_first_divergence_with_the_float32_target(tmp_path):
+    """benchmarks/greedy_divergence.py on a run of its own making: plain's answer is the float32 target's greedy
+    continuation of a prompt; one server's answer takes the target's second choice at position 3 (the verdict
+    must report both log-probs as the target gives them, and a near-tie exactly when both are within the margin),
+    another's is plain's own (no divergence), a third's is plain's cut short (a divergence at its end)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gd = importlib.import_module("benchmarks.greedy_divergence")
+    assert gd.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert gd.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert gd.first_divergence([1, 2, 3], [1, 2]) == 2
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    models = os.path.join(repo, "models", "default")
+    target = os.path.join(models, "target")
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    prompts = [ids for _, ids in gd.prompts_for(AutoTokenizer.from_pretrained(target), gd.PROMPTS,
+                                                os.path.join(models, "suites"))][: gd.ASKED]
+
+    def logprobs(ids):
+        with torch.no_grad():
+            return torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], -1)
+
+    plain, spec = [], []
+    for p in prompts[:3]:  # 6 greedy tokens each, by hand
+        out = []
+        for _ in range(6):
+            out.append(int(logprobs(p + out).argmax()))
+        plain.append(out)
+    lp = logprobs(prompts[0] + plain[0][:3])
+    second = int(lp.topk(2).indices[1])
+    spec = [plain[0][:3] + [second, 0, 0], list(plain[1]), plain[2][:4]]
+    # the other prompts: both answers empty-equal (the script asks every prompt's answer)
+    run = {"provenance": {"commit": "x"}, "pair": {
+        "plain": {"greedy_ids": plain + [[7]] * (gd.ASKED - 3)},
+        "dspine": {"greedy_ids": spec + [[7]] * (gd.ASKED - 3)}}}
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps(run))
+    gd.main([str(path), "--models", models, "--out", str(tmp_path / "out")])
+    res = json.loads((tmp_path / "out" / "greedy_divergence.json").read_text())["servers"]["dspine"]
+    assert res["identical"] == gd.ASKED - 2
+    first, cut = res["divergences"]
+    assert (first["prompt"], first["position"], first["plain_token"], first["spec_token"]) == (0, 3, plain[0][3], second)
+    assert first["fp32_top_token"] == plain[0][3]
+    assert first["plain_logprob"] == pytest.approx(float(lp[plain[0][3]]), abs=1e-4)
+    assert first["spec_logprob"] == pytest.approx(float(lp[second]), abs=1e-4)
+    assert first["near_tie"] == (float(lp[plain[0][3]] - lp[second]) <= gd.NEAR_TIE_MARGIN)
+    assert (cut["prompt"], cut["position"], cut["near_tie"]) == (2, 4, False)
+    assert res["near_ties"] == int(first["near_tie"])
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_verify_attention_times_the_kernels_on_causal_attention_over_context_and_chain(rows):
+    """benchmarks/verify_attention.py's calls (Triton's interpreter here, float32, small heads): the extend and
+    split-KV kernels compute causal attention over [context, chain] and the decode kernel attention over the
+    context, on the inputs the benchmark builds: what it times is the work a verify or decode step does."""
+    import torch
+
+    va = importlib.import_module("benchmarks.verify_attention")
+    shape = va.HQ, va.HKV, va.D
+    va.HQ, va.HKV, va.D = 4, 2, 32
+    try:
+        bs, context = 2, 20
+        t = va.inputs(bs, rows, context, torch.Generator().manual_seed(rows), dev="cpu")
+        got = {}
+        for kernel in ("decode", "extend", "splitkv") if rows == 1 else ("extend", "splitkv"):
+            t["o"].zero_()
+            va.calls(kernel, [t], bs, rows, 4, dev="cpu")()
+            got[kernel] = t["o"].clone()
+        group = va.HQ // va.HKV
+        for kernel, out in got.items():
+            for b in range(bs):
+                slots = t["kv_indices"][t["kv_indptr"][b]: t["kv_indptr"][b + 1]].long()
+                keys = torch.cat([t["k_pool"][slots], t["k"][b * rows: (b + 1) * rows]])
+                values = torch.cat([t["v_pool"][slots], t["v"][b * rows: (b + 1) * rows]])
+                for j in range(rows):
+                    seen = context if kernel == "decode" else context + j + 1
+                    for h in range(va.HQ):
+                        p = torch.softmax(keys[:seen, h // group] @ t["q"][b * rows + j, h] / va.D ** 0.5, 0)
+                        torch.testing.assert_close(out[b * rows + j, h], p @ values[:seen, h // group],
+                                                   atol=1e-5, rtol=1e-5)
+    finally:
+        va.HQ, va.HKV, va.D = shape
