@@ -3,6 +3,8 @@
 #   GIT_COMMIT=<hash> bash scripts/device/job.sh start l57 'bash scripts/device/issue57.sh'
 #   bash scripts/device/job.sh wait l57 540     # again within ~30 s of each return; $OUT/l57.tar.gz each time
 # In the order the decision needs it (a lease can end anywhere; adaptive.py skips what its JSON already has):
+#   0. the verify pass's attention kernels against plain decode's at Qwen3-8B heads (benchmarks/verify_attention.py,
+#      ~1.5 min): whether the extend kernel is what makes a `none` step cost 2.7x a plain decode step at 48;
 #   1. Qwen3-8B geometry, each server alone: DSPINE at the block with and without SGLang's split-KV verify kernel
 #      (patch 8), and plain decoding (~8 min);
 #   2. the GPU tests, the split-KV kernel against the extend kernel at Qwen3-8B heads among them (~2.5 min);
@@ -17,6 +19,7 @@ set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
+python3 -m benchmarks verify_attention --out "$OUT"
 $A --phases geometry --geometry-servers dspine,dspine_splitkv,plain --clients 1,4,16,48,64
 bash scripts/device/gpu_tests.sh
 $A --phases geometry --geometry-servers dspine_adaptive_splitkv --clients 1,4,16,48,64
