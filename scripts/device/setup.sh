@@ -39,3 +39,5 @@ eps = [e.value for e in entry_points(group="sglang.srt.plugins")]
 assert "sglang_dspine.serving.plugin:register" in eps, eps
 print(f"setup.sh: SGLang {sglang.__version__}, torch {torch.__version__}; sglang-dspine plugin entry point: {eps}")
 PY
+# Results record GIT_COMMIT (the tree here has no .git): say so at once when it is missing, not after the run.
+[ -n "${GIT_COMMIT:-}" ] || echo "setup.sh: GIT_COMMIT is not set: every result of this call records commit 'unknown' (export GIT_COMMIT=<hash> first)" >&2
