@@ -12,7 +12,8 @@ float32 on prompt + plain's first k tokens. Reported per divergence: both tokens
 the float32 top token, and whether it is a near-tie: both tokens within servers.NEAR_TIE_MARGIN (0.07 nats, the
 rule of the GPU benchmarks) of the float32 best.
     python -m benchmarks greedy_divergence ADAPTIVE_JSON [--models models/default] [--out DIR]
-Writes greedy_divergence.json (command, commit, date; the run's own provenance beside it) to --out.
+Writes greedy_divergence.json (command, commit, date; the run's own provenance beside it) to --out;
+scripts/device/adaptive.py --merge puts the same verdicts into its summary (`judge_pair`).
 """
 from __future__ import annotations
 
@@ -54,27 +55,22 @@ def judge(model, prompt: list[int], plain: list[int], spec: list[int], k: int) -
             "near_tie": max(lp[best].item() - a, lp[best].item() - b) <= NEAR_TIE_MARGIN}
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("run", help="an adaptive.json with a `pair` phase (plain's greedy_ids among its servers)")
-    ap.add_argument("--models", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                     "models", "default"))
-    ap.add_argument("--out", default=default_output("greedy_divergence"))
-    args = ap.parse_args(argv)
+def judge_pair(pair: dict, models: str) -> dict:
+    """Per server of a `pair` phase (name -> its record with `greedy_ids`), its answers against plain's: identical
+    count, near-ties among the first divergences and each divergence's verdict (`judge`), the target of the
+    models folder `models` in float32 on the CPU."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    run = json.load(open(args.run))
-    pair = run.get("pair", {})
     if not pair.get("plain", {}).get("greedy_ids"):
-        raise SystemExit(f"greedy_divergence.py: {args.run} holds no plain server's greedy_ids (phase `pair`)")
-    models = model_layout(args.models)
+        raise ValueError("greedy_divergence: the pair phase holds no plain server's greedy_ids")
+    models = model_layout(models)
     target = os.path.join(models, "target")
     prompts = [ids for _, ids in prompts_for(AutoTokenizer.from_pretrained(target), PROMPTS,
                                              os.path.join(models, "suites"))][:ASKED]
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     plain = pair["plain"]["greedy_ids"]
     if len(plain) != len(prompts):
-        raise SystemExit(f"greedy_divergence.py: {len(plain)} plain answers for {len(prompts)} prompts")
+        raise ValueError(f"greedy_divergence: {len(plain)} plain answers for {len(prompts)} prompts")
     servers = {}
     for name, rec in pair.items():
         if name == "plain" or not rec.get("greedy_ids"):
@@ -88,9 +84,24 @@ def main(argv=None) -> None:
                          "near_ties": sum(d["near_tie"] for d in divergences),
                          "largest_gap": max((d.get("gap", float("inf")) for d in divergences), default=None),
                          "divergences": divergences}
-        print(f"{name}: {servers[name]['identical']}/{len(prompts)} identical; of the {len(divergences)} "
-              f"divergences {servers[name]['near_ties']} near-ties (float32), largest gap "
-              f"{servers[name]['largest_gap']}", flush=True)
+    return servers
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", help="an adaptive.json with a `pair` phase (plain's greedy_ids among its servers)")
+    ap.add_argument("--models", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                     "models", "default"))
+    ap.add_argument("--out", default=default_output("greedy_divergence"))
+    args = ap.parse_args(argv)
+    run = json.load(open(args.run))
+    try:
+        servers = judge_pair(run.get("pair", {}), args.models)
+    except ValueError as e:
+        raise SystemExit(f"greedy_divergence.py: {args.run}: {e}") from None
+    for name, r in servers.items():
+        print(f"{name}: {r['identical']}/{r['prompts']} identical; of the {r['prompts'] - r['identical']} "
+              f"divergences {r['near_ties']} near-ties (float32), largest gap {r['largest_gap']}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "greedy_divergence.json")
     json.dump({"provenance": provenance(), "run_provenance": run.get("provenance"), "near_tie_margin": NEAR_TIE_MARGIN,

@@ -6,6 +6,8 @@ import importlib
 import json
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -230,7 +232,8 @@ def test_greedy_divergence_judges_each_first_divergence_with_the_float32_target(
     """benchmarks/greedy_divergence.py on a run of its own making: plain's answer is the float32 target's greedy
     continuation of a prompt; one server's answer takes the target's second choice at position 3 (the verdict
     must report both log-probs as the target gives them, and a near-tie exactly when both are within the margin),
-    another's is plain's own (no divergence), a third's is plain's cut short (a divergence at its end)."""
+    another's is plain's own (no divergence), a third's is plain's cut short (a divergence at its end). Then
+    adaptive.py --merge puts the same verdicts into its summary."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -275,6 +278,18 @@ def test_greedy_divergence_judges_each_first_divergence_with_the_float32_target(
     assert first["near_tie"] == (float(lp[plain[0][3]] - lp[second]) <= gd.NEAR_TIE_MARGIN)
     assert (cut["prompt"], cut["position"], cut["near_tie"]) == (2, 4, False)
     assert res["near_ties"] == int(first["near_tie"])
+    # scripts/device/adaptive.py --merge (on this machine, after a GPU run) writes the same verdicts into the
+    # issue's summary, beside the tokens/s cells
+    cell = {"tokens_per_s": {"median": 10.0, "min": 9.0, "max": 11.0}, "tau": None}
+    run["pair"]["plain"]["t0"] = {"1": cell}
+    run["pair"]["dspine"]["t0"] = {"1": {**cell, "tau": 2.0}}
+    path.write_text(json.dumps(run))
+    merged = tmp_path / "merged"
+    subprocess.run([sys.executable, os.path.join(repo, "scripts", "device", "adaptive.py"), "--merge", str(path),
+                    "--out", str(merged), "--models", models], check=True, capture_output=True, text=True)
+    summary = json.loads((merged / "adaptive_summary.json").read_text())
+    assert summary["greedy_divergences_fp32"]["dspine"] == res
+    assert summary["end_to_end"]["1"]["dspine"]["tau"] == 2.0 and summary["greedy_equal_to_plain"]["dspine"] == "22/24"
 
 
 @pytest.mark.parametrize("rows", [1, 4])

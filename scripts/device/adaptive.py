@@ -177,7 +177,7 @@ def main():
                          "--out/adaptive_summary.json")
     args = ap.parse_args()
     if args.merge:
-        return merge(args.merge, args.out)
+        return merge(args.merge, args.out, args.models)
     os.makedirs(args.out, exist_ok=True)
     out_path = os.path.join(args.out, "adaptive.json")
     res = json.load(open(out_path)) if os.path.exists(out_path) else {}
@@ -250,8 +250,10 @@ def main():
     print(json.dumps(res["summary"], indent=1))
 
 
-def merge(paths: list[str], out: str) -> None:
-    """The phases of several runs in one summary (`summarize`), with each run's provenance and the GPU it names."""
+def merge(paths: list[str], out: str, models: str | None = None) -> None:
+    """The phases of several runs in one summary (`summarize`), with each run's provenance and the GPU it names;
+    with `models` (the pair's folder) each greedy divergence from plain decoding judged by the float32 target
+    on this machine's CPU (benchmarks/greedy_divergence.py: near-tie or not)."""
     res, runs = {}, []
     for p in paths:
         r = json.load(open(p))
@@ -261,6 +263,10 @@ def merge(paths: list[str], out: str) -> None:
         for phase in ("pair", "geometry", "profile"):
             res.setdefault(phase, {}).update(r.get(phase, {}))
     summary = summarize(res)
+    if models and res.get("pair", {}).get("plain", {}).get("greedy_ids"):
+        from benchmarks.greedy_divergence import judge_pair
+
+        summary["greedy_divergences_fp32"] = judge_pair(res["pair"], models)
     pair = {n: {k: v for k, v in rec.items() if k != "greedy_ids"} for n, rec in res.get("pair", {}).items()}
     geo = res.get("geometry", {})
     os.makedirs(out, exist_ok=True)
