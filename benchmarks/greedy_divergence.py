@@ -28,7 +28,8 @@ from benchmarks.serve_e2e import prompts_for
 from benchmarks.servers import NEAR_TIE_MARGIN
 from sglang_dspine.provenance import default_output, provenance
 
-PROMPTS, ASKED = 48, 24  # adaptive.py's prompts and the greedy answers it asks for (its measure_server)
+# scripts/device/adaptive.py's pair phase (it imports these): its prompts, and the first of them its greedy answers ask
+PAIR_PROMPTS, GREEDY_ASKED = 48, 24
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -65,8 +66,8 @@ def judge_pair(pair: dict, models: str) -> dict:
         raise ValueError("greedy_divergence: the pair phase holds no plain server's greedy_ids")
     models = model_layout(models)
     target = os.path.join(models, "target")
-    prompts = [ids for _, ids in prompts_for(AutoTokenizer.from_pretrained(target), PROMPTS,
-                                             os.path.join(models, "suites"))][:ASKED]
+    prompts = [ids for _, ids in prompts_for(AutoTokenizer.from_pretrained(target), PAIR_PROMPTS,
+                                             os.path.join(models, "suites"))][:GREEDY_ASKED]
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     plain = pair["plain"]["greedy_ids"]
     if len(plain) != len(prompts):

@@ -245,8 +245,8 @@ def test_greedy_divergence_judges_each_first_divergence_with_the_float32_target(
     models = os.path.join(repo, "models", "default")
     target = os.path.join(models, "target")
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    prompts = [ids for _, ids in gd.prompts_for(AutoTokenizer.from_pretrained(target), gd.PROMPTS,
-                                                os.path.join(models, "suites"))][: gd.ASKED]
+    prompts = [ids for _, ids in gd.prompts_for(AutoTokenizer.from_pretrained(target), gd.PAIR_PROMPTS,
+                                                os.path.join(models, "suites"))][: gd.GREEDY_ASKED]
 
     def logprobs(ids):
         with torch.no_grad():
@@ -263,13 +263,13 @@ def test_greedy_divergence_judges_each_first_divergence_with_the_float32_target(
     spec = [plain[0][:3] + [second, 0, 0], list(plain[1]), plain[2][:4]]
     # the other prompts: both answers empty-equal (the script asks every prompt's answer)
     run = {"provenance": {"commit": "x"}, "pair": {
-        "plain": {"greedy_ids": plain + [[7]] * (gd.ASKED - 3)},
-        "dspine": {"greedy_ids": spec + [[7]] * (gd.ASKED - 3)}}}
+        "plain": {"greedy_ids": plain + [[7]] * (gd.GREEDY_ASKED - 3)},
+        "dspine": {"greedy_ids": spec + [[7]] * (gd.GREEDY_ASKED - 3)}}}
     path = tmp_path / "adaptive.json"
     path.write_text(json.dumps(run))
     gd.main([str(path), "--models", models, "--out", str(tmp_path / "out")])
     res = json.loads((tmp_path / "out" / "greedy_divergence.json").read_text())["servers"]["dspine"]
-    assert res["identical"] == gd.ASKED - 2
+    assert res["identical"] == gd.GREEDY_ASKED - 2
     first, cut = res["divergences"]
     assert (first["prompt"], first["position"], first["plain_token"], first["spec_token"]) == (0, 3, plain[0][3], second)
     assert first["fp32_top_token"] == plain[0][3]

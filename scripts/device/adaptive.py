@@ -40,6 +40,7 @@ _root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 load_package("benchmarks", os.path.join(_root, "benchmarks"))  # the repository root stays off sys.path
 from benchmarks import servers as bench  # noqa: E402
 from benchmarks import serving_scale as scale  # noqa: E402
+from benchmarks.greedy_divergence import GREEDY_ASKED, PAIR_PROMPTS  # noqa: E402
 from benchmarks.serve_e2e import greedy_agreement, load_test, max_gap, model_layout, prompts_for, t1_test  # noqa: E402
 
 ADAPTIVE_ENV = {"SGLANG_DSPINE_VERIFY": "adaptive"}
@@ -82,8 +83,8 @@ def switching(server, plain, prompts, args) -> dict:
     background.start()
     try:
         with cf.ThreadPoolExecutor(16) as pool:
-            rec["greedy"] = greedy_agreement(plain, server, prompts[:24], args.max_new, pool)
-            print("switching: greedy", rec["greedy"].get("identical"), "/ 24", flush=True)
+            rec["greedy"] = greedy_agreement(plain, server, prompts[:GREEDY_ASKED], args.max_new, pool)
+            print("switching: greedy", rec["greedy"].get("identical"), "/", GREEDY_ASKED, flush=True)
             rec["t1"] = t1_test(plain, server, prompts[:3], args.t1_samples, pool)
             print("switching: t1 p", rec["t1"]["bonferroni_min_pvalue"], flush=True)
     finally:
@@ -118,8 +119,10 @@ def measure_server(name, server, prompts, clients, t1_clients, repeats, max_new)
     `t1_clients`), with the adaptive server's steps per shape."""
     rec = {"memory": server.memory(), "t0": {}, "t1": {}}
     bench.wave_round(server, prompts, 8, 16)  # warm-up
-    # greedy answers to compare with plain decoding's: 24 prompts, 8 at a time (the adaptive server switches)
-    rec["greedy_ids"] = [o["output_ids"] for o in bench.wave_round(server, prompts, 8, max_new, 0.0, requests=24)[1]]
+    # greedy answers to compare with plain decoding's: the first GREEDY_ASKED prompts, 8 at a time (the adaptive
+    # server switches); benchmarks/greedy_divergence.py judges them
+    rec["greedy_ids"] = [o["output_ids"] for o in
+                         bench.wave_round(server, prompts, 8, max_new, 0.0, requests=GREEDY_ASKED)[1]]
     for temp, cs, key in ((0.0, clients, "t0"), (1.0, t1_clients, "t1")):
         for c in cs:
             before = policy_state(server)[0]
@@ -188,7 +191,7 @@ def main():
 
         models = model_layout(args.models)
         target = os.path.join(models, "target")
-        prompts = [ids for _, ids in prompts_for(AutoTokenizer.from_pretrained(target), 48,
+        prompts = [ids for _, ids in prompts_for(AutoTokenizer.from_pretrained(target), PAIR_PROMPTS,
                                                  os.path.join(models, "suites"))]
         spec = lambda algo, d: bench.spec_args(target, algo, os.path.join(models, d), *PAIR_ARGS)
         servers = {"plain": (["--model-path", target, *PAIR_ARGS], None), "dflash": (spec("DFLASH", "dflash"), None),
