@@ -2,8 +2,9 @@
 
 Phases (`--phases`, in order; each server's cell is written to the JSON as soon as it is measured, and a rerun
 with the same --out skips the servers already there, so a lost machine loses one server's work at most):
-  pair      the built-in pair (or --models): plain, DFLASH, DSPINE at the block, DSPINE adaptive, and both DSPINE
-            servers again under SGLANG_DSPINE_SPLITKV_VERIFY=1 (`_splitkv`), each alone;
+  pair      the built-in pair (or --models): plain, DFLASH, DSPINE at the block, the tree of 32 (`dspine_tree32`),
+            DSPINE adaptive (also with the tree in its menu: `dspine_adaptive_tree32`), and each DSPINE server
+            again under SGLANG_DSPINE_SPLITKV_VERIFY=1 (`_splitkv`), each alone;
             T=0 at --clients, `--repeats` rounds a cell (median, min, max tokens/s; τ), T=1 at 1 and 48; the
             adaptive server's shape counts per cell (its log lines); greedy outputs (24 prompts, 8 clients)
             against plain.
@@ -44,6 +45,9 @@ from benchmarks.greedy_divergence import GREEDY_ASKED, PAIR_PROMPTS  # noqa: E40
 from benchmarks.serve_e2e import greedy_agreement, load_test, max_gap, model_layout, prompts_for, t1_test  # noqa: E402
 
 ADAPTIVE_ENV = {"SGLANG_DSPINE_VERIFY": "adaptive"}
+# the tree of 32 (31 nodes over the lattice; the drafter folder holds its tree calibration), served fixed
+# and in the adaptive menu
+TREE32 = (["--speculative-num-draft-tokens", "32"], {"SGLANG_DSPINE_TREE": "1"})
 SPLIT_KV_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "1"}  # the chain verifies on SGLang's split-KV kernel (patch 8)
 
 
@@ -163,8 +167,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--models", default=os.path.join(_root, "models", "default"))
     ap.add_argument("--phases", default="pair,geometry")
-    ap.add_argument("--pair-servers", default="plain,dspine_adaptive,dspine,dflash,dspine_splitkv,"
-                                              "dspine_adaptive_splitkv")
+    ap.add_argument("--pair-servers", default="plain,dspine_adaptive,dspine,dflash,dspine_tree32,"
+                                              "dspine_adaptive_tree32,dspine_splitkv,dspine_adaptive_splitkv")
     ap.add_argument("--geometry-servers", default="plain,dspine_adaptive,dspine,dspine_splitkv,"
                                                   "dspine_adaptive_splitkv")
     ap.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4, 16, 48, 64])
@@ -196,7 +200,9 @@ def main():
         spec = lambda algo, d: bench.spec_args(target, algo, os.path.join(models, d), *PAIR_ARGS)
         servers = {"plain": (["--model-path", target, *PAIR_ARGS], None), "dflash": (spec("DFLASH", "dflash"), None),
                    "dspine": (spec("DSPINE", "dspine"), None), "dspine_adaptive": (spec("DSPINE", "dspine"),
-                                                                                  ADAPTIVE_ENV)}
+                                                                                  ADAPTIVE_ENV),
+                   "dspine_tree32": (spec("DSPINE", "dspine") + TREE32[0], TREE32[1]),
+                   "dspine_adaptive_tree32": (spec("DSPINE", "dspine") + TREE32[0], {**ADAPTIVE_ENV, **TREE32[1]})}
         servers = with_split_kv(servers)
         for name in filter(None, args.pair_servers.split(",")) if "pair" in phases else ():
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)
@@ -298,7 +304,7 @@ def plot(summary: dict, path: str, named: dict) -> None:
     proj = {int(c): row for c, row in summary.get("geometry_projection", {}).items()}
     fig, axes = plt.subplots(1, 2 if proj else 1, figsize=(11 if proj else 6, 4), squeeze=False)
     ax = axes[0][0]
-    for name in ("plain", "dflash", "dspine", "dspine_adaptive"):
+    for name in ("plain", "dflash", "dspine", "dspine_tree32", "dspine_adaptive", "dspine_adaptive_tree32"):
         cs = [c for c in sorted(e2e) if name in e2e[c]]
         if not cs:
             continue
