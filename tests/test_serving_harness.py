@@ -324,3 +324,48 @@ def test_verify_attention_times_the_kernels_on_causal_attention_over_context_and
                                                    atol=1e-5, rtol=1e-5)
     finally:
         va.HQ, va.HKV, va.D = shape
+
+
+def test_adaptive_merge_projects_the_geometry_step_table_with_each_acceptance(tmp_path):
+    """scripts/device/adaptive.py --merge on a run of its own making: the geometry's step table (ms per batch
+    bucket and shape) times E(shape) gives tokens/s per client count, for the pair's served acceptance and for
+    the recipe lab's offline one (E(chainW) = 1 + the mean survival of its first W - 1 positions, from
+    benchmarks/results/lab_recipe_summary.json); adaptive takes the best shape of the bucket a client count pads
+    to; DFLASH its E at the block over the block's step."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    table = {"1": {"none": 5.0, "chain4": 6.0, "chain16": 8.0}, "64": {"none": 20.0, "chain4": 30.0, "chain16": 60.0}}
+    accept = {"none": 1.0, "chain4": 2.0, "chain16": 3.0}
+    cell = lambda tps, tau=None: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": tau}
+    run = {"provenance": {"gpu": "G", "commit": "c"},
+           "pair": {"dspine_adaptive": {"t0": {"1": {**cell(100.0, 3.0), "policy": {"expected_tokens": accept}}}},
+                    "dflash": {"t0": {"1": cell(90.0, 2.5), "16": cell(800.0, 2.7), "48": cell(1500.0, 2.9)}}},
+           "geometry": {"plain": {"t0": {"1": cell(200.0), "48": cell(4800.0)}},
+                        "dspine_adaptive": {"policy_last": {"step_ms": table}}}}
+    path = tmp_path / "run" / "adaptive.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(run))
+    subprocess.run([sys.executable, os.path.join(repo, "scripts", "device", "adaptive.py"), "--merge", str(path),
+                    "--out", str(tmp_path / "merged")], check=True, capture_output=True, text=True)
+    out = json.loads((tmp_path / "merged" / "adaptive_summary.json").read_text())
+    pair = out["geometry_projection"]
+    # 1 client: bucket 1, chain16 3/8 beats chain4 2/6 and none 1/5 per ms; 48 clients: bucket 64, chain4 2/30
+    # beats none 1/20 and chain16 3/60
+    assert pair["1"] == {"plain": 200.0, "dspine": 375.0, "dflash": round(1000 * 2.7 / 8.0, 1),
+                         "dspine_adaptive": 375.0, "adaptive_shape": "chain16"}
+    assert pair["48"] == {"plain": 4800.0, "dspine": 2400.0, "dflash": round(48000 * 2.7 / 60.0, 1),
+                          "dspine_adaptive": 3200.0, "adaptive_shape": "chain4"}
+    lab = json.load(open(os.path.join(repo, "benchmarks", "results", "lab_recipe_summary.json")))
+
+    def e(kind, w):
+        lists = [v for seed in lab["position_acceptance"]["t0"].values() for v in seed[kind].values()]
+        return 1 + sum(sum(x[i] for x in lists) / len(lists) for i in range(w - 1))
+
+    recipe = out["geometry_projection_recipe_lab"]
+    rates = {"none": 1 / 5.0, "chain4": e("dspine", 4) / 6.0, "chain16": e("dspine", 16) / 8.0}
+    best = max(rates, key=rates.get)
+    assert recipe["1"]["dspine"] == pytest.approx(1000 * rates["chain16"], abs=0.1)
+    assert recipe["1"]["dflash"] == pytest.approx(1000 * e("dflash", 16) / 8.0, abs=0.1)
+    assert (recipe["1"]["adaptive_shape"], recipe["1"]["dspine_adaptive"]) == (best, pytest.approx(1000 * rates[best],
+                                                                                                    abs=0.1))
+    assert out["projection_acceptance"]["geometry_projection_recipe_lab"]["dspine"]["chain4"] == \
+        pytest.approx(e("dspine", 4), abs=1e-4)

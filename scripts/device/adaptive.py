@@ -317,7 +317,7 @@ def plot(summary: dict, path: str, named: dict) -> None:
     ax.legend()
     if proj:
         ax = axes[0][1]
-        for name in ("plain", "dspine", "dspine_adaptive", "dspine_splitkv", "dspine_adaptive_splitkv"):
+        for name in ("plain", "dflash", "dspine", "dspine_adaptive", "dspine_splitkv", "dspine_adaptive_splitkv"):
             cs = [c for c in sorted(proj, key=int) if name in proj[c]]
             ax.plot(cs, [proj[c][name] for c in cs], marker="o", label=name)
         ax.set(xscale="log", yscale="log", xlabel="clients", ylabel="projected tokens/s",
@@ -352,32 +352,81 @@ def summarize(res: dict) -> dict:
                                       "shapes": r["shapes"]} for r in sw["ramp"]]}
     geo = res.get("geometry", {})
     plain = {c: 1000.0 * int(c) / v["tokens_per_s"]["median"] for c, v in geo.get("plain", {}).get("t0", {}).items()}
-    # acceptance per shape at T=0: the adaptive server's policy after its last T=0 cell of the pair phase
-    t0_cells = res.get("pair", {}).get("dspine_adaptive", {}).get("t0", {})
-    last = t0_cells[max(t0_cells, key=int)] if t0_cells else {}
-    accept = (last.get("policy") or {}).get("expected_tokens")
-    for suffix in ("", "_splitkv"):  # the extend-kernel verify, and SGLang's split-KV verify kernel (patch 8)
-        table = (geo.get(f"dspine_adaptive{suffix}", {}).get("policy_last") or {}).get("step_ms")
+    tables = {suffix: (geo.get(f"dspine_adaptive{suffix}", {}).get("policy_last") or {}).get("step_ms")
+              for suffix in ("", "_splitkv")}  # the extend-kernel verify, and SGLang's split-KV kernel (patch 8)
+    for suffix, table in tables.items():
         if table:
             out.setdefault("geometry_step_ms", {"plain": {c: round(v, 3) for c, v in plain.items()}})
             out["geometry_step_ms"][f"dspine_shapes{suffix}"] = table
-        if not (table and accept and plain):
-            continue
-        proj = out.setdefault("geometry_projection", {})
-        for c, plain_ms in plain.items():
+    sources = projection_sources(res)
+    if sources and plain and any(tables.values()):
+        out["projection_acceptance"] = sources
+        for key, source in sources.items():
+            out[key] = project(plain, tables, source["dspine"], source.get("dflash_block"))
+    return out
+
+
+BLOCK = "chain16"  # the block of the drafters projected (Qwen3-8B's DSpine and DFlash drafters: B = 16)
+RECIPE_LAB = os.path.join(_root, "benchmarks", "results", "lab_recipe_summary.json")
+
+
+def projection_sources(res: dict) -> dict:
+    """Acceptance to project the geometry's step table with, at T=0, by output key: E(shape) per DSPINE shape
+    (`dspine`) and DFLASH's E at its block (`dflash_block`, where known), each with where it came from:
+      - geometry_projection: the built-in pair served: its adaptive server's per-position acceptance after its
+        last T=0 cell, and DFLASH's τ (median over client counts) where the pair phase measured it;
+      - geometry_projection_recipe_lab: the recipe lab's pair offline (`RECIPE_LAB`): rounds accepting at least
+        i drafts per position, mean over its seeds and suites; E(chainW) = 1 + the first W - 1 of them."""
+    out = {}
+    pair = res.get("pair", {})
+    t0_cells = pair.get("dspine_adaptive", {}).get("t0", {})
+    last = t0_cells[max(t0_cells, key=int)] if t0_cells else {}
+    accept = (last.get("policy") or {}).get("expected_tokens")
+    if accept:
+        taus = [v["tau"] for v in pair.get("dflash", {}).get("t0", {}).values() if v.get("tau")]
+        out["geometry_projection"] = {
+            "dspine": accept, "dflash_block": statistics.median(taus) if taus else None,
+            "from": "the built-in pair served: the adaptive server's per-position acceptance after its last T=0 "
+                    "cell; DFLASH's tau, median over the pair's client counts"}
+    if os.path.exists(RECIPE_LAB):
+        lab = json.load(open(RECIPE_LAB))
+        per = {}
+        for kind in ("dspine", "dflash"):
+            lists = [by_suite[suite] for seed in lab["position_acceptance"]["t0"].values()
+                     for k, by_suite in seed.items() if k == kind for suite in by_suite]
+            survival = [statistics.mean(x[i] for x in lists) for i in range(len(lists[0]))]
+            per[kind] = {"none" if w == 1 else f"chain{w}": round(1 + sum(survival[: w - 1]), 4)
+                         for w in range(1, len(survival) + 2)}
+        out["geometry_projection_recipe_lab"] = {
+            "dspine": per["dspine"], "dflash_block": per["dflash"][BLOCK],
+            "from": f"the recipe lab's pair offline ({os.path.relpath(RECIPE_LAB, _root)}, commit "
+                    f"{lab.get('commit')}): rounds accepting at least i drafts, mean over its seeds and suites"}
+    return out
+
+
+def project(plain: dict, tables: dict, accept: dict, dflash_block: float | None) -> dict:
+    """Projected tokens/s per client count: plain's measured; DSPINE at the block, DSPINE adaptive (the shape of
+    the step table's bucket with the most E(shape) / ms) and DFLASH (its E at the block over DSPINE's block step:
+    the two steps measured 1.00-1.05x apart at this geometry) per table (`tables`: suffix -> step ms per bucket
+    and shape)."""
+    proj = {}
+    for c, plain_ms in plain.items():
+        cell_ = proj.setdefault(c, {"plain": round(1000 * int(c) / plain_ms, 1)})
+        for suffix, table in tables.items():
+            if not table:
+                continue
             bucket = min((int(b) for b in table if int(b) >= int(c)), default=None)
             row = table.get(str(bucket)) or {}
             rates = {s: accept[s] / ms for s, ms in row.items() if s in accept}
-            cell_ = proj.setdefault(c, {"plain": round(1000 * int(c) / plain_ms, 1)})
-            if "chain16" in rates:
-                cell_[f"dspine{suffix}"] = round(1000 * int(c) * rates["chain16"], 1)
+            if BLOCK in rates:
+                cell_[f"dspine{suffix}"] = round(1000 * int(c) * rates[BLOCK], 1)
+                if dflash_block:
+                    cell_[f"dflash{suffix}"] = round(1000 * int(c) * dflash_block / row[BLOCK], 1)
             if rates:
                 best = max(rates, key=rates.get)
                 cell_[f"dspine_adaptive{suffix}"] = round(1000 * int(c) * rates[best], 1)
                 cell_[f"adaptive_shape{suffix}"] = best
-        out["projection_acceptance"] = {"expected_tokens_per_shape": accept, "from": "the built-in pair's adaptive "
-                                        "server (its policy's per-position acceptance after its last T=0 cell)"}
-    return out
+    return proj
 
 
 if __name__ == "__main__":
