@@ -331,16 +331,21 @@ def test_adaptive_merge_projects_the_geometry_step_table_with_each_acceptance(tm
     bucket and shape) times E(shape) gives tokens/s per client count, for the pair's served acceptance and for
     the recipe lab's offline one (E(chainW) = 1 + the mean survival of its first W - 1 positions, from
     benchmarks/results/lab_recipe_summary.json); adaptive takes the best shape of the bucket a client count pads
-    to; DFLASH its E at the block over the block's step."""
+    to; DFLASH its E at the block over the block's step; the tree of 32 from the table of a server with it in
+    its menu and the tree's E from the pair's such server."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     table = {"1": {"none": 5.0, "chain4": 6.0, "chain16": 8.0}, "64": {"none": 20.0, "chain4": 30.0, "chain16": 60.0}}
     accept = {"none": 1.0, "chain4": 2.0, "chain16": 3.0}
     cell = lambda tps, tau=None: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": tau}
     run = {"provenance": {"gpu": "G", "commit": "c"},
            "pair": {"dspine_adaptive": {"t0": {"1": {**cell(100.0, 3.0), "policy": {"expected_tokens": accept}}}},
+                    "dspine_adaptive_tree32": {"t0": {"1": {**cell(90.0, 3.5),
+                                                            "policy": {"expected_tokens": {"tree32": 3.6}}}}},
                     "dflash": {"t0": {"1": cell(90.0, 2.5), "16": cell(800.0, 2.7), "48": cell(1500.0, 2.9)}}},
            "geometry": {"plain": {"t0": {"1": cell(200.0), "48": cell(4800.0)}},
-                        "dspine_adaptive": {"policy_last": {"step_ms": table}}}}
+                        "dspine_adaptive": {"policy_last": {"step_ms": table}},
+                        "dspine_adaptive_tree32": {"policy_last": {"step_ms": {
+                            k: {**v, "tree32": {"1": 8.4, "64": 70.0}[k]} for k, v in table.items()}}}}}
     path = tmp_path / "run" / "adaptive.json"
     path.parent.mkdir()
     path.write_text(json.dumps(run))
@@ -350,10 +355,15 @@ def test_adaptive_merge_projects_the_geometry_step_table_with_each_acceptance(tm
     pair = out["geometry_projection"]
     # 1 client: bucket 1, chain16 3/8 beats chain4 2/6 and none 1/5 per ms; 48 clients: bucket 64, chain4 2/30
     # beats none 1/20 and chain16 3/60
+    # the tree: 3.6/8.4 beats the block at 1 client, and loses to chain4 at 48
     assert pair["1"] == {"plain": 200.0, "dspine": 375.0, "dflash": round(1000 * 2.7 / 8.0, 1),
-                         "dspine_adaptive": 375.0, "adaptive_shape": "chain16"}
+                         "dspine_adaptive": 375.0, "adaptive_shape": "chain16",
+                         "dspine_tree32": round(1000 * 3.6 / 8.4, 1), "dspine_adaptive_tree32": round(1000 * 3.6 / 8.4, 1),
+                         "adaptive_shape_tree32": "tree32"}
     assert pair["48"] == {"plain": 4800.0, "dspine": 2400.0, "dflash": round(48000 * 2.7 / 60.0, 1),
-                          "dspine_adaptive": 3200.0, "adaptive_shape": "chain4"}
+                          "dspine_adaptive": 3200.0, "adaptive_shape": "chain4",
+                          "dspine_tree32": round(48000 * 3.6 / 70.0, 1), "dspine_adaptive_tree32": 3200.0,
+                          "adaptive_shape_tree32": "chain4"}
     lab = json.load(open(os.path.join(repo, "benchmarks", "results", "lab_recipe_summary.json")))
 
     def e(kind, w):

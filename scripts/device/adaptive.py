@@ -9,7 +9,8 @@ with the same --out skips the servers already there, so a lost machine loses one
             adaptive server's shape counts per cell (its log lines); greedy outputs (24 prompts, 8 clients)
             against plain.
   geometry  Qwen3-8B geometry, random weights (--load-format dummy): plain, DSPINE at the block and adaptive
-            (each also `_splitkv`) alone; tokens/s per client count, and the adaptive servers' own step-time
+            (each also `_splitkv`), and adaptive with the tree of 32 in its menu (its table times the tree too)
+            alone; tokens/s per client count, and the adaptive servers' own step-time
             tables per (batch bucket, shape), which their policies measured online (every shape is run a few
             times per bucket before it decides); projected tokens/s with the pair's acceptance per width.
   switching the built-in pair: plain and an adaptive server side by side; while a background load on the
@@ -170,7 +171,7 @@ def main():
     ap.add_argument("--pair-servers", default="plain,dspine_adaptive,dspine,dflash,dspine_tree32,"
                                               "dspine_adaptive_tree32,dspine_splitkv,dspine_adaptive_splitkv")
     ap.add_argument("--geometry-servers", default="plain,dspine_adaptive,dspine,dspine_splitkv,"
-                                                  "dspine_adaptive_splitkv")
+                                                  "dspine_adaptive_splitkv,dspine_adaptive_tree32")
     ap.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4, 16, 48, 64])
     ap.add_argument("--t1-clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 48])
     ap.add_argument("--repeats", type=int, default=3)
@@ -231,6 +232,7 @@ def main():
                    "dspine": (bench.spec_args(target, "DSPINE", drafters["dspine"], *common,
                                               "--speculative-draft-load-format", "safetensors"), None)}
         servers["dspine_adaptive"] = (servers["dspine"][0], ADAPTIVE_ENV)
+        servers["dspine_adaptive_tree32"] = (servers["dspine"][0] + TREE32[0], {**ADAPTIVE_ENV, **TREE32[1]})
         servers = with_split_kv(servers)
         for name in filter(None, args.geometry_servers.split(",")):
             run_alone(res, "geometry", name, *servers[name], prompts, args, out_path)
@@ -317,7 +319,8 @@ def plot(summary: dict, path: str, named: dict) -> None:
     ax.legend()
     if proj:
         ax = axes[0][1]
-        for name in ("plain", "dflash", "dspine", "dspine_adaptive", "dspine_splitkv", "dspine_adaptive_splitkv"):
+        for name in ("plain", "dflash", "dspine", "dspine_adaptive", "dspine_tree32", "dspine_adaptive_tree32",
+                     "dspine_splitkv", "dspine_adaptive_splitkv"):
             cs = [c for c in sorted(proj, key=int) if name in proj[c]]
             ax.plot(cs, [proj[c][name] for c in cs], marker="o", label=name)
         ax.set(xscale="log", yscale="log", xlabel="clients", ylabel="projected tokens/s",
@@ -352,8 +355,10 @@ def summarize(res: dict) -> dict:
                                       "shapes": r["shapes"]} for r in sw["ramp"]]}
     geo = res.get("geometry", {})
     plain = {c: 1000.0 * int(c) / v["tokens_per_s"]["median"] for c, v in geo.get("plain", {}).get("t0", {}).items()}
+    # the extend-kernel verify, SGLang's split-KV kernel (patch 8), and the table of a server with the tree in
+    # its menu (it times the tree beside the chains)
     tables = {suffix: (geo.get(f"dspine_adaptive{suffix}", {}).get("policy_last") or {}).get("step_ms")
-              for suffix in ("", "_splitkv")}  # the extend-kernel verify, and SGLang's split-KV kernel (patch 8)
+              for suffix in ("", "_splitkv", "_tree32")}
     for suffix, table in tables.items():
         if table:
             out.setdefault("geometry_step_ms", {"plain": {c: round(v, 3) for c, v in plain.items()}})
@@ -376,18 +381,25 @@ def projection_sources(res: dict) -> dict:
       - geometry_projection: the built-in pair served: its adaptive server's per-position acceptance after its
         last T=0 cell, and DFLASH's τ (median over client counts) where the pair phase measured it;
       - geometry_projection_recipe_lab: the recipe lab's pair offline (`RECIPE_LAB`): rounds accepting at least
-        i drafts per position, mean over its seeds and suites; E(chainW) = 1 + the first W - 1 of them."""
+        i drafts per position, mean over its seeds and suites; E(chainW) = 1 + the first W - 1 of them (no tree:
+        the lab measured none)."""
     out = {}
     pair = res.get("pair", {})
     t0_cells = pair.get("dspine_adaptive", {}).get("t0", {})
     last = t0_cells[max(t0_cells, key=int)] if t0_cells else {}
     accept = (last.get("policy") or {}).get("expected_tokens")
+    tree_cells = pair.get("dspine_adaptive_tree32", {}).get("t0", {})
+    tree_last = tree_cells[max(tree_cells, key=int)] if tree_cells else {}
+    tree_e = ((tree_last.get("policy") or {}).get("expected_tokens") or {}).get("tree32")
+    if accept and tree_e:
+        accept = {**accept, "tree32": tree_e}  # the tree's own mean tokens a request (its steps on the pair)
     if accept:
         taus = [v["tau"] for v in pair.get("dflash", {}).get("t0", {}).values() if v.get("tau")]
         out["geometry_projection"] = {
             "dspine": accept, "dflash_block": statistics.median(taus) if taus else None,
             "from": "the built-in pair served: the adaptive server's per-position acceptance after its last T=0 "
-                    "cell; DFLASH's tau, median over the pair's client counts"}
+                    "cell (tree32: the adaptive tree server's mean tokens a tree step); DFLASH's tau, median over "
+                    "the pair's client counts"}
     if os.path.exists(RECIPE_LAB):
         lab = json.load(open(RECIPE_LAB))
         per = {}
@@ -408,7 +420,7 @@ def project(plain: dict, tables: dict, accept: dict, dflash_block: float | None)
     """Projected tokens/s per client count: plain's measured; DSPINE at the block, DSPINE adaptive (the shape of
     the step table's bucket with the most E(shape) / ms) and DFLASH (its E at the block over DSPINE's block step:
     the two steps measured 1.00-1.05x apart at this geometry) per table (`tables`: suffix -> step ms per bucket
-    and shape)."""
+    and shape); from the tree server's table (`_tree32`), the tree of 32 fixed and adaptive with it."""
     proj = {}
     for c, plain_ms in plain.items():
         cell_ = proj.setdefault(c, {"plain": round(1000 * int(c) / plain_ms, 1)})
@@ -418,6 +430,13 @@ def project(plain: dict, tables: dict, accept: dict, dflash_block: float | None)
             bucket = min((int(b) for b in table if int(b) >= int(c)), default=None)
             row = table.get(str(bucket)) or {}
             rates = {s: accept[s] / ms for s, ms in row.items() if s in accept}
+            if suffix == "_tree32":  # this server's other shapes are the plain table's again: only what the tree adds
+                if "tree32" in rates:
+                    cell_["dspine_tree32"] = round(1000 * int(c) * rates["tree32"], 1)
+                    best = max(rates, key=rates.get)
+                    cell_["dspine_adaptive_tree32"] = round(1000 * int(c) * rates[best], 1)
+                    cell_["adaptive_shape_tree32"] = best
+                continue
             if BLOCK in rates:
                 cell_[f"dspine{suffix}"] = round(1000 * int(c) * rates[BLOCK], 1)
                 if dflash_block:

@@ -12,7 +12,8 @@
 #   4. the built-in pair: greedy answers and tokens/s of plain and DSPINE with split-KV (~3 min);
 #   5. switching: lossless while the adaptive split-KV server switches shapes, and the 1 -> 64 -> 1 ramp (~5 min);
 #   6. what a longer lease has time for: the geometry's adaptive server without split-KV, the pair's DSPINE without;
-#   7. the pair's DFLASH, tree of 32 and adaptive with the tree in its menu.
+#   7. the pair's DFLASH, tree of 32 and adaptive with the tree in its menu;
+#   8. the geometry's adaptive server with the tree of 32 in its menu (its step table times the tree).
 # Decision rule, fixed before the run: split-KV becomes the default on triton if dspine_splitkv's tokens/s (median
 # of 3) is >= dspine's at every client count at Qwen3-8B geometry, the GPU tests pass and the pair's greedy
 # answers with split-KV equal plain decoding's (near ties as before).
@@ -30,3 +31,5 @@ $A --phases geometry --geometry-servers dspine_adaptive --clients 1,4,16,48,64
 $A --phases pair --pair-servers dspine --clients 1,16,48 --t1-clients 48
 # 7. the other pair servers (plain, DSPINE and adaptive at 1/16/48 came from the H100 run at 8399c53)
 $A --phases pair --pair-servers dflash,dspine_tree32,dspine_adaptive_tree32 --clients 1,16,48 --t1-clients 48
+# 8. the geometry's step table with the tree of 32 beside the chains (the projection's tree; the 1-client goal)
+$A --phases geometry --geometry-servers dspine_adaptive_tree32 --clients 1,4,16,48,64
