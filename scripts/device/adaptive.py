@@ -269,7 +269,10 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
     for p in paths:
         r = json.load(open(p))
         phases = [k for k in ("pair", "geometry", "profile") if k in r]
-        runs.append({"file": os.path.basename(os.path.dirname(os.path.dirname(p))) or p,
+        # a run is named by its file (a kept run: benchmarks/results/adaptive_run_*.json), or for a job's
+        # $OUT/adaptive.json by the job's folder
+        name = os.path.splitext(os.path.basename(p))[0]
+        runs.append({"file": name if name != "adaptive" else os.path.basename(os.path.dirname(os.path.dirname(p))) or p,
                      "provenance": r.get("provenance"), "phases": phases})
         for phase in ("pair", "geometry", "profile"):
             res.setdefault(phase, {}).update(r.get(phase, {}))
