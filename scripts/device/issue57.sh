@@ -14,6 +14,9 @@
 #   6. what a longer lease has time for: the geometry's adaptive server without split-KV, the pair's DSPINE without;
 #   7. the pair's DFLASH, tree of 32 and adaptive with the tree in its menu;
 #   8. the geometry's adaptive server with the tree of 32 in its menu (its step table times the tree).
+# After the lease, on this machine: python3 scripts/device/adaptive.py --merge
+#   benchmarks/results/adaptive_run_h100_8399c53.json <the lease's adaptive.json> --out benchmarks/results
+# (later files win for a server both measured; mixing cards is named in the summary's gpu).
 # Decision rule, fixed before the run: split-KV becomes the default on triton if dspine_splitkv's tokens/s (median
 # of 3) is >= dspine's at every client count at Qwen3-8B geometry, the GPU tests pass and the pair's greedy
 # answers with split-KV equal plain decoding's (near ties as before).
