@@ -56,18 +56,27 @@ def judge(model, prompt: list[int], plain: list[int], spec: list[int], k: int) -
             "near_tie": max(lp[best].item() - a, lp[best].item() - b) <= NEAR_TIE_MARGIN}
 
 
+def pair_prompts(models: str) -> tuple[str, list[list[int]]]:
+    """(the target's folder, the pair phase's PAIR_PROMPTS prompts as token ids) of a models folder: what
+    adaptive.py serves and what its greedy answers are judged against."""
+    from transformers import AutoTokenizer
+
+    models = model_layout(models)
+    target = os.path.join(models, "target")
+    return target, [ids for _, ids in prompts_for(AutoTokenizer.from_pretrained(target), PAIR_PROMPTS,
+                                                  os.path.join(models, "suites"))]
+
+
 def judge_pair(pair: dict, models: str) -> dict:
     """Per server of a `pair` phase (name -> its record with `greedy_ids`), its answers against plain's: identical
     count, near-ties among the first divergences and each divergence's verdict (`judge`), the target of the
     models folder `models` in float32 on the CPU."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if not pair.get("plain", {}).get("greedy_ids"):
         raise ValueError("greedy_divergence: the pair phase holds no plain server's greedy_ids")
-    models = model_layout(models)
-    target = os.path.join(models, "target")
-    prompts = [ids for _, ids in prompts_for(AutoTokenizer.from_pretrained(target), PAIR_PROMPTS,
-                                             os.path.join(models, "suites"))][:GREEDY_ASKED]
+    target, prompts = pair_prompts(models)
+    prompts = prompts[:GREEDY_ASKED]
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     plain = pair["plain"]["greedy_ids"]
     if len(plain) != len(prompts):

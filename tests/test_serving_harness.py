@@ -235,7 +235,7 @@ def test_greedy_divergence_judges_each_first_divergence_with_the_float32_target(
     another's is plain's own (no divergence), a third's is plain's cut short (a divergence at its end). Then
     adaptive.py --merge puts the same verdicts into its summary."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     gd = importlib.import_module("benchmarks.greedy_divergence")
     assert gd.first_divergence([1, 2, 3], [1, 2, 3]) is None
@@ -243,10 +243,9 @@ def test_greedy_divergence_judges_each_first_divergence_with_the_float32_target(
     assert gd.first_divergence([1, 2, 3], [1, 2]) == 2
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     models = os.path.join(repo, "models", "default")
-    target = os.path.join(models, "target")
+    target, prompts = gd.pair_prompts(models)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    prompts = [ids for _, ids in gd.prompts_for(AutoTokenizer.from_pretrained(target), gd.PAIR_PROMPTS,
-                                                os.path.join(models, "suites"))][: gd.GREEDY_ASKED]
+    prompts = prompts[: gd.GREEDY_ASKED]
 
     def logprobs(ids):
         with torch.no_grad():

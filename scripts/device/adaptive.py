@@ -42,8 +42,8 @@ _root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 load_package("benchmarks", os.path.join(_root, "benchmarks"))  # the repository root stays off sys.path
 from benchmarks import servers as bench  # noqa: E402
 from benchmarks import serving_scale as scale  # noqa: E402
-from benchmarks.greedy_divergence import GREEDY_ASKED, PAIR_PROMPTS  # noqa: E402
-from benchmarks.serve_e2e import greedy_agreement, load_test, max_gap, model_layout, prompts_for, t1_test  # noqa: E402
+from benchmarks.greedy_divergence import GREEDY_ASKED, pair_prompts  # noqa: E402
+from benchmarks.serve_e2e import greedy_agreement, load_test, max_gap, model_layout, t1_test  # noqa: E402
 
 ADAPTIVE_ENV = {"SGLANG_DSPINE_VERIFY": "adaptive"}
 # the issue's tree of 32 (31 nodes over the lattice; the drafter folder holds its tree calibration), served fixed
@@ -192,12 +192,8 @@ def main():
     res["provenance"] = provenance(sys.argv)
     phases = args.phases.split(",")
     if "pair" in phases or "switching" in phases:
-        from transformers import AutoTokenizer
-
         models = model_layout(args.models)
-        target = os.path.join(models, "target")
-        prompts = [ids for _, ids in prompts_for(AutoTokenizer.from_pretrained(target), PAIR_PROMPTS,
-                                                 os.path.join(models, "suites"))]
+        target, prompts = pair_prompts(models)
         spec = lambda algo, d: bench.spec_args(target, algo, os.path.join(models, d), *PAIR_ARGS)
         servers = {"plain": (["--model-path", target, *PAIR_ARGS], None), "dflash": (spec("DFLASH", "dflash"), None),
                    "dspine": (spec("DSPINE", "dspine"), None), "dspine_adaptive": (spec("DSPINE", "dspine"),
@@ -386,14 +382,15 @@ def projection_sources(res: dict) -> dict:
       - geometry_projection_recipe_lab: the recipe lab's pair offline (`RECIPE_LAB`): rounds accepting at least
         i drafts per position, mean over its seeds and suites; E(chainW) = 1 + the first W - 1 of them (no tree:
         the lab measured none)."""
+    def last_t0_expected_tokens(name: str) -> dict | None:  # the server's policy after its last T=0 cell
+        cells = pair.get(name, {}).get("t0", {})
+        last = cells[max(cells, key=int)] if cells else {}
+        return (last.get("policy") or {}).get("expected_tokens")
+
     out = {}
     pair = res.get("pair", {})
-    t0_cells = pair.get("dspine_adaptive", {}).get("t0", {})
-    last = t0_cells[max(t0_cells, key=int)] if t0_cells else {}
-    accept = (last.get("policy") or {}).get("expected_tokens")
-    tree_cells = pair.get("dspine_adaptive_tree32", {}).get("t0", {})
-    tree_last = tree_cells[max(tree_cells, key=int)] if tree_cells else {}
-    tree_e = ((tree_last.get("policy") or {}).get("expected_tokens") or {}).get("tree32")
+    accept = last_t0_expected_tokens("dspine_adaptive")
+    tree_e = (last_t0_expected_tokens("dspine_adaptive_tree32") or {}).get("tree32")
     if accept and tree_e:
         accept = {**accept, "tree32": tree_e}  # the tree's own mean tokens a request (its steps on the pair)
     if accept:
@@ -407,8 +404,7 @@ def projection_sources(res: dict) -> dict:
         lab = json.load(open(RECIPE_LAB))
         per = {}
         for kind in ("dspine", "dflash"):
-            lists = [by_suite[suite] for seed in lab["position_acceptance"]["t0"].values()
-                     for k, by_suite in seed.items() if k == kind for suite in by_suite]
+            lists = [v for seed in lab["position_acceptance"]["t0"].values() for v in seed[kind].values()]
             survival = [statistics.mean(x[i] for x in lists) for i in range(len(lists[0]))]
             per[kind] = {"none" if w == 1 else f"chain{w}": round(1 + sum(survival[: w - 1]), 4)
                          for w in range(1, len(survival) + 2)}
@@ -434,13 +430,10 @@ def project(plain: dict, tables: dict, accept: dict, dflash_block: float | None)
             row = table.get(str(bucket)) or {}
             rates = {s: accept[s] / ms for s, ms in row.items() if s in accept}
             if suffix == "_tree32":  # this server's other shapes are the plain table's again: only what the tree adds
-                if "tree32" in rates:
-                    cell_["dspine_tree32"] = round(1000 * int(c) * rates["tree32"], 1)
-                    best = max(rates, key=rates.get)
-                    cell_["dspine_adaptive_tree32"] = round(1000 * int(c) * rates[best], 1)
-                    cell_["adaptive_shape_tree32"] = best
-                continue
-            if BLOCK in rates:
+                if "tree32" not in rates:  # (an acceptance source without the tree)
+                    continue
+                cell_["dspine_tree32"] = round(1000 * int(c) * rates["tree32"], 1)
+            elif BLOCK in rates:
                 cell_[f"dspine{suffix}"] = round(1000 * int(c) * rates[BLOCK], 1)
                 if dflash_block:
                     cell_[f"dflash{suffix}"] = round(1000 * int(c) * dflash_block / row[BLOCK], 1)
