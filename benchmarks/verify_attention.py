@@ -15,7 +15,8 @@ the inputs the backend hands them (the GPU test of patch 8 builds the same), per
   - decode: `--kv-splits` static splits a request (SGLang's default is 8, chosen per request by a Triton kernel;
     static here, as SGLang does with SGLANG_TRITON_DECODE_ATTN_STATIC_KV_SPLITS).
 Timing: the 36 layers' calls captured in one CUDA graph per (kernel, W, bs), as the server replays them; median
-of `--repeats` replays timed with CUDA events. It is the attention kernels only: no GEMMs, norms or sampling.
+of `--repeats` replays timed with CUDA events (benchmarks.kernels.Bench's capture and replays). It is the
+attention kernels only: no GEMMs, norms or sampling.
 Writes verify_attention.json (command, commit, GPU, versions, date) to --out and prints a table: ms per step
 (36 layers) per kernel, W and bs.
     python -m benchmarks verify_attention --out $OUT
@@ -86,27 +87,6 @@ def calls(kernel: str, layers: list[dict], bs: int, rows: int, kv_splits: int, d
     return run
 
 
-def time_graph(run, repeats: int) -> list[float]:
-    """ms per replay of `run` captured in a CUDA graph (after warm-up runs that compile the Triton kernels)."""
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    for _ in range(3):
-        graph.replay()
-    out = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end))
-    return out
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=default_output("verify_attention"))
@@ -120,12 +100,19 @@ def main(argv=None) -> None:
         raise SystemExit("verify_attention.py: needs a CUDA GPU (it times SGLang's Triton kernels)")
     os.makedirs(args.out, exist_ok=True)
     res = {"provenance": provenance(), "settings": vars(args), "ms_per_step": {}}
+    from benchmarks.kernels import Bench  # its CUDA-graph capture and replay timing
+
+    bench = Bench("cuda", deadline=float("inf"))
     gen = torch.Generator(device="cuda").manual_seed(0)
     for bs in (int(b) for b in args.batch_sizes.split(",")):
         for rows in (int(r) for r in args.rows.split(",")):
             layers = [inputs(bs, rows, args.context, gen) for _ in range(LAYERS)]
             for kernel in ("decode", "extend", "splitkv") if rows == 1 else ("extend", "splitkv"):
-                ms = time_graph(calls(kernel, layers, bs, rows, args.kv_splits), args.repeats)
+                graph = bench.capture(calls(kernel, layers, bs, rows, args.kv_splits))  # Triton compiles before
+                for _ in range(3):
+                    graph.replay()
+                ms = [us / 1e3 for us in bench._replays(graph.replay, args.repeats, flush=False)]
+                del graph
                 cell = {"median": round(statistics.median(ms), 4), "min": round(min(ms), 4), "max": round(max(ms), 4)}
                 res["ms_per_step"].setdefault(str(bs), {}).setdefault(str(rows), {})[kernel] = cell
                 print(f"bs {bs:3d} W {rows:2d} {kernel:8s} {cell['median']:8.3f} ms/step (36 layers)", flush=True)
