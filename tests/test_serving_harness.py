@@ -251,7 +251,7 @@ def test_greedy_divergence_judges_each_first_divergence_with_the_float32_target(
         with torch.no_grad():
             return torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], -1)
 
-    plain, spec = [], []
+    plain = []
     for p in prompts[:3]:  # 6 greedy tokens each, by hand
         out = []
         for _ in range(6):
@@ -260,7 +260,7 @@ def test_greedy_divergence_judges_each_first_divergence_with_the_float32_target(
     lp = logprobs(prompts[0] + plain[0][:3])
     second = int(lp.topk(2).indices[1])
     spec = [plain[0][:3] + [second, 0, 0], list(plain[1]), plain[2][:4]]
-    # the other prompts: both answers empty-equal (the script asks every prompt's answer)
+    # the other prompts: both answers the same token (the script reads an answer for every prompt asked)
     run = {"provenance": {"commit": "x"}, "pair": {
         "plain": {"greedy_ids": plain + [[7]] * (gd.GREEDY_ASKED - 3)},
         "dspine": {"greedy_ids": spec + [[7]] * (gd.GREEDY_ASKED - 3)}}}
