@@ -52,10 +52,17 @@ TREE32 = (["--speculative-num-draft-tokens", "32"], {"SGLANG_DSPINE_TREE": "1"})
 SPLIT_KV_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "1"}  # the chain verifies on SGLang's split-KV kernel (patch 8)
 
 
+# the adaptive server's shapes narrower than the block on the split-KV kernel, the block on the extend kernel
+BELOW_BLOCK_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "below-block"}
+
+
 def with_split_kv(servers: dict) -> dict:
-    """`servers` plus each DSPINE server again under SGLANG_DSPINE_SPLITKV_VERIFY=1, named <name>_splitkv."""
+    """`servers` plus each DSPINE server again under SGLANG_DSPINE_SPLITKV_VERIFY=1, named <name>_splitkv, and
+    each adaptive one under =below-block, named <name>_below_block."""
     extra = {f"{n}_splitkv": (a, {**(e or {}), **SPLIT_KV_ENV}) for n, (a, e) in servers.items()
              if n.startswith("dspine")}
+    extra.update({f"{n}_below_block": (a, {**(e or {}), **BELOW_BLOCK_ENV}) for n, (a, e) in servers.items()
+                  if n.startswith("dspine_adaptive")})
     return {**servers, **extra}
 POLICY_LINE = re.compile(r"DSPINE adaptive verify: steps by shape since start: (.*?); policy (\{.*\})")
 PAIR_ARGS = ["--grammar-backend", "none", "--cuda-graph-max-bs-decode", "64", "--mem-fraction-static", "0.3",
@@ -143,6 +150,14 @@ def measure_server(name, server, prompts, clients, t1_clients, repeats, max_new)
     return rec
 
 
+def started_server(started: list, name: str, port: int, entry: tuple, out: str) -> bench.Server:
+    """`bench.Server` for a server table's entry (its arguments, its environment), appended to `started`."""
+    args_, env = entry
+    server = bench.Server(name, port, args_, out, env=env)
+    started.append(server)
+    return server
+
+
 def run_alone(res, phase, name, args_, env, prompts, args, out_path, timeout=600):
     if name in res.setdefault(phase, {}):
         print(f"{phase}/{name}: already measured, skipped", flush=True)
@@ -205,17 +220,18 @@ def main():
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)
         if "switching" in phases and "switching" not in res:
             name = args.switching_server
-            base = bench.Server("switch_plain", 34010, servers["plain"][0], args.out)
-            adaptive = bench.Server(name, 34011, *servers[name], args.out)
+            started = []  # each server stopped however the phase ends: a leaked one holds its GPU memory
             try:
+                base = started_server(started, "switch_plain", 34010, servers["plain"], args.out)
+                adaptive = started_server(started, name, 34011, servers[name], args.out)
                 if base.wait(600) and adaptive.wait(600):
                     bench.wave_round(adaptive, prompts, 8, 16)  # warm-up
                     res["switching"] = {"server": name, **switching(adaptive, base, prompts, args)}
                 else:
                     res["switching"] = {"server": name, "error": "a server did not start"}
             finally:
-                base.stop()
-                adaptive.stop()
+                for server in started:
+                    server.stop()
             json.dump(res, open(out_path, "w"), indent=1)
     if "geometry" in phases:
         work = "/tmp/adaptive_geometry"
@@ -357,7 +373,11 @@ def summarize(res: dict) -> dict:
     # the extend-kernel verify, SGLang's split-KV kernel (patch 8), and the table of a server with the tree in
     # its menu (it times the tree beside the chains)
     tables = {suffix: (geo.get(f"dspine_adaptive{suffix}", {}).get("policy_last") or {}).get("step_ms")
-              for suffix in ("", "_splitkv", "_tree32")}
+              for suffix in ("", "_splitkv", "_tree32", "_below_block")}
+    if not tables["_below_block"] and tables[""] and tables["_splitkv"]:
+        # not served yet: each shape's graphs are its own, so the narrower shapes' steps under split-KV and the
+        # block's under the extend kernel are what SGLANG_DSPINE_SPLITKV_VERIFY=below-block would run
+        tables["_below_block_composed"] = below_block_table(tables[""], tables["_splitkv"])
     for suffix, table in tables.items():
         if table:
             out.setdefault("geometry_step_ms", {"plain": {c: round(v, 3) for c, v in plain.items()}})
@@ -371,6 +391,14 @@ def summarize(res: dict) -> dict:
 
 
 BLOCK = "chain16"  # the block of the drafters projected (Qwen3-8B's DSpine and DFlash drafters: B = 16)
+
+
+def below_block_table(extend: dict, split_kv: dict) -> dict:
+    """Step ms per (bucket, shape) of a below-block server composed from an extend-kernel server's table and a
+    split-KV one's (the same menu, measured alone): the block's from the first, every other shape's from the
+    second; buckets both measured."""
+    return {b: {shape: (extend if shape == BLOCK else split_kv)[b][shape] for shape in split_kv[b]
+                if shape in extend[b]} for b in split_kv if b in extend}
 RECIPE_LAB = os.path.join(_root, "benchmarks", "results", "lab_recipe_summary.json")
 
 
