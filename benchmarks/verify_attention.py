@@ -33,6 +33,7 @@ import torch
 from sglang_dspine.provenance import default_output, provenance
 
 HQ, HKV, D, LAYERS = 32, 8, 128, 36  # Qwen3-8B
+VERIFY_KERNELS = ("extend", "splitkv", "splitkv_graph")
 
 
 def inputs(bs: int, rows: int, context: int, gen: torch.Generator, dev: str = "cuda"):
@@ -50,7 +51,18 @@ def inputs(bs: int, rows: int, context: int, gen: torch.Generator, dev: str = "c
                 kv_indices=kv_indices, qo_indptr=qo_indptr)
 
 
-def calls(kernel: str, layers: list[dict], bs: int, rows: int, kv_splits: int, dev: str = "cuda"):
+def graph_kv_indices(layers: list[dict], length: int) -> torch.Tensor:
+    """The index array as the triton backend's verify graphs hold it: a capture buffer of `length` int64 slots
+    (SGLang's `cuda_graph_kv_indices`) whose head holds the batch's indices (every layer's pool is the same size,
+    so one array serves them all)."""
+    real = layers[0]["kv_indices"]
+    buf = torch.zeros(length, dtype=torch.int64, device=real.device)
+    buf[: real.numel()] = real
+    return buf
+
+
+def calls(kernel: str, layers: list[dict], bs: int, rows: int, kv_splits: int, dev: str = "cuda",
+          graph_kv_len: int = 0):
     """The per-layer calls of `kernel` over `layers` (a list of `inputs`), as one function to capture."""
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
@@ -67,15 +79,17 @@ def calls(kernel: str, layers: list[dict], bs: int, rows: int, kv_splits: int, d
                 decode_attention_fwd(t["q"], t["k_pool"], t["v_pool"], t["o"], t["kv_indptr"], t["kv_indices"],
                                      logits, lse, splits, kv_splits, scale, 1.0, 1.0)
         return run
-    if kernel == "splitkv":
+    if kernel in ("splitkv", "splitkv_graph"):
         from sglang_dspine.serving import sglang_patches
 
         sglang_patches.zero_split_kv_scratch()  # what patch 8 does before the server's first verify
+        shared = graph_kv_indices(layers, graph_kv_len) if kernel == "splitkv_graph" else None
 
         def run():
             for t in layers:
+                indices = t["kv_indices"] if shared is None else shared
                 if not verify_splitkv_fwd(t["q"], t["k"], t["v"], t["o"], t["k_pool"], t["v_pool"], t["qo_indptr"],
-                                          t["kv_indptr"], t["kv_indices"], None, True, None, rows, 1.0, 1.0,
+                                          t["kv_indptr"], indices, None, True, None, rows, 1.0, 1.0,
                                           sm_scale=scale, max_bs=64):
                     raise RuntimeError(f"split-KV verify refused W={rows} bs={bs} (the backend falls back)")
         return run
@@ -95,6 +109,9 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", default="1,4,8,16")
     ap.add_argument("--kv-splits", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--graph-kv-indices", type=int, default=64 * 16 * 40960,
+                    help="length of the verify graphs' index buffer: cuda-graph max bs 64 x the block's 16 rows x "
+                         "Qwen3-8B's 40960-token context")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("verify_attention.py: needs a CUDA GPU (it times SGLang's Triton kernels)")
@@ -107,8 +124,9 @@ def main(argv=None) -> None:
     for bs in (int(b) for b in args.batch_sizes.split(",")):
         for rows in (int(r) for r in args.rows.split(",")):
             layers = [inputs(bs, rows, args.context, gen) for _ in range(LAYERS)]
-            for kernel in ("decode", "extend", "splitkv") if rows == 1 else ("extend", "splitkv"):
-                graph = bench.capture(calls(kernel, layers, bs, rows, args.kv_splits))  # Triton compiles before
+            for kernel in ("decode",) * (rows == 1) + VERIFY_KERNELS:
+                graph = bench.capture(calls(kernel, layers, bs, rows, args.kv_splits,
+                                            graph_kv_len=args.graph_kv_indices))  # Triton compiles before
                 for _ in range(3):
                     graph.replay()
                 ms = [us / 1e3 for us in bench._replays(graph.replay, args.repeats, flush=False)]
@@ -119,10 +137,11 @@ def main(argv=None) -> None:
             del layers
             torch.cuda.empty_cache()
             json.dump(res, open(os.path.join(args.out, "verify_attention.json"), "w"), indent=1)
-    print(f"{'bs':>4} {'W':>3} {'decode':>8} {'extend':>8} {'splitkv':>8}")
+    kernels = ("decode",) + VERIFY_KERNELS
+    print(f"{'bs':>4} {'W':>3} " + " ".join(f"{k:>13}" for k in kernels))
     for bs, by_rows in res["ms_per_step"].items():
         for rows, cells in by_rows.items():
-            row = [f"{cells[k]['median']:8.3f}" if k in cells else f"{'':8s}" for k in ("decode", "extend", "splitkv")]
+            row = [f"{cells[k]['median']:13.3f}" if k in cells else f"{'':13s}" for k in kernels]
             print(f"{bs:>4} {rows:>3} {' '.join(row)}")
 
 

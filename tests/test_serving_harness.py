@@ -295,8 +295,11 @@ def test_greedy_divergence_judges_each_first_divergence_with_the_float32_target(
 def test_verify_attention_times_the_kernels_on_causal_attention_over_context_and_chain(rows):
     """benchmarks/verify_attention.py's calls (Triton's interpreter here, float32, small heads): the extend and
     split-KV kernels compute causal attention over [context, chain] and the decode kernel attention over the
-    context, on the inputs the benchmark builds: what it times is the work a verify or decode step does."""
+    context, on the inputs the benchmark builds: what it times is the work a verify or decode step does. The
+    split-KV kernel also with the index array as the server's verify graphs hold it (`splitkv_graph`), where it
+    runs SGLang's largest number of KV splits, 16, against 4 at the batch's own length."""
     import torch
+    from sglang.kernels.ops.attention.verify_splitkv import choose_n_splits
 
     va = importlib.import_module("benchmarks.verify_attention")
     shape = va.HQ, va.HKV, va.D
@@ -304,11 +307,13 @@ def test_verify_attention_times_the_kernels_on_causal_attention_over_context_and
     try:
         bs, context = 2, 20
         t = va.inputs(bs, rows, context, torch.Generator().manual_seed(rows), dev="cpu")
-        got = {}
-        for kernel in ("decode", "extend", "splitkv") if rows == 1 else ("extend", "splitkv"):
+        got, graph_len = {}, 1 << 15
+        assert choose_n_splits(t["kv_indices"].numel() / bs) == 4 and choose_n_splits(graph_len / bs) == 16
+        for kernel in ("decode",) * (rows == 1) + va.VERIFY_KERNELS:
             t["o"].zero_()
-            va.calls(kernel, [t], bs, rows, 4, dev="cpu")()
+            va.calls(kernel, [t], bs, rows, 4, dev="cpu", graph_kv_len=graph_len)()
             got[kernel] = t["o"].clone()
+        assert set(got) >= {"extend", "splitkv", "splitkv_graph"}
         group = va.HQ // va.HKV
         for kernel, out in got.items():
             for b in range(bs):
@@ -323,6 +328,39 @@ def test_verify_attention_times_the_kernels_on_causal_attention_over_context_and
                                                    atol=1e-5, rtol=1e-5)
     finally:
         va.HQ, va.HKV, va.D = shape
+
+
+def test_adaptive_merge_composes_the_below_block_table_from_the_two_kernels_servers(tmp_path):
+    """Where the geometry measured an adaptive server on the extend kernel and one on SGLang's split-KV kernel
+    but not SGLANG_DSPINE_SPLITKV_VERIFY=below-block, the merge projects that server from a table composed of
+    the two (each shape's graphs are its own): the block's step from the extend server, every narrower shape's
+    from the split-KV one."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    extend = {"1": {"none": 7.0, "chain4": 8.0, "chain16": 9.0}, "64": {"none": 28.0, "chain4": 35.0, "chain16": 50.0}}
+    split = {"1": {"none": 6.0, "chain4": 8.5, "chain16": 12.0}, "64": {"none": 12.0, "chain4": 23.0, "chain16": 60.0}}
+    accept = {"none": 1.0, "chain4": 2.0, "chain16": 3.0}
+    cell = lambda tps, tau=None: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": tau}
+    run = {"provenance": {"gpu": "G", "commit": "c"},
+           "pair": {"dspine_adaptive": {"t0": {"1": {**cell(100.0, 3.0), "policy": {"expected_tokens": accept}}}}},
+           "geometry": {"plain": {"t0": {"1": cell(150.0), "48": cell(5000.0)}},
+                        "dspine_adaptive": {"policy_last": {"step_ms": extend}},
+                        "dspine_adaptive_splitkv": {"policy_last": {"step_ms": split}}}}
+    path = tmp_path / "run" / "adaptive.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(run))
+    subprocess.run([sys.executable, os.path.join(repo, "scripts", "device", "adaptive.py"), "--merge", str(path),
+                    "--out", str(tmp_path / "merged")], check=True, capture_output=True, text=True)
+    out = json.loads((tmp_path / "merged" / "adaptive_summary.json").read_text())
+    assert out["geometry_step_ms"]["dspine_shapes_below_block_composed"] == {
+        "1": {"none": 6.0, "chain4": 8.5, "chain16": 9.0}, "64": {"none": 12.0, "chain4": 23.0, "chain16": 50.0}}
+    proj = out["geometry_projection"]
+    # 1 client: the block on the extend kernel, 3/9 per ms, beats chain4 2/8.5 and none 1/6; 48 clients
+    # (bucket 64): chain4 on split-KV 2/23 beats none 1/12 and the block 3/50 (on split-KV alone: 3/60)
+    assert (proj["1"]["adaptive_shape_below_block_composed"], proj["1"]["dspine_adaptive_below_block_composed"]) \
+        == ("chain16", round(1000 * 3 / 9.0, 1))
+    assert (proj["48"]["adaptive_shape_below_block_composed"], proj["48"]["dspine_adaptive_below_block_composed"]) \
+        == ("chain4", round(48000 * 2 / 23.0, 1))
+    assert proj["1"]["dspine_adaptive_splitkv"] == round(1000 * 3 / 12.0, 1)
 
 
 def test_adaptive_merge_projects_the_geometry_step_table_with_each_acceptance(tmp_path):
