@@ -44,11 +44,13 @@ VARIABLES = (
     _Variable("SGLANG_DSPINE_SHAPES", "none,4,8",
               "the shapes SGLANG_DSPINE_VERIFY=adaptive chooses from, comma-separated: 'none' and chain widths "
               "2..B; the block itself is always one of them (unset: none, 4 and 8 where below the block)"),
-    _Variable("SGLANG_DSPINE_SPLITKV_VERIFY", False,
-              "1: on the triton attention backend the target's chain verify passes (the block, a prefix, none) read "
-              "the committed context with SGLang's split-KV verify kernel (what SGLang runs on AMD's MI350) instead "
-              "of its serial-prefix extend kernel; trees keep the extend kernel (docs/verify_shapes.md; "
-              "experimental, not yet measured on a GPU; refused at start on another attention backend)"),
+    _Variable("SGLANG_DSPINE_SPLITKV_VERIFY", "0",
+              "on the triton attention backend, which of the target's chain verify passes read the committed "
+              "context with SGLang's split-KV verify kernel (what SGLang runs on AMD's MI350) instead of its "
+              "serial-prefix extend kernel: 0 none; 1 every chain (the block, a prefix, none); below-block the "
+              "adaptive server's shapes narrower than the block (none, 4, 8), the block keeping the extend kernel. "
+              "Trees keep the extend kernel (docs/verify_shapes.md; experimental; refused at start on another "
+              "attention backend, and below-block without SGLANG_DSPINE_VERIFY=adaptive)"),
     _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
               "1: `kill -USR1 <scheduler pid>` prints every thread's Python stack to the server log"),
     _Variable("DSPINE_SUITES_DIR", None,
@@ -77,8 +79,13 @@ class _Env:
         return os.environ.get("SGLANG_DSPINE_SHAPES") or None
 
     @property
-    def split_kv_verify(self) -> bool:
-        return _flag("SGLANG_DSPINE_SPLITKV_VERIFY", False)
+    def split_kv_verify(self) -> str | None:
+        """None (off), "all" (1: every chain width) or "below-block" (the widths narrower than the block)."""
+        raw = os.environ.get("SGLANG_DSPINE_SPLITKV_VERIFY") or "0"
+        modes = {"0": None, "1": "all", "below-block": "below-block"}
+        if raw not in modes:
+            raise ValueError(f"SGLANG_DSPINE_SPLITKV_VERIFY: expected 0, 1 or below-block, found {raw!r}")
+        return modes[raw]
 
     @property
     def stacks_on_sigusr1(self) -> bool:

@@ -267,6 +267,48 @@ def test_split_kv_verify_switches_sglangs_own_dispatch():
         sglang_patches.split_kv_verify(object())
 
 
+@pytest.mark.parametrize("raw,mode", [("", None), ("0", None), ("1", "all"), ("below-block", "below-block"),
+                                      ("yes", ValueError)])
+def test_split_kv_verify_names_which_chain_widths_read_the_context_split(monkeypatch, raw, mode):
+    """SGLANG_DSPINE_SPLITKV_VERIFY: 0 no chain, 1 every chain width, below-block the widths narrower than the
+    block (the block keeps the extend kernel); a malformed value is an error naming the variable."""
+    from sglang_dspine.env import ENV
+    from sglang_dspine.serving.verify_widths import reads_context_split_kv
+
+    monkeypatch.setenv("SGLANG_DSPINE_SPLITKV_VERIFY", raw)
+    if mode is ValueError:
+        with pytest.raises(ValueError, match="^SGLANG_DSPINE_SPLITKV_VERIFY: expected 0, 1 or below-block"):
+            ENV.split_kv_verify
+        return
+    assert ENV.split_kv_verify == mode
+    block = 16
+    split = {rows: reads_context_split_kv(ENV.split_kv_verify, rows, block) for rows in (1, 4, 8, 16)}
+    expected = {None: set(), "all": {1, 4, 8, 16}, "below-block": {1, 4, 8}}[mode]
+    assert {rows for rows, on in split.items() if on} == expected
+
+
+@pytest.mark.parametrize("verify", ["fixed", "adaptive"])
+def test_split_kv_below_the_block_needs_the_adaptive_server(dirs, monkeypatch, verify):
+    """SGLANG_DSPINE_SPLITKV_VERIFY=below-block leaves the block on the extend kernel, so a fixed server (which
+    verifies only the block) is refused in one line instead of silently changing nothing; an adaptive server on
+    the triton backend starts (SGLang 0.5.17: adaptive is refused first on 0.5.23)."""
+    from sglang_dspine.serving.plugin import StartupRefusal
+
+    root, _ = dirs
+    monkeypatch.setenv("SGLANG_DSPINE_SPLITKV_VERIFY", "below-block")
+    monkeypatch.setenv("SGLANG_DSPINE_VERIFY", verify)
+    if verify == "fixed":
+        with pytest.raises(StartupRefusal) as refused:
+            _args(root, root / "dspine", "DSPINE", "--attention-backend", "triton")
+        assert str(refused.value).startswith("DSPINE: refusing SGLANG_DSPINE_SPLITKV_VERIFY=below-block: a fixed "
+                                             "server verifies only the block")
+    elif ON_0_5_23:
+        with pytest.raises(StartupRefusal, match="SGLANG_DSPINE_VERIFY=adaptive"):
+            _args(root, root / "dspine", "DSPINE", "--attention-backend", "triton")
+    else:
+        _args(root, root / "dspine", "DSPINE", "--attention-backend", "triton")
+
+
 TREE_REFUSED = "DSPINE: refusing SGLANG_DSPINE_TREE=1: "
 TREE_CASES = [  # flags; the refusal's reason on 0.5.17 (None: the server starts)
     ("triton", ["--attention-backend", "triton"], None),

@@ -181,13 +181,17 @@ def check_tree(server_args) -> None:
 
 
 def check_split_kv_verify(server_args) -> None:
-    """SGLANG_DSPINE_SPLITKV_VERIFY=1 (sglang_patches' patch 8) switches a kernel of SGLang's triton attention
-    backend: refused in one line on another backend (it would do nothing) and on a fixed tree server (a tree's
-    verify needs its mask: the flag would be ignored there; an adaptive tree server's chains get it)."""
+    """SGLANG_DSPINE_SPLITKV_VERIFY (sglang_patches' patch 8) switches a kernel of SGLang's triton attention
+    backend: refused in one line on another backend (it would do nothing), on a fixed tree server (a tree's
+    verify needs its mask: the flag would be ignored there; an adaptive tree server's chains get it), and
+    below-block on a fixed server (it verifies only the block, which below-block leaves on the extend kernel)."""
+    import os
+
     from ..env import ENV
     from .versions import argument_view
 
-    if not ENV.split_kv_verify:
+    mode = ENV.split_kv_verify
+    if not mode:
         return
     view = argument_view(server_args)
     why = None
@@ -196,8 +200,12 @@ def check_split_kv_verify(server_args) -> None:
     elif ENV.tree and not ENV.adaptive:
         why = ("a tree's verify needs its mask, which the split-KV kernel does not read, and a fixed tree server "
                "verifies nothing else: unset one of them (with SGLANG_DSPINE_VERIFY=adaptive its chains get it)")
+    elif mode == "below-block" and not ENV.adaptive:
+        why = ("a fixed server verifies only the block, which below-block leaves on the extend kernel: set "
+               "SGLANG_DSPINE_VERIFY=adaptive (its narrower shapes get the split-KV kernel) or use 1")
     if why:
-        raise StartupRefusal(f"{ALGORITHM}: refusing SGLANG_DSPINE_SPLITKV_VERIFY=1: {why}")
+        raw = os.environ["SGLANG_DSPINE_SPLITKV_VERIFY"]
+        raise StartupRefusal(f"{ALGORITHM}: refusing SGLANG_DSPINE_SPLITKV_VERIFY={raw}: {why}")
 
 
 def dflash_step_missing() -> str | None:

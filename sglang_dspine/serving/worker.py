@@ -175,11 +175,15 @@ class DSpineWorker(DFlashWorkerV2):
         super().init_attention_backends()
         # the target's backend exists now (SGLang built it just before), its verify graphs are captured next; a
         # tree server's is the tree's (its mask), an adaptive one's chain widths are built later with their own
-        self._split_kv = ENV.split_kv_verify
-        if self._split_kv and self.tree_rows is None:
+        from . import verify_widths
+
+        self._split_kv = ENV.split_kv_verify  # None, "all" or "below-block"
+        block = int(self.block_size)  # the server's own width (a chain server's)
+        if self.tree_rows is None and verify_widths.reads_context_split_kv(self._split_kv, block, block):
             sglang_patches.split_kv_verify(self.model_runner.attn_backend)
         if self._split_kv:
-            logger.info("DSPINE: the target's chain verify passes read the context with SGLang's split-KV kernel")
+            logger.info("DSPINE: the target's chain verify passes (%s) read the context with SGLang's split-KV "
+                        "kernel", "every width" if self._split_kv == "all" else "those narrower than the block")
 
     def init_cuda_graphs(self):
         from . import verify_widths
@@ -196,9 +200,10 @@ class DSpineWorker(DFlashWorkerV2):
             if shape.tree or (shape.rows == b and self.tree_rows is None):
                 self._widths[shape] = self._base_width
             else:  # a chain's width, captured without the tree mask even where N = B
+                split_kv = verify_widths.reads_context_split_kv(self._split_kv, shape.rows, b)
                 self._widths[shape] = verify_widths.build(
                     mr, shape.rows, self.device, self.gpu_id,
-                    prepare=sglang_patches.split_kv_verify if self._split_kv else None)
+                    prepare=sglang_patches.split_kv_verify if split_kv else None)
         buckets = list(getattr(self._base_width.graph_runner, "capture_bs", None) or [])
         self.policy = ShapePolicy(self.shapes, buckets, b)
         sglang_patches.show_verify_shapes_in_decode_log(self._since_log)
