@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from sglang_dspine.serving.verify_shapes import AcceptanceCounts, Shape, ShapePolicy, StepCosts, parse_menu
+from sglang_dspine.serving.verify_shapes import (AcceptanceCounts, Shape, ShapePolicy, StepClock, StepCosts,
+                                                  parse_menu)
 
 
 def test_the_menu_always_holds_the_block_and_refuses_bad_widths():
@@ -229,3 +230,35 @@ def test_a_prefix_steps_tail_keeps_the_drafters_context(served, rows):
 
     sglang_on_cpu.assert_chain_state(served, shell, [feats.view(3, rows, -1)[i, : a + 1]
                                                      for i, a in enumerate(agree)], nd)
+
+
+def test_the_step_clock_gives_each_decode_step_the_interval_to_the_next_launch():
+    """StepClock: a decode step's wall time is from its launch to the next decode step's, attributed to the
+    step the interval began with; a prefill (or any other step) between voids the open interval."""
+    clock, chain, none = StepClock(), Shape(16), Shape(1)
+    assert clock.start(4, chain, 10.000) is None  # nothing open yet
+    assert clock.start(4, none, 10.003) == (4, chain, pytest.approx(3.0))
+    assert clock.start(5, chain, 10.0045) == (4, none, pytest.approx(1.5))
+    clock.interrupt()  # a prefill: the chain's interval would hold it
+    assert clock.start(5, chain, 10.020) is None
+    assert clock.start(5, chain, 10.024) == (5, chain, pytest.approx(4.0))
+
+
+def test_the_policy_weighs_wall_time_and_reports_gpu_time_beside_it():
+    """Where the host bounds the step, GPU time (CUDA events) can rank shapes wrongly: here the tree looks as
+    cheap as the block on the GPU (3.0 vs 2.7 ms) but costs twice the block's wall time. The policy chooses on
+    wall time (what throughput pays) and reports both tables."""
+    tree = Shape(32, tree=True)
+    policy = ShapePolicy((Shape(16), tree), [1], 16, margin=0.0, patience=1)
+    wall, gpu = {Shape(16): 3.0, tree: 6.0}, {Shape(16): 2.7, tree: 3.0}
+    for _ in range(40):  # the chain accepts 3 of 15 drafts, the tree's steps emit 5 tokens
+        shape = policy.choose(1)
+        policy.observe(1, shape, None, [4] if shape.tree else [3], gpu_ms=gpu[shape])  # acceptance, GPU time
+        policy.observe(1, shape, wall[shape], None)  # its wall time, when the next step launches
+    e_tree, e_chain = policy.expected_tokens(tree), policy.expected_tokens(Shape(16))
+    assert e_tree == pytest.approx(5.0) and e_chain == pytest.approx(4.0, abs=0.2)  # (the counts' prior)
+    assert e_tree / gpu[tree] > e_chain / gpu[Shape(16)]  # on GPU time the tree would win
+    assert policy.choose(1) == Shape(16)  # on wall time the chain's ~4/3 beats the tree's 5/6
+    summary = policy.summary()
+    assert summary["step_ms"][1] == {"chain16": 3.0, "tree32": 6.0}
+    assert summary["gpu_step_ms"][1] == {"chain16": 2.7, "tree32": 3.0}

@@ -18,10 +18,14 @@ The policy maximises expected tokens per second: E(shape) / t(batch, shape), wit
     (later ones were not verified), so counts are kept per position and a narrow shape never erases what a wide
     one learned; E(none) = 1; E(treeN): the tree steps' own mean tokens per request (a tree's accepted path is
     not a prefix of the walk), E(chainB) before the first;
-  - t(bucket, shape): the step's own GPU time, measured online by the worker (CUDA events around the step) per
-    batch bucket (the captured CUDA-graph batch size the batch pads to) and shape. Online, not a start-up
-    table, because it times what the server really runs (draft, verify, acceptance, context upkeep, at the
-    requests' real context lengths) on this GPU and backend; the price is a few exploration steps per
+  - t(bucket, shape): the step's wall time, measured online by the worker (`StepClock`: from the step's launch
+    to the next decode step's, the scheduler's whole iteration) per batch bucket (the captured CUDA-graph batch
+    size the batch pads to) and shape. Wall time, not the GPU time between CUDA events around the step (kept
+    beside it as `gpu_step_ms`), because where the host is the bottleneck the GPU time misses what differs:
+    on the built-in pair (H100, 6f41609) the events gave the tree of 32 2.7-3.0 ms at one request, near the
+    block's 2.4-2.7, while the fixed tree server's wall step was 5.9 ms against the block's 3.1. Online, not a
+    start-up table, because it times what the server really runs (draft, verify, acceptance, context upkeep, at
+    the requests' real context lengths) on this GPU and backend; the price is a few exploration steps per
     (bucket, shape) the first time a bucket is seen;
   - hysteresis: a challenger replaces the current shape only after beating it by `margin` on `patience`
     consecutive decisions.
@@ -182,6 +186,27 @@ class StepCosts:
         return out
 
 
+class StepClock:
+    """Each decode step's wall time on the host: from its launch to the next decode step's launch, i.e. the
+    scheduler's whole iteration (the step's host work, and any wait for the GPU's work before it), attributed to
+    the step the interval began with. In a steady stream of steps that is what a step costs in throughput,
+    whichever of host and GPU is the bottleneck. A prefill or idle step between two decode steps voids the
+    interval (it is not a decode step's)."""
+
+    def __init__(self):
+        self._open: tuple[int, Shape, float] | None = None
+
+    def start(self, bs: int, shape: Shape, now: float) -> tuple[int, Shape, float] | None:
+        """A decode step of `shape` for `bs` requests launches at `now` (seconds): the step before it, if one
+        was open, as (bs, shape, ms)."""
+        closed, self._open = self._open, (bs, shape, now)
+        return None if closed is None else (closed[0], closed[1], 1000.0 * (now - closed[2]))
+
+    def interrupt(self) -> None:
+        """Another kind of step runs: the open interval is not a decode step's."""
+        self._open = None
+
+
 class ShapePolicy:
     """Picks each step's shape for a batch of `bs` requests (see the module's docstring)."""
 
@@ -193,7 +218,8 @@ class ShapePolicy:
         self.block = block
         self.acceptance = AcceptanceCounts(block - 1)
         self.trees = {s: TreeAcceptance() for s in self.menu if s.tree}
-        self.costs = StepCosts()
+        self.costs = StepCosts()  # wall time (StepClock): what the choice uses
+        self.gpu_costs = StepCosts()  # GPU time between CUDA events around the step: reported beside it
         self.margin, self.patience = margin, patience
         self.current = self.menu[-1]  # the widest: what the fixed server runs
         self._challenger, self._wins = None, 0
@@ -231,10 +257,13 @@ class ShapePolicy:
             self.current, self._challenger, self._wins = best, None, 0
         return self.current
 
-    def observe(self, bs: int, shape: Shape, ms: float | None, accepted: list[int] | None) -> None:
-        """A finished step: its measured time (None when not measured) and accepted drafts per request."""
+    def observe(self, bs: int, shape: Shape, ms: float | None, accepted: list[int] | None,
+                gpu_ms: float | None = None) -> None:
+        """A finished step: its wall time (None when not measured), accepted drafts per request, its GPU time."""
         if ms is not None:
             self.costs.add(self.bucket(bs), shape, ms)
+        if gpu_ms is not None:
+            self.gpu_costs.add(self.bucket(bs), shape, gpu_ms)
         if accepted is not None and shape.tree:
             self.trees[shape].update(accepted)
         elif accepted is not None:
@@ -243,4 +272,4 @@ class ShapePolicy:
     def summary(self) -> dict:
         return {"current": self.current.name,
                 "expected_tokens": {s.name: round(self.expected_tokens(s), 3) for s in self.menu},
-                "step_ms": self.costs.table()}
+                "step_ms": self.costs.table(), "gpu_step_ms": self.gpu_costs.table()}

@@ -12,8 +12,9 @@ Verify shapes (verify_shapes.Shape): each decode step verifies one shape for the
   - `chainW`, W < B, and `none` (W = 1: no draft forward): a prefix of the block, on the target's resources at
     that width (verify_widths.py), with DFlash's acceptance rules and context upkeep;
   - `treeN`: a tree of N - 1 nodes over the lattice (tree_verify.py), SGLANG_DSPINE_TREE=1.
-A fixed server runs one shape every step; SGLANG_DSPINE_VERIFY=adaptive runs the shape `ShapePolicy` picks, timing
-each step on the GPU (CUDA events) and reading its time and accept lengths a step or two later, without a sync.
+A fixed server runs one shape every step; SGLANG_DSPINE_VERIFY=adaptive runs the shape `ShapePolicy` picks, weighing
+each step's wall time (`StepClock`: launch to the next decode step's launch) and reading its accept lengths and GPU
+time (CUDA events, reported beside) a step or two later, without a sync.
 The non-block steps are DFlash's decode step in parts (dflash_step.py: the one place they read DFlash's private
 members, checked at start-up).
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import time
 
 import torch
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
@@ -46,7 +48,7 @@ from .tree_verify import (
     served_trees,
     tree_verify_inputs,
 )
-from .verify_shapes import Shape
+from .verify_shapes import Shape, StepClock
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +136,8 @@ class DSpineWorker(DFlashWorkerV2):
                 for v in (self.calibration.temperature, self.calibration.log_mass))
         if ENV.adaptive:  # check_adaptive has refused it where it is not built
             self.shapes = (*parse_menu(ENV.verify_shapes, block), *tree)
-            self._pending: collections.deque = collections.deque()  # steps whose time and acceptance are unread
+            self._pending: collections.deque = collections.deque()  # steps whose GPU time and acceptance are unread
+            self._clock = StepClock()  # each decode step's wall time, what the policy weighs
             self._shares: collections.Counter = collections.Counter()  # steps by shape name since start
             self._since_log: collections.Counter = collections.Counter()  # since SGLang's last decode log line
             self._metrics_on = bool(getattr(server_args, "enable_metrics", False))
@@ -290,7 +293,10 @@ class DSpineWorker(DFlashWorkerV2):
     def _step(self, batch, on_publish, grammar_barrier):
         """A prefill or idle step is DFlash's; a decode step verifies the shape the server runs (fixed) or the
         policy picks (adaptive: timed, its time and accept lengths read back when ready)."""
+        launched = time.perf_counter()
         if not is_verify_step(batch):
+            if self.policy is not None:
+                self._clock.interrupt()
             return DFlashWorkerV2.forward_batch_generation(self, batch, on_publish=on_publish,
                                                            grammar_barrier=grammar_barrier)
         if self.policy is None:
@@ -298,6 +304,9 @@ class DSpineWorker(DFlashWorkerV2):
         self._read_finished_steps()
         bs = len(batch.seq_lens)
         shape = self.policy.choose(bs)
+        closed = self._clock.start(bs, shape, launched)
+        if closed is not None:  # the decode step before this one: its wall time
+            self.policy.observe(*closed, accepted=None)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         result = self._verify_shape(shape, batch, on_publish, grammar_barrier)
@@ -318,11 +327,13 @@ class DSpineWorker(DFlashWorkerV2):
         return self._prefix_step(batch, shape.rows, on_publish, grammar_barrier)
 
     def _read_finished_steps(self) -> None:
-        """Feed the policy every step whose GPU work has finished (in order; no sync)."""
+        """Feed the policy the acceptance and GPU time of every step whose GPU work has finished (in order; no
+        sync). Its wall time comes from `StepClock` when the next decode step launches."""
         while self._pending and self._pending[0][3].query():
             bs, shape, start, end, accepted = self._pending.popleft()
             # commit length = accepted drafts + the bonus token
-            self.policy.observe(bs, shape, start.elapsed_time(end), [int(a) - 1 for a in accepted.tolist()])
+            self.policy.observe(bs, shape, None, [int(a) - 1 for a in accepted.tolist()],
+                                gpu_ms=start.elapsed_time(end))
 
     def _count(self, shape) -> None:
         self._shares[shape.name] += 1
