@@ -341,7 +341,9 @@ def test_adaptive_merge_composes_the_below_block_table_from_the_two_kernels_serv
     accept = {"none": 1.0, "chain4": 2.0, "chain16": 3.0}
     cell = lambda tps, tau=None: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": tau}
     run = {"provenance": {"gpu": "G", "commit": "c"},
-           "pair": {"dspine_adaptive": {"t0": {"1": {**cell(100.0, 3.0), "policy": {"expected_tokens": accept}}}}},
+           # only the adaptive tree server on the pair: its chains' acceptance is the source (the tree's E beside)
+           "pair": {"dspine_adaptive_tree32": {"t0": {"1": {**cell(100.0, 3.0), "policy": {
+               "expected_tokens": {**accept, "tree32": 3.5}}}}}},
            "geometry": {"plain": {"t0": {"1": cell(150.0), "48": cell(5000.0)}},
                         "dspine_adaptive": {"policy_last": {"step_ms": extend}},
                         "dspine_adaptive_splitkv": {"policy_last": {"step_ms": split}}}}
@@ -353,6 +355,9 @@ def test_adaptive_merge_composes_the_below_block_table_from_the_two_kernels_serv
     out = json.loads((tmp_path / "merged" / "adaptive_summary.json").read_text())
     assert out["geometry_step_ms"]["dspine_shapes_below_block_composed"] == {
         "1": {"none": 6.0, "chain4": 8.5, "chain16": 9.0}, "64": {"none": 12.0, "chain4": 23.0, "chain16": 50.0}}
+    assert out["projection_acceptance"]["geometry_projection"]["dspine"] == {**accept, "tree32": 3.5}
+    assert out["projection_acceptance"]["geometry_projection"]["from"].startswith(
+        "the built-in pair served: dspine_adaptive_tree32's per-position acceptance")
     proj = out["geometry_projection"]
     # 1 client: the block on the extend kernel, 3/9 per ms, beats chain4 2/8.5 and none 1/6; 48 clients
     # (bucket 64): chain4 on split-KV 2/23 beats none 1/12 and the block 3/50 (on split-KV alone: 3/60)

@@ -306,9 +306,16 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
     plot(summary, os.path.join(out, "adaptive_tokens_per_s.png"), named)
 
 
+PROJECTED = ("plain", "dflash", "dspine", "dspine_tree32", "dspine_splitkv", "dspine_adaptive", "dspine_adaptive_tree32",
+             "dspine_adaptive_splitkv", "dspine_adaptive_below_block", "dspine_adaptive_below_block_composed")
+PROJECTIONS = {"geometry_projection": "the pair's served acceptance", "geometry_projection_recipe_lab":
+               "the recipe lab's acceptance"}
+
+
 def plot(summary: dict, path: str, named: dict) -> None:
     """Tokens/s against clients, one line per server (median, min-max as error bars): the built-in pair end to
-    end and, where measured, the Qwen3-8B geometry projection."""
+    end and, where measured, the Qwen3-8B geometry projection with each acceptance source (adaptive servers
+    dashed: where one runs the block it lies on fixed DSPINE's line)."""
     try:
         import matplotlib
 
@@ -318,29 +325,30 @@ def plot(summary: dict, path: str, named: dict) -> None:
         print("no plot: matplotlib is missing (pip install '.[lab]')")
         return
     e2e = {int(c): row for c, row in summary.get("end_to_end", {}).items() if c.isdigit()}
-    proj = {int(c): row for c, row in summary.get("geometry_projection", {}).items()}
-    fig, axes = plt.subplots(1, 2 if proj else 1, figsize=(11 if proj else 6, 4), squeeze=False)
+    projs = {key: {int(c): row for c, row in summary[key].items()} for key in PROJECTIONS if summary.get(key)}
+    fig, axes = plt.subplots(1, 1 + len(projs), figsize=(5.5 * (1 + len(projs)), 4.5), squeeze=False)
+    style = lambda name: {"marker": "o", "linestyle": "--" if "adaptive" in name else "-", "label": name}
     ax = axes[0][0]
-    for name in ("plain", "dflash", "dspine", "dspine_tree32", "dspine_adaptive", "dspine_adaptive_tree32"):
+    for name in ("plain", "dflash", "dspine", "dspine_tree32", "dspine_splitkv", "dspine_adaptive",
+                 "dspine_adaptive_tree32", "dspine_adaptive_below_block"):
         cs = [c for c in sorted(e2e) if name in e2e[c]]
         if not cs:
             continue
         med = [e2e[c][name]["tokens_per_s"]["median"] for c in cs]
         lo = [m - e2e[c][name]["tokens_per_s"]["min"] for m, c in zip(med, cs)]
         hi = [e2e[c][name]["tokens_per_s"]["max"] - m for m, c in zip(med, cs)]
-        ax.errorbar(cs, med, yerr=[lo, hi], marker="o", capsize=3, label=name)
+        ax.errorbar(cs, med, yerr=[lo, hi], capsize=3, **style(name))
     ax.set(xscale="log", yscale="log", xlabel="clients", ylabel="output tokens/s",
            title=f"built-in pair, T=0, each server alone\n{named['gpu']}, {named['commit']}, median of 3 (min-max)")
-    ax.legend()
-    if proj:
-        ax = axes[0][1]
-        for name in ("plain", "dflash", "dspine", "dspine_adaptive", "dspine_tree32", "dspine_adaptive_tree32",
-                     "dspine_splitkv", "dspine_adaptive_splitkv"):
-            cs = [c for c in sorted(proj, key=int) if name in proj[c]]
-            ax.plot(cs, [proj[c][name] for c in cs], marker="o", label=name)
+    ax.legend(fontsize=8)
+    for ax, (key, proj) in zip(axes[0][1:], projs.items()):
+        for name in PROJECTED:
+            cs = [c for c in sorted(proj) if name in proj[c]]
+            if cs:
+                ax.plot(cs, [proj[c][name] for c in cs], **style(name))
         ax.set(xscale="log", yscale="log", xlabel="clients", ylabel="projected tokens/s",
-               title="Qwen3-8B geometry: measured step times\n× the pair's acceptance per shape")
-        ax.legend()
+               title=f"Qwen3-8B geometry: measured step times\n× {PROJECTIONS[key]} per shape")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
@@ -417,17 +425,19 @@ def projection_sources(res: dict) -> dict:
 
     out = {}
     pair = res.get("pair", {})
-    accept = last_t0_expected_tokens("dspine_adaptive")
-    tree_e = (last_t0_expected_tokens("dspine_adaptive_tree32") or {}).get("tree32")
-    if accept and tree_e:
-        accept = {**accept, "tree32": tree_e}  # the tree's own mean tokens a request (its steps on the pair)
+    with_tree = last_t0_expected_tokens("dspine_adaptive_tree32") or {}
+    accept, server = last_t0_expected_tokens("dspine_adaptive"), "dspine_adaptive"
+    if not accept and with_tree:  # the tree server's chains learn the same per-position acceptance
+        accept, server = {k: v for k, v in with_tree.items() if k != "tree32"}, "dspine_adaptive_tree32"
+    if accept and with_tree.get("tree32"):
+        accept = {**accept, "tree32": with_tree["tree32"]}  # the tree's own mean tokens a request on the pair
     if accept:
         taus = [v["tau"] for v in pair.get("dflash", {}).get("t0", {}).values() if v.get("tau")]
         out["geometry_projection"] = {
             "dspine": accept, "dflash_block": statistics.median(taus) if taus else None,
-            "from": "the built-in pair served: the adaptive server's per-position acceptance after its last T=0 "
-                    "cell (tree32: the adaptive tree server's mean tokens a tree step); DFLASH's tau, median over "
-                    "the pair's client counts"}
+            "from": f"the built-in pair served: {server}'s per-position acceptance after its last T=0 cell "
+                    "(tree32: the adaptive tree server's mean tokens a tree step); DFLASH's tau, median over the "
+                    "pair's client counts"}
     if os.path.exists(RECIPE_LAB):
         lab = json.load(open(RECIPE_LAB))
         per = {}
