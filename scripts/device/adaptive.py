@@ -3,13 +3,15 @@
 Phases (`--phases`, in order; each server's cell is written to the JSON as soon as it is measured, and a rerun
 with the same --out skips the servers already there, so a lost machine loses one server's work at most):
   pair      the built-in pair (or --models): plain, DFLASH, DSPINE at the block, the tree of 32 (`dspine_tree32`),
-            DSPINE adaptive (also with the tree in its menu: `dspine_adaptive_tree32`), and each DSPINE server
-            again under SGLANG_DSPINE_SPLITKV_VERIFY=1 (`_splitkv`), each alone;
+            DSPINE adaptive (also with the tree in its menu: `dspine_adaptive_tree32`), each DSPINE server
+            again under SGLANG_DSPINE_SPLITKV_VERIFY=1 (`_splitkv`) and each adaptive one under =below-block
+            (`_below_block`), each alone;
             T=0 at --clients, `--repeats` rounds a cell (median, min, max tokens/s; τ), T=1 at 1 and 48; the
             adaptive server's shape counts per cell (its log lines); greedy outputs (24 prompts, 8 clients)
             against plain.
   geometry  Qwen3-8B geometry, random weights (--load-format dummy): plain, DSPINE at the block and adaptive
-            (each also `_splitkv`), and adaptive with the tree of 32 in its menu (its table times the tree too)
+            (each also `_splitkv`, adaptive also `_below_block`), and adaptive with the tree of 32 in its menu
+            (its table times the tree too)
             alone; tokens/s per client count, and the adaptive servers' own step-time
             tables per (batch bucket, shape), which their policies measured online (every shape is run a few
             times per bucket before it decides); projected tokens/s with the pair's acceptance per width.
@@ -192,7 +194,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--switching-server", default="dspine_adaptive", help="the pair's adaptive server the "
-                    "switching phase checks (dspine_adaptive or dspine_adaptive_splitkv)")
+                    "switching phase checks (dspine_adaptive, or its _splitkv or _below_block variant)")
     ap.add_argument("--t1-samples", type=int, default=300)
     ap.add_argument("--ramp-seconds", type=int, default=15)
     ap.add_argument("--merge", nargs="+", metavar="ADAPTIVE_JSON",
