@@ -278,7 +278,7 @@ def test_split_kv_verify_names_which_chain_widths_read_the_context_split(monkeyp
     monkeypatch.setenv("SGLANG_DSPINE_SPLITKV_VERIFY", raw)
     if mode is ValueError:
         with pytest.raises(ValueError, match="^SGLANG_DSPINE_SPLITKV_VERIFY: expected 0, 1 or below-block"):
-            ENV.split_kv_verify
+            _ = ENV.split_kv_verify
         return
     assert ENV.split_kv_verify == mode
     block = 16

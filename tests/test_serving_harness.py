@@ -282,11 +282,7 @@ def test_greedy_divergence_judges_each_first_divergence_with_the_float32_target(
     cell = {"tokens_per_s": {"median": 10.0, "min": 9.0, "max": 11.0}, "tau": None}
     run["pair"]["plain"]["t0"] = {"1": cell}
     run["pair"]["dspine"]["t0"] = {"1": {**cell, "tau": 2.0}}
-    path.write_text(json.dumps(run))
-    merged = tmp_path / "merged"
-    subprocess.run([sys.executable, os.path.join(repo, "scripts", "device", "adaptive.py"), "--merge", str(path),
-                    "--out", str(merged), "--models", models], check=True, capture_output=True, text=True)
-    summary = json.loads((merged / "adaptive_summary.json").read_text())
+    summary = merged_summary(tmp_path / "merge", run, "--models", models)
     assert summary["greedy_divergences_fp32"]["dspine"] == res
     assert summary["end_to_end"]["1"]["dspine"]["tau"] == 2.0 and summary["greedy_equal_to_plain"]["dspine"] == "22/24"
 
@@ -330,12 +326,22 @@ def test_verify_attention_times_the_kernels_on_causal_attention_over_context_and
         va.HQ, va.HKV, va.D = shape
 
 
+def merged_summary(tmp_path, run: dict, *extra: str) -> dict:
+    """`scripts/device/adaptive.py --merge` of the run `run` (an adaptive.json of the test's making): its summary."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = tmp_path / "run" / "adaptive.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(run))
+    subprocess.run([sys.executable, os.path.join(repo, "scripts", "device", "adaptive.py"), "--merge", str(path),
+                    "--out", str(tmp_path / "merged"), *extra], check=True, capture_output=True, text=True)
+    return json.loads((tmp_path / "merged" / "adaptive_summary.json").read_text())
+
+
 def test_adaptive_merge_composes_the_below_block_table_from_the_two_kernels_servers(tmp_path):
     """Where the geometry measured an adaptive server on the extend kernel and one on SGLang's split-KV kernel
     but not SGLANG_DSPINE_SPLITKV_VERIFY=below-block, the merge projects that server from a table composed of
     the two (each shape's graphs are its own): the block's step from the extend server, every narrower shape's
     from the split-KV one."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     extend = {"1": {"none": 7.0, "chain4": 8.0, "chain16": 9.0}, "64": {"none": 28.0, "chain4": 35.0, "chain16": 50.0}}
     split = {"1": {"none": 6.0, "chain4": 8.5, "chain16": 12.0}, "64": {"none": 12.0, "chain4": 23.0, "chain16": 60.0}}
     accept = {"none": 1.0, "chain4": 2.0, "chain16": 3.0}
@@ -347,12 +353,7 @@ def test_adaptive_merge_composes_the_below_block_table_from_the_two_kernels_serv
            "geometry": {"plain": {"t0": {"1": cell(150.0), "48": cell(5000.0)}},
                         "dspine_adaptive": {"policy_last": {"step_ms": extend}},
                         "dspine_adaptive_splitkv": {"policy_last": {"step_ms": split}}}}
-    path = tmp_path / "run" / "adaptive.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(run))
-    subprocess.run([sys.executable, os.path.join(repo, "scripts", "device", "adaptive.py"), "--merge", str(path),
-                    "--out", str(tmp_path / "merged")], check=True, capture_output=True, text=True)
-    out = json.loads((tmp_path / "merged" / "adaptive_summary.json").read_text())
+    out = merged_summary(tmp_path, run)
     assert out["geometry_step_ms"]["dspine_shapes_below_block_composed"] == {
         "1": {"none": 6.0, "chain4": 8.5, "chain16": 9.0}, "64": {"none": 12.0, "chain4": 23.0, "chain16": 50.0}}
     assert out["projection_acceptance"]["geometry_projection"]["dspine"] == {**accept, "tree32": 3.5}
@@ -388,12 +389,7 @@ def test_adaptive_merge_projects_the_geometry_step_table_with_each_acceptance(tm
                         "dspine_adaptive": {"policy_last": {"step_ms": table}},
                         "dspine_adaptive_tree32": {"policy_last": {"step_ms": {
                             k: {**v, "tree32": {"1": 8.4, "64": 70.0}[k]} for k, v in table.items()}}}}}
-    path = tmp_path / "run" / "adaptive.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(run))
-    subprocess.run([sys.executable, os.path.join(repo, "scripts", "device", "adaptive.py"), "--merge", str(path),
-                    "--out", str(tmp_path / "merged")], check=True, capture_output=True, text=True)
-    out = json.loads((tmp_path / "merged" / "adaptive_summary.json").read_text())
+    out = merged_summary(tmp_path, run)
     pair = out["geometry_projection"]
     # 1 client: bucket 1, chain16 3/8 beats chain4 2/6 and none 1/5 per ms; 48 clients: bucket 64, chain4 2/30
     # beats none 1/20 and chain16 3/60

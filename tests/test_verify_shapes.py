@@ -8,8 +8,7 @@ import random
 import pytest
 import torch
 
-from sglang_dspine.serving.verify_shapes import (AcceptanceCounts, Shape, ShapePolicy, StepClock, StepCosts,
-                                                  parse_menu)
+from sglang_dspine.serving.verify_shapes import AcceptanceCounts, Shape, ShapePolicy, StepClock, StepCosts, parse_menu
 
 
 def test_the_menu_always_holds_the_block_and_refuses_bad_widths():

@@ -308,8 +308,9 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
     plot(summary, os.path.join(out, "adaptive_tokens_per_s.png"), named)
 
 
-PROJECTED = ("plain", "dflash", "dspine", "dspine_tree32", "dspine_splitkv", "dspine_adaptive", "dspine_adaptive_tree32",
-             "dspine_adaptive_splitkv", "dspine_adaptive_below_block", "dspine_adaptive_below_block_composed")
+PROJECTED = ("plain", "dflash", "dspine", "dspine_tree32", "dspine_splitkv", "dspine_adaptive",
+             "dspine_adaptive_tree32", "dspine_adaptive_splitkv", "dspine_adaptive_below_block",
+             "dspine_adaptive_below_block_composed")
 PROJECTIONS = {"geometry_projection": "the pair's served acceptance", "geometry_projection_recipe_lab":
                "the recipe lab's acceptance"}
 
