@@ -1080,11 +1080,14 @@ def test_the_split_kv_verify_kernel_is_causal_attention_over_context_and_chain(r
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("indices", ["exact", "graph"])
 @pytest.mark.parametrize("rows", [1, 4, 16])
-def test_gpu_split_kv_verify_equals_the_extend_kernel_at_qwen3_8b_heads(rows):
+def test_gpu_split_kv_verify_equals_the_extend_kernel_at_qwen3_8b_heads(rows, indices):
     """Patch 8 on CUDA (compiled Triton, bf16, Qwen3-8B's 32 query and 8 KV heads of 128, 48 requests of 200 to
     900 context tokens in scattered KV slots): SGLang's split-KV verify kernel, its scratch zeroed by the patch,
-    gives the extend kernel's output up to bf16 rounding."""
+    gives the extend kernel's output up to bf16 rounding. Also with the index array as the server's verify
+    graphs hold it (`graph`: the capture buffer, int64, Qwen3-8B's context × 64 × 16 slots), where the kernel
+    runs 16 KV splits instead of the 4 the exact array gives."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
     from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
 
@@ -1101,8 +1104,13 @@ def test_gpu_split_kv_verify_equals_the_extend_kernel_at_qwen3_8b_heads(rows):
     q = torch.randn(bs * rows, hq, d, generator=g, device=dev, dtype=dt)
     k, v = (torch.randn(bs * rows, hkv, d, generator=g, device=dev, dtype=dt) for _ in range(2))
     args = (kv_indptr, kv_indices, None, True, None, rows, 1.0, 1.0)
+    split_indices = kv_indices
+    if indices == "graph":
+        split_indices = torch.zeros(64 * 16 * 40960, dtype=torch.int64, device=dev)
+        split_indices[: kv_indices.numel()] = kv_indices
     split, extend = torch.empty_like(q), torch.empty_like(q)
-    assert verify_splitkv_fwd(q, k, v, split, k_pool, v_pool, qo_indptr, *args, max_bs=64)
+    assert verify_splitkv_fwd(q, k, v, split, k_pool, v_pool, qo_indptr, kv_indptr, split_indices, *args[2:],
+                              max_bs=64)
     extend_attention_fwd(q, k, v, extend, k_pool, v_pool, qo_indptr, *args)
     assert not split.isnan().any()
     torch.testing.assert_close(split.float(), extend.float(), atol=2e-2, rtol=2e-2)

@@ -191,7 +191,10 @@ class StepClock:
     scheduler's whole iteration (the step's host work, and any wait for the GPU's work before it), attributed to
     the step the interval began with. In a steady stream of steps that is what a step costs in throughput,
     whichever of host and GPU is the bottleneck. A prefill or idle step between two decode steps voids the
-    interval (it is not a decode step's)."""
+    interval (it is not a decode step's). Where SGLang overlaps a step's launch with the previous step's GPU work,
+    the first interval after a change of shape also holds the wait for the previous shape's GPU work: the first
+    sample of each (bucket, shape) is dropped (`StepCosts`) and the policy holds a shape for many steps
+    (hysteresis), so such mixed samples are few."""
 
     def __init__(self):
         self._open: tuple[int, Shape, float] | None = None
