@@ -9,6 +9,7 @@
 #      graphs hold it (benchmarks/verify_attention.py `splitkv_graph`, ~1.5 min): whether the 16 KV splits the
 #      graphs make it run are why the block's verify step got 2.6-4.2 ms slower with split-KV at that lease where
 #      the kernel alone (4 splits) was 0.2 ms faster;
+#   0b. the GPU tests (~1 min), patch 8's kernel against the extend kernel with the graphs' index array among them;
 #   1. Qwen3-8B geometry, each alone: adaptive below-block, adaptive on the extend kernel, plain (~7 min);
 #   2. switching on the adaptive below-block server: lossless while it switches shapes and kernels (greedy, the
 #      T=1 two-sample test), and the 1 -> 64 -> 1 ramp (~5 min; crashed at 6f41609 on a harness bug, fixed);
@@ -30,6 +31,7 @@ OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,16,48 --rows 1,4,16
+bash scripts/device/gpu_tests.sh
 $A --phases geometry --geometry-servers dspine_adaptive_below_block,dspine_adaptive,plain --clients 1,4,16,48,64
 $A --phases switching --switching-server dspine_adaptive_below_block
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive,dspine_adaptive_below_block --clients 1,16,48 \
