@@ -369,6 +369,27 @@ def test_adaptive_merge_composes_the_below_block_table_from_the_two_kernels_serv
     assert proj["1"]["dspine_adaptive_splitkv"] == round(1000 * 3 / 12.0, 1)
 
 
+def test_adaptive_merge_projects_each_attention_backend_on_its_own_plain_step(tmp_path):
+    """The geometry's servers on SGLang's FA3 backend (`plain_fa3`, `dspine_adaptive_fa3`): their step table and
+    projection sit beside triton's, each against its own backend's plain decoding."""
+    cell = lambda tps, tau=None: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": tau}
+    accept = {"none": 1.0, "chain4": 2.0, "chain16": 3.0}
+    triton = {"1": {"none": 8.0, "chain4": 9.0, "chain16": 10.0}}
+    fa3 = {"1": {"none": 5.0, "chain4": 6.0, "chain16": 6.5}}
+    run = {"provenance": {"gpu": "G", "commit": "c"},
+           "pair": {"dspine_adaptive": {"t0": {"1": {**cell(100.0, 3.0), "policy": {"expected_tokens": accept}}}}},
+           "geometry": {"plain": {"t0": {"1": cell(125.0)}}, "plain_fa3": {"t0": {"1": cell(200.0)}},
+                        "dspine_adaptive": {"policy_last": {"step_ms": triton}},
+                        "dspine_adaptive_fa3": {"policy_last": {"step_ms": fa3}}}}
+    out = merged_summary(tmp_path, run)
+    assert out["geometry_step_ms"]["plain_fa3"] == {"1": 5.0} and out["geometry_step_ms"]["plain"] == {"1": 8.0}
+    assert out["geometry_step_ms"]["dspine_shapes_fa3"] == fa3
+    proj = out["geometry_projection"]["1"]
+    assert (proj["plain"], proj["dspine_adaptive"]) == (125.0, 300.0)  # triton: 3 / 10 ms
+    assert (proj["plain_fa3"], proj["dspine_fa3"], proj["adaptive_shape_fa3"]) == (200.0, round(3000 / 6.5, 1),
+                                                                                   "chain16")
+
+
 def test_adaptive_merge_projects_the_geometry_step_table_with_each_acceptance(tmp_path):
     """scripts/device/adaptive.py --merge on a run of its own making: the geometry's step table (ms per batch
     bucket and shape) times E(shape) gives tokens/s per client count, for the pair's served acceptance and for

@@ -10,8 +10,9 @@ with the same --out skips the servers already there, so a lost machine loses one
             adaptive server's shape counts per cell (its log lines); greedy outputs (24 prompts, 8 clients)
             against plain.
   geometry  Qwen3-8B geometry, random weights (--load-format dummy): plain, DSPINE at the block and adaptive
-            (each also `_splitkv`, adaptive also `_below_block`), and adaptive with the tree of 32 in its menu
-            (its table times the tree too)
+            (each also `_splitkv`, adaptive also `_below_block`; plain, DSPINE and adaptive also on SGLang's
+            `_fa3` and `_flashinfer` attention backends, sampling still pytorch), and adaptive with the tree of 32
+            in its menu (its table times the tree too)
             alone; tokens/s per client count, and the adaptive servers' own step-time
             tables per (batch bucket, shape), which their policies measured online (every shape is run a few
             times per bucket before it decides); projected tokens/s with the pair's acceptance per width.
@@ -66,6 +67,18 @@ def with_split_kv(servers: dict) -> dict:
     extra.update({f"{n}_below_block": (a, {**(e or {}), **BELOW_BLOCK_ENV}) for n, (a, e) in servers.items()
                   if n.startswith("dspine_adaptive")})
     return {**servers, **extra}
+# SGLang's own attention backends for the geometry's step table beside the scripts' triton (issue 57's 5(b))
+OTHER_BACKENDS = ("fa3", "flashinfer")
+
+
+def with_backends(servers: dict, names: tuple[str, ...]) -> dict:
+    """`servers` plus each of `names` again on each of OTHER_BACKENDS, named <name>_<backend> (the flag appended:
+    the last --attention-backend wins over the harness's triton)."""
+    extra = {f"{n}_{b}": (servers[n][0] + ["--attention-backend", b], servers[n][1]) for n in names
+             for b in OTHER_BACKENDS}
+    return {**servers, **extra}
+
+
 POLICY_LINE = re.compile(r"DSPINE adaptive verify: steps by shape since start: (.*?); policy (\{.*\})")
 PAIR_ARGS = ["--grammar-backend", "none", "--cuda-graph-max-bs-decode", "64", "--mem-fraction-static", "0.3",
              "--disable-prefill-cuda-graph"]
@@ -247,7 +260,7 @@ def main():
                                               "--speculative-draft-load-format", "safetensors"), None)}
         servers["dspine_adaptive"] = (servers["dspine"][0], ADAPTIVE_ENV)
         servers["dspine_adaptive_tree32"] = (servers["dspine"][0] + TREE32[0], {**ADAPTIVE_ENV, **TREE32[1]})
-        servers = with_split_kv(servers)
+        servers = with_backends(with_split_kv(servers), ("plain", "dspine", "dspine_adaptive"))
         for name in filter(None, args.geometry_servers.split(",")):
             run_alone(res, "geometry", name, *servers[name], prompts, args, out_path)
         if "profile" in phases:  # where a step's time goes at 48 clients: GPU kernel time per step vs wall
@@ -310,7 +323,7 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
 
 PROJECTED = ("plain", "dflash", "dspine", "dspine_tree32", "dspine_splitkv", "dspine_adaptive",
              "dspine_adaptive_tree32", "dspine_adaptive_splitkv", "dspine_adaptive_below_block",
-             "dspine_adaptive_below_block_composed")
+             "dspine_adaptive_below_block_composed", "plain_fa3", "dspine_adaptive_fa3")
 PROJECTIONS = {"geometry_projection": "the pair's served acceptance", "geometry_projection_recipe_lab":
                "the recipe lab's acceptance"}
 
@@ -380,7 +393,11 @@ def summarize(res: dict) -> dict:
                             "ramp": [{"clients": r["clients"], "requests": r["requests"], "errors": r["errors"],
                                       "shapes": r["shapes"]} for r in sw["ramp"]]}
     geo = res.get("geometry", {})
-    plain = {c: 1000.0 * int(c) / v["tokens_per_s"]["median"] for c, v in geo.get("plain", {}).get("t0", {}).items()}
+
+    def plain_step_ms(name: str) -> dict:  # a plain server's step: wall x clients / tokens
+        return {c: 1000.0 * int(c) / v["tokens_per_s"]["median"] for c, v in geo.get(name, {}).get("t0", {}).items()}
+
+    plain = plain_step_ms("plain")
     # the extend-kernel verify, SGLang's split-KV kernel (patch 8), and the table of a server with the tree in
     # its menu (it times the tree beside the chains)
     tables = {suffix: (geo.get(f"dspine_adaptive{suffix}", {}).get("policy_last") or {}).get("step_ms")
@@ -393,11 +410,26 @@ def summarize(res: dict) -> dict:
         if table:
             out.setdefault("geometry_step_ms", {"plain": {c: round(v, 3) for c, v in plain.items()}})
             out["geometry_step_ms"][f"dspine_shapes{suffix}"] = table
+    # SGLang's other attention backends: each its own plain step and adaptive table (5(b)), projected alike
+    backends = {b: (plain_step_ms(f"plain_{b}"), (geo.get(f"dspine_adaptive_{b}", {}).get("policy_last") or {})
+                    .get("step_ms")) for b in OTHER_BACKENDS}
+    for b, (plain_b, table) in backends.items():
+        if plain_b:
+            out.setdefault("geometry_step_ms", {})[f"plain_{b}"] = {c: round(v, 3) for c, v in plain_b.items()}
+        if table:
+            out.setdefault("geometry_step_ms", {})[f"dspine_shapes_{b}"] = table
     sources = projection_sources(res)
     if sources and plain and any(tables.values()):
         out["projection_acceptance"] = sources
         for key, source in sources.items():
             out[key] = project(plain, tables, source["dspine"], source.get("dflash_block"))
+            for b, (plain_b, table) in backends.items():
+                if not (plain_b and table):
+                    continue
+                for c, cell_ in project(plain_b, {f"_{b}": table}, source["dspine"],
+                                        source.get("dflash_block")).items():
+                    out[key].setdefault(c, {}).update({f"plain_{b}" if k == "plain" else k: v
+                                                       for k, v in cell_.items()})
     return out
 
 

@@ -17,6 +17,8 @@
 #      earlier adaptive cells came from another machine, whose plain decoding ran 1.8x faster at 1 client);
 #   4. the pair's adaptive tree server (on wall time the policy should stop choosing the tree at 1 client, where
 #      the fixed tree ran 0.68x the block) and the geometry's (its step table times the tree of 32) (~6 min).
+#   5. what a longer lease has time for: the geometry's plain, DSPINE and adaptive on SGLang's FA3 and FlashInfer
+#      attention backends (the step table under SGLang's defaults, issue 57's 5(b); ~12 min).
 # After the lease, on this machine: python3 scripts/device/adaptive.py --merge <the lease's adaptive.json>
 #   --out benchmarks/results (merge an earlier run only if it ran on the same card and its plain matches).
 # Decision rules, fixed before the run:
@@ -38,3 +40,5 @@ $A --phases pair --pair-servers plain,dspine,dspine_adaptive,dspine_adaptive_bel
    --t1-clients 48
 $A --phases pair --pair-servers dspine_adaptive_tree32 --clients 1,16,48 --t1-clients 48
 $A --phases geometry --geometry-servers dspine_adaptive_tree32 --clients 1,4,16,48,64
+$A --phases geometry --geometry-servers plain_fa3,dspine_adaptive_fa3,dspine_fa3,plain_flashinfer,\
+dspine_adaptive_flashinfer,dspine_flashinfer --clients 1,4,16,48,64
