@@ -53,10 +53,10 @@ ADAPTIVE_ENV = {"SGLANG_DSPINE_VERIFY": "adaptive"}
 # and in the adaptive menu
 TREE32 = (["--speculative-num-draft-tokens", "32"], {"SGLANG_DSPINE_TREE": "1"})
 SPLIT_KV_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "1"}  # the chain verifies on SGLang's split-KV kernel (patch 8)
-
-
 # the adaptive server's shapes narrower than the block on the split-KV kernel, the block on the extend kernel
 BELOW_BLOCK_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "below-block"}
+# SGLang's own attention backends for the geometry's step table beside the scripts' triton (issue 57's 5(b))
+OTHER_BACKENDS = ("fa3", "flashinfer")
 
 
 def with_split_kv(servers: dict) -> dict:
@@ -67,8 +67,6 @@ def with_split_kv(servers: dict) -> dict:
     extra.update({f"{n}_below_block": (a, {**(e or {}), **BELOW_BLOCK_ENV}) for n, (a, e) in servers.items()
                   if n.startswith("dspine_adaptive")})
     return {**servers, **extra}
-# SGLang's own attention backends for the geometry's step table beside the scripts' triton (issue 57's 5(b))
-OTHER_BACKENDS = ("fa3", "flashinfer")
 
 
 def with_backends(servers: dict, names: tuple[str, ...]) -> dict:
@@ -323,7 +321,8 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
 
 PROJECTED = ("plain", "dflash", "dspine", "dspine_tree32", "dspine_splitkv", "dspine_adaptive",
              "dspine_adaptive_tree32", "dspine_adaptive_splitkv", "dspine_adaptive_below_block",
-             "dspine_adaptive_below_block_composed", "plain_fa3", "dspine_adaptive_fa3")
+             "dspine_adaptive_below_block_composed",
+             *(f"{n}_{b}" for b in OTHER_BACKENDS for n in ("plain", "dspine", "dspine_adaptive")))
 PROJECTIONS = {"geometry_projection": "the pair's served acceptance", "geometry_projection_recipe_lab":
                "the recipe lab's acceptance"}
 
@@ -434,6 +433,7 @@ def summarize(res: dict) -> dict:
 
 
 BLOCK = "chain16"  # the block of the drafters projected (Qwen3-8B's DSpine and DFlash drafters: B = 16)
+RECIPE_LAB = os.path.join(_root, "benchmarks", "results", "lab_recipe_summary.json")
 
 
 def below_block_table(extend: dict, split_kv: dict) -> dict:
@@ -442,7 +442,6 @@ def below_block_table(extend: dict, split_kv: dict) -> dict:
     second; buckets both measured."""
     return {b: {shape: (extend if shape == BLOCK else split_kv)[b][shape] for shape in split_kv[b]
                 if shape in extend[b]} for b in split_kv if b in extend}
-RECIPE_LAB = os.path.join(_root, "benchmarks", "results", "lab_recipe_summary.json")
 
 
 def projection_sources(res: dict) -> dict:

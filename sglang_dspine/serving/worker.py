@@ -293,7 +293,6 @@ class DSpineWorker(DFlashWorkerV2):
     def _step(self, batch, on_publish, grammar_barrier):
         """A prefill or idle step is DFlash's; a decode step verifies the shape the server runs (fixed) or the
         policy picks (adaptive: timed, its time and accept lengths read back when ready)."""
-        launched = time.perf_counter()
         if not is_verify_step(batch):
             if self.policy is not None:
                 self._clock.interrupt()
@@ -301,6 +300,7 @@ class DSpineWorker(DFlashWorkerV2):
                                                            grammar_barrier=grammar_barrier)
         if self.policy is None:
             return self._verify_shape(self.shapes[-1], batch, on_publish, grammar_barrier)  # the widest
+        launched = time.perf_counter()  # this decode step's launch (StepClock); a fixed server reads no clock
         self._read_finished_steps()
         bs = len(batch.seq_lens)
         shape = self.policy.choose(bs)
