@@ -4,7 +4,8 @@
 #   bash scripts/device/job.sh wait l57 540     # again within ~30 s of each return; $OUT/l57.tar.gz each time
 # What the lease at 6f41609 (benchmarks/results/adaptive_run_h100_6f41609.json) left, and what changed since
 # (SGLANG_DSPINE_SPLITKV_VERIFY=below-block; the policy weighs wall time), in the order the decisions need it (a
-# lease can end anywhere; adaptive.py skips what its JSON already has):
+# lease can end anywhere; adaptive.py skips what its JSON already has). Run order at 2026-12-06: 0b, 1, 2, 3, 0, 4,
+# 5 (the kernel-only timing 0 explains, it decides nothing, so it goes after the decisions' runs):
 #   0. the verify pass's attention kernels at Qwen3-8B heads, split-KV also with its index array as the server's
 #      graphs hold it (benchmarks/verify_attention.py `splitkv_graph`, ~1.5 min): whether the 16 KV splits the
 #      graphs make it run are why the block's verify step got 2.6-4.2 ms slower with split-KV at that lease where
@@ -32,12 +33,12 @@ set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
-python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,16,48 --rows 1,4,16
 bash scripts/device/gpu_tests.sh
 $A --phases geometry --geometry-servers dspine_adaptive_below_block,dspine_adaptive,plain --clients 1,4,16,48,64
 $A --phases switching --switching-server dspine_adaptive_below_block
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive,dspine_adaptive_below_block --clients 1,16,48 \
    --t1-clients 48
+python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,16,48 --rows 1,4,16
 $A --phases pair --pair-servers dspine_adaptive_tree32 --clients 1,16,48 --t1-clients 48
 $A --phases geometry --geometry-servers dspine_adaptive_tree32 --clients 1,4,16,48,64
 $A --phases geometry --geometry-servers plain_fa3,dspine_adaptive_fa3,dspine_fa3,plain_flashinfer,\
