@@ -18,15 +18,25 @@ The policy maximises expected tokens per second: E(shape) / t(batch, shape), wit
     (later ones were not verified), so counts are kept per position and a narrow shape never erases what a wide
     one learned; E(none) = 1; E(treeN): the tree steps' own mean tokens per request (a tree's accepted path is
     not a prefix of the walk), E(chainB) before the first;
-  - t(bucket, shape): the step's wall time, measured online by the worker (`StepClock`: from the step's launch
-    to the next decode step's, the scheduler's whole iteration) per batch bucket (the captured CUDA-graph batch
-    size the batch pads to) and shape. Wall time, not the GPU time between CUDA events around the step (kept
-    beside it as `gpu_step_ms`), because where the host is the bottleneck the GPU time misses what differs:
-    on the built-in pair (H100, 6f41609) the events gave the tree of 32 2.7-3.0 ms at one request, near the
-    block's 2.4-2.7, while the fixed tree server's wall step was 5.9 ms against the block's 3.1. Online, not a
-    start-up table, because it times what the server really runs (draft, verify, acceptance, context upkeep, at
-    the requests' real context lengths) on this GPU and backend; the price is a few exploration steps per
-    (bucket, shape) the first time a bucket is seen;
+  - t(bucket, shape): what a step costs in a steady stream of such steps, measured online by the worker per batch
+    bucket (the captured CUDA-graph batch size the batch pads to) and shape: the larger of the median of its
+    recent wall intervals (`StepClock`: from the step's launch to the next decode step's, the scheduler's whole
+    iteration) and the median of its recent GPU times (CUDA events around the step). Each is a lower bound of
+    that steady cost: a stream of steps can go no faster than the host iterates, nor than the GPU runs each
+    step. Neither alone suffices: where the host bounds the step, GPU time misses what differs (on the built-in
+    pair, H100, 6f41609, the events gave the tree of 32 2.7-3.0 ms at one request, near the block's 2.4-2.7,
+    while the fixed tree server's wall step was 5.9 ms against the block's 3.1); where the GPU bounds it, a
+    short run's wall intervals miss GPU work that spills past the next launch (Qwen3-8B geometry, H100,
+    c615dca: the block's wall 28.5 ms at 48 requests, its GPU time 39.2). A wall interval counts only when the
+    decode step before it ran the same shape with nothing between (`StepClock`): after a change it also holds
+    the previous shape's GPU work. Medians, so that one slow interval (a compile, a pause) does not stand for
+    the cell; and each shape is measured again now and then (`refresh`), so that an estimate the policy stopped
+    choosing on is not kept forever: at c615dca one bucket's `none` kept the 19.5 ms of its first intervals
+    (its GPU time 7.5) and the policy ran chain4 instead, at 0.76x plain decoding, for the whole run. Online,
+    not a start-up table, because it times what the server really runs (draft, verify, acceptance, context
+    upkeep, at the requests' real context lengths) on this GPU and backend; the price is a few exploration
+    steps per (bucket, shape) the first time a bucket is seen, and the same again for one other shape every
+    `refresh` decisions at a bucket;
   - hysteresis: a challenger replaces the current shape only after beating it by `margin` on `patience`
     consecutive decisions.
 Everything here is host-side Python on small numbers: no GPU, no SGLang (tests/test_verify_shapes.py).
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from dataclasses import dataclass, field
 
 
@@ -151,38 +162,55 @@ class TreeAcceptance:
 
 @dataclass
 class StepCosts:
-    """t(bucket, shape) in ms: a decayed mean of measured step times. A cell with fewer than `explore` samples
-    is unknown (the policy runs it to learn it); the first sample of a cell is dropped (a first replay, or a
-    first Triton compile, is not the step's cost)."""
+    """t(bucket, shape) in ms: max(median of the last `window` wall samples, median of the last `window` GPU
+    samples) (see the module's docstring). A cell with fewer than `explore` wall samples is unknown (the policy
+    runs it to learn it). `updated(bucket, shape)`: when the cell last got a wall sample (a running count of
+    wall samples over all cells), for the policy's refresh of the stalest one."""
 
-    explore: int = 2
-    decay: float = 0.9
-    _sum: dict = field(default_factory=dict)
-    _weight: dict = field(default_factory=dict)
-    _count: dict = field(default_factory=dict)
+    explore: int = 3
+    window: int = 5
+    _wall: dict = field(default_factory=dict)
+    _gpu: dict = field(default_factory=dict)
+    _updated: dict = field(default_factory=dict)
+    _samples: int = 0
 
-    def add(self, bucket: int, shape: Shape, ms: float) -> None:
-        if not (ms > 0 and math.isfinite(ms)):
-            return
-        key = (bucket, shape)
-        n = self._count.get(key, 0)
-        self._count[key] = n + 1
-        if n == 0:
-            return
-        self._sum[key] = self.decay * self._sum.get(key, 0.0) + ms
-        self._weight[key] = self.decay * self._weight.get(key, 0.0) + 1.0
+    def add(self, bucket: int, shape: Shape, wall_ms: float | None = None, gpu_ms: float | None = None) -> None:
+        for table, ms in ((self._wall, wall_ms), (self._gpu, gpu_ms)):
+            if ms is not None and ms > 0 and math.isfinite(ms):
+                recent = table.setdefault((bucket, shape), [])
+                recent.append(ms)
+                del recent[: -self.window]
+                if table is self._wall:
+                    self._samples += 1
+                    self._updated[(bucket, shape)] = self._samples
+
+    def forget(self, bucket: int, shape: Shape) -> None:
+        """Drop the cell's samples (it is unknown again; `updated` keeps when it was last measured)."""
+        self._wall.pop((bucket, shape), None)
+        self._gpu.pop((bucket, shape), None)
 
     def known(self, bucket: int, shape: Shape) -> bool:
-        return self._count.get((bucket, shape), 0) > self.explore
+        return len(self._wall.get((bucket, shape), ())) >= self.explore
+
+    def updated(self, bucket: int, shape: Shape) -> int:
+        return self._updated.get((bucket, shape), 0)
 
     def ms(self, bucket: int, shape: Shape) -> float | None:
-        w = self._weight.get((bucket, shape))
-        return None if not w else self._sum[(bucket, shape)] / w
+        parts = [statistics.median(t[(bucket, shape)]) for t in (self._wall, self._gpu) if t.get((bucket, shape))]
+        return max(parts) if parts else None
 
-    def table(self) -> dict[int, dict[str, float]]:
+    def table(self, part: str = "cost") -> dict[int, dict[str, float]]:
+        """Per bucket and shape name: the cost (`cost`), or the median of one part (`wall`, `gpu`)."""
+        cells = set(self._wall) | set(self._gpu)
         out: dict[int, dict[str, float]] = {}
-        for (bucket, shape), w in sorted(self._weight.items()):
-            out.setdefault(bucket, {})[shape.name] = round(self._sum[(bucket, shape)] / w, 3)
+        for bucket, shape in sorted(cells):
+            if part == "cost":
+                ms = self.ms(bucket, shape)
+            else:
+                recent = (self._wall if part == "wall" else self._gpu).get((bucket, shape))
+                ms = statistics.median(recent) if recent else None
+            if ms is not None:
+                out.setdefault(bucket, {})[shape.name] = round(ms, 3)
         return out
 
 
@@ -192,40 +220,47 @@ class StepClock:
     the step the interval began with. In a steady stream of steps that is what a step costs in throughput,
     whichever of host and GPU is the bottleneck. A prefill or idle step between two decode steps voids the
     interval (it is not a decode step's). Where SGLang overlaps a step's launch with the previous step's GPU work,
-    the first interval after a change of shape also holds the wait for the previous shape's GPU work: the first
-    sample of each (bucket, shape) is dropped (`StepCosts`) and the policy holds a shape for many steps
-    (hysteresis), so such mixed samples are few."""
+    an interval also holds the wait for the step before it: so an interval is reported only when the decode step
+    before its own ran the same shape, with nothing between (a settled interval)."""
 
     def __init__(self):
-        self._open: tuple[int, Shape, float] | None = None
+        self._open: tuple[int, Shape, float, bool] | None = None  # bs, shape, launch, settled
 
     def start(self, bs: int, shape: Shape, now: float) -> tuple[int, Shape, float] | None:
-        """A decode step of `shape` for `bs` requests launches at `now` (seconds): the step before it, if one
-        was open, as (bs, shape, ms)."""
-        closed, self._open = self._open, (bs, shape, now)
-        return None if closed is None else (closed[0], closed[1], 1000.0 * (now - closed[2]))
+        """A decode step of `shape` for `bs` requests launches at `now` (seconds): the step before it, if its
+        interval is settled, as (bs, shape, ms)."""
+        closed = self._open
+        self._open = (bs, shape, now, closed is not None and closed[1] == shape)
+        if closed is None or not closed[3]:
+            return None
+        return closed[0], closed[1], 1000.0 * (now - closed[2])
 
     def interrupt(self) -> None:
-        """Another kind of step runs: the open interval is not a decode step's."""
+        """Another kind of step runs: the open interval is not a decode step's, and the next one is unsettled."""
         self._open = None
 
 
 class ShapePolicy:
-    """Picks each step's shape for a batch of `bs` requests (see the module's docstring)."""
+    """Picks each step's shape for a batch of `bs` requests (see the module's docstring). `refresh`: every that
+    many decisions at a bucket, the cost there of the shape measured longest ago (not the current one) is
+    forgotten, and so explored again like a new cell (a few steps in a row), so that no estimate outlives the
+    conditions it was measured in. At 500, such a probe costs at most ~2% at Qwen3-8B geometry (the block's four
+    steps beside `none`'s at 48 requests, 4 x 28 ms over 500 x 11 ms), less in rotation with cheaper shapes."""
 
     def __init__(self, menu: tuple[Shape, ...], buckets: list[int], block: int, margin: float = 0.05,
-                 patience: int = 3):
+                 patience: int = 3, refresh: int = 500):
         if not menu:
             raise ValueError("ShapePolicy: an empty menu")
         self.menu, self.buckets = tuple(sorted(menu)), sorted(set(buckets))
         self.block = block
         self.acceptance = AcceptanceCounts(block - 1)
         self.trees = {s: TreeAcceptance() for s in self.menu if s.tree}
-        self.costs = StepCosts()  # wall time (StepClock): what the choice uses
-        self.gpu_costs = StepCosts()  # GPU time between CUDA events around the step: reported beside it
+        self.costs = StepCosts()  # wall and GPU time: what the choice uses
         self.margin, self.patience = margin, patience
+        self.refresh = refresh
         self.current = self.menu[-1]  # the widest: what the fixed server runs
         self._challenger, self._wins = None, 0
+        self._decisions: dict[int, int] = {}  # per bucket, since start (exploration steps excluded)
 
     def bucket(self, bs: int) -> int:
         """The captured batch size `bs` pads to; above the largest, `bs` itself (eager steps)."""
@@ -249,6 +284,11 @@ class ShapePolicy:
         for shape in self.menu:  # learn every shape's cost at this bucket first (a few steps each)
             if not self.costs.known(bucket, shape):
                 return shape
+        n = self._decisions[bucket] = self._decisions.get(bucket, 0) + 1
+        if self.refresh and n % self.refresh == 0 and len(self.menu) > 1:
+            stale = min((s for s in self.menu if s != self.current), key=lambda s: self.costs.updated(bucket, s))
+            self.costs.forget(bucket, stale)
+            return stale  # explored again from this step on
         rates = {s: self.rate(bucket, s) for s in self.menu}
         best = max(self.menu, key=lambda s: rates[s])
         if best == self.current or rates[best] <= rates[self.current] * (1 + self.margin):
@@ -262,17 +302,17 @@ class ShapePolicy:
 
     def observe(self, bs: int, shape: Shape, ms: float | None, accepted: list[int] | None,
                 gpu_ms: float | None = None) -> None:
-        """A finished step: its wall time (None when not measured), accepted drafts per request, its GPU time."""
-        if ms is not None:
-            self.costs.add(self.bucket(bs), shape, ms)
-        if gpu_ms is not None:
-            self.gpu_costs.add(self.bucket(bs), shape, gpu_ms)
+        """A finished step: its settled wall time (None when not measured), accepted drafts per request, its GPU
+        time."""
+        self.costs.add(self.bucket(bs), shape, wall_ms=ms, gpu_ms=gpu_ms)
         if accepted is not None and shape.tree:
             self.trees[shape].update(accepted)
         elif accepted is not None:
             self.acceptance.update(shape.rows, accepted)
 
     def summary(self) -> dict:
+        """`step_ms`: the cost the choice uses; `wall_step_ms` and `gpu_step_ms`: its two parts' medians."""
         return {"current": self.current.name,
                 "expected_tokens": {s.name: round(self.expected_tokens(s), 3) for s in self.menu},
-                "step_ms": self.costs.table(), "gpu_step_ms": self.gpu_costs.table()}
+                "step_ms": self.costs.table(), "wall_step_ms": self.costs.table("wall"),
+                "gpu_step_ms": self.costs.table("gpu")}

@@ -13,8 +13,8 @@ Verify shapes (verify_shapes.Shape): each decode step verifies one shape for the
     that width (verify_widths.py), with DFlash's acceptance rules and context upkeep;
   - `treeN`: a tree of N - 1 nodes over the lattice (tree_verify.py), SGLANG_DSPINE_TREE=1.
 A fixed server runs one shape every step; SGLANG_DSPINE_VERIFY=adaptive runs the shape `ShapePolicy` picks, weighing
-each step's wall time (`StepClock`: launch to the next decode step's launch) and reading its accept lengths and GPU
-time (CUDA events, reported beside) a step or two later, without a sync.
+each step's cost: the larger of its wall time (`StepClock`: launch to the next decode step's launch) and its GPU time
+(CUDA events, read with its accept lengths a step or two later, without a sync).
 The non-block steps are DFlash's decode step in parts (dflash_step.py: the one place they read DFlash's private
 members, checked at start-up).
 
@@ -137,7 +137,7 @@ class DSpineWorker(DFlashWorkerV2):
         if ENV.adaptive:  # check_adaptive has refused it where it is not built
             self.shapes = (*parse_menu(ENV.verify_shapes, block), *tree)
             self._pending: collections.deque = collections.deque()  # steps whose GPU time and acceptance are unread
-            self._clock = StepClock()  # each decode step's wall time, what the policy weighs
+            self._clock = StepClock()  # each decode step's wall time, half of what the policy weighs
             self._shares: collections.Counter = collections.Counter()  # steps by shape name since start
             self._since_log: collections.Counter = collections.Counter()  # since SGLang's last decode log line
             self._metrics_on = bool(getattr(server_args, "enable_metrics", False))
@@ -305,7 +305,7 @@ class DSpineWorker(DFlashWorkerV2):
         bs = len(batch.seq_lens)
         shape = self.policy.choose(bs)
         closed = self._clock.start(bs, shape, launched)
-        if closed is not None:  # the decode step before this one: its wall time
+        if closed is not None:  # the decode step before this one: its wall time (settled intervals only)
             self.policy.observe(*closed, accepted=None)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
