@@ -369,6 +369,32 @@ def test_adaptive_merge_composes_the_below_block_table_from_the_two_kernels_serv
     assert proj["1"]["dspine_adaptive_splitkv"] == round(1000 * 3 / 12.0, 1)
 
 
+def test_adaptive_merge_costs_a_step_as_the_policy_now_does_and_keeps_the_switching_record(tmp_path):
+    """The projection's step cost is verify_shapes.StepCosts': the larger of the wall and GPU parts. A run of
+    c615dca reported the wall part as `step_ms` and the GPU part beside it: the merge takes each cell's larger
+    (there the block's 28.5 wall against 39.2 GPU at 48 requests); a newer policy (`wall_step_ms` beside) already
+    reports the cost as `step_ms`. The switching phase's record reaches the summary."""
+    cell = lambda tps, tau=None: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": tau}
+    accept = {"none": 1.0, "chain16": 3.0}
+    old = {"step_ms": {"48": {"none": 11.1, "chain16": 28.5}}, "gpu_step_ms": {"48": {"none": 11.0, "chain16": 39.2}}}
+    new = {"step_ms": {"48": {"none": 11.1, "chain16": 30.0}}, "wall_step_ms": {"48": {"none": 11.1, "chain16": 30.0}},
+           "gpu_step_ms": {"48": {"none": 11.0, "chain16": 20.0}}}
+    switching = {"server": "dspine_adaptive", "greedy": {"identical": 20, "divergences": [{"top2_logprob_gap": 0.03}]},
+                 "t1": {"bonferroni_min_pvalue": 0.5}, "shapes_during_tests": {"none": 3}, "ramp_errors": 0,
+                 "ramp": [{"clients": 1, "requests": 5, "errors": 0, "shapes": {"none": 3}}]}
+    for policy, block_ms in ((old, 39.2), (new, 30.0)):
+        run = {"provenance": {"gpu": "G", "commit": "c"}, "switching": switching,
+               "pair": {"dspine_adaptive": {"t0": {"1": {**cell(100.0, 3.0), "policy": {"expected_tokens": accept}}}}},
+               "geometry": {"plain": {"t0": {"48": cell(5000.0)}}, "dspine_adaptive": {"policy_last": policy}}}
+        out = merged_summary(tmp_path / str(block_ms), run)
+        assert out["geometry_step_ms"]["dspine_shapes"]["48"] == {"none": 11.1, "chain16": block_ms}
+        proj = out["geometry_projection"]["48"]
+        assert proj["dspine"] == round(48000 * 3 / block_ms, 1)
+        assert proj["adaptive_shape"] == ("none" if block_ms > 3 * 11.1 else "chain16")
+        assert out["switching"]["greedy_identical"] == 20 and out["switching"]["ramp_errors"] == 0
+        assert out["runs"][0]["phases"] == ["pair", "geometry", "switching"]
+
+
 def test_adaptive_merge_projects_each_attention_backend_on_its_own_plain_step(tmp_path):
     """The geometry's servers on SGLang's FA3 backend (`plain_fa3`, `dspine_adaptive_fa3`): their step table and
     projection sit beside triton's, each against its own backend's plain decoding."""

@@ -293,7 +293,7 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
     res, runs = {}, []
     for p in paths:
         r = json.load(open(p))
-        phases = [k for k in ("pair", "geometry", "profile") if k in r]
+        phases = [k for k in ("pair", "geometry", "profile", "switching") if k in r]
         # a run is named by its file (a kept run: benchmarks/results/adaptive_run_*.json), or for a job's
         # $OUT/adaptive.json by the job's folder
         name = os.path.splitext(os.path.basename(p))[0]
@@ -301,6 +301,8 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
                      "provenance": r.get("provenance"), "phases": phases})
         for phase in ("pair", "geometry", "profile"):
             res.setdefault(phase, {}).update(r.get(phase, {}))
+        if "switching" in r:  # one server's record, not one per server: the later run's
+            res["switching"] = r["switching"]
     summary = summarize(res)
     if models and res.get("pair", {}).get("plain", {}).get("greedy_ids"):
         from benchmarks.greedy_divergence import judge_pair
@@ -399,7 +401,7 @@ def summarize(res: dict) -> dict:
     plain = plain_step_ms("plain")
     # the extend-kernel verify, SGLang's split-KV kernel (patch 8), and the table of a server with the tree in
     # its menu (it times the tree beside the chains)
-    tables = {suffix: (geo.get(f"dspine_adaptive{suffix}", {}).get("policy_last") or {}).get("step_ms")
+    tables = {suffix: cost_table(geo.get(f"dspine_adaptive{suffix}", {}).get("policy_last"))
               for suffix in ("", "_splitkv", "_tree32", "_below_block")}
     if not tables["_below_block"] and tables[""] and tables["_splitkv"]:
         # not served yet: each shape's graphs are its own, so the narrower shapes' steps under split-KV and the
@@ -410,8 +412,8 @@ def summarize(res: dict) -> dict:
             out.setdefault("geometry_step_ms", {"plain": {c: round(v, 3) for c, v in plain.items()}})
             out["geometry_step_ms"][f"dspine_shapes{suffix}"] = table
     # SGLang's other attention backends: each its own plain step and adaptive table (5(b)), projected alike
-    backends = {b: (plain_step_ms(f"plain_{b}"), (geo.get(f"dspine_adaptive_{b}", {}).get("policy_last") or {})
-                    .get("step_ms")) for b in OTHER_BACKENDS}
+    backends = {b: (plain_step_ms(f"plain_{b}"), cost_table(geo.get(f"dspine_adaptive_{b}", {}).get("policy_last")))
+                for b in OTHER_BACKENDS}
     for b, (plain_b, table) in backends.items():
         if plain_b:
             out.setdefault("geometry_step_ms", {})[f"plain_{b}"] = {c: round(v, 3) for c, v in plain_b.items()}
@@ -430,6 +432,20 @@ def summarize(res: dict) -> dict:
                     out[key].setdefault(c, {}).update({f"plain_{b}" if k == "plain" else k: v
                                                        for k, v in cell_.items()})
     return out
+
+
+def cost_table(policy: dict | None) -> dict | None:
+    """A policy's step cost per (bucket, shape) as verify_shapes.StepCosts now weighs it: the larger of its wall
+    and GPU parts. A policy that reports the parts beside (`wall_step_ms`) gives it as `step_ms`; before that,
+    `step_ms` was the wall part alone (c615dca; `gpu_step_ms` beside it) or the GPU time alone (6f41609 and
+    earlier), so the cell's larger of `step_ms` and `gpu_step_ms`."""
+    if not policy or not policy.get("step_ms"):
+        return None
+    if "wall_step_ms" in policy:
+        return policy["step_ms"]
+    gpu = policy.get("gpu_step_ms") or {}
+    return {b: {s: max(ms, (gpu.get(b) or {}).get(s, 0.0)) for s, ms in row.items()}
+            for b, row in policy["step_ms"].items()}
 
 
 BLOCK = "chain16"  # the block of the drafters projected (Qwen3-8B's DSpine and DFlash drafters: B = 16)
