@@ -14,6 +14,9 @@ the inputs the backend hands them (the GPU test of patch 8 builds the same), per
   - rows W = 1 (`none`; the decode kernel too), 4, 8, 16 (the block), batch sizes 1, 4, 16, 48, 64;
   - decode: `--kv-splits` static splits a request (SGLang's default is 8, chosen per request by a Triton kernel;
     static here, as SGLang does with SGLANG_TRITON_DECODE_ATTN_STATIC_KV_SPLITS).
+The split-KV kernel three ways: with exact index arrays (eager passes), with the array as a verify graph holds it
+(the capture buffer, `--graph-kv-indices` long: SGLang's kernel then runs 16 KV splits), and the same through
+patch 8's split count for graphs (`splitkv_graph_dspine`, what a DSPINE server's verify graphs run).
 Timing: the 36 layers' calls captured in one CUDA graph per (kernel, W, bs), as the server replays them; median
 of `--repeats` replays timed with CUDA events (benchmarks.kernels.Bench's capture and replays). It is the
 attention kernels only: no GEMMs, norms or sampling.
@@ -33,7 +36,11 @@ import torch
 from sglang_dspine.provenance import default_output, provenance
 
 HQ, HKV, D, LAYERS = 32, 8, 128, 36  # Qwen3-8B
-VERIFY_KERNELS = ("extend", "splitkv", "splitkv_graph")
+# splitkv: exact index arrays (eager passes); splitkv_graph: the index array as a verify graph holds it (the capture
+# buffer: SGLang's kernel then runs its 16 KV splits); splitkv_graph_dspine: the same through patch 8's split count
+# for graphs (sglang_patches.with_graph_split_count), what a DSPINE server's verify graphs run
+VERIFY_KERNELS = ("extend", "splitkv", "splitkv_graph", "splitkv_graph_dspine")
+MAX_CONTEXT = 40960  # Qwen3-8B's context: the capture buffer's length per token, and patch 8's bound
 
 
 def inputs(bs: int, rows: int, context: int, gen: torch.Generator, dev: str = "cuda"):
@@ -79,18 +86,20 @@ def calls(kernel: str, layers: list[dict], bs: int, rows: int, kv_splits: int, d
                 decode_attention_fwd(t["q"], t["k_pool"], t["v_pool"], t["o"], t["kv_indptr"], t["kv_indices"],
                                      logits, lse, splits, kv_splits, scale, 1.0, 1.0)
         return run
-    if kernel in ("splitkv", "splitkv_graph"):
+    if kernel.startswith("splitkv"):
         from sglang_dspine.serving import sglang_patches
 
         sglang_patches.zero_split_kv_scratch()  # what patch 8 does before the server's first verify
-        shared = graph_kv_indices(layers, graph_kv_len) if kernel == "splitkv_graph" else None
+        shared = graph_kv_indices(layers, graph_kv_len) if kernel.startswith("splitkv_graph") else None
+        fwd = verify_splitkv_fwd
+        if kernel == "splitkv_graph_dspine":
+            fwd = sglang_patches.with_graph_split_count(verify_splitkv_fwd, MAX_CONTEXT)
 
         def run():
             for t in layers:
                 indices = t["kv_indices"] if shared is None else shared
-                if not verify_splitkv_fwd(t["q"], t["k"], t["v"], t["o"], t["k_pool"], t["v_pool"], t["qo_indptr"],
-                                          t["kv_indptr"], indices, None, True, None, rows, 1.0, 1.0,
-                                          sm_scale=scale, max_bs=64):
+                if not fwd(t["q"], t["k"], t["v"], t["o"], t["k_pool"], t["v_pool"], t["qo_indptr"],
+                           t["kv_indptr"], indices, None, True, None, rows, 1.0, 1.0, sm_scale=scale, max_bs=64):
                     raise RuntimeError(f"split-KV verify refused W={rows} bs={bs} (the backend falls back)")
         return run
 
@@ -109,7 +118,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", default="1,4,8,16")
     ap.add_argument("--kv-splits", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--graph-kv-indices", type=int, default=64 * 16 * 40960,
+    ap.add_argument("--graph-kv-indices", type=int, default=64 * 16 * MAX_CONTEXT,
                     help="length of the verify graphs' index buffer: cuda-graph max bs 64 x the block's 16 rows x "
                          "Qwen3-8B's 40960-token context")
     args = ap.parse_args(argv)

@@ -260,9 +260,14 @@ def test_split_kv_verify_switches_sglangs_own_dispatch():
     from sglang_dspine.serving.plugin import StartupRefusal
 
     backend = TritonAttnBackend.__new__(TritonAttnBackend)  # SGLang's class; its constructor needs a model runner
-    backend.verify_splitkv_fwd, backend.use_verify_splitkv = object(), False
+    stock = lambda *a, **k: True  # noqa: E731 (SGLang's kernel handle; test_serving_glue runs the real one)
+    backend.verify_splitkv_fwd, backend.use_verify_splitkv, backend.max_context_len = stock, False, 4096
     sglang_patches.split_kv_verify(backend)
     assert backend.use_verify_splitkv is True
+    wrapped = backend.verify_splitkv_fwd  # its split count for graphs (patch 8), once however often applied
+    assert wrapped is not stock and getattr(wrapped, "_dspine_graph_splits", False)
+    sglang_patches.split_kv_verify(backend)
+    assert backend.verify_splitkv_fwd is wrapped
     with pytest.raises(StartupRefusal, match="needs the triton attention backend"):
         sglang_patches.split_kv_verify(object())
 

@@ -1046,16 +1046,7 @@ def test_the_split_kv_verify_kernel_is_causal_attention_over_context_and_chain(r
 
     monkeypatch.setattr(verify_splitkv.VerifySplitKV, "_alloc", over_nan)
 
-    g = torch.Generator().manual_seed(rows)
-    bs, hq, hkv, d = 3, 4, 2, 64
-    context = torch.tensor([5, 40, 17])
-    k_pool, v_pool = torch.randn(200, hkv, d, generator=g), torch.randn(200, hkv, d, generator=g)
-    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32)
-    kv_indptr[1:] = torch.cumsum(context, 0)
-    kv_indices = torch.randperm(200, generator=g)[: int(context.sum())].to(torch.int32)
-    qo_indptr = torch.arange(0, (bs + 1) * rows, rows, dtype=torch.int32)
-    q = torch.randn(bs * rows, hq, d, generator=g)
-    k, v = torch.randn(bs * rows, hkv, d, generator=g), torch.randn(bs * rows, hkv, d, generator=g)
+    q, k, v, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices = _verify_inputs(3, rows, [5, 40, 17], seed=rows)
     args = (kv_indptr, kv_indices, None, True, None, rows, 1.0, 1.0)
     split, extend = torch.empty_like(q), torch.empty_like(q)
     monkeypatch.setattr(verify_splitkv, "_VK_CACHE", {})
@@ -1065,8 +1056,30 @@ def test_the_split_kv_verify_kernel_is_causal_attention_over_context_and_chain(r
     sglang_patches.zero_split_kv_scratch()
     assert verify_splitkv_fwd(q, k, v, split, k_pool, v_pool, qo_indptr, *args)
     extend_attention_fwd(q, k, v, extend, k_pool, v_pool, qo_indptr, *args)
+    want = _chain_attention(q, k, v, k_pool, v_pool, kv_indptr, kv_indices, rows)
+    torch.testing.assert_close(split, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(extend, want, atol=1e-5, rtol=1e-5)
+
+
+def _verify_inputs(bs: int, rows: int, context: list[int], seed: int, hq: int = 4, hkv: int = 2, d: int = 64):
+    """A verify pass's attention inputs as the triton backend hands them: queries and the chain's own K/V
+    [bs·W, heads, d], KV pools with each request's context in scattered slots, and the index arrays."""
+    g = torch.Generator().manual_seed(seed)
+    k_pool, v_pool = torch.randn(200, hkv, d, generator=g), torch.randn(200, hkv, d, generator=g)
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(torch.tensor(context), 0)
+    kv_indices = torch.randperm(200, generator=g)[: sum(context)].to(torch.int32)
+    qo_indptr = torch.arange(0, (bs + 1) * rows, rows, dtype=torch.int32)
+    q = torch.randn(bs * rows, hq, d, generator=g)
+    k, v = torch.randn(bs * rows, hkv, d, generator=g), torch.randn(bs * rows, hkv, d, generator=g)
+    return q, k, v, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices
+
+
+def _chain_attention(q, k, v, k_pool, v_pool, kv_indptr, kv_indices, rows):
+    """Plain causal attention of each verify row over its request's context, then the chain up to and with it."""
+    hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
     want = torch.empty_like(q)
-    for b in range(bs):
+    for b in range(len(kv_indptr) - 1):
         slots = kv_indices[kv_indptr[b]: kv_indptr[b + 1]].long()
         keys = torch.cat([k_pool[slots], k[b * rows: (b + 1) * rows]])
         values = torch.cat([v_pool[slots], v[b * rows: (b + 1) * rows]])
@@ -1075,19 +1088,47 @@ def test_the_split_kv_verify_kernel_is_causal_attention_over_context_and_chain(r
             for h in range(hq):
                 p = torch.softmax(keys[:seen, h // (hq // hkv)] @ q[b * rows + j, h] / d ** 0.5, 0)
                 want[b * rows + j, h] = p @ values[:seen, h // (hq // hkv)]
-    torch.testing.assert_close(split, want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(extend, want, atol=1e-5, rtol=1e-5)
+    return want
+
+
+@pytest.mark.parametrize("bs,rows,graph_splits", [(3, 1, 16), (1, 4, 16), (3, 4, 4)])
+def test_a_verify_graphs_split_kv_attention_runs_the_split_count_of_its_batch(bs, rows, graph_splits, monkeypatch):
+    """Patch 8's split count (`with_graph_split_count`, Triton's interpreter): where the index array is a CUDA
+    graph's capture buffer (longer than requests × the model's context; the batch's indices at its head), the
+    kernel runs graph_split_count(requests, W) KV splits, not the 16 the buffer's length would make it run, and
+    an exact array keeps SGLang's own count (4 for these contexts). Both give plain causal attention's output."""
+    from sglang.kernels.ops.attention import verify_splitkv
+    from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
+
+    sglang_patches.zero_split_kv_scratch()
+    context = [5, 40, 17][:bs]
+    q, k, v, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices = _verify_inputs(bs, rows, context, seed=bs * rows)
+    max_context = 1024  # long enough that the capture buffer alone makes the kernel run its 16 splits
+    fwd = sglang_patches.with_graph_split_count(verify_splitkv_fwd, max_context)
+    assert sglang_patches.with_graph_split_count(fwd, max_context) is fwd  # idempotent
+    capture = torch.zeros(4 * max_context * 16, dtype=torch.int64)  # max bs 4 x 16 rows x the context
+    capture[: kv_indices.numel()] = kv_indices
+    assert verify_splitkv.choose_n_splits(capture.numel() / bs) == 16  # what the buffer alone makes it run
+    want = _chain_attention(q, k, v, k_pool, v_pool, kv_indptr, kv_indices, rows)
+    for indices, splits in ((capture, graph_splits), (kv_indices, 4)):
+        monkeypatch.setattr(verify_splitkv, "_VK_CACHE", {})
+        out = torch.empty_like(q)
+        assert fwd(q, k, v, out, k_pool, v_pool, qo_indptr, kv_indptr, indices, None, True, None, rows, 1.0, 1.0)
+        assert [key[-1] for key in verify_splitkv._VK_CACHE] == [splits]  # the kernel's scratch, by split count
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    assert sglang_patches._graph_splits is None  # only during a graph-buffer call
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("indices", ["exact", "graph"])
+@pytest.mark.parametrize("indices", ["exact", "graph", "graph_dspine"])
 @pytest.mark.parametrize("rows", [1, 4, 16])
 def test_gpu_split_kv_verify_equals_the_extend_kernel_at_qwen3_8b_heads(rows, indices):
     """Patch 8 on CUDA (compiled Triton, bf16, Qwen3-8B's 32 query and 8 KV heads of 128, 48 requests of 200 to
     900 context tokens in scattered KV slots): SGLang's split-KV verify kernel, its scratch zeroed by the patch,
     gives the extend kernel's output up to bf16 rounding. Also with the index array as the server's verify
     graphs hold it (`graph`: the capture buffer, int64, Qwen3-8B's context × 64 × 16 slots), where the kernel
-    runs 16 KV splits instead of the 4 the exact array gives."""
+    runs 16 KV splits instead of the 4 the exact array gives, and through patch 8's split count for graphs
+    (`graph_dspine`: 4 at 48 requests)."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
     from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
 
@@ -1105,12 +1146,14 @@ def test_gpu_split_kv_verify_equals_the_extend_kernel_at_qwen3_8b_heads(rows, in
     k, v = (torch.randn(bs * rows, hkv, d, generator=g, device=dev, dtype=dt) for _ in range(2))
     args = (kv_indptr, kv_indices, None, True, None, rows, 1.0, 1.0)
     split_indices = kv_indices
-    if indices == "graph":
+    if indices.startswith("graph"):
         split_indices = torch.zeros(64 * 16 * 40960, dtype=torch.int64, device=dev)
         split_indices[: kv_indices.numel()] = kv_indices
+    fwd = verify_splitkv_fwd
+    if indices == "graph_dspine":
+        fwd = sglang_patches.with_graph_split_count(verify_splitkv_fwd, 40960)
     split, extend = torch.empty_like(q), torch.empty_like(q)
-    assert verify_splitkv_fwd(q, k, v, split, k_pool, v_pool, qo_indptr, kv_indptr, split_indices, *args[2:],
-                              max_bs=64)
+    assert fwd(q, k, v, split, k_pool, v_pool, qo_indptr, kv_indptr, split_indices, *args[2:], max_bs=64)
     extend_attention_fwd(q, k, v, extend, k_pool, v_pool, qo_indptr, *args)
     assert not split.isnan().any()
     torch.testing.assert_close(split.float(), extend.float(), atol=2e-2, rtol=2e-2)

@@ -293,7 +293,8 @@ def test_verify_attention_times_the_kernels_on_causal_attention_over_context_and
     split-KV kernels compute causal attention over [context, chain] and the decode kernel attention over the
     context, on the inputs the benchmark builds: what it times is the work a verify or decode step does. The
     split-KV kernel also with the index array as the server's verify graphs hold it (`splitkv_graph`), where it
-    runs SGLang's largest number of KV splits, 16, against 4 at the batch's own length."""
+    runs SGLang's largest number of KV splits, 16, against 4 at the batch's own length, and through patch 8's
+    split count for graphs (`splitkv_graph_dspine`)."""
     import torch
     from sglang.kernels.ops.attention.verify_splitkv import choose_n_splits
 
@@ -303,13 +304,13 @@ def test_verify_attention_times_the_kernels_on_causal_attention_over_context_and
     try:
         bs, context = 2, 20
         t = va.inputs(bs, rows, context, torch.Generator().manual_seed(rows), dev="cpu")
-        got, graph_len = {}, 1 << 15
+        got, graph_len = {}, 1 << 17  # longer than bs x va.MAX_CONTEXT: a capture buffer to patch 8
         assert choose_n_splits(t["kv_indices"].numel() / bs) == 4 and choose_n_splits(graph_len / bs) == 16
         for kernel in ("decode",) * (rows == 1) + va.VERIFY_KERNELS:
             t["o"].zero_()
             va.calls(kernel, [t], bs, rows, 4, dev="cpu", graph_kv_len=graph_len)()
             got[kernel] = t["o"].clone()
-        assert set(got) >= {"extend", "splitkv", "splitkv_graph"}
+        assert set(got) >= {"extend", "splitkv", "splitkv_graph", "splitkv_graph_dspine"}
         group = va.HQ // va.HKV
         for kernel, out in got.items():
             for b in range(bs):

@@ -6,9 +6,12 @@
 # (cab6869: a step's cost is the larger of its settled wall time and its GPU time, medians, and every 500 decisions
 # at a bucket the stalest other shape is explored again), in the order the decisions need it (a lease can end
 # anywhere; adaptive.py skips what its JSON already has):
-#   0. the GPU tests (~1.5 min);
-#   1. Qwen3-8B geometry, each alone: adaptive below-block, adaptive on the extend kernel, fixed DSPINE, plain
-#      (~9 min): the new cost at τ = 1 (the right shape is `none` everywhere);
+#   0. the GPU tests (~1.5 min), and the verify pass's attention kernels (~1.5 min: `splitkv_graph_dspine`, the
+#      split-KV kernel as a DSPINE server's verify graphs now run it, 4 KV splits from 5 verify rows up, against
+#      the capture buffer's 16 that made the block slower at c615dca);
+#   1. Qwen3-8B geometry, each alone: adaptive below-block, adaptive on the extend kernel, fixed DSPINE, fixed
+#      DSPINE with split-KV, plain (~11 min): the new cost at τ = 1 (the right shape is `none` everywhere), and
+#      the block's step under split-KV with the graphs' split count;
 #   2. the built-in pair twice over (~9 min): plain, DSPINE at the block, adaptive, then the block and adaptive
 #      again into $OUT/rep2 (at c615dca the block ran at half its 6f41609 speed while plain held and adaptive ran
 #      1.67x it on the same shape: two passes, so a slow period of the machine shows as a disagreement);
@@ -23,6 +26,9 @@
 #     Qwen3-8B geometry, it serves >= 0.97x the extend-kernel adaptive server's tokens/s at every client count and
 #     >= 1.10x at 48 and 64 clients, and the switching phase's T=1 test passes with every greedy divergence within
 #     the near-tie margin;
+#   - SGLANG_DSPINE_SPLITKV_VERIFY=1 becomes the default of every chain server on triton (fixed and adaptive) if,
+#     at Qwen3-8B geometry, fixed DSPINE with it serves >= 1.03x fixed DSPINE without it at 4 clients and more and
+#     >= 0.97x at 1 client, and the GPU tests pass (`graph_dspine` among them);
 #   - adaptive becomes the server's default (SGLANG_DSPINE_VERIFY) only if, on the pair, it serves >= 0.97x fixed
 #     DSPINE at 1, 16 and 48 clients in both passes, and at Qwen3-8B geometry >= fixed DSPINE at every client count.
 set -uo pipefail
@@ -30,7 +36,9 @@ OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 bash scripts/device/gpu_tests.sh
-$A --phases geometry --geometry-servers dspine_adaptive_below_block,dspine_adaptive,dspine,plain --clients 1,4,16,48,64
+python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,16,48 --rows 1,4,16
+$A --phases geometry --geometry-servers dspine_adaptive_below_block,dspine_adaptive,dspine,dspine_splitkv,plain \
+   --clients 1,4,16,48,64
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
 mkdir -p "$OUT/rep2"
 python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \

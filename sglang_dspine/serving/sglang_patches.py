@@ -89,6 +89,17 @@ tree server's nor to the drafter's (`split_kv_verify`):
    partials never written), and 0 × NaN is NaN, so an uninitialised scratch holding a NaN bit pattern would make
    the output NaN (seen under Triton's interpreter: tests/test_serving_glue.py). `VerifySplitKV._alloc` is wrapped
    to zero the partials once when they are allocated; a run split only ever writes finite values there after.
+   And one to its number of KV splits in CUDA graphs: the kernel picks it from len(kv_indices) ÷ requests (a
+   shape, so that capture needs no sync), but in a verify graph that array is the capture buffer (the backend's
+   `cuda_graph_kv_indices`, max tokens × the model's context), so every graph ran the maximum, 16 splits, whatever
+   the requests' contexts. Measured at Qwen3-8B heads and 576-token contexts (H100, c615dca,
+   benchmarks/verify_attention.py), 16 splits cost 2.0-2.1x the 4 that SGLang's own rule gives these contexts at
+   W = 16 and lost to the extend kernel (2.52 against 1.47 ms at 1 request, 18.15 against 14.13 at 48), while
+   with a batch of at most 4 verify rows in all they beat 4 (0.36 against 0.56 ms for one row). So the backend's
+   `verify_splitkv_fwd` is wrapped (`with_graph_split_count`): a call whose index array is longer than the batch
+   could hold (requests × the model's context: only a capture buffer is) runs `graph_split_count(requests, W)`
+   splits, by the module's `choose_n_splits`, which is wrapped to answer that count during such a call and
+   SGLang's own rule otherwise (eager passes keep their exact arrays and SGLang's choice).
 
 What DSPINE relies on in SGLang's DFlash code is checked when a DSPINE server starts (`check_dflash_hooks`, from
 the algorithm's server-argument handling in the launcher, and again when the worker is created): the DFlash
@@ -248,6 +259,7 @@ def split_kv_verify(backend) -> None:
             not hasattr(backend, "verify_splitkv_fwd"):
         raise _not_found("TritonAttnBackend's split-KV verify dispatch (use_verify_splitkv)")
     zero_split_kv_scratch()
+    backend.verify_splitkv_fwd = with_graph_split_count(backend.verify_splitkv_fwd, int(backend.max_context_len))
     backend.use_verify_splitkv = True
 
 
@@ -263,6 +275,51 @@ def zero_split_kv_scratch() -> None:
         return _alloc
 
     _wrap_once(verify_splitkv.VerifySplitKV, "_alloc", "_dspine_zeroed", zeroed)
+
+
+def graph_split_count(requests: int, rows: int) -> int:
+    """KV splits for a verify graph's split-KV attention (patch 8): 16 for a batch of at most 4 verify rows in all
+    (too few programs to fill the GPU otherwise), else 4, what SGLang's own rule gives contexts under 4k tokens. A
+    graph is replayed at any context, so the count cannot follow it; from the c615dca measurements (docstring)."""
+    return 16 if requests * rows <= 4 else 4
+
+
+_graph_splits: int | None = None  # set during a graph-buffer call of the wrapped verify_splitkv_fwd
+
+
+def with_graph_split_count(fwd, max_context_len: int):
+    """`fwd` (SGLang's verify_splitkv_fwd, or the backend's handle on it) running `graph_split_count` KV splits
+    where its index array is a CUDA graph's capture buffer (longer than requests × `max_context_len`), and as it
+    is otherwise (patch 8). Idempotent."""
+    if getattr(fwd, "_dspine_graph_splits", False):
+        return fwd
+    from sglang.kernels.ops.attention import verify_splitkv
+
+    if "choose_n_splits" not in _names_used(verify_splitkv.verify_splitkv_fwd.__code__):
+        raise _not_found("verify_splitkv_fwd's split count (choose_n_splits)")
+
+    def choosing(stock):
+        def choose_n_splits(avg_seqlen):
+            return stock(avg_seqlen) if _graph_splits is None else _graph_splits
+
+        return choose_n_splits
+
+    _wrap_once(verify_splitkv, "choose_n_splits", "_dspine_graph_splits", choosing)
+
+    @functools.wraps(fwd)
+    def graph_split_fwd(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, *args, **kwargs):
+        global _graph_splits
+        requests = max(1, qo_indptr.shape[0] - 1)
+        if kv_indices.shape[0] <= requests * max_context_len:  # an exact array: SGLang's own choice
+            return fwd(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, *args, **kwargs)
+        _graph_splits = graph_split_count(requests, q.shape[0] // requests)
+        try:
+            return fwd(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, *args, **kwargs)
+        finally:
+            _graph_splits = None
+
+    graph_split_fwd._dspine_graph_splits = True
+    return graph_split_fwd
 
 
 DECODE_LOG = "sglang.srt.managers.scheduler_components.metrics_reporter"  # the module whose logger writes the line
