@@ -186,25 +186,26 @@ def throughput_cell(rounds, suites):
             "verify_steps": sum(n for _, n in steps.values())}
 
 
-def greedy_agreement(base, spec, prompts, max_new, pool, judge=None):
-    """Greedy outputs of `spec` vs `base` on each prompt; at each first divergence, the top-2 log-prob gap of
-    `judge`'s next-token distribution there (default `base`; it must be a server without speculation, which
-    is what returns log-probs)."""
+def greedy_agreement(base, spec, prompts, max_new, pool, judge=None, keep_answers=False):
+    """Greedy outputs of `spec` vs `base` on each prompt; at each first divergence (with its prompt's index), the
+    top-2 log-prob gap of `judge`'s next-token distribution there (default `base`; it must be a server without
+    speculation, which is what returns log-probs). `keep_answers`: both servers' answers too (`answers`: base,
+    spec), for a float32 verdict afterwards (benchmarks/greedy_divergence.py)."""
     judge = judge or base
     outs_b = list(pool.map(lambda p: generate(base, p, max_new)["output_ids"], prompts))
     outs_s = list(pool.map(lambda p: generate(spec, p, max_new)["output_ids"], prompts))
     same = [a == b for a, b in zip(outs_b, outs_s)]
     gaps = []
-    for p, a, b in zip(prompts, outs_b, outs_s):
+    for i, (p, a, b) in enumerate(zip(prompts, outs_b, outs_s)):
         if a == b:
             continue
         k = next(i for i in range(min(len(a), len(b))) if a[i] != b[i])
         r = generate(judge, p + a[:k], 1, logprobs=2)
         top = r["meta_info"]["output_top_logprobs"][-1]
-        gaps.append({"position": k, "top2_logprob_gap": float(top[0][0] - top[1][0]),
+        gaps.append({"prompt": i, "position": k, "top2_logprob_gap": float(top[0][0] - top[1][0]),
                      "plain_token": a[k], "spec_token": b[k]})
     return {"prompts": len(prompts), "identical": sum(same), "match_rate": sum(same) / len(prompts),
-            "divergences": gaps}
+            "divergences": gaps, **({"answers": {"base": outs_b, "spec": outs_s}} if keep_answers else {})}
 
 
 def max_gap(agreement):

@@ -282,8 +282,13 @@ def test_greedy_divergence_judges_each_first_divergence_with_the_float32_target(
     cell = {"tokens_per_s": {"median": 10.0, "min": 9.0, "max": 11.0}, "tau": None}
     run["pair"]["plain"]["t0"] = {"1": cell}
     run["pair"]["dspine"]["t0"] = {"1": {**cell, "tau": 2.0}}
+    # and the switching phase's answers (under a varying load, against a plain server beside it) alike
+    run["switching"] = {"server": "dspine_adaptive", "greedy": {"identical": gd.GREEDY_ASKED - 2, "answers": {
+        "base": run["pair"]["plain"]["greedy_ids"], "spec": run["pair"]["dspine"]["greedy_ids"]}},
+        "t1": {"bonferroni_min_pvalue": 0.5}, "shapes_during_tests": {}, "ramp": [], "ramp_errors": 0}
     summary = merged_summary(tmp_path / "merge", run, "--models", models)
     assert summary["greedy_divergences_fp32"]["dspine"] == res
+    assert summary["switching"]["greedy_divergences_fp32"] == res
     assert summary["end_to_end"]["1"]["dspine"]["tau"] == 2.0 and summary["greedy_equal_to_plain"]["dspine"] == "22/24"
 
 

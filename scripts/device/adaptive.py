@@ -108,7 +108,8 @@ def switching(server, plain, prompts, args) -> dict:
     background.start()
     try:
         with cf.ThreadPoolExecutor(16) as pool:
-            rec["greedy"] = greedy_agreement(plain, server, prompts[:GREEDY_ASKED], args.max_new, pool)
+            rec["greedy"] = greedy_agreement(plain, server, prompts[:GREEDY_ASKED], args.max_new, pool,
+                                             keep_answers=True)  # judged in float32 by --merge
             print("switching: greedy", rec["greedy"].get("identical"), "/", GREEDY_ASKED, flush=True)
             rec["t1"] = t1_test(plain, server, prompts[:3], args.t1_samples, pool)
             print("switching: t1 p", rec["t1"]["bonferroni_min_pvalue"], flush=True)
@@ -304,10 +305,14 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
         if "switching" in r:  # one server's record, not one per server: the later run's
             res["switching"] = r["switching"]
     summary = summarize(res)
-    if models and res.get("pair", {}).get("plain", {}).get("greedy_ids"):
-        from benchmarks.greedy_divergence import judge_pair
+    from benchmarks.greedy_divergence import judge_pair
 
+    if models and res.get("pair", {}).get("plain", {}).get("greedy_ids"):
         summary["greedy_divergences_fp32"] = judge_pair(res["pair"], models)
+    answers = (res.get("switching") or {}).get("greedy", {}).get("answers")
+    if models and answers and "switching" in summary:  # the switching server's answers under load (since 2026-12-06)
+        under_load = {"plain": {"greedy_ids": answers["base"]}, "switching": {"greedy_ids": answers["spec"]}}
+        summary["switching"]["greedy_divergences_fp32"] = judge_pair(under_load, models)["switching"]
     pair = {n: {k: v for k, v in rec.items() if k != "greedy_ids"} for n, rec in res.get("pair", {}).items()}
     geo = res.get("geometry", {})
     os.makedirs(out, exist_ok=True)
