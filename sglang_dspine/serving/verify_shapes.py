@@ -29,7 +29,8 @@ The policy maximises expected tokens per second: E(shape) / t(batch, shape), wit
     short run's wall intervals miss GPU work that spills past the next launch (Qwen3-8B geometry, H100,
     c615dca: the block's wall 28.5 ms at 48 requests, its GPU time 39.2). A wall interval counts only when the
     decode step before it ran the same shape with nothing between (`StepClock`): after a change it also holds
-    the previous shape's GPU work. Medians, so that one slow interval (a compile, a pause) does not stand for
+    the previous shape's GPU work (where prefills void nearly every interval, a heavy load, a cell is known from
+    its GPU time alone: `StepCosts`). Medians, so that one slow interval (a compile, a pause) does not stand for
     the cell; and each shape is measured again now and then (`refresh`), so that an estimate the policy stopped
     choosing on is not kept forever: at c615dca one bucket's `none` kept the 19.5 ms of its first intervals
     (its GPU time 7.5) and the policy ran chain4 instead, at 0.76x plain decoding, for the whole run. Online,
@@ -163,9 +164,11 @@ class TreeAcceptance:
 @dataclass
 class StepCosts:
     """t(bucket, shape) in ms: max(median of the last `window` wall samples, median of the last `window` GPU
-    samples) (see the module's docstring). A cell with fewer than `explore` wall samples is unknown (the policy
-    runs it to learn it). `updated(bucket, shape)`: when the cell last got a wall sample (a running count of
-    wall samples over all cells), for the policy's refresh of the stalest one."""
+    samples) (see the module's docstring). A cell is unknown (the policy runs it to learn it) until it has
+    `explore` wall samples, or a full `window` of GPU samples: under a heavy load new requests arrive nearly every
+    step, their prefills void most wall intervals (`StepClock`), and there the GPU bounds the step anyway.
+    `updated(bucket, shape)`: when the cell last got a sample (a running count of samples over all cells), for
+    the policy's refresh of the stalest one."""
 
     explore: int = 3
     window: int = 5
@@ -180,9 +183,8 @@ class StepCosts:
                 recent = table.setdefault((bucket, shape), [])
                 recent.append(ms)
                 del recent[: -self.window]
-                if table is self._wall:
-                    self._samples += 1
-                    self._updated[(bucket, shape)] = self._samples
+                self._samples += 1
+                self._updated[(bucket, shape)] = self._samples
 
     def forget(self, bucket: int, shape: Shape) -> None:
         """Drop the cell's samples (it is unknown again; `updated` keeps when it was last measured)."""
@@ -190,7 +192,8 @@ class StepCosts:
         self._gpu.pop((bucket, shape), None)
 
     def known(self, bucket: int, shape: Shape) -> bool:
-        return len(self._wall.get((bucket, shape), ())) >= self.explore
+        key = (bucket, shape)
+        return len(self._wall.get(key, ())) >= self.explore or len(self._gpu.get(key, ())) >= self.window
 
     def updated(self, bucket: int, shape: Shape) -> int:
         return self._updated.get((bucket, shape), 0)
