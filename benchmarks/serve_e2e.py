@@ -196,13 +196,13 @@ def greedy_agreement(base, spec, prompts, max_new, pool, judge=None, keep_answer
     outs_s = list(pool.map(lambda p: generate(spec, p, max_new)["output_ids"], prompts))
     same = [a == b for a, b in zip(outs_b, outs_s)]
     gaps = []
-    for i, (p, a, b) in enumerate(zip(prompts, outs_b, outs_s)):
+    for n, (p, a, b) in enumerate(zip(prompts, outs_b, outs_s)):
         if a == b:
             continue
         k = next(i for i in range(min(len(a), len(b))) if a[i] != b[i])
         r = generate(judge, p + a[:k], 1, logprobs=2)
         top = r["meta_info"]["output_top_logprobs"][-1]
-        gaps.append({"prompt": i, "position": k, "top2_logprob_gap": float(top[0][0] - top[1][0]),
+        gaps.append({"prompt": n, "position": k, "top2_logprob_gap": float(top[0][0] - top[1][0]),
                      "plain_token": a[k], "spec_token": b[k]})
     return {"prompts": len(prompts), "identical": sum(same), "match_rate": sum(same) / len(prompts),
             "divergences": gaps, **({"answers": {"base": outs_b, "spec": outs_s}} if keep_answers else {})}

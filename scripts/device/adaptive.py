@@ -305,14 +305,15 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
         if "switching" in r:  # one server's record, not one per server: the later run's
             res["switching"] = r["switching"]
     summary = summarize(res)
-    from benchmarks.greedy_divergence import judge_pair
+    if models:  # the float32 target judges every greedy divergence (torch and the model only then)
+        from benchmarks.greedy_divergence import judge_pair
 
-    if models and res.get("pair", {}).get("plain", {}).get("greedy_ids"):
-        summary["greedy_divergences_fp32"] = judge_pair(res["pair"], models)
-    answers = (res.get("switching") or {}).get("greedy", {}).get("answers")
-    if models and answers and "switching" in summary:  # the switching server's answers under load (since 2026-12-06)
-        under_load = {"plain": {"greedy_ids": answers["base"]}, "switching": {"greedy_ids": answers["spec"]}}
-        summary["switching"]["greedy_divergences_fp32"] = judge_pair(under_load, models)["switching"]
+        if res.get("pair", {}).get("plain", {}).get("greedy_ids"):
+            summary["greedy_divergences_fp32"] = judge_pair(res["pair"], models)
+        answers = (res.get("switching") or {}).get("greedy", {}).get("answers")
+        if answers and "switching" in summary:  # the switching server's answers under load (since 2026-12-06)
+            under_load = {"plain": {"greedy_ids": answers["base"]}, "switching": {"greedy_ids": answers["spec"]}}
+            summary["switching"]["greedy_divergences_fp32"] = judge_pair(under_load, models)["switching"]
     pair = {n: {k: v for k, v in rec.items() if k != "greedy_ids"} for n, rec in res.get("pair", {}).items()}
     geo = res.get("geometry", {})
     os.makedirs(out, exist_ok=True)
