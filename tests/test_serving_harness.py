@@ -470,3 +470,61 @@ def test_adaptive_merge_projects_the_geometry_step_table_with_each_acceptance(tm
                                                                                                     abs=0.1))
     assert out["projection_acceptance"]["geometry_projection_recipe_lab"]["dspine"]["chain4"] == \
         pytest.approx(e("dspine", 4), abs=1e-4)
+
+
+def default_rules(tmp_path, run: dict, rep2: dict | None = None, gpu_log: str | None = None) -> dict:
+    """`scripts/device/default_rules.py` on runs of the test's making: rule -> verdict."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = [sys.executable, os.path.join(repo, "scripts", "device", "default_rules.py")]
+    for flag, obj in (("", run), ("--rep2", rep2), ("--gpu-tests-log", gpu_log)):
+        if obj is None:
+            continue
+        path = tmp_path / f"arg{len(args)}"
+        path.write_text(obj if isinstance(obj, str) else json.dumps(obj))
+        args += [flag, str(path)] if flag else [str(path)]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    return {line.split()[0]: line.split()[1] if line.split()[1] != "not" else "not met" for line in out.splitlines()}
+
+
+def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_data(tmp_path):
+    """The decision rules of scripts/device/issue57.sh: each verdict follows its thresholds (a cell just past one
+    flips it), and a rule whose data is missing is `undecided`, not met."""
+    cell = lambda tps, shapes=None: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": 1.0,
+                                     **({"shapes": shapes} if shapes else {})}
+    counts = (1, 4, 16, 48, 64)
+    plain = {c: 100.0 * c for c in counts}
+    row = lambda scale, first=None: {"t0": {str(c): cell(plain[c] * scale, first if c == 1 else None) for c in counts}}
+
+    def geometry(below=1.0, none_share=0.9, split=1.05, split_1=1.0):
+        return {"plain": row(1.0), "dspine": row(0.5), "dspine_adaptive": row(0.6),
+                "dspine_adaptive_below_block": {"t0": {str(c): cell(plain[c] * (0.96 if c == 1 else
+                                                                               0.6 * 1.2 * below),
+                                                                    {"none": 100 * none_share,
+                                                                     "chain4": 100 * (1 - none_share)})
+                                                        for c in counts}},
+                "dspine_splitkv": {"t0": {str(c): cell(plain[c] * 0.5 * (split_1 if c == 1 else split))
+                                          for c in counts}}}
+
+    switching = {"greedy": {"divergences": [{"top2_logprob_gap": 0.0}]}, "t1": {"bonferroni_min_pvalue": 0.4}}
+    pair = lambda ratio: {"pair": {"dspine": row(1.0), "dspine_adaptive": row(ratio)}}
+    run = {"geometry": geometry(), "switching": switching, **pair(1.0)}
+    log = "....\n22 passed, 122 deselected in 92.49s\n"
+    assert default_rules(tmp_path, run, pair(0.98), log) == {
+        "new_cost": "met", "below_block": "met", "split_kv": "met", "adaptive": "met"}
+    # one threshold crossed at a time
+    assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.79)}, pair(0.98), log)["new_cost"] \
+        == "not met"
+    assert default_rules(tmp_path, {**run, "geometry": geometry(below=0.9)}, pair(0.98), log)["below_block"] \
+        == "not met"  # 1.08x the extend server at 48/64
+    assert default_rules(tmp_path, {**run, "switching": {**switching, "t1": {"bonferroni_min_pvalue": 0.01}}},
+                         pair(0.98), log)["below_block"] == "not met"
+    far = {**switching, "greedy": {"divergences": [{"top2_logprob_gap": 0.5}]}}
+    assert default_rules(tmp_path, {**run, "switching": far}, pair(0.98), log)["below_block"] == "not met"
+    assert default_rules(tmp_path, {**run, "geometry": geometry(split_1=0.96)}, pair(0.98), log)["split_kv"] \
+        == "not met"
+    assert default_rules(tmp_path, run, pair(0.98), "21 passed, 1 failed in 90s\n")["split_kv"] == "not met"
+    assert default_rules(tmp_path, run, pair(0.96), log)["adaptive"] == "not met"
+    # missing data never passes
+    bare = default_rules(tmp_path, {"geometry": {"plain": row(1.0)}})
+    assert bare == {"new_cost": "undecided", "below_block": "undecided", "split_kv": "undecided",
+                    "adaptive": "undecided"}

@@ -20,6 +20,8 @@
 #   4. SGLang's FA3 and FlashInfer attention backends at the geometry (5(b), ~12 min), if the lease lasts.
 # After the lease, on this machine: python3 scripts/device/adaptive.py --merge <the lease's adaptive.json>
 #   --out benchmarks/results (merge an earlier run only if it ran on the same card and its plain matches).
+# Then: python3 scripts/device/default_rules.py <adaptive.json> --rep2 <rep2/adaptive.json> --gpu-tests-log
+#   <gpu_tests.log> --summary benchmarks/results/adaptive_summary.json judges the rules below, as written there.
 # Decision rules, fixed before the run (2026-12-06, after c615dca):
 #   - the new cost stays if, at Qwen3-8B geometry and 1 client, the adaptive below-block server runs `none` on
 #     >= 80% of its steps and serves >= 0.95x plain decoding's tokens/s; otherwise the note gives its step tables;

@@ -1,0 +1,161 @@
+"""The decision rules that pick the verify defaults from a lease's runs (issue 57), written before the lease that
+judges them (scripts/device/issue57.sh names them in words), so that nobody picks a rule after seeing the numbers.
+
+    python3 scripts/device/default_rules.py RUN_JSON [--rep2 RUN_JSON] [--gpu-tests-log LOG] [--summary SUMMARY]
+
+RUN_JSON is the lease's $OUT/adaptive.json (scripts/device/adaptive.py), --rep2 the pair's second pass, LOG the
+GPU tests' pytest output (scripts/device/gpu_tests.sh), SUMMARY the merged adaptive_summary.json (`adaptive.py
+--merge`: its float32 verdicts on the switching server's greedy divergences). Prints one line a rule and writes
+nothing; a rule whose data the runs lack says so (`undecided`), never passes.
+Rules (each ratio is of median tokens/s, each server alone on the GPU, T=0):
+  new_cost       the policy's cost (the larger of settled wall time and GPU time, with refresh) stays if, at Qwen3-8B
+                 geometry and 1 client, adaptive below-block runs `none` on >= 80% of its steps and serves >= 0.95x
+                 plain decoding;
+  below_block    SGLANG_DSPINE_SPLITKV_VERIFY=below-block becomes the adaptive default on triton if, at the
+                 geometry, it serves >= 0.97x the extend-kernel adaptive server at every client count and >= 1.10x
+                 at 48 and 64, and while switching the T=1 test passes (Bonferroni min p >= 0.05) with every greedy
+                 divergence a near-tie (float32 when the summary has it, else the server's log-probs);
+  split_kv       SGLANG_DSPINE_SPLITKV_VERIFY=1 becomes every chain server's default on triton if fixed DSPINE with
+                 it serves >= 1.03x fixed DSPINE without it from 4 clients up and >= 0.97x at 1, and the GPU tests
+                 pass (`graph_dspine` among them);
+  adaptive       adaptive becomes the server default if on the pair it serves >= 0.97x fixed DSPINE at 1, 16 and 48
+                 clients in both passes, and at the geometry >= fixed DSPINE at every client count (the adaptive
+                 server the below_block rule makes the default).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+from sglang_dspine.source_files import load_package
+
+load_package("benchmarks", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                        "benchmarks"))  # the repository root stays off sys.path
+from benchmarks.servers import NEAR_TIE_MARGIN  # noqa: E402 - the harness' near-tie rule (nats)
+
+T1_ALPHA = 0.05
+
+
+class Undecided(Exception):
+    """The runs lack what a rule needs."""
+
+
+def tokens_per_s(run: dict, phase: str, server: str) -> dict[int, float]:
+    cells = run.get(phase, {}).get(server, {}).get("t0") or {}
+    if not cells:
+        raise Undecided(f"no {phase} cells for {server}")
+    return {int(c): v["tokens_per_s"]["median"] for c, v in cells.items()}
+
+
+def ratios(run: dict, phase: str, num: str, den: str) -> dict[int, float]:
+    a, b = tokens_per_s(run, phase, num), tokens_per_s(run, phase, den)
+    if set(a) != set(b):
+        raise Undecided(f"{phase}: {num} ran at {sorted(a)} clients, {den} at {sorted(b)}")
+    return {c: a[c] / b[c] for c in sorted(a)}
+
+
+def fmt(r: dict[int, float]) -> str:
+    return " ".join(f"{c}:{v:.3f}" for c, v in r.items())
+
+
+def new_cost(run: dict, **_) -> tuple[bool, str]:
+    cell = run.get("geometry", {}).get("dspine_adaptive_below_block", {}).get("t0", {}).get("1")
+    if not cell or not cell.get("shapes"):
+        raise Undecided("no 1-client cell with shapes for dspine_adaptive_below_block at the geometry")
+    none = cell["shapes"].get("none", 0) / sum(cell["shapes"].values())
+    vs_plain = ratios(run, "geometry", "dspine_adaptive_below_block", "plain")[1]
+    return none >= 0.80 and vs_plain >= 0.95, f"none {none:.1%} of steps (>= 80%), {vs_plain:.3f}x plain (>= 0.95)"
+
+
+def switching_lossless(run: dict, summary: dict | None) -> tuple[bool, str]:
+    sw = run.get("switching") or {}
+    if "t1" not in sw:
+        raise Undecided("no switching record")
+    p = sw["t1"]["bonferroni_min_pvalue"]
+    fp32 = ((summary or {}).get("switching") or {}).get("greedy_divergences_fp32")
+    if fp32:
+        divs = fp32.get("divergences", [])
+        near = sum(bool(d.get("near_tie")) for d in divs)
+        ties, how = near == len(divs), f"{near}/{len(divs)} divergences float32 near-ties"
+    else:
+        gaps = [d.get("top2_logprob_gap") for d in sw["greedy"].get("divergences", [])]
+        ties = all(g is not None and g <= NEAR_TIE_MARGIN for g in gaps)
+        how = f"largest server log-prob gap {max((g for g in gaps if g is not None), default=0):.4f} (no float32)"
+    return p is not None and p >= T1_ALPHA and ties, f"T=1 min p {p} (>= {T1_ALPHA}), {how}"
+
+
+def below_block(run: dict, summary: dict | None = None, **_) -> tuple[bool, str]:
+    r = ratios(run, "geometry", "dspine_adaptive_below_block", "dspine_adaptive")
+    wide = [c for c in (48, 64) if c in r]
+    if len(wide) < 2:
+        raise Undecided("the geometry lacks 48 or 64 clients")
+    speed = all(v >= 0.97 for v in r.values()) and all(r[c] >= 1.10 for c in wide)
+    lossless, why = switching_lossless(run, summary)
+    return speed and lossless, f"÷ adaptive (extend) {fmt(r)} (>= 0.97, >= 1.10 at 48/64); {why}"
+
+
+def gpu_tests_passed(log: str | None) -> tuple[bool, str]:
+    if log is None:
+        raise Undecided("no GPU tests log")
+    tail = log.strip().splitlines()[-1] if log.strip() else ""
+    passed = re.search(r"\d+ passed", tail) and not re.search(r"\d+ (failed|errors?)\b", tail)
+    return bool(passed), f"GPU tests: {tail or 'an empty log'}"
+
+
+def split_kv(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]:
+    r = ratios(run, "geometry", "dspine_splitkv", "dspine")
+    speed = all(v >= (0.97 if c < 4 else 1.03) for c, v in r.items())
+    tests, why = gpu_tests_passed(gpu_log)
+    return speed and tests, f"÷ fixed {fmt(r)} (>= 0.97 at 1, >= 1.03 from 4); {why}"
+
+
+def adaptive(run: dict, rep2: dict | None = None, summary: dict | None = None, gpu_log: str | None = None,
+             **_) -> tuple[bool, str]:
+    if rep2 is None:
+        raise Undecided("no second pass of the pair")
+    passes = [ratios(p, "pair", "dspine_adaptive", "dspine") for p in (run, rep2)]
+    pair_ok = all(p.get(c, 0) >= 0.97 for p in passes for c in (1, 16, 48))
+    try:
+        default = "dspine_adaptive_below_block" if below_block(run, summary)[0] else "dspine_adaptive"
+    except Undecided:
+        default = "dspine_adaptive"
+    geo = ratios(run, "geometry", default, "dspine")
+    ok = pair_ok and all(v >= 1.0 for v in geo.values())
+    return ok, (f"pair ÷ fixed, pass 1 {fmt(passes[0])}, pass 2 {fmt(passes[1])} (>= 0.97 at 1/16/48); "
+                f"geometry {default} ÷ fixed {fmt(geo)} (>= 1)")
+
+
+RULES = {"new_cost": new_cost, "below_block": below_block, "split_kv": split_kv, "adaptive": adaptive}
+
+
+def decide(run: dict, rep2: dict | None = None, summary: dict | None = None, gpu_log: str | None = None) -> dict:
+    """Each rule's verdict: `met`, `not met` or `undecided`, with the numbers it read."""
+    out = {}
+    for name, rule in RULES.items():
+        try:
+            ok, why = rule(run, rep2=rep2, summary=summary, gpu_log=gpu_log)
+            out[name] = {"verdict": "met" if ok else "not met", "numbers": why}
+        except Undecided as e:
+            out[name] = {"verdict": "undecided", "numbers": str(e)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run")
+    ap.add_argument("--rep2")
+    ap.add_argument("--gpu-tests-log")
+    ap.add_argument("--summary")
+    a = ap.parse_args(argv)
+    load = lambda p: json.load(open(p)) if p else None
+    log = open(a.gpu_tests_log).read() if a.gpu_tests_log else None
+    for name, v in decide(load(a.run), load(a.rep2), load(a.summary), log).items():
+        print(f"{name:12s} {v['verdict']:9s} {v['numbers']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
