@@ -6,18 +6,19 @@
 # (cab6869: a step's cost is the larger of its settled wall time and its GPU time, medians, and every 500 decisions
 # at a bucket the stalest other shape is explored again), in the order the decisions need it (a lease can end
 # anywhere; adaptive.py skips what its JSON already has):
-#   0. the GPU tests (~1.5 min), and the verify pass's attention kernels (~1 min, 1 and 48 requests, 1 and 16 rows: `splitkv_graph_dspine`, the
-#      split-KV kernel as a DSPINE server's verify graphs now run it, 4 KV splits from 5 verify rows up, against
-#      the capture buffer's 16 that made the block slower at c615dca);
+#   0. the GPU tests (~1.5 min);
 #   1. Qwen3-8B geometry, each alone: adaptive below-block, adaptive on the extend kernel, fixed DSPINE, fixed
 #      DSPINE with split-KV, plain (~11 min): the new cost at τ = 1 (the right shape is `none` everywhere), and
 #      the block's step under split-KV with the graphs' split count;
 #   2. the built-in pair (~5 min): plain, DSPINE at the block, adaptive; after switching, the block and adaptive
 #      again into $OUT/rep2 (at c615dca the block ran at half its 6f41609 speed while plain held and adaptive ran
 #      1.67x it on the same shape: two passes, so a slow period of the machine shows as a disagreement);
-#   3. switching on the adaptive below-block server (~5 min), before the pair's second pass (a lease of 30
+#   3. switching on the adaptive below-block server (~3 min), before the pair's second pass (a lease of 30
 #      device minutes does not reach both: the switching test decides a default, the second pass checks one);
-#   4. SGLang's FA3 and FlashInfer attention backends at the geometry (5(b), ~12 min), if the lease lasts.
+#   4. the verify pass's attention kernels (~1 min, 1 and 48 requests, 1 and 16 rows: `splitkv_graph_dspine`,
+#      the split-KV kernel as a DSPINE server's verify graphs now run it, 4 KV splits from 5 verify rows up,
+#      against the capture buffer's 16 that made the block slower at c615dca), then the pair's second pass;
+#   5. SGLang's FA3 and FlashInfer attention backends at the geometry (5(b), ~12 min), if the lease lasts.
 # After the lease, on this machine: python3 scripts/device/adaptive.py --merge <the lease's adaptive.json>
 #   --out benchmarks/results (merge an earlier run only if it ran on the same card and its plain matches).
 # Then: python3 scripts/device/default_rules.py <adaptive.json> --rep2 <rep2/adaptive.json> --gpu-tests-log
@@ -39,11 +40,11 @@ OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 bash scripts/device/gpu_tests.sh
-python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,48 --rows 1,16
 $A --phases geometry --geometry-servers dspine_adaptive_below_block,dspine_adaptive,dspine,dspine_splitkv,plain \
    --clients 1,4,16,48,64
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
 $A --phases switching --switching-server dspine_adaptive_below_block
+python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,48 --rows 1,16
 mkdir -p "$OUT/rep2"
 python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \
    --clients 1,16,48 --t1-clients 48
