@@ -10,11 +10,11 @@
 #   1. Qwen3-8B geometry, each alone: adaptive below-block, adaptive on the extend kernel, fixed DSPINE, fixed
 #      DSPINE with split-KV, plain (~11 min): the new cost at τ = 1 (the right shape is `none` everywhere), and
 #      the block's step under split-KV with the graphs' split count;
-#   2. the built-in pair (~5 min): plain, DSPINE at the block, adaptive; after switching, the block and adaptive
+#   2. switching on the adaptive below-block server (~3 min): with step 1 it decides below-block;
+#   3. the built-in pair (~5 min): plain, DSPINE at the block, adaptive; after the kernels, the block and adaptive
 #      again into $OUT/rep2 (at c615dca the block ran at half its 6f41609 speed while plain held and adaptive ran
-#      1.67x it on the same shape: two passes, so a slow period of the machine shows as a disagreement);
-#   3. switching on the adaptive below-block server (~3 min), before the pair's second pass (a lease of 30
-#      device minutes does not reach both: the switching test decides a default, the second pass checks one);
+#      1.67x it on the same shape: two passes, so a slow period of the machine shows as a disagreement; a lease
+#      of 22 device minutes reaches neither the second pass nor what follows);
 #   4. the verify pass's attention kernels (~1 min, 1 and 48 requests, 1 and 16 rows: `splitkv_graph_dspine`,
 #      the split-KV kernel as a DSPINE server's verify graphs now run it, 4 KV splits from 5 verify rows up,
 #      against the capture buffer's 16 that made the block slower at c615dca), then the pair's second pass;
@@ -42,8 +42,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 bash scripts/device/gpu_tests.sh
 $A --phases geometry --geometry-servers dspine_adaptive_below_block,dspine_adaptive,dspine,dspine_splitkv,plain \
    --clients 1,4,16,48,64
-$A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
 $A --phases switching --switching-server dspine_adaptive_below_block
+$A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
 python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,48 --rows 1,16
 mkdir -p "$OUT/rep2"
 python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \
