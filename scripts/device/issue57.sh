@@ -7,9 +7,9 @@
 # at a bucket the stalest other shape is explored again), in the order the decisions need it (a lease can end
 # anywhere; adaptive.py skips what its JSON already has):
 #   0. the GPU tests (~1.5 min);
-#   1. Qwen3-8B geometry, each alone: adaptive below-block, adaptive on the extend kernel, fixed DSPINE, fixed
-#      DSPINE with split-KV, plain (~11 min): the new cost at τ = 1 (the right shape is `none` everywhere), and
-#      the block's step under split-KV with the graphs' split count;
+#   1. Qwen3-8B geometry, each alone (~2.2 min a server), in the order the rules need them: adaptive below-block
+#      and plain (the new cost at τ = 1, where the right shape is `none` everywhere), fixed DSPINE and fixed DSPINE
+#      with split-KV (the block's step under split-KV with the graphs' split count), adaptive on the extend kernel;
 #   2. switching on the adaptive below-block server (~3 min): with step 1 it decides below-block;
 #   3. the built-in pair (~5 min): plain, DSPINE at the block, adaptive; after the kernels, the block and adaptive
 #      again into $OUT/rep2 (at c615dca the block ran at half its 6f41609 speed while plain held and adaptive ran
@@ -40,7 +40,7 @@ OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 bash scripts/device/gpu_tests.sh
-$A --phases geometry --geometry-servers dspine_adaptive_below_block,dspine_adaptive,dspine,dspine_splitkv,plain \
+$A --phases geometry --geometry-servers dspine_adaptive_below_block,plain,dspine,dspine_splitkv,dspine_adaptive \
    --clients 1,4,16,48,64
 $A --phases switching --switching-server dspine_adaptive_below_block
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
