@@ -6,10 +6,10 @@
 # (cab6869: a step's cost is the larger of its settled wall time and its GPU time, medians, and every 500 decisions
 # at a bucket the stalest other shape is explored again), in the order the decisions need it (a lease can end
 # anywhere; adaptive.py skips what its JSON already has):
-#   0. the GPU tests (~1.5 min);
-#   1. Qwen3-8B geometry, each alone (~2.2 min a server), in the order the rules need them: adaptive below-block
-#      and plain (the new cost at τ = 1, where the right shape is `none` everywhere), fixed DSPINE and fixed DSPINE
-#      with split-KV (the block's step under split-KV with the graphs' split count), adaptive on the extend kernel;
+#   0. Qwen3-8B geometry, each alone (~2.2 min a server): adaptive below-block and plain (the new cost at τ = 1,
+#      where the right shape is `none` everywhere), first: six refused starts left 12 device minutes;
+#   1. the GPU tests (~1.5 min), then at the geometry fixed DSPINE and fixed DSPINE with split-KV (the block's
+#      step under split-KV with the graphs' split count), adaptive on the extend kernel;
 #   2. switching on the adaptive below-block server (~3 min): with step 1 it decides below-block;
 #   3. the built-in pair (~5 min): plain, DSPINE at the block, adaptive; after the kernels, the block and adaptive
 #      again into $OUT/rep2 (at c615dca the block ran at half its 6f41609 speed while plain held and adaptive ran
@@ -39,9 +39,9 @@ set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
+$A --phases geometry --geometry-servers dspine_adaptive_below_block,plain --clients 1,4,16,48,64
 bash scripts/device/gpu_tests.sh
-$A --phases geometry --geometry-servers dspine_adaptive_below_block,plain,dspine,dspine_splitkv,dspine_adaptive \
-   --clients 1,4,16,48,64
+$A --phases geometry --geometry-servers dspine,dspine_splitkv,dspine_adaptive --clients 1,4,16,48,64
 $A --phases switching --switching-server dspine_adaptive_below_block
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
 python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,48 --rows 1,16
