@@ -494,6 +494,7 @@ def test_device_job_wait_returns_every_jobs_files(tmp_path):
         assert t.extractfile("out/quick.txt").read() == b"done\n"
     with tarfile.open(tmp_path / "out" / "long.tar.gz") as t:
         assert t.extractfile("out/minutes.json").read() == b"minute1\n"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["long.tar.gz", "quick.tar.gz"]  # none aside
     t0 = time.monotonic()
     r = job("wait", "gone", "60")
     assert r.returncode == 3 and "no " in r.stderr and time.monotonic() - t0 < 30

@@ -37,7 +37,8 @@ wait)
   # every job's files so far, not only NAME's: a lease lost before the next call still returned them all
   for j in "$ROOT"/job_*/; do
     j="${j%/}" n="${j##*/job_}"
-    tar -czf "${OUT:-/tmp/out}/$n.tar.gz" -C "$j" log out
+    # written aside, then renamed: a call cut off mid-write (its time or the lease's) leaves the last whole one
+    tar -czf "${OUT:-/tmp/out}/$n.tar.gz.part" -C "$j" log out && mv -f "${OUT:-/tmp/out}/$n.tar.gz.part" "${OUT:-/tmp/out}/$n.tar.gz"
     if [ -e "$j/rc" ]; then echo "job.sh: $n finished, rc $(cat "$j/rc")"; else echo "job.sh: $n still running"; fi
   done
   ;;
