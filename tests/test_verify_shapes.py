@@ -309,7 +309,8 @@ def test_a_cost_measured_too_high_is_measured_again_and_the_choice_recovers():
     decisions at a bucket the stalest other shape is forgotten and explored again; the policy then returns to
     the cheaper shape, and the probes' share of the steps is small."""
     none, c4, block = Shape(1), Shape(4), Shape(16)
-    policy = ShapePolicy((none, c4, block), [1], 16, margin=0.05, patience=3, refresh=100)
+    # recheck off: the shape left here is the block, whose re-measurement is the next test's
+    policy = ShapePolicy((none, c4, block), [1], 16, margin=0.05, patience=3, refresh=100, recheck=0)
     policy.acceptance = AcceptanceCounts(15, prior=0.0, prior_weight=1e9)  # tau = 1: every shape 1 token
     true = {none: 7.5, c4: 8.0, block: 9.1}
     slow_first = [30.9, 19.5, 19.5]  # none's first settled intervals
@@ -322,3 +323,33 @@ def test_a_cost_measured_too_high_is_measured_again_and_the_choice_recovers():
     assert set(chosen[20:100]) == {c4}  # misled: chain4 after exploring
     assert policy.current == none and chosen[-200:].count(none) >= 190  # recovered, probes aside
     assert policy.summary()["step_ms"][1]["none"] == 7.5
+
+
+def test_a_shape_left_after_a_burst_of_slow_steps_is_measured_again_soon():
+    """39171fe, one request at Qwen3-8B geometry: `none` ran at 6.9 ms a step, then three slow steps (9.6 ms) made
+    its median of five 9.6; chain4 (9.0 ms) won and the policy left `none`. Only the shape being run gets
+    samples, so `none`'s estimate stood at 9.6 until the refresh, and here chain4 ran ~30% slower. With `recheck`,
+    the shape the policy left is measured again that many decisions later (once) and the policy returns to it;
+    a shape that is really slower is left for good after its one recheck."""
+    none, c4, block = Shape(1), Shape(4), Shape(16)
+    true = {none: 6.9, c4: 9.0, block: 10.0}
+
+    def run(recheck: int, burst_at: int = 200, steps: int = 400) -> list[Shape]:
+        policy = ShapePolicy((none, c4, block), [1], 16, margin=0.05, patience=3, refresh=1000, recheck=recheck)
+        policy.acceptance = AcceptanceCounts(15, prior=0.0, prior_weight=1e9)  # tau = 1: every shape 1 token
+        chosen = []
+        for i in range(steps):
+            shape = policy.choose(1)
+            chosen.append(shape)
+            ms = 9.6 if shape == none and burst_at <= i < burst_at + 3 else true[shape]
+            policy.observe(1, shape, ms, [0], gpu_ms=ms)
+        return chosen
+
+    stuck, rechecked = run(recheck=0), run(recheck=50)
+    assert stuck[150:200].count(none) == 50 and set(stuck[210:400]) == {c4}  # left `none` for good
+    assert set(rechecked[210:250]) == {c4}  # left it too, then measured it again 50 decisions on
+    # back on `none` a few steps after its recheck; chain4, left in turn, is rechecked once (3 steps)
+    assert rechecked[260:].count(c4) == 3 and set(rechecked[-80:]) == {none}
+    # a shape really slower: left once, checked once, not run again
+    slower = run(recheck=50, burst_at=10**9)
+    assert slower[100:].count(block) <= 5 and slower[-200:].count(none) == 200

@@ -248,10 +248,14 @@ class ShapePolicy:
     many decisions at a bucket, the cost there of the shape measured longest ago (not the current one) is
     forgotten, and so explored again like a new cell (a few steps in a row), so that no estimate outlives the
     conditions it was measured in. At 500, such a probe costs at most ~2% at Qwen3-8B geometry (the block's four
-    steps beside `none`'s at 48 requests, 4 x 28 ms over 500 x 11 ms), less in rotation with cheaper shapes."""
+    steps beside `none`'s at 48 requests, 4 x 28 ms over 500 x 11 ms), less in rotation with cheaper shapes.
+    `recheck`: that many decisions after the policy switches away from a shape at a bucket, that shape is
+    measured again, once. Only the shape being run gets samples, so a short burst of slow steps (39171fe: three
+    of `none`'s last five at one request, 9.6 ms against its usual 6.9) raises the current shape's estimate
+    alone and can switch the policy away; the estimate of the shape it left would then stand until `refresh`."""
 
     def __init__(self, menu: tuple[Shape, ...], buckets: list[int], block: int, margin: float = 0.05,
-                 patience: int = 3, refresh: int = 500):
+                 patience: int = 3, refresh: int = 500, recheck: int = 50):
         if not menu:
             raise ValueError("ShapePolicy: an empty menu")
         self.menu, self.buckets = tuple(sorted(menu)), sorted(set(buckets))
@@ -260,7 +264,8 @@ class ShapePolicy:
         self.trees = {s: TreeAcceptance() for s in self.menu if s.tree}
         self.costs = StepCosts()  # wall and GPU time: what the choice uses
         self.margin, self.patience = margin, patience
-        self.refresh = refresh
+        self.refresh, self.recheck = refresh, recheck
+        self._rechecks: dict[int, tuple[Shape, int]] = {}  # bucket -> (the shape left there, when to measure it)
         self.current = self.menu[-1]  # the widest: what the fixed server runs
         self._challenger, self._wins = None, 0
         self._decisions: dict[int, int] = {}  # per bucket, since start (exploration steps excluded)
@@ -288,6 +293,12 @@ class ShapePolicy:
             if not self.costs.known(bucket, shape):
                 return shape
         n = self._decisions[bucket] = self._decisions.get(bucket, 0) + 1
+        left, due = self._rechecks.get(bucket, (None, 0))
+        if left is not None and n >= due:
+            del self._rechecks[bucket]
+            if left != self.current:
+                self.costs.forget(bucket, left)
+                return left  # explored again from this step on
         if self.refresh and n % self.refresh == 0 and len(self.menu) > 1:
             stale = min((s for s in self.menu if s != self.current), key=lambda s: self.costs.updated(bucket, s))
             self.costs.forget(bucket, stale)
@@ -300,6 +311,8 @@ class ShapePolicy:
         self._wins = self._wins + 1 if best == self._challenger else 1
         self._challenger = best
         if self._wins >= self.patience:
+            if self.recheck:
+                self._rechecks[bucket] = (self.current, n + self.recheck)
             self.current, self._challenger, self._wins = best, None, 0
         return self.current
 
