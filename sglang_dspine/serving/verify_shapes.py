@@ -37,7 +37,10 @@ The policy maximises expected tokens per second: E(shape) / t(batch, shape), wit
     not a start-up table, because it times what the server really runs (draft, verify, acceptance, context
     upkeep, at the requests' real context lengths) on this GPU and backend; the price is a few exploration
     steps per (bucket, shape) the first time a bucket is seen, and the same again for one other shape every
-    `refresh` decisions at a bucket;
+    `refresh` decisions at a bucket. Only the shape being run gets samples, so a burst of slow steps raises the
+    current shape's estimate alone and can switch the policy away from it: the shape it leaves is measured
+    again `recheck` decisions later, once (39171fe: one request, three slow `none` steps of 9.6 ms against its
+    usual 6.9 switched it to chain4 until the refresh);
   - hysteresis: a challenger replaces the current shape only after beating it by `margin` on `patience`
     consecutive decisions.
 Everything here is host-side Python on small numbers: no GPU, no SGLang (tests/test_verify_shapes.py).
