@@ -33,12 +33,13 @@ wait)
   [ -d "$JOB" ] || { echo "job.sh: no $JOB on this machine (a fresh one? every job of the lease is gone)" >&2; exit 3; }
   while [ ! -e "$JOB/rc" ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 5; done
   grep -v "Decode batch\|Prefill batch\|Capturing batches" "$JOB/log" | tail -n 60
-  mkdir -p "${OUT:-/tmp/out}"
+  dest="${OUT:-/tmp/out}"
+  mkdir -p "$dest"
   # every job's files so far, not only NAME's: a lease lost before the next call still returned them all
   for j in "$ROOT"/job_*/; do
     j="${j%/}" n="${j##*/job_}"
     # written aside, then renamed: a call cut off mid-write (its time or the lease's) leaves the last whole one
-    tar -czf "${OUT:-/tmp/out}/$n.tar.gz.part" -C "$j" log out && mv -f "${OUT:-/tmp/out}/$n.tar.gz.part" "${OUT:-/tmp/out}/$n.tar.gz"
+    tar -czf "$dest/$n.tar.gz.part" -C "$j" log out && mv -f "$dest/$n.tar.gz.part" "$dest/$n.tar.gz"
     if [ -e "$j/rc" ]; then echo "job.sh: $n finished, rc $(cat "$j/rc")"; else echo "job.sh: $n still running"; fi
   done
   ;;
