@@ -18,6 +18,11 @@
 #   4. the verify pass's attention kernels (~1 min, 1 and 48 requests, 1 and 16 rows: `splitkv_graph_dspine`,
 #      the split-KV kernel as a DSPINE server's verify graphs now run it, 4 KV splits from 5 verify rows up,
 #      against the capture buffer's 16 that made the block slower at c615dca), then the pair's second pass;
+#   2b. SGLang 0.5.23 (Deliver 4), if the lease started it as a second job once its pieces were received (it waits
+#      for the GPU until step 2 is done; the 0.5.23 calls: bundle_0523.sh plan):
+#        source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 GIT_COMMIT=<c> bash scripts/device/job.sh
+#        start j23 'until [ -e /tmp/gpu_turn_j23 ] || [ -e /tmp/job_l57/rc ]; do sleep 5; done;
+#        bash scripts/device/versions.sh triton/pytorch features e2e'   (conformance and the pair end to end, ~8 min)
 #   5. SGLang's FA3 and FlashInfer attention backends at the geometry (5(b), ~12 min), if the lease lasts.
 # After the lease, on this machine: python3 scripts/device/adaptive.py --merge <the lease's adaptive.json>
 #   --out benchmarks/results (merge an earlier run only if it ran on the same card and its plain matches).
@@ -43,6 +48,8 @@ $A --phases geometry --geometry-servers dspine_adaptive_below_block,plain --clie
 bash scripts/device/gpu_tests.sh
 $A --phases geometry --geometry-servers dspine,dspine_splitkv,dspine_adaptive --clients 1,4,16,48,64
 $A --phases switching --switching-server dspine_adaptive_below_block
+# the GPU to the lease's SGLang 0.5.23 job, if one was started (j23: it waits for this file), and back after it
+if [ -d /tmp/job_j23 ]; then touch /tmp/gpu_turn_j23; while [ ! -e /tmp/job_j23/rc ]; do sleep 5; done; fi
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
 python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,48 --rows 1,16
 mkdir -p "$OUT/rep2"
