@@ -18,8 +18,9 @@
 #   4. the verify pass's attention kernels (~1 min, 1 and 48 requests, 1 and 16 rows: `splitkv_graph_dspine`,
 #      the split-KV kernel as a DSPINE server's verify graphs now run it, 4 KV splits from 5 verify rows up,
 #      against the capture buffer's 16 that made the block slower at c615dca), then the pair's second pass;
-#   2b. SGLang 0.5.23 (Deliver 4), if the lease started it as a second job once its pieces were received (it waits
-#      for the GPU until step 2 is done; the 0.5.23 calls: bundle_0523.sh plan):
+#   0b. (3f52893) every request feature with adaptive on (serving_features, plain beside it; ~3 min);
+#   SGLang 0.5.23 (Deliver 4), if the lease started it as a second job once its pieces were received (it gets the GPU
+#      at the next stage's start, yield_gpu; the 0.5.23 calls: bundle_0523.sh plan):
 #        source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 GIT_COMMIT=<c> bash scripts/device/job.sh
 #        start j23 'until [ -e /tmp/gpu_turn_j23 ] || [ -e /tmp/job_l57/rc ]; do sleep 5; done;
 #        bash scripts/device/versions.sh triton/pytorch features e2e'   (conformance and the pair end to end, ~8 min)
@@ -43,13 +44,29 @@
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
+# A 0.5.23 job started in this lease (j23, waiting for /tmp/gpu_turn_j23) runs between two stages, alone on the GPU
+yield_gpu() {
+  if [ -d /tmp/job_j23 ] && [ ! -e /tmp/job_j23/rc ]; then
+    echo "issue57: the GPU to j23 until it ends"; touch /tmp/gpu_turn_j23
+    while [ ! -e /tmp/job_j23/rc ]; do sleep 5; done
+  fi
+}
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 $A --phases geometry --geometry-servers dspine_adaptive_below_block,plain --clients 1,4,16,48,64
+yield_gpu
+# every request feature with adaptive on (plain beside it): never run on a GPU before 3f52893
+SGLANG_DSPINE_VERIFY=adaptive OUT="$OUT/features_adaptive" bash scripts/device/run.sh features \
+  --servers plain,dspine --tag adaptive --load-seconds 60 > /dev/null 2>&1
+echo "issue57: features (adaptive) rc $?"
+yield_gpu
 bash scripts/device/gpu_tests.sh
-$A --phases geometry --geometry-servers dspine,dspine_splitkv,dspine_adaptive --clients 1,4,16,48,64
+for server in dspine dspine_splitkv dspine_adaptive; do  # one server a stage: j23 waits at most one
+  yield_gpu
+  $A --phases geometry --geometry-servers $server --clients 1,4,16,48,64
+done
+yield_gpu
 $A --phases switching --switching-server dspine_adaptive_below_block
-# the GPU to the lease's SGLang 0.5.23 job, if one was started (j23: it waits for this file), and back after it
-if [ -d /tmp/job_j23 ]; then touch /tmp/gpu_turn_j23; while [ ! -e /tmp/job_j23/rc ]; do sleep 5; done; fi
+yield_gpu
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
 python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,48 --rows 1,16
 mkdir -p "$OUT/rep2"
