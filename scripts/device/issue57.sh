@@ -60,6 +60,9 @@ SGLANG_DSPINE_VERIFY=adaptive OUT="$OUT/features_adaptive" bash scripts/device/r
 echo "issue57: features (adaptive) rc $?"
 yield_gpu
 bash scripts/device/gpu_tests.sh
+# the verify kernels beside plain decode's (~1 min): where `none` at 16-64 requests spends its 1.06-1.20x plain's
+# GPU time (39171fe) if in attention
+python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,48 --rows 1,16
 for server in dspine dspine_splitkv dspine_adaptive; do  # one server a stage: j23 waits at most one
   yield_gpu
   $A --phases geometry --geometry-servers $server --clients 1,4,16,48,64
@@ -68,7 +71,6 @@ yield_gpu
 $A --phases switching --switching-server dspine_adaptive_below_block
 yield_gpu
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
-python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,48 --rows 1,16
 mkdir -p "$OUT/rep2"
 python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \
    --clients 1,16,48 --t1-clients 48
