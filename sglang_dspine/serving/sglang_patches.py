@@ -101,6 +101,22 @@ tree server's nor to the drafter's (`split_kv_verify`):
    splits, by the module's `choose_n_splits`, which is wrapped to answer that count during such a call and
    SGLang's own rule otherwise (eager passes keep their exact arrays and SGLang's choice).
 
+Patch 9 is applied by an adaptive worker to the target's verify backend of width 1 (the `none` shape), on SGLang's
+triton backend (`decode_one_row_verify`):
+
+9. A verify pass of one row a request reads its context with SGLang's decode kernel (SGLang 0.5.17).
+   One row a request, causal, is a decode step: its row attends to the committed context and to itself, whose K/V
+   the pass writes to its slot first. A TARGET_VERIFY pass of W = 1 ran the extend kernel (13.9 ms of attention
+   a step at 48 requests of 576 tokens, Qwen3-8B heads, H100, c615dca) or, under patch 8, the split-KV verify
+   kernel (3.3 ms), where a plain decode step's kernel takes 1.8 ms: at 39171fe that difference was all `none` cost
+   over plain decoding (1.06 / 1.14 / 1.20x its step at 16 / 48 / 64 requests). So that backend plans every
+   TARGET_VERIFY pass as the decode pass it is (the mode DECODE, each request's length + 1: its slot is the one
+   after its committed context in SGLang's request-to-token row, where DFlash takes the verify's slots from) and
+   runs `forward_decode` for it, eager and in its CUDA graphs, whose replay then computes the KV split counts per
+   request as plain decoding's graphs do. The backend object is changed, not its class: the other widths and the
+   server's own keep theirs. Not applied (and said in the log) on another attention backend or a layout the
+   decode path reads differently (sliding window, DCP, MLA, a virtual-to-physical KV pool).
+
 What DSPINE relies on in SGLang's DFlash code is checked when a DSPINE server starts (`check_dflash_hooks`, from
 the algorithm's server-argument handling in the launcher, and again when the worker is created): the DFlash
 worker methods `worker.DSpineWorker` overrides (its draft decoding: DFlash's argmax sampler builder and eager
@@ -282,6 +298,64 @@ def graph_split_count(requests: int, rows: int) -> int:
     (too few programs to fill the GPU otherwise), else 4, what SGLang's own rule gives contexts under 4k tokens. A
     graph is replayed at any context, so the count cannot follow it; from the c615dca measurements (docstring)."""
     return 16 if requests * rows <= 4 else 4
+
+
+def decode_one_row_verify(backend) -> str | None:
+    """Patch 9 (see the module docstring): `backend`, the target's attention backend of a width-1 verify, runs its
+    TARGET_VERIFY passes as decode passes (SGLang's decode kernel and metadata). Returns None where applied, else
+    why not (another backend, or a layout the decode path reads differently)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    if type(backend) is not TritonAttnBackend:
+        return f"the attention backend is {type(backend).__name__}, not SGLang's triton backend"
+    if getattr(backend, "_dspine_decode_one_row", False):
+        return None
+    if int(backend.num_draft_tokens) != 1:
+        raise ValueError(f"decode_one_row_verify: a backend of {backend.num_draft_tokens} verify rows, not 1")
+    if backend.sliding_window_size or backend.dcp_size > 1 or backend.use_mla or backend._translate_kv_loc:
+        return "a sliding window, DCP, MLA or a virtual KV pool reads the decode path differently"
+    for name in ("init_forward_metadata", "init_forward_metadata_out_graph", "forward_decode", "forward_extend"):
+        if not callable(getattr(backend, name, None)):
+            raise _not_found(f"TritonAttnBackend.{name}")
+    init, init_out_graph, extend = (backend.init_forward_metadata, backend.init_forward_metadata_out_graph,
+                                    backend.forward_extend)
+
+    def init_forward_metadata(forward_batch):
+        return init(_as_decode(forward_batch))
+
+    def init_forward_metadata_out_graph(forward_batch, in_capture: bool = False):
+        return init_out_graph(_as_decode(forward_batch), in_capture=in_capture)
+
+    def forward_extend(q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        if forward_batch.forward_mode.is_target_verify():
+            return backend.forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+        return extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+
+    backend.init_forward_metadata = init_forward_metadata
+    backend.init_forward_metadata_out_graph = init_forward_metadata_out_graph
+    backend.forward_extend = forward_extend
+    backend._dspine_decode_one_row = True
+    return None
+
+
+def _as_decode(forward_batch):
+    """A TARGET_VERIFY batch of one row a request as the decode batch it is, for the attention metadata: the mode
+    DECODE, each length + 1 (the row's own slot, next in its request-to-token row), no speculative input. Other
+    batches as they are. A shallow copy: a ForwardBatch, or the graph runner's replay view of one."""
+    import copy
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    if not forward_batch.forward_mode.is_target_verify():
+        return forward_batch
+    view = copy.copy(forward_batch)
+    view.forward_mode, view.spec_info = ForwardMode.DECODE, None
+    view.seq_lens = forward_batch.seq_lens + 1
+    if getattr(forward_batch, "seq_lens_sum", None) is not None:
+        view.seq_lens_sum = forward_batch.seq_lens_sum + len(forward_batch.seq_lens)
+    if getattr(forward_batch, "seq_lens_cpu", None) is not None:
+        view.seq_lens_cpu = forward_batch.seq_lens_cpu + 1
+    return view
 
 
 _graph_splits: int | None = None  # set during a graph-buffer call of the wrapped verify_splitkv_fwd

@@ -203,10 +203,8 @@ class DSpineWorker(DFlashWorkerV2):
             if shape.tree or (shape.rows == b and self.tree_rows is None):
                 self._widths[shape] = self._base_width
             else:  # a chain's width, captured without the tree mask even where N = B
-                split_kv = verify_widths.reads_context_split_kv(self._split_kv, shape.rows, b)
-                self._widths[shape] = verify_widths.build(
-                    mr, shape.rows, self.device, self.gpu_id,
-                    prepare=sglang_patches.split_kv_verify if split_kv else None)
+                self._widths[shape] = verify_widths.build(mr, shape.rows, self.device, self.gpu_id,
+                                                          prepare=self._width_kernels(shape.rows))
         buckets = list(getattr(self._base_width.graph_runner, "capture_bs", None) or [])
         self.policy = ShapePolicy(self.shapes, buckets, b)
         sglang_patches.show_verify_shapes_in_decode_log(self._since_log)
@@ -219,6 +217,26 @@ class DSpineWorker(DFlashWorkerV2):
         gib = sum(w.gib for w in self._widths.values())
         logger.info("DSPINE adaptive verify: shapes %s, %.2f GiB for the other widths' backends and graphs, "
                     "batch buckets %s", ", ".join(s.name for s in self.shapes), gib, buckets)
+
+    def _width_kernels(self, rows: int):
+        """What a chain width's attention backend gets before its graphs are captured: one row a request (`none`)
+        reads its context with SGLang's decode kernel (patch 9) where the backend allows it; otherwise patch 8
+        where SGLANG_DSPINE_SPLITKV_VERIFY asks for it at this width."""
+        from . import verify_widths
+
+        split_kv = verify_widths.reads_context_split_kv(self._split_kv, rows, int(self.block_size))
+
+        def prepare(backend):
+            if rows == 1:
+                why_not = sglang_patches.decode_one_row_verify(backend)
+                if why_not is None:
+                    logger.info("DSPINE: the none shape's verify pass runs SGLang's decode attention kernel")
+                    return
+                logger.info("DSPINE: the none shape's verify pass keeps its backend's verify kernel: %s", why_not)
+            if split_kv:
+                sglang_patches.split_kv_verify(backend)
+
+        return prepare
 
     # ---------------------------------------------------------------------------------------- draft decoding
     def _maybe_build_draft_sampler(self):
