@@ -1160,10 +1160,10 @@ def test_gpu_split_kv_verify_equals_the_extend_kernel_at_qwen3_8b_heads(rows, in
 
 
 # ------------------------------------------------------------------ patch 9: the none shape on the decode kernel
-def _triton_backend(rows: int, pool, req_to_token, hq: int, hkv: int, d: int):
+def _triton_backend(rows: int, pool, req_to_token, hq: int, hkv: int, d: int, device: str = "cpu"):
     """SGLang's TritonAttnBackend as a width-`rows` verify backend of the target builds it (verify_widths.build),
-    over a real KV pool and request-to-token table on the CPU; the model runner around it reduced to what the
-    backend's constructor reads."""
+    over a real KV pool and request-to-token table; the model runner around it reduced to what the backend's
+    constructor reads."""
     from types import SimpleNamespace
 
     from sglang.srt.configs.model_config import AttentionArch
@@ -1180,7 +1180,7 @@ def _triton_backend(rows: int, pool, req_to_token, hq: int, hkv: int, d: int):
                                  linear_attn_registry_result=None)
         runner = SimpleNamespace(req_to_token_pool=req_to_token, token_to_kv_pool=pool, sliding_window_size=None,
                                  token_to_kv_pool_allocator=SimpleNamespace(), page_size=1, model_config=config, is_draft_worker=False,
-                                 device="cpu", gpu_id=0, server_args=SimpleNamespace(
+                                 device=device, gpu_id=0, server_args=SimpleNamespace(
                                      triton_attention_num_kv_splits=8, enable_deterministic_inference=False,
                                      triton_attention_split_tile_size=None, chunked_prefill_size=64))
         return TritonAttnBackend(runner)
@@ -1194,19 +1194,20 @@ def _one_row_verify_batch(req_to_token, prefix: torch.Tensor, rows_of: torch.Ten
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
-    bs = len(prefix)
+    bs, dev = len(prefix), prefix.device
     loc = req_to_token.req_to_token[rows_of, prefix].to(torch.int64)
-    spec = DFlashVerifyInput(draft_token=torch.zeros(bs, dtype=torch.int64), positions=prefix.clone(),
+    spec = DFlashVerifyInput(draft_token=torch.zeros(bs, dtype=torch.int64, device=dev), positions=prefix.clone(),
                              draft_token_num=1, custom_mask=None, capture_hidden_mode=CaptureHiddenMode.FULL)
     return ForwardBatch(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.zeros(bs,
-                        dtype=torch.int64), req_pool_indices=rows_of, seq_lens=prefix.clone(), out_cache_loc=loc,
-                        seq_lens_sum=int(prefix.sum()), seq_lens_cpu=prefix.clone(), positions=prefix.clone(),
+                        dtype=torch.int64, device=dev), req_pool_indices=rows_of, seq_lens=prefix.clone(), out_cache_loc=loc,
+                        seq_lens_sum=int(prefix.sum()), seq_lens_cpu=prefix.cpu(), positions=prefix.clone(),
                         spec_info=spec)
 
 
-def test_a_one_row_verify_reads_its_context_with_the_decode_kernel_eager_and_as_its_graphs_replay(served):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_one_row_verify_reads_its_context_with_the_decode_kernel_eager_and_as_its_graphs_replay(served, device):
     """Patch 9: a width-1 verify backend (the `none` shape's) runs SGLang's decode kernel (Triton's interpreter
-    here), planned as a decode of each request's committed length + 1, eager and through the graph path's
+    on the CPU; compiled on a GPU, where the KV split counts are chosen per request), planned as a decode of each request's committed length + 1, eager and through the graph path's
     metadata (captured once, then replayed at other lengths): each row's output is plain attention over its
     context and itself, as the stock backend's extend kernel gives it, and the extend kernel never runs."""
     from types import SimpleNamespace
@@ -1216,17 +1217,18 @@ def test_a_one_row_verify_reads_its_context_with_the_decode_kernel_eager_and_as_
 
     hq, hkv, d, size = 4, 2, 64, 256
     pool = MHATokenToKVPool(size=size, page_size=1, dtype=torch.float32, head_num=hkv, head_dim=d, layer_num=1,
-                            device="cpu", enable_memory_saver=False, enable_alt_stream=False)
-    req_to_token = ReqToTokenPool(size=4, max_context_len=96, device="cpu", enable_memory_saver=False)
+                            device=device, enable_memory_saver=False, enable_alt_stream=False)
+    req_to_token = ReqToTokenPool(size=4, max_context_len=96, device=device, enable_memory_saver=False)
+    tol = dict(atol=1e-5, rtol=1e-5) if device == "cpu" else dict(atol=3e-3, rtol=3e-3)  # TF32 dots on a GPU
     g = torch.Generator().manual_seed(9)
     for r in range(4):  # every row's slots scattered over the pool
         req_to_token.req_to_token[r] = (torch.randperm(size - 1, generator=g)[:96] + 1).to(torch.int32)
     k_pool, v_pool = pool.get_key_buffer(0), pool.get_value_buffer(0)
-    k_pool.copy_(torch.randn(k_pool.shape, generator=g))
-    v_pool.copy_(torch.randn(v_pool.shape, generator=g))
+    k_pool.copy_(torch.randn(k_pool.shape, generator=g).to(device))
+    v_pool.copy_(torch.randn(v_pool.shape, generator=g).to(device))
     layer = RadixAttention(num_heads=hq, head_dim=d, scaling=d ** -0.5, num_kv_heads=hkv, layer_id=0)
-    stock = _triton_backend(1, pool, req_to_token, hq, hkv, d)
-    patched = _triton_backend(1, pool, req_to_token, hq, hkv, d)
+    stock = _triton_backend(1, pool, req_to_token, hq, hkv, d, device)
+    patched = _triton_backend(1, pool, req_to_token, hq, hkv, d, device)
     assert sglang_patches.decode_one_row_verify(patched) is None
     assert sglang_patches.decode_one_row_verify(patched) is None  # idempotent
     ran = []
@@ -1235,17 +1237,18 @@ def test_a_one_row_verify_reads_its_context_with_the_decode_kernel_eager_and_as_
         setattr(patched, name, lambda *a, _f=fwd, _n=name, **k: (ran.append(_n), _f(*a, **k))[1])
 
     def step(backend, prefix, rows_of, graph=None):
+        prefix, rows_of = prefix.to(device), rows_of.to(device)
         fb = _one_row_verify_batch(req_to_token, prefix, rows_of)
-        q = torch.randn(len(prefix), hq * d, generator=torch.Generator().manual_seed(int(prefix.sum())))
+        q = torch.randn(len(prefix), hq * d, generator=torch.Generator().manual_seed(int(prefix.sum()))).to(device)
         k, v = (torch.randn(len(prefix), hkv, d, generator=torch.Generator().manual_seed(int(prefix.sum()) + i))
-                for i in (1, 2))
+                .to(device) for i in (1, 2))
         if graph is None:
             backend.init_forward_metadata(fb)
         else:
             backend.init_forward_metadata_out_graph(fb, in_capture=graph == "capture")
         out = backend.forward(q, k, v, layer, fb).view(-1, hq, d)
         slots = req_to_token.req_to_token[rows_of, :].long()
-        indptr = torch.zeros(len(prefix) + 1, dtype=torch.int32)
+        indptr = torch.zeros(len(prefix) + 1, dtype=torch.int32, device=device)
         indptr[1:] = torch.cumsum(prefix, 0)
         indices = torch.cat([slots[i, : prefix[i]] for i in range(len(prefix))])
         want = _chain_attention(q.view(-1, hq, d), k, v, k_pool, v_pool, indptr, indices, 1)
@@ -1254,23 +1257,23 @@ def test_a_one_row_verify_reads_its_context_with_the_decode_kernel_eager_and_as_
     rows_of = torch.tensor([2, 0, 3])
     for prefix in (torch.tensor([5, 40, 17]), torch.tensor([63, 1, 30])):
         out, want = step(stock, prefix, rows_of)
-        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out, want, **tol)
         out, want = step(patched, prefix, rows_of)
-        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out, want, **tol)
     assert set(ran) == {"decode_attention_fwd"}
     # the graph path: buffers of a runner capturing 4 requests, captured at one set of lengths, replayed at others
     patched.init_cuda_graph_state(4, 4)
     ran.clear()
     out, want = step(patched, torch.tensor([7, 7, 7]), rows_of, graph="capture")
-    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, want, **tol)
     captured = patched.forward_metadata
     for prefix in (torch.tensor([50, 3, 21]), torch.tensor([90, 12, 44])):
         out, want = step(patched, prefix, rows_of, graph="replay")
         assert patched.forward_metadata is captured  # the replay refills the captured buffers only
-        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out, want, **tol)
     assert set(ran) == {"decode_attention_fwd"}
     # refused, with the reason, where it does not apply
-    wide = _triton_backend(4, pool, req_to_token, hq, hkv, d)
+    wide = _triton_backend(4, pool, req_to_token, hq, hkv, d, device)
     with pytest.raises(ValueError, match="4 verify rows"):
         sglang_patches.decode_one_row_verify(wide)
     assert "not SGLang's triton backend" in sglang_patches.decode_one_row_verify(SimpleNamespace())
