@@ -30,6 +30,10 @@
 # Then: python3 scripts/device/default_rules.py <adaptive.json> --rep2 <rep2/adaptive.json> --gpu-tests-log
 #   <gpu_tests.log> --summary benchmarks/results/adaptive_summary.json judges the rules below, as written there.
 # Decision rules, fixed before the run (2026-12-06, after c615dca):
+#   - (2026-12-06, c26518c) patch 9 (`none` on SGLang's decode kernel) stays if, at Qwen3-8B geometry, the adaptive
+#     below-block server's `none` step (its policy's step_ms) is <= 1.03x plain decoding's step at 16, 48 and 64
+#     clients, the GPU tests pass (patch 9's cuda test among them) and the adaptive request-features run agrees
+#     with plain (greedy within the near-tie rule, 0 load errors); otherwise it is reverted;
 #   - the new cost stays if, at Qwen3-8B geometry and 1 client, the adaptive below-block server runs `none` on
 #     >= 80% of its steps and serves >= 0.95x plain decoding's tokens/s; otherwise the note gives its step tables;
 #   - SGLANG_DSPINE_SPLITKV_VERIFY=below-block becomes the adaptive server's default on the triton backend if, at
