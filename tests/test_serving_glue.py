@@ -1205,12 +1205,22 @@ def _one_row_verify_batch(req_to_token, prefix: torch.Tensor, rows_of: torch.Ten
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_a_one_row_verify_reads_its_context_with_the_decode_kernel_eager_and_as_its_graphs_replay(served, device):
+def test_a_one_row_verify_reads_its_context_with_the_decode_kernel_eager_and_as_its_graphs_replay(served, device,
+                                                                                                 monkeypatch):
     """Patch 9: a width-1 verify backend (the `none` shape's) runs SGLang's decode kernel (Triton's interpreter
     on the CPU; compiled on a GPU, where the KV split counts are chosen per request), planned as a decode of each request's committed length + 1, eager and through the graph path's
     metadata (captured once, then replayed at other lengths): each row's output is plain attention over its
-    context and itself, as the stock backend's extend kernel gives it, and the extend kernel never runs."""
+    context and itself, as the stock backend's extend kernel gives it, and the extend kernel never runs. On 0.5.23
+    adaptive verification, the one user of patch 9, is refused at start."""
     from types import SimpleNamespace
+
+    if sglang_on_cpu.on_0_5_23():
+        from sglang_dspine.serving import startup_checks
+
+        monkeypatch.setenv("SGLANG_DSPINE_VERIFY", "adaptive")
+        with pytest.raises(StartupRefusal, match="built on SGLang 0.5.17's DFlash decode step"):
+            startup_checks.check_adaptive(served.args)
+        return
 
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
