@@ -35,7 +35,7 @@
 #                                                  # machine's nvidia libs, exports the env (also written to
 #                                                  # /tmp/site-0523/env.sh), lays out sglang_dspine, checks imports
 # Later calls of the lease run any device script on 0.5.23 with DEVICE_SGLANG=0.5.23 (scripts/device/setup.sh).
-# Parts: sglang-0523 (core, needed), sglang-0523-jit (FlashInfer JIT sources + torch headers: FlashInfer
+# Parts: sglang-0523 (core, needed), sglang-0523-jit (needed too: FlashInfer JIT sources + torch headers: FlashInfer
 # sampling/attention), sglang-0523-fa3 (sgl_kernel's FA3 flash_ops: --attention-backend fa3, SGLang's H200 default).
 _b23_main() {
   local repo lock name_core="${BUNDLE_NAME:-sglang-0523}"
@@ -368,8 +368,13 @@ _b23_setup() {
   mkdir -p "$site" || return 1
   for part in $parts; do
     stamp="$site/.$part.stamp"
+    # the core and the jit part are both needed: without the jit part's FlashInfer sources and headers every
+    # speculative server failed at start (33f82f8: DFLASH's verify JIT-builds FlashInfer's sampling, SGLang's
+    # JIT kernels include FlashInfer's headers); fa3 only for --attention-backend fa3
+    local needed=0
+    { [ "$part" = "$name_core" ] || [ "$part" = "$name_core-jit" ]; } && needed=1
     if [ ! -f "$there/$part.sha256" ]; then
-      [ "$part" = "$name_core" ] && [ ! -f "$stamp" ] && { echo "bundle_0523 setup: no piece of $part received (carry.sh receive)" >&2; return 1; }
+      [ "$needed" = 1 ] && [ ! -f "$stamp" ] && { echo "bundle_0523 setup: no piece of $part received (carry.sh receive; every speculative server needs it)" >&2; return 1; }
       continue
     fi
     sum="$(grep -v part "$there/$part.sha256" | cut -c1-64)"
@@ -379,7 +384,7 @@ _b23_setup() {
     local have want
     have=$(ls "$there/$part".xz.part* 2>/dev/null | wc -l); want=$(grep -c part "$there/$part.sha256")
     if [ "$have" -lt "$want" ]; then
-      [ "$part" = "$name_core" ] && { echo "bundle_0523 setup: $part: $have of $want pieces here" >&2; return 1; }
+      [ "$needed" = 1 ] && { echo "bundle_0523 setup: $part: $have of $want pieces here" >&2; return 1; }
       echo "bundle_0523 setup: $part: $have of $want pieces here, left for later"; continue
     fi
     (cd "$repo" && bash scripts/device/carry.sh assemble "$part" "/tmp/$part.tar") || return 1

@@ -20,7 +20,8 @@
 #      against the capture buffer's 16 that made the block slower at c615dca), then the pair's second pass;
 #   0b. (3f52893) every request feature with adaptive on (serving_features, plain beside it; ~3 min);
 #   SGLang 0.5.23 (Deliver 4), if the lease started it as a second job once its pieces were received (it gets the GPU
-#      at the next stage's start, yield_gpu; the 0.5.23 calls: bundle_0523.sh plan):
+#      at the next stage's start, yield_gpu; the 0.5.23 calls: bundle_0523.sh plan, the core and jit parts: at
+#      33f82f8 only the core was carried and every speculative server failed at start; setup now refuses that):
 #        source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 GIT_COMMIT=<c> bash scripts/device/job.sh
 #        start j23 'until [ -e /tmp/gpu_turn_j23 ] || [ -e /tmp/job_l57/rc ]; do sleep 5; done;
 #        bash scripts/device/versions.sh triton/pytorch features e2e'   (conformance and the pair end to end, ~8 min)
