@@ -18,7 +18,9 @@
 #   4. the verify pass's attention kernels (~1 min, 1 and 48 requests, 1 and 16 rows: `splitkv_graph_dspine`,
 #      the split-KV kernel as a DSPINE server's verify graphs now run it, 4 KV splits from 5 verify rows up,
 #      against the capture buffer's 16 that made the block slower at c615dca), then the pair's second pass;
-#   0b. (3f52893) every request feature with adaptive on (serving_features, plain beside it; ~3 min);
+#   (33f82f8 ran 0, the request features with adaptive on (20/20), the GPU tests, the kernels and the fixed
+#   servers with and without split-KV; the next lease: 0 again (the cost floors), the GPU tests, the extend-kernel
+#   adaptive server, switching, the pair's two passes, the kernels, FA3/FlashInfer, and 0.5.23 between stages)
 #   SGLang 0.5.23 (Deliver 4), if the lease started it as a second job once its pieces were received (it gets the GPU
 #      at the next stage's start, yield_gpu; the 0.5.23 calls: bundle_0523.sh plan, the core and jit parts: at
 #      33f82f8 only the core was carried and every speculative server failed at start; setup now refuses that):
@@ -57,21 +59,13 @@ yield_gpu() {
   fi
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
+# the cost floors (0d6c622) at the geometry, beside plain
 $A --phases geometry --geometry-servers dspine_adaptive_below_block,plain --clients 1,4,16,48,64
 yield_gpu
-# every request feature with adaptive on (plain beside it): never run on a GPU before 3f52893
-SGLANG_DSPINE_VERIFY=adaptive OUT="$OUT/features_adaptive" bash scripts/device/run.sh features \
-  --servers plain,dspine --tag adaptive --load-seconds 60 > /dev/null 2>&1
-echo "issue57: features (adaptive) rc $?"
-yield_gpu
 bash scripts/device/gpu_tests.sh
-# the verify kernels beside plain decode's (~1 min): where `none` at 16-64 requests spends its 1.06-1.20x plain's
-# GPU time (39171fe) if in attention
-python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,48 --rows 1,16
-for server in dspine dspine_splitkv dspine_adaptive; do  # one server a stage: j23 waits at most one
-  yield_gpu
-  $A --phases geometry --geometry-servers $server --clients 1,4,16,48,64
-done
+yield_gpu
+# fixed DSPINE with and without split-KV ran at 33f82f8 (their code unchanged since): not again
+$A --phases geometry --geometry-servers dspine_adaptive --clients 1,4,16,48,64
 yield_gpu
 $A --phases switching --switching-server dspine_adaptive_below_block
 yield_gpu
@@ -79,5 +73,6 @@ $A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 -
 mkdir -p "$OUT/rep2"
 python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \
    --clients 1,16,48 --t1-clients 48
+python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,48 --rows 1,16
 $A --phases geometry --geometry-servers plain_fa3,dspine_adaptive_fa3,dspine_fa3,plain_flashinfer,\
 dspine_adaptive_flashinfer,dspine_flashinfer --clients 1,4,16,48,64
