@@ -20,7 +20,8 @@
 #      against the capture buffer's 16 that made the block slower at c615dca), then the pair's second pass;
 #   (33f82f8 ran 0, the request features with adaptive on (20/20), the GPU tests, the kernels and the fixed
 #   servers with and without split-KV; the next lease: 0 again (the cost floors), the GPU tests, the extend-kernel
-#   adaptive server, switching, the pair's two passes, the kernels, FA3/FlashInfer, and 0.5.23 between stages)
+#   adaptive server, switching, memory pressure with adaptive on, the pair's two passes, the kernels,
+#   FA3/FlashInfer, and 0.5.23 between stages)
 #   SGLang 0.5.23 (Deliver 4), if the lease started it as a second job once its pieces were received (it gets the GPU
 #      at the next stage's start, yield_gpu; the 0.5.23 calls: bundle_0523.sh plan, the core and jit parts: at
 #      33f82f8 only the core was carried and every speculative server failed at start; setup now refuses that):
@@ -68,6 +69,13 @@ yield_gpu
 $A --phases geometry --geometry-servers dspine_adaptive --clients 1,4,16,48,64
 yield_gpu
 $A --phases switching --switching-server dspine_adaptive_below_block
+yield_gpu
+# memory pressure with adaptive on (~5 min; never run): KV exhaustion, graph overflow, long prompts, disconnects,
+# retraction (issue56.sh's `adaptive` part)
+OUT="$OUT/pressure_adaptive" bash scripts/device/run.sh pressure --servers dspine --variant adaptive \
+  --scenarios kv_exhaustion,graph_overflow,long_prompts,disconnects,retraction \
+  --server-env SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS=20 --tag adaptive > /dev/null 2>&1
+echo "issue57: pressure (adaptive) rc $?"
 yield_gpu
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
 mkdir -p "$OUT/rep2"
