@@ -495,10 +495,12 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     plain = {c: 100.0 * c for c in counts}
     row = lambda scale, first=None: {"t0": {str(c): cell(plain[c] * scale, first if c == 1 else None) for c in counts}}
 
-    def geometry(below=1.0, none_share=0.9, split=1.05, split_1=1.0):
-        return {"plain": row(1.0), "dspine": row(0.5), "dspine_adaptive": row(0.6),
-                "dspine_adaptive_below_block": {"t0": {str(c): cell(plain[c] * (0.96 if c == 1 else
-                                                                               0.6 * 1.2 * below),
+    def geometry(below=1.0, none_share=0.99, split=1.05, split_1=1.0, vs_plain=0.96):
+        # below-block: vs_plain x plain everywhere, 1.2 x below the extend-kernel adaptive server from 4 clients
+        return {"plain": row(1.0), "dspine": row(0.5),
+                "dspine_adaptive": {"t0": {str(c): cell(plain[c] * (0.6 if c == 1 else vs_plain / (1.2 * below)))
+                                           for c in counts}},
+                "dspine_adaptive_below_block": {"t0": {str(c): cell(plain[c] * vs_plain,
                                                                     {"none": 100 * none_share,
                                                                      "chain4": 100 * (1 - none_share)})
                                                         for c in counts}},
@@ -510,7 +512,7 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     run = {"geometry": geometry(), "switching": switching, **pair(1.0)}
     log = "....\n22 passed, 122 deselected in 92.49s\n"
     assert default_rules(tmp_path, run, pair(0.98), log) == {
-        "new_cost": "met", "below_block": "met", "split_kv": "met", "adaptive": "met"}
+        "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "met", "adaptive": "met"}
     # one threshold crossed at a time
     assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.79)}, pair(0.98), log)["new_cost"] \
         == "not met"
@@ -524,7 +526,11 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
         == "not met"
     assert default_rules(tmp_path, run, pair(0.98), "21 passed, 1 failed in 90s\n")["split_kv"] == "not met"
     assert default_rules(tmp_path, run, pair(0.96), log)["adaptive"] == "not met"
+    assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.97)}, pair(0.98), log) == {
+        "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "not met", "adaptive": "met"}
+    assert default_rules(tmp_path, {**run, "geometry": geometry(vs_plain=0.94)}, pair(0.98), log)["floors"] \
+        == "not met"
     # missing data never passes
     bare = default_rules(tmp_path, {"geometry": {"plain": row(1.0)}})
     assert bare == {"new_cost": "undecided", "below_block": "undecided", "split_kv": "undecided",
-                    "adaptive": "undecided"}
+                    "floors": "undecided", "adaptive": "undecided"}

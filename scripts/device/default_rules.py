@@ -18,6 +18,10 @@ Rules (each ratio is of median tokens/s, each server alone on the GPU, T=0):
   split_kv       SGLANG_DSPINE_SPLITKV_VERIFY=1 becomes every chain server's default on triton if fixed DSPINE with
                  it serves >= 1.03x fixed DSPINE without it from 4 clients up and >= 0.97x at 1, and the GPU tests
                  pass (`graph_dspine` among them);
+  floors         (written 2026-12-06, after 33f82f8) the policy's cost floors (0d6c622: a shape is explored at a
+                 bucket only where it could win there) stay if, at the geometry (τ = 1), adaptive below-block runs
+                 shapes other than `none` on <= 2% of its steps at 48 and 64 clients and serves >= 0.95x plain
+                 decoding at every client count;
   adaptive       adaptive becomes the server default if on the pair it serves >= 0.97x fixed DSPINE at 1, 16 and 48
                  clients in both passes, and at the geometry >= fixed DSPINE at every client count (the adaptive
                  server the below_block rule makes the default).
@@ -68,6 +72,20 @@ def new_cost(run: dict, **_) -> tuple[bool, str]:
     none = cell["shapes"].get("none", 0) / sum(cell["shapes"].values())
     vs_plain = ratios(run, "geometry", "dspine_adaptive_below_block", "plain")[1]
     return none >= 0.80 and vs_plain >= 0.95, f"none {none:.1%} of steps (>= 80%), {vs_plain:.3f}x plain (>= 0.95)"
+
+
+def floors(run: dict, **_) -> tuple[bool, str]:
+    cells = run.get("geometry", {}).get("dspine_adaptive_below_block", {}).get("t0", {})
+    shares = {}
+    for c in ("48", "64"):
+        shapes = (cells.get(c) or {}).get("shapes")
+        if not shapes:
+            raise Undecided(f"no {c}-client cell with shapes for dspine_adaptive_below_block at the geometry")
+        shares[int(c)] = 1 - shapes.get("none", 0) / sum(shapes.values())
+    r = ratios(run, "geometry", "dspine_adaptive_below_block", "plain")
+    ok = all(v <= 0.02 for v in shares.values()) and all(v >= 0.95 for v in r.values())
+    return ok, (f"other shapes {' '.join(f'{c}:{v:.1%}' for c, v in shares.items())} of steps (<= 2%); "
+                f"÷ plain {fmt(r)} (>= 0.95)")
 
 
 def switching_lossless(run: dict, summary: dict | None) -> tuple[bool, str]:
@@ -128,7 +146,8 @@ def adaptive(run: dict, rep2: dict | None = None, summary: dict | None = None, g
                 f"geometry {default} ÷ fixed {fmt(geo)} (>= 1)")
 
 
-RULES = {"new_cost": new_cost, "below_block": below_block, "split_kv": split_kv, "adaptive": adaptive}
+RULES = {"new_cost": new_cost, "below_block": below_block, "split_kv": split_kv, "floors": floors,
+         "adaptive": adaptive}
 
 
 def decide(run: dict, rep2: dict | None = None, summary: dict | None = None, gpu_log: str | None = None) -> dict:

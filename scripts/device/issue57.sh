@@ -34,6 +34,10 @@
 # Then: python3 scripts/device/default_rules.py <adaptive.json> --rep2 <rep2/adaptive.json> --gpu-tests-log
 #   <gpu_tests.log> --summary benchmarks/results/adaptive_summary.json judges the rules below, as written there.
 # Decision rules, fixed before the run (2026-12-06, after c615dca):
+#   - (2026-12-06, after 33f82f8) the cost floors (0d6c622) stay if, at Qwen3-8B geometry (τ = 1), the adaptive
+#     below-block server runs shapes other than `none` on <= 2% of its steps at 48 and 64 clients (33f82f8, before
+#     them: 3.5%) and serves >= 0.95x plain decoding at every client count (33f82f8: 0.924-0.965x); otherwise they
+#     are reverted (default_rules.py `floors`);
 #   - (2026-12-06, c26518c) patch 9 (`none` on SGLang's decode kernel) stays if, at Qwen3-8B geometry, the adaptive
 #     below-block server's `none` step (its policy's step_ms) is <= 1.03x plain decoding's step at 16, 48 and 64
 #     clients, the GPU tests pass (patch 9's cuda test among them) and the adaptive request-features run agrees
