@@ -302,16 +302,21 @@ class ShapePolicy:
             return self.trees[shape].expected_tokens(self.acceptance.expected_tokens(Shape(self.block)))
         return self.acceptance.expected_tokens(shape)
 
+    def _floor_from_below(self, bucket: int, shape: Shape) -> float | None:
+        """`shape`'s cost at the nearest smaller bucket where it is known, less `floor_slack`, or None."""
+        below = [b for b in self.buckets if b < bucket and self.costs.known(b, shape)]
+        return self.costs.ms(below[-1], shape) * (1 - self.floor_slack) if below else None
+
     def cost_floor(self, bucket: int, shape: Shape) -> float | None:
-        """A lower bound of `shape`'s cost at `bucket` before it is measured there, or None: the larger of its cost
-        at the nearest smaller bucket where it is known, less `floor_slack` (a step of more requests does no less
-        work), and the cost at `bucket` of any narrower shape known there (a step verifying more rows a request,
-        after a draft forward, does no less work than one verifying fewer), or that shape's own floor here."""
-        floors = [self.costs.ms(b, shape) * (1 - self.floor_slack) for b in
-                  [b for b in self.buckets if b < bucket and self.costs.known(b, shape)][-1:]]
+        """A lower bound of `shape`'s cost at `bucket` before it is measured there, or None: the largest of its
+        floor from smaller buckets (a step of more requests does no less work) and, for each narrower shape, its
+        cost at `bucket` where known there, else its own floor from smaller buckets (a step verifying more rows a
+        request, after a draft forward, does no less work than one verifying fewer). One pass over the menu: the
+        decisions call it every step while a shape stays unmeasured."""
+        floors = [self._floor_from_below(bucket, shape)]
         for narrower in (s for s in self.menu if s.rows < shape.rows):
             floors.append(self.costs.ms(bucket, narrower) if self.costs.known(bucket, narrower)
-                          else self.cost_floor(bucket, narrower))
+                          else self._floor_from_below(bucket, narrower))
         return max((f for f in floors if f is not None), default=None)
 
     def _worth_exploring(self, bucket: int, shape: Shape) -> bool:
