@@ -16,7 +16,9 @@ the inputs the backend hands them (the GPU test of patch 8 builds the same), per
     static here, as SGLang does with SGLANG_TRITON_DECODE_ATTN_STATIC_KV_SPLITS).
 The split-KV kernel three ways: with exact index arrays (eager passes), with the array as a verify graph holds it
 (the capture buffer, `--graph-kv-indices` long: SGLang's kernel then runs 16 KV splits), and the same through
-patch 8's split count for graphs (`splitkv_graph_dspine`, what a DSPINE server's verify graphs run).
+patch 8's split count for graphs (`splitkv_graph_dspine`, what a DSPINE server's verify graphs run). And
+DSPINE's own grouped kernel (`grouped`, SGLANG_DSPINE_SPLITKV_VERIFY=grouped: patch 10's dispatch, as the server's
+verify graphs call it).
 Timing: the 36 layers' calls captured in one CUDA graph per (kernel, W, bs), as the server replays them; median
 of `--repeats` replays timed with CUDA events (benchmarks.kernels.Bench's capture and replays). It is the
 attention kernels only: no GEMMs, norms or sampling.
@@ -38,8 +40,9 @@ from sglang_dspine.provenance import default_output, provenance
 HQ, HKV, D, LAYERS = 32, 8, 128, 36  # Qwen3-8B
 # splitkv: exact index arrays (eager passes); splitkv_graph: the index array as a verify graph holds it (the capture
 # buffer: SGLang's kernel then runs its 16 KV splits); splitkv_graph_dspine: the same through patch 8's split count
-# for graphs (sglang_patches.with_graph_split_count), what a DSPINE server's verify graphs run
-VERIFY_KERNELS = ("extend", "splitkv", "splitkv_graph", "splitkv_graph_dspine")
+# for graphs (sglang_patches.with_graph_split_count), what a DSPINE server's verify graphs run; grouped: DSPINE's
+# grouped kernel through patch 10's dispatch (sglang_patches.grouped_verify_dispatch), with the graphs' index array
+VERIFY_KERNELS = ("extend", "splitkv", "splitkv_graph", "splitkv_graph_dspine", "grouped")
 MAX_CONTEXT = 40960  # Qwen3-8B's context: the capture buffer's length per token, and patch 8's bound
 
 
@@ -101,6 +104,18 @@ def calls(kernel: str, layers: list[dict], bs: int, rows: int, kv_splits: int, d
                 if not fwd(t["q"], t["k"], t["v"], t["o"], t["k_pool"], t["v_pool"], t["qo_indptr"],
                            t["kv_indptr"], indices, None, True, None, rows, 1.0, 1.0, sm_scale=scale, max_bs=64):
                     raise RuntimeError(f"split-KV verify refused W={rows} bs={bs} (the backend falls back)")
+        return run
+
+    if kernel == "grouped":
+        from sglang_dspine.serving import sglang_patches
+
+        shared = graph_kv_indices(layers, graph_kv_len)
+        fwd = sglang_patches.grouped_verify_dispatch(rows, HQ, HKV, D, dev)
+
+        def run():
+            for t in layers:
+                fwd(t["q"], t["k"], t["v"], t["o"], t["k_pool"], t["v_pool"], t["qo_indptr"], t["kv_indptr"], shared,
+                    None, True, None, rows, 1.0, 1.0, sm_scale=scale)
         return run
 
     def run():

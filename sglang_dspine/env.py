@@ -49,6 +49,8 @@ VARIABLES = (
               "context with SGLang's split-KV verify kernel (what SGLang runs on AMD's MI350) instead of its "
               "serial-prefix extend kernel: 0 none; 1 every chain (the block, a prefix, none); below-block the "
               "adaptive server's shapes narrower than the block (none, 4, 8), the block keeping the extend kernel. "
+              "grouped every chain with DSPINE's own kernel, which reads each KV head's context once for all the rows "
+              "and query heads that share it (kernels/verify_attention.py; none keeps SGLang's decode kernel). "
               "Trees keep the extend kernel (docs/verify_shapes.md; experimental; refused at start on another "
               "attention backend, and below-block without SGLANG_DSPINE_VERIFY=adaptive)"),
     _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
@@ -80,11 +82,12 @@ class _Env:
 
     @property
     def split_kv_verify(self) -> str | None:
-        """None (off), "all" (1: every chain width) or "below-block" (the widths narrower than the block)."""
+        """None (off), "all" (1: every chain width), "below-block" (the widths narrower than the block) or
+        "grouped" (every chain width, on DSPINE's grouped kernel)."""
         raw = os.environ.get("SGLANG_DSPINE_SPLITKV_VERIFY") or "0"
-        modes = {"0": None, "1": "all", "below-block": "below-block"}
+        modes = {"0": None, "1": "all", "below-block": "below-block", "grouped": "grouped"}
         if raw not in modes:
-            raise ValueError(f"SGLANG_DSPINE_SPLITKV_VERIFY: expected 0, 1 or below-block, found {raw!r}")
+            raise ValueError(f"SGLANG_DSPINE_SPLITKV_VERIFY: expected 0, 1, below-block or grouped, found {raw!r}")
         return modes[raw]
 
     @property

@@ -273,22 +273,23 @@ def test_split_kv_verify_switches_sglangs_own_dispatch():
 
 
 @pytest.mark.parametrize("raw,mode", [("", None), ("0", None), ("1", "all"), ("below-block", "below-block"),
-                                      ("yes", ValueError)])
+                                      ("grouped", "grouped"), ("yes", ValueError)])
 def test_split_kv_verify_names_which_chain_widths_read_the_context_split(monkeypatch, raw, mode):
     """SGLANG_DSPINE_SPLITKV_VERIFY: 0 no chain, 1 every chain width, below-block the widths narrower than the
-    block (the block keeps the extend kernel); a malformed value is an error naming the variable."""
+    block (the block keeps the extend kernel), grouped every chain width (on DSPINE's kernel); a malformed value is
+    an error naming the variable."""
     from sglang_dspine.env import ENV
     from sglang_dspine.serving.verify_widths import reads_context_split_kv
 
     monkeypatch.setenv("SGLANG_DSPINE_SPLITKV_VERIFY", raw)
     if mode is ValueError:
-        with pytest.raises(ValueError, match="^SGLANG_DSPINE_SPLITKV_VERIFY: expected 0, 1 or below-block"):
+        with pytest.raises(ValueError, match="^SGLANG_DSPINE_SPLITKV_VERIFY: expected 0, 1, below-block or grouped"):
             _ = ENV.split_kv_verify
         return
     assert ENV.split_kv_verify == mode
     block = 16
     split = {rows: reads_context_split_kv(ENV.split_kv_verify, rows, block) for rows in (1, 4, 8, 16)}
-    expected = {None: set(), "all": {1, 4, 8, 16}, "below-block": {1, 4, 8}}[mode]
+    expected = {None: set(), "all": {1, 4, 8, 16}, "below-block": {1, 4, 8}, "grouped": {1, 4, 8, 16}}[mode]
     assert {rows for rows, on in split.items() if on} == expected
 
 

@@ -1188,20 +1188,24 @@ def _triton_backend(rows: int, pool, req_to_token, hq: int, hkv: int, d: int, de
         get_context().override("test", speculative_num_draft_tokens=saved)
 
 
-def _one_row_verify_batch(req_to_token, prefix: torch.Tensor, rows_of: torch.Tensor):
-    """A DFlash TARGET_VERIFY batch of one row a request: its slot the next in the request's request-to-token row
-    (where DFlash's step takes the verify's slots from), the committed lengths as the batch's lengths."""
+def _one_row_verify_batch(req_to_token, prefix: torch.Tensor, rows_of: torch.Tensor, rows: int = 1):
+    """A DFlash TARGET_VERIFY batch of `rows` rows a request (one by default): their slots the next in the
+    request's request-to-token row (where DFlash's step takes the verify's slots from), the committed lengths as
+    the batch's lengths."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
     bs, dev = len(prefix), prefix.device
-    loc = req_to_token.req_to_token[rows_of, prefix].to(torch.int64)
-    spec = DFlashVerifyInput(draft_token=torch.zeros(bs, dtype=torch.int64, device=dev), positions=prefix.clone(),
-                             draft_token_num=1, custom_mask=None, capture_hidden_mode=CaptureHiddenMode.FULL)
-    return ForwardBatch(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.zeros(bs,
-                        dtype=torch.int64, device=dev), req_pool_indices=rows_of, seq_lens=prefix.clone(), out_cache_loc=loc,
-                        seq_lens_sum=int(prefix.sum()), seq_lens_cpu=prefix.cpu(), positions=prefix.clone(),
-                        spec_info=spec)
+    places = prefix[:, None] + torch.arange(rows, device=dev)[None, :]
+    loc = req_to_token.req_to_token[rows_of[:, None], places].to(torch.int64).reshape(-1)
+    positions = places.reshape(-1)
+    spec = DFlashVerifyInput(draft_token=torch.zeros(bs * rows, dtype=torch.int64, device=dev),
+                             positions=positions, draft_token_num=rows, custom_mask=None,
+                             capture_hidden_mode=CaptureHiddenMode.FULL)
+    return ForwardBatch(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.zeros(
+                        bs * rows, dtype=torch.int64, device=dev), req_pool_indices=rows_of, seq_lens=prefix.clone(),
+                        out_cache_loc=loc, seq_lens_sum=int(prefix.sum()), seq_lens_cpu=prefix.cpu(),
+                        positions=positions, spec_info=spec)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -1287,3 +1291,71 @@ def test_a_one_row_verify_reads_its_context_with_the_decode_kernel_eager_and_as_
     with pytest.raises(ValueError, match="4 verify rows"):
         sglang_patches.decode_one_row_verify(wide)
     assert "not SGLang's triton backend" in sglang_patches.decode_one_row_verify(SimpleNamespace())
+
+
+# ------------------------------------------------------------------ patch 10: chains on the grouped kernel
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("rows", [4, 16])
+def test_a_chain_verify_reads_its_context_with_the_grouped_kernel(device, rows):
+    """Patch 10: a width-W verify backend (SGLang's triton backend as verify_widths.build makes it, on a real KV
+    pool) with `grouped_verify` runs DSPINE's grouped kernel through SGLang's own forward_extend dispatch (Triton's
+    interpreter on the CPU), at 1 and 3 requests (several context splits, then fewer): each row's output is plain
+    causal attention over its context and the chain up to it, as the stock backend's extend kernel gives it, and
+    the extend kernel never runs. Refused on another backend, idempotent, and a pass of another width raises."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+    hq, hkv, d, size = 8, 2, 32, 512
+    pool = MHATokenToKVPool(size=size, page_size=1, dtype=torch.float32, head_num=hkv, head_dim=d, layer_num=1,
+                            device=device, enable_memory_saver=False, enable_alt_stream=False)
+    req_to_token = ReqToTokenPool(size=4, max_context_len=160, device=device, enable_memory_saver=False)
+    tol = dict(atol=2e-5, rtol=1e-4) if device == "cpu" else dict(atol=3e-3, rtol=3e-3)  # TF32 dots on a GPU
+    g = torch.Generator().manual_seed(10)
+    for r in range(4):  # every row's slots scattered over the pool
+        req_to_token.req_to_token[r] = (torch.randperm(size - 1, generator=g)[:160] + 1).to(torch.int32)
+    k_pool, v_pool = pool.get_key_buffer(0), pool.get_value_buffer(0)
+    k_pool.copy_(torch.randn(k_pool.shape, generator=g).to(device))
+    v_pool.copy_(torch.randn(v_pool.shape, generator=g).to(device))
+    layer = RadixAttention(num_heads=hq, head_dim=d, scaling=d ** -0.5, num_kv_heads=hkv, layer_id=0)
+    stock = _triton_backend(rows, pool, req_to_token, hq, hkv, d, device)
+    patched = _triton_backend(rows, pool, req_to_token, hq, hkv, d, device)
+    sglang_patches.grouped_verify(patched, programs=16)
+    sglang_patches.grouped_verify(patched, programs=16)  # idempotent
+    ran = []
+    for name in ("extend_attention_fwd", "verify_splitkv_fwd"):
+        fwd = getattr(patched, name)
+        setattr(patched, name, lambda *a, _f=fwd, _n=name, **k: (ran.append(_n), _f(*a, **k))[1])
+
+    def step(backend, prefix, rows_of):
+        prefix, rows_of = prefix.to(device), rows_of.to(device)
+        fb = _one_row_verify_batch(req_to_token, prefix, rows_of, rows)
+        seed = int(prefix.sum())
+        q = torch.randn(len(prefix) * rows, hq * d, generator=torch.Generator().manual_seed(seed)).to(device)
+        k, v = (torch.randn(len(prefix) * rows, hkv, d, generator=torch.Generator().manual_seed(seed + i))
+                .to(device) for i in (1, 2))
+        backend.init_forward_metadata(fb)
+        out = backend.forward(q, k, v, layer, fb).view(-1, hq, d)
+        slots = req_to_token.req_to_token[rows_of, :].long()
+        indptr = torch.zeros(len(prefix) + 1, dtype=torch.int32, device=device)
+        indptr[1:] = torch.cumsum(prefix, 0)
+        indices = torch.cat([slots[i, : prefix[i]] for i in range(len(prefix))])
+        return out, _chain_attention(q.view(-1, hq, d), k, v, k_pool, v_pool, indptr, indices, rows)
+
+    for prefix, rows_of in ((torch.tensor([70]), torch.tensor([1])), (torch.tensor([5, 130, 17]),
+                                                                     torch.tensor([2, 0, 3]))):
+        out, want = step(stock, prefix, rows_of)
+        torch.testing.assert_close(out, want, **tol)
+        out, want = step(patched, prefix, rows_of)
+        torch.testing.assert_close(out, want, **tol)
+    assert set(ran) == {"verify_splitkv_fwd"}
+    # a pass of another width than the backend's is not served silently
+    fb = _one_row_verify_batch(req_to_token, torch.tensor([9]).to(device), torch.tensor([1]).to(device), rows + 1)
+    patched.init_forward_metadata(fb)
+    q = torch.zeros((rows + 1), hq * d, device=device)
+    kv = torch.zeros(rows + 1, hkv, d, device=device)
+    with pytest.raises(RuntimeError, match=f"{rows + 1} rows for 1 requests of {rows}"):
+        patched.forward(q, kv, kv, layer, fb)
+    with pytest.raises(StartupRefusal, match="needs the triton attention backend"):
+        sglang_patches.grouped_verify(SimpleNamespace())

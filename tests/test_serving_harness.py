@@ -299,7 +299,8 @@ def test_verify_attention_times_the_kernels_on_causal_attention_over_context_and
     context, on the inputs the benchmark builds: what it times is the work a verify or decode step does. The
     split-KV kernel also with the index array as the server's verify graphs hold it (`splitkv_graph`), where it
     runs SGLang's largest number of KV splits, 16, against 4 at the batch's own length, and through patch 8's
-    split count for graphs (`splitkv_graph_dspine`)."""
+    split count for graphs (`splitkv_graph_dspine`), and DSPINE's grouped kernel through patch 10's dispatch
+    (`grouped`)."""
     import torch
     from sglang.kernels.ops.attention.verify_splitkv import choose_n_splits
 
@@ -315,7 +316,7 @@ def test_verify_attention_times_the_kernels_on_causal_attention_over_context_and
             t["o"].zero_()
             va.calls(kernel, [t], bs, rows, 4, dev="cpu", graph_kv_len=graph_len)()
             got[kernel] = t["o"].clone()
-        assert set(got) >= {"extend", "splitkv", "splitkv_graph", "splitkv_graph_dspine"}
+        assert set(got) >= {"extend", "splitkv", "splitkv_graph", "splitkv_graph_dspine", "grouped"}
         group = va.HQ // va.HKV
         for kernel, out in got.items():
             for b in range(bs):

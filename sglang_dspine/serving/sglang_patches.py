@@ -117,6 +117,21 @@ triton backend (`decode_one_row_verify`):
    server's own keep theirs. Not applied (and said in the log) on another attention backend or a layout the
    decode path reads differently (sliding window, DCP, MLA, a virtual-to-physical KV pool).
 
+Patch 10 is applied by a DSPINE worker under SGLANG_DSPINE_SPLITKV_VERIFY=grouped, to the same backends as patch 8
+(`grouped_verify`):
+
+10. Chain verify passes read the committed context with DSPINE's GQA-grouped kernel (SGLang 0.5.17 and 0.5.23).
+   Patch 8's kernel, like the extend kernel, reads a KV head's context once per query head, in tiles of W rows,
+   and combines its splits in one warp per (request, head): at Qwen3-8B heads and 576-token contexts (H100,
+   33f82f8) 16 rows a request cost 1.26 ms of attention a step at 1 request and 8.6 at 48, against 0.41 and 1.8 for
+   a decode step reading the same context. `kernels/verify_attention.py` holds all W x G (row, query head) pairs
+   of a KV head in one tile, so each K/V block is read once, and splits the context only where requests x KV
+   heads leave the GPU's multiprocessors idle (a count from the batch size alone: graphs replay it). The backend's
+   `verify_splitkv_fwd` is replaced by it and `use_verify_splitkv` set, the dispatch SGLang's own forward_extend
+   already has (it runs the kernel for TARGET_VERIFY passes). A pass it cannot serve (not causal, sinks, a logit
+   cap, a sliding window, W varying by request) raises instead of silently taking the extend kernel; the start-up
+   checks refuse the servers whose passes would be such.
+
 What DSPINE relies on in SGLang's DFlash code is checked when a DSPINE server starts (`check_dflash_hooks`, from
 the algorithm's server-argument handling in the launcher, and again when the worker is created): the DFlash
 worker methods `worker.DSpineWorker` overrides (its draft decoding: DFlash's argmax sampler builder and eager
@@ -277,6 +292,69 @@ def split_kv_verify(backend) -> None:
     zero_split_kv_scratch()
     backend.verify_splitkv_fwd = with_graph_split_count(backend.verify_splitkv_fwd, int(backend.max_context_len))
     backend.use_verify_splitkv = True
+
+
+def grouped_verify(backend, programs: int | None = None) -> None:
+    """Patch 10 (see the module docstring): `backend` (SGLang's triton attention backend of a chain verify of
+    `backend.num_draft_tokens` rows) verifies with kernels/verify_attention.py's grouped kernel. `programs`: the
+    most programs a split pass launches (two per multiprocessor of the backend's GPU unless given). Refused where
+    the backend is another or reads the context differently; idempotent."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    if not isinstance(backend, TritonAttnBackend):
+        raise StartupRefusal(f"{ALGORITHM}: SGLANG_DSPINE_SPLITKV_VERIFY=grouped needs the triton attention backend "
+                             f"for the target's verify (found {type(backend).__name__}): pass --attention-backend "
+                             "triton or unset it")
+    if getattr(backend, "_dspine_grouped", False):
+        return
+    if "use_verify_splitkv" not in _names_used(TritonAttnBackend.forward_extend.__code__) or \
+            not hasattr(backend, "verify_splitkv_fwd"):
+        raise _not_found("TritonAttnBackend's split-KV verify dispatch (use_verify_splitkv)")
+    if backend.sliding_window_size or backend.dcp_size > 1 or backend.use_mla:
+        raise StartupRefusal(f"{ALGORITHM}: SGLANG_DSPINE_SPLITKV_VERIFY=grouped reads a full-attention context of "
+                             "one rank: this model has a sliding window, MLA or decode context parallelism; unset it")
+    backend.verify_splitkv_fwd = grouped_verify_dispatch(int(backend.num_draft_tokens), int(backend.num_head),
+                                                         int(backend.num_kv_head), int(backend.v_head_dim),
+                                                         backend.device, programs)
+    backend.use_verify_splitkv = True
+    backend._dspine_grouped = True
+
+
+def grouped_verify_dispatch(rows: int, h_q: int, h_kv: int, v_head_dim: int, device, programs: int | None = None):
+    """Patch 10's kernel with the signature of SGLang's `verify_splitkv_fwd` (what the triton backend's dispatch
+    calls), for verify passes of `rows` rows a request; its split scratch allocated here, once. `programs`: the
+    most programs a split pass launches (two per multiprocessor of a CUDA `device` unless given)."""
+    import torch
+
+    from ..kernels import verify_attention
+
+    device = torch.device(device)
+    if programs is None:
+        programs = 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" \
+            else 64
+    scratch = verify_attention.SplitScratch(programs, verify_attention.tile_rows(rows, h_q // h_kv), v_head_dim,
+                                            device)
+
+    def grouped_verify_fwd(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
+                           is_causal, mask_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None,
+                           logit_cap=0.0, sliding_window_size=-1, sinks=None, xai_temperature_len=-1, **_):
+        requests = qo_indptr.shape[0] - 1
+        unserved = [why for why, bad in (
+            ("not causal", not is_causal), ("attention sinks", sinks is not None),
+            ("a logit cap", (logit_cap or 0) > 0), ("a sliding window", (sliding_window_size or -1) > 0),
+            ("xai temperature", (xai_temperature_len or -1) > 0),
+            (f"{q.shape[0]} rows for {requests} requests of {rows}", q.shape[0] != requests * rows)) if bad]
+        if unserved:
+            raise RuntimeError(f"DSPINE grouped verify attention (SGLANG_DSPINE_SPLITKV_VERIFY=grouped) cannot "
+                               f"serve this pass: {', '.join(unserved)}")
+        splits = verify_attention.split_count(requests, k_buffer.shape[1], scratch.programs)
+        verify_attention.grouped_verify_attention(
+            q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, rows,
+            q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale), o, scratch, splits,
+            k_scale=float(k_scale), v_scale=float(v_scale))
+        return True
+
+    return grouped_verify_fwd
 
 
 def zero_split_kv_scratch() -> None:

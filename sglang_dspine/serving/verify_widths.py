@@ -28,10 +28,11 @@ def building_chain_graphs() -> bool:
 
 def reads_context_split_kv(mode: str | None, rows: int, block: int) -> bool:
     """Whether a chain verify pass of `rows` rows a request runs SGLang's split-KV kernel (patch 8) under
-    SGLANG_DSPINE_SPLITKV_VERIFY's `mode` (env.ENV.split_kv_verify): every chain ("all"), or the shapes narrower
-    than the `block` ("below-block": at Qwen3-8B geometry on an H100 the kernel made `none` 0.83x / 0.48x the
-    extend kernel's step at 1 / 48 requests and the block 1.29x / 1.11x, docs/results.md)."""
-    return mode == "all" or (mode == "below-block" and rows < block)
+    SGLANG_DSPINE_SPLITKV_VERIFY's `mode` (env.ENV.split_kv_verify): every chain ("all", or "grouped" on DSPINE's
+    kernel, patch 10), or the shapes narrower than the `block` ("below-block": at Qwen3-8B geometry on an H100
+    SGLang's kernel made `none` 0.83x / 0.48x the extend kernel's step at 1 / 48 requests and the block 1.29x /
+    1.11x, docs/results.md)."""
+    return mode in ("all", "grouped") or (mode == "below-block" and rows < block)
 
 
 @dataclass

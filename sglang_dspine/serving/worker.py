@@ -183,10 +183,18 @@ class DSpineWorker(DFlashWorkerV2):
         self._split_kv = ENV.split_kv_verify  # None, "all" or "below-block"
         block = int(self.block_size)  # the server's own width (a chain server's)
         if self.tree_rows is None and verify_widths.reads_context_split_kv(self._split_kv, block, block):
-            sglang_patches.split_kv_verify(self.model_runner.attn_backend)
+            self._split_kv_kernel(self.model_runner.attn_backend)
         if self._split_kv:
-            logger.info("DSPINE: the target's chain verify passes (%s) read the context with SGLang's split-KV "
-                        "kernel", "every width" if self._split_kv == "all" else "those narrower than the block")
+            logger.info("DSPINE: the target's chain verify passes (%s) read the context with %s",
+                        "those narrower than the block" if self._split_kv == "below-block" else "every width",
+                        "DSPINE's grouped kernel" if self._split_kv == "grouped" else "SGLang's split-KV kernel")
+
+    def _split_kv_kernel(self, backend):
+        """Patch 10 (DSPINE's grouped kernel) under SGLANG_DSPINE_SPLITKV_VERIFY=grouped, else patch 8."""
+        if self._split_kv == "grouped":
+            sglang_patches.grouped_verify(backend)
+        else:
+            sglang_patches.split_kv_verify(backend)
 
     def init_cuda_graphs(self):
         from . import verify_widths
@@ -220,8 +228,8 @@ class DSpineWorker(DFlashWorkerV2):
 
     def _width_kernels(self, rows: int):
         """What a chain width's attention backend gets before its graphs are captured: one row a request (`none`)
-        reads its context with SGLang's decode kernel (patch 9) where the backend allows it; otherwise patch 8
-        where SGLANG_DSPINE_SPLITKV_VERIFY asks for it at this width."""
+        reads its context with SGLang's decode kernel (patch 9) where the backend allows it; otherwise patch 8 or
+        10 where SGLANG_DSPINE_SPLITKV_VERIFY asks for it at this width."""
         from . import verify_widths
 
         split_kv = verify_widths.reads_context_split_kv(self._split_kv, rows, int(self.block_size))
@@ -234,7 +242,7 @@ class DSpineWorker(DFlashWorkerV2):
                     return
                 logger.info("DSPINE: the none shape's verify pass keeps its backend's verify kernel: %s", why_not)
             if split_kv:
-                sglang_patches.split_kv_verify(backend)
+                self._split_kv_kernel(backend)
 
         return prepare
 
