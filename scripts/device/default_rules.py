@@ -22,6 +22,11 @@ Rules (each ratio is of median tokens/s, each server alone on the GPU, T=0):
                  bucket only where it could win there) stay if, at the geometry (τ = 1), adaptive below-block runs
                  shapes other than `none` on <= 2% of its steps at 48 and 64 clients and serves >= 0.95x plain
                  decoding at every client count;
+  grouped        (written 2026-12-06, before patch 10 ran on a GPU) SGLANG_DSPINE_SPLITKV_VERIFY=grouped becomes every
+                 chain server's default on triton if the GPU tests pass (the grouped kernel's among them), at the
+                 geometry fixed DSPINE with it serves >= 1.05x fixed DSPINE without it at 16, 48 and 64 clients and
+                 >= 0.98x at 1 and 4, and on the pair its greedy outputs equal plain's on at least as many prompts as
+                 fixed DSPINE's do, less one;
   adaptive       adaptive becomes the server default if on the pair it serves >= 0.97x fixed DSPINE at 1, 16 and 48
                  clients in both passes, and at the geometry >= fixed DSPINE at every client count (the adaptive
                  server the below_block rule makes the default).
@@ -130,6 +135,26 @@ def split_kv(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]:
     return speed and tests, f"÷ fixed {fmt(r)} (>= 0.97 at 1, >= 1.03 from 4); {why}"
 
 
+def greedy_equal(run: dict, server: str) -> tuple[int, int]:
+    """(prompts whose greedy output equals plain's, prompts) on the pair."""
+    pair = run.get("pair", {})
+    mine, plain = (pair.get(n, {}).get("greedy_ids") for n in (server, "plain"))
+    if not mine or not plain:
+        raise Undecided(f"no pair greedy outputs for {server} and plain")
+    return sum(a == b for a, b in zip(mine, plain)), len(plain)
+
+
+def grouped(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]:
+    r = ratios(run, "geometry", "dspine_grouped", "dspine")
+    if set(r) != {1, 4, 16, 48, 64}:
+        raise Undecided(f"the geometry ran at {sorted(r)} clients, not 1, 4, 16, 48 and 64")
+    speed = all(v >= (0.98 if c <= 4 else 1.05) for c, v in r.items())
+    (same, n), (base, _) = greedy_equal(run, "dspine_grouped"), greedy_equal(run, "dspine")
+    tests, why = gpu_tests_passed(gpu_log)
+    return speed and same >= base - 1 and tests, (f"÷ fixed {fmt(r)} (>= 0.98 at 1/4, >= 1.05 from 16); greedy = "
+                                                  f"plain {same}/{n} (fixed {base}/{n}, >= {base - 1}); {why}")
+
+
 def adaptive(run: dict, rep2: dict | None = None, summary: dict | None = None, gpu_log: str | None = None,
              **_) -> tuple[bool, str]:
     if rep2 is None:
@@ -147,7 +172,7 @@ def adaptive(run: dict, rep2: dict | None = None, summary: dict | None = None, g
 
 
 RULES = {"new_cost": new_cost, "below_block": below_block, "split_kv": split_kv, "floors": floors,
-         "adaptive": adaptive}
+         "grouped": grouped, "adaptive": adaptive}
 
 
 def decide(run: dict, rep2: dict | None = None, summary: dict | None = None, gpu_log: str | None = None) -> dict:

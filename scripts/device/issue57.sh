@@ -34,6 +34,11 @@
 # Then: python3 scripts/device/default_rules.py <adaptive.json> --rep2 <rep2/adaptive.json> --gpu-tests-log
 #   <gpu_tests.log> --summary benchmarks/results/adaptive_summary.json judges the rules below, as written there.
 # Decision rules, fixed before the run (2026-12-06, after c615dca):
+#   - (2026-12-06, before patch 10 ran on a GPU) SGLANG_DSPINE_SPLITKV_VERIFY=grouped (DSPINE's grouped verify
+#     attention, 643b9ca) becomes every chain server's default on triton if the GPU tests pass (the grouped
+#     kernel's among them), at Qwen3-8B geometry fixed DSPINE with it serves >= 1.05x fixed DSPINE without it at
+#     16, 48 and 64 clients and >= 0.98x at 1 and 4, and on the pair its greedy outputs equal plain's on at least
+#     as many prompts as fixed DSPINE's, less one (default_rules.py `grouped`);
 #   - (2026-12-06, after 33f82f8) the cost floors (0d6c622) stay if, at Qwen3-8B geometry (τ = 1), the adaptive
 #     below-block server runs shapes other than `none` on <= 2% of its steps at 48 and 64 clients (33f82f8, before
 #     them: 3.5%) and serves >= 0.95x plain decoding at every client count (33f82f8: 0.924-0.965x); otherwise they
@@ -64,12 +69,21 @@ yield_gpu() {
   fi
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
-# the cost floors (0d6c622) at the geometry, beside plain
-$A --phases geometry --geometry-servers dspine_adaptive_below_block,plain --clients 1,4,16,48,64
-yield_gpu
+# patch 10 (643b9ca, never on a GPU) first: its kernel beside SGLang's (~1 min), then the GPU tests (its cuda
+# tests among them)
+python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,16,48 --rows 1,4,16
 bash scripts/device/gpu_tests.sh
 yield_gpu
-# fixed DSPINE with and without split-KV ran at 33f82f8 (their code unchanged since): not again
+# the geometry: plain, fixed DSPINE on the extend kernel and on the grouped kernel (the grouped rule), then the
+# adaptive server on the grouped kernel and the cost floors (below-block)
+$A --phases geometry --geometry-servers plain,dspine,dspine_grouped --clients 1,4,16,48,64
+yield_gpu
+$A --phases geometry --geometry-servers dspine_adaptive_grouped,dspine_adaptive_below_block --clients 1,4,16,48,64
+yield_gpu
+# the pair: greedy agreement and acceptance of the grouped kernel beside plain and fixed DSPINE, adaptive on it
+$A --phases pair --pair-servers plain,dspine,dspine_grouped,dspine_adaptive_grouped,dspine_adaptive \
+  --clients 1,16,48 --t1-clients 48
+yield_gpu
 $A --phases geometry --geometry-servers dspine_adaptive --clients 1,4,16,48,64
 yield_gpu
 $A --phases switching --switching-server dspine_adaptive_below_block
@@ -81,10 +95,8 @@ OUT="$OUT/pressure_adaptive" bash scripts/device/run.sh pressure --servers dspin
   --server-env SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS=20 --tag adaptive > /dev/null 2>&1
 echo "issue57: pressure (adaptive) rc $?"
 yield_gpu
-$A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
 mkdir -p "$OUT/rep2"
 python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \
    --clients 1,16,48 --t1-clients 48
-python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,48 --rows 1,16
 $A --phases geometry --geometry-servers plain_fa3,dspine_adaptive_fa3,dspine_fa3,plain_flashinfer,\
 dspine_adaptive_flashinfer,dspine_flashinfer --clients 1,4,16,48,64
