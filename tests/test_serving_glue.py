@@ -71,7 +71,7 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
     own = {DSpineWorker: {"_vocab_shard", "_attached_step", "_new_draft_sampler", "_tree_server_args", "_step",
                           "_verify_shape", "_read_finished_steps", "_count", "_logprobs_asked", "_prefix_step",
                           "_commit_prefix", "_tree_step", "_commit_tree_path", "_log_every", "_logprob_batch",
-                          "tree_rows", "policy", "_width_kernels"},
+                          "tree_rows", "policy", "_width_kernels", "_split_kv_kernel"},
            DSpineDraftModel: {"_check_names", "_set_up_draft_step", "post_load_weights"}}
     parent = {DSpineWorker: DFlashWorkerV2, DSpineDraftModel: DFlashDraftModel}
     def members(cls):  # what the class body defines (not Python's own entries: dunders, the ABC cache)
@@ -1169,23 +1169,41 @@ def _triton_backend(rows: int, pool, req_to_token, hq: int, hkv: int, d: int, de
     from sglang.srt.configs.model_config import AttentionArch
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.runtime_context import get_context, get_spec
+    from transformers import Qwen3Config
 
     saved = get_spec().speculative_num_draft_tokens
     get_context().override("test", speculative_num_draft_tokens=rows)
     try:
         config = SimpleNamespace(attention_arch=AttentionArch.MHA, get_max_num_attention_heads=lambda: hq,
-                                 get_num_kv_heads=lambda tp: hkv, v_head_dim=d, swa_v_head_dim=None,
+                                 get_num_kv_heads=lambda *tp: hkv, v_head_dim=d, head_dim=d, swa_v_head_dim=None,
                                  context_len=req_to_token.req_to_token.shape[1], is_encoder_decoder=False,
-                                 hf_config=SimpleNamespace(get_text_config=lambda: None),
+                                 hf_config=Qwen3Config(num_attention_heads=hq, num_key_value_heads=hkv, head_dim=d),
                                  linear_attn_registry_result=None)
         runner = SimpleNamespace(req_to_token_pool=req_to_token, token_to_kv_pool=pool, sliding_window_size=None,
                                  token_to_kv_pool_allocator=SimpleNamespace(), page_size=1, model_config=config, is_draft_worker=False,
+                                 # what 0.5.23's constructor reads besides
+                                 kv_index_translator=_kv_index_translator(req_to_token, pool, device),
+                                 kv_cache_dtype=pool.dtype,
+                                 decode_num_tokens_per_req=lambda: rows,
+                                 spec_algorithm=SimpleNamespace(is_dspark=lambda: False),
                                  device=device, gpu_id=0, server_args=SimpleNamespace(
                                      triton_attention_num_kv_splits=8, enable_deterministic_inference=False,
                                      triton_attention_split_tile_size=None, chunked_prefill_size=64))
         return TritonAttnBackend(runner)
     finally:
         get_context().override("test", speculative_num_draft_tokens=saved)
+
+
+def _kv_index_translator(req_to_token, pool, device: str):
+    """0.5.23's one converter of KV ids for a model runner (None before 0.5.23, which has none)."""
+    try:
+        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+    except ImportError:
+        return None
+    from types import SimpleNamespace
+
+    return KVIndexTranslator(req_to_token=req_to_token.req_to_token, token_to_kv_pool_allocator=SimpleNamespace(),
+                             token_to_kv_pool=pool, page_size=1, device=device)
 
 
 def _one_row_verify_batch(req_to_token, prefix: torch.Tensor, rows_of: torch.Tensor, rows: int = 1):
@@ -1296,12 +1314,13 @@ def test_a_one_row_verify_reads_its_context_with_the_decode_kernel_eager_and_as_
 # ------------------------------------------------------------------ patch 10: chains on the grouped kernel
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("rows", [4, 16])
-def test_a_chain_verify_reads_its_context_with_the_grouped_kernel(device, rows):
+def test_a_chain_verify_reads_its_context_with_the_grouped_kernel(served, device, rows):
     """Patch 10: a width-W verify backend (SGLang's triton backend as verify_widths.build makes it, on a real KV
     pool) with `grouped_verify` runs DSPINE's grouped kernel through SGLang's own forward_extend dispatch (Triton's
     interpreter on the CPU), at 1 and 3 requests (several context splits, then fewer): each row's output is plain
     causal attention over its context and the chain up to it, as the stock backend's extend kernel gives it, and
-    the extend kernel never runs. Refused on another backend, idempotent, and a pass of another width raises."""
+    the extend kernel never runs. Refused on another backend, idempotent, and a pass of another width raises.
+    SGLang 0.5.17 and 0.5.23 (`served`: the launch's configuration published, as in a scheduler process)."""
     from types import SimpleNamespace
 
     from sglang.srt.layers.radix_attention import RadixAttention
