@@ -1194,6 +1194,25 @@ def _triton_backend(rows: int, pool, req_to_token, hq: int, hkv: int, d: int, de
         get_context().override("test", speculative_num_draft_tokens=saved)
 
 
+def _scattered_kv(hq: int, hkv: int, d: int, size: int, context: int, device: str, seed: int):
+    """One layer's real KV pool (random K/V, float32) and a request-to-token table of 4 rows of `context` slots
+    each, scattered over the pool; the layer's RadixAttention. (pool, req_to_token, k_pool, v_pool, layer)"""
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+    pool = MHATokenToKVPool(size=size, page_size=1, dtype=torch.float32, head_num=hkv, head_dim=d, layer_num=1,
+                            device=device, enable_memory_saver=False, enable_alt_stream=False)
+    req_to_token = ReqToTokenPool(size=4, max_context_len=context, device=device, enable_memory_saver=False)
+    g = torch.Generator().manual_seed(seed)
+    for r in range(4):
+        req_to_token.req_to_token[r] = (torch.randperm(size - 1, generator=g)[:context] + 1).to(torch.int32)
+    k_pool, v_pool = pool.get_key_buffer(0), pool.get_value_buffer(0)
+    k_pool.copy_(torch.randn(k_pool.shape, generator=g).to(device))
+    v_pool.copy_(torch.randn(v_pool.shape, generator=g).to(device))
+    layer = RadixAttention(num_heads=hq, head_dim=d, scaling=d ** -0.5, num_kv_heads=hkv, layer_id=0)
+    return pool, req_to_token, k_pool, v_pool, layer
+
+
 def _kv_index_translator(req_to_token, pool, device: str):
     """0.5.23's one converter of KV ids for a model runner (None before 0.5.23, which has none)."""
     try:
@@ -1244,21 +1263,9 @@ def test_a_one_row_verify_reads_its_context_with_the_decode_kernel_eager_and_as_
             startup_checks.check_adaptive(served.args)
         return
 
-    from sglang.srt.layers.radix_attention import RadixAttention
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-
-    hq, hkv, d, size = 4, 2, 64, 256
-    pool = MHATokenToKVPool(size=size, page_size=1, dtype=torch.float32, head_num=hkv, head_dim=d, layer_num=1,
-                            device=device, enable_memory_saver=False, enable_alt_stream=False)
-    req_to_token = ReqToTokenPool(size=4, max_context_len=96, device=device, enable_memory_saver=False)
+    hq, hkv, d = 4, 2, 64
+    pool, req_to_token, k_pool, v_pool, layer = _scattered_kv(hq, hkv, d, 256, 96, device, seed=9)
     tol = dict(atol=1e-5, rtol=1e-5) if device == "cpu" else dict(atol=3e-3, rtol=3e-3)  # TF32 dots on a GPU
-    g = torch.Generator().manual_seed(9)
-    for r in range(4):  # every row's slots scattered over the pool
-        req_to_token.req_to_token[r] = (torch.randperm(size - 1, generator=g)[:96] + 1).to(torch.int32)
-    k_pool, v_pool = pool.get_key_buffer(0), pool.get_value_buffer(0)
-    k_pool.copy_(torch.randn(k_pool.shape, generator=g).to(device))
-    v_pool.copy_(torch.randn(v_pool.shape, generator=g).to(device))
-    layer = RadixAttention(num_heads=hq, head_dim=d, scaling=d ** -0.5, num_kv_heads=hkv, layer_id=0)
     stock = _triton_backend(1, pool, req_to_token, hq, hkv, d, device)
     patched = _triton_backend(1, pool, req_to_token, hq, hkv, d, device)
     assert sglang_patches.decode_one_row_verify(patched) is None
@@ -1323,21 +1330,9 @@ def test_a_chain_verify_reads_its_context_with_the_grouped_kernel(served, device
     SGLang 0.5.17 and 0.5.23 (`served`: the launch's configuration published, as in a scheduler process)."""
     from types import SimpleNamespace
 
-    from sglang.srt.layers.radix_attention import RadixAttention
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-
-    hq, hkv, d, size = 8, 2, 32, 512
-    pool = MHATokenToKVPool(size=size, page_size=1, dtype=torch.float32, head_num=hkv, head_dim=d, layer_num=1,
-                            device=device, enable_memory_saver=False, enable_alt_stream=False)
-    req_to_token = ReqToTokenPool(size=4, max_context_len=160, device=device, enable_memory_saver=False)
+    hq, hkv, d = 8, 2, 32
+    pool, req_to_token, k_pool, v_pool, layer = _scattered_kv(hq, hkv, d, 512, 160, device, seed=10)
     tol = dict(atol=2e-5, rtol=1e-4) if device == "cpu" else dict(atol=3e-3, rtol=3e-3)  # TF32 dots on a GPU
-    g = torch.Generator().manual_seed(10)
-    for r in range(4):  # every row's slots scattered over the pool
-        req_to_token.req_to_token[r] = (torch.randperm(size - 1, generator=g)[:160] + 1).to(torch.int32)
-    k_pool, v_pool = pool.get_key_buffer(0), pool.get_value_buffer(0)
-    k_pool.copy_(torch.randn(k_pool.shape, generator=g).to(device))
-    v_pool.copy_(torch.randn(v_pool.shape, generator=g).to(device))
-    layer = RadixAttention(num_heads=hq, head_dim=d, scaling=d ** -0.5, num_kv_heads=hkv, layer_id=0)
     stock = _triton_backend(rows, pool, req_to_token, hq, hkv, d, device)
     patched = _triton_backend(rows, pool, req_to_token, hq, hkv, d, device)
     sglang_patches.grouped_verify(patched, programs=16)
