@@ -130,7 +130,7 @@ def test_an_unseen_bucket_is_explored_shape_by_shape_then_decided():
     for _ in range(12):
         shape = policy.choose(5)
         seen.append(shape.name)
-        policy.observe(5, shape, {1: 5.0, 8: 6.0, 16: 8.0}[shape.rows], [shape.rows - 1] * 5)  # all accepted
+        policy.observe(5, shape, {1: 5.0, 8: 6.0, 16: 8.0}[shape.rows], [0] * 5)
     assert seen[:3] == ["none"] * 3 and seen[3:6] == ["chain8"] * 3 and seen[6:9] == ["chain16"] * 3
     assert policy.summary()["step_ms"][8] == {"none": 5.0, "chain8": 6.0, "chain16": 8.0}
 
@@ -305,15 +305,14 @@ def test_where_the_gpu_bounds_the_step_a_short_runs_wall_time_does_not_hide_it()
 
 def test_a_cost_measured_too_high_is_measured_again_and_the_choice_recovers():
     """c615dca: at one request, `none`'s first intervals were slow (30.9 then 19.5 ms, its GPU time 7.5), the
-    policy chose chain4 (8.7 ms there; 8.3 here) for the whole run and never timed `none` again. With `refresh`, every that many
+    policy chose chain4 (8.7 ms there; 8.0 here, beyond the margin from the block) for the whole run and never timed `none` again. With `refresh`, every that many
     decisions at a bucket the stalest other shape is forgotten and explored again; the policy then returns to
     the cheaper shape, and the probes' share of the steps is small."""
     none, c4, block = Shape(1), Shape(4), Shape(16)
     # recheck off: the shape left here is the block, whose re-measurement is the next test's
     policy = ShapePolicy((none, c4, block), [1], 16, margin=0.05, patience=3, refresh=100, recheck=0)
-    # tau ~ 1 (E(chain4) 1.02, as at 39171fe: a wider shape that accepts nothing more is never worth measuring)
-    policy.acceptance = AcceptanceCounts(15, prior=0.02, prior_weight=1e9)
-    true = {none: 7.5, c4: 8.3, block: 9.1}
+    policy.acceptance = AcceptanceCounts(15, prior=0.0, prior_weight=1e9)  # tau = 1: every shape 1 token
+    true = {none: 7.5, c4: 8.0, block: 9.1}
     slow_first = [30.9, 19.5, 19.5]  # none's first settled intervals
     chosen = []
     for _ in range(1000):
@@ -337,7 +336,7 @@ def test_a_shape_left_after_a_burst_of_slow_steps_is_measured_again_soon():
 
     def run(recheck: int, burst_at: int = 200, steps: int = 400) -> list[Shape]:
         policy = ShapePolicy((none, c4, block), [1], 16, margin=0.05, patience=3, refresh=1000, recheck=recheck)
-        policy.acceptance = AcceptanceCounts(15, prior=0.02, prior_weight=1e9)  # tau ~ 1: E(chain4) 1.02
+        policy.acceptance = AcceptanceCounts(15, prior=0.0, prior_weight=1e9)  # tau = 1: every shape 1 token
         chosen = []
         for i in range(steps):
             shape = policy.choose(1)
@@ -354,41 +353,3 @@ def test_a_shape_left_after_a_burst_of_slow_steps_is_measured_again_soon():
     # a shape really slower: left once, checked once, not run again
     slower = run(recheck=50, burst_at=10**9)
     assert slower[100:].count(block) <= 5 and slower[-200:].count(none) == 200
-
-
-def test_a_shape_that_cannot_win_at_a_bucket_is_not_measured_there_until_its_acceptance_rises():
-    """33f82f8, Qwen3-8B geometry (τ ~ 1), 48 requests: exploring every shape at every bucket ran chain16 (39 ms)
-    beside `none` (8.4) for ~6% of the run. A step of more requests, or of more rows a request, does no less work:
-    a shape's cost at the nearest smaller bucket (less the slack) and the cost of a narrower shape at this bucket
-    floor its cost here, and a shape whose expected tokens at that floor do not beat the best rate known here is
-    neither explored nor refreshed there. Once the drafter accepts, the shape is explored after all."""
-    none, c4, block = Shape(1), Shape(4), Shape(16)
-    policy = ShapePolicy((none, c4, block), [1, 16, 48], 16, refresh=50, recheck=0)
-    policy.acceptance = AcceptanceCounts(15, prior=0.02, prior_weight=1e9)  # E(chain4) = E(block) = 1.02
-
-    def cost(bucket, shape):  # grows with the batch and the rows
-        return {1: {none: 7.0, c4: 8.7, block: 9.7}, 16: {none: 7.4, c4: 10.9, block: 16.0},
-                48: {none: 8.4, c4: 17.5, block: 39.0}}[bucket][shape]
-
-    def run(bs, steps):
-        chosen = []
-        for _ in range(steps):
-            shape = policy.choose(bs)
-            chosen.append(shape)
-            ms = cost(policy.bucket(bs), shape)
-            policy.observe(bs, shape, ms, [0] * bs, gpu_ms=ms)
-        return chosen
-
-    first = run(1, 200)
-    # chain4 accepts a little more than none and nothing floors it here; the block accepts no more than chain4
-    assert first[:6] == [none] * 3 + [c4] * 3 and block not in first
-    assert policy.cost_floor(16, c4) == pytest.approx(8.7 * 0.9)  # chain4 at one request, less the slack
-    assert policy.cost_floor(1, block) == 8.7  # chain4 here
-    assert set(run(16, 200)) == {none}  # chain4 at >= 7.83 ms cannot beat none's 1 token at 7.4
-    at48 = run(48, 300)  # chain4's floor here is none's 8.4, too low to rule it out: measured (and refreshed every
-    assert 3 <= at48.count(c4) <= 3 * (1 + 300 // 50) and block not in at48  # 50 decisions); the block never
-    assert policy.summary()["step_ms"][48] == {"none": 8.4, "chain4": 17.5}
-    # the drafter starts accepting: the block's 16 tokens at its floor (chain4's 17.5) beat every shape here
-    policy.acceptance = AcceptanceCounts(15, prior=1.0, prior_weight=1e9)
-    later = run(48, 20)
-    assert later[:3] == [block] * 3 and policy.current == block

@@ -36,8 +36,7 @@ The policy maximises expected tokens per second: E(shape) / t(batch, shape), wit
     (its GPU time 7.5) and the policy ran chain4 instead, at 0.76x plain decoding, for the whole run. Online,
     not a start-up table, because it times what the server really runs (draft, verify, acceptance, context
     upkeep, at the requests' real context lengths) on this GPU and backend; the price is a few exploration
-    steps per (bucket, shape) the first time a bucket is seen (only for shapes that could win there: a cost floor
-    from smaller buckets rules out the others, `ShapePolicy`), and the same again for one other shape every
+    steps per (bucket, shape) the first time a bucket is seen, and the same again for one other shape every
     `refresh` decisions at a bucket. Only the shape being run gets samples, so a burst of slow steps raises the
     current shape's estimate alone and can switch the policy away from it: the shape it leaves is measured
     again `recheck` decisions later, once (39171fe: one request, three slow `none` steps of 9.6 ms against its
@@ -164,11 +163,6 @@ class TreeAcceptance:
     def expected_tokens(self, prior: float) -> float:
         return self._sum / self._weight if self._weight else prior
 
-    @property
-    def seen(self) -> bool:
-        """Whether any tree step has been observed (else E is the prior)."""
-        return self._weight > 0
-
 
 @dataclass
 class StepCosts:
@@ -261,16 +255,10 @@ class ShapePolicy:
     `recheck`: that many decisions after the policy switches away from a shape at a bucket, that shape is
     measured again, once. Only the shape being run gets samples, so a short burst of slow steps (39171fe: three
     of `none`'s last five at one request, 9.6 ms against its usual 6.9) raises the current shape's estimate
-    alone and can switch the policy away; the estimate of the shape it left would then stand until `refresh`.
-    A shape is explored (or refreshed) at a bucket only where it could win there: its cost at the nearest smaller
-    bucket where it is known, less `floor_slack`, and the cost here of a narrower shape are floors of its cost
-    here (a step of more requests, or of more rows a request, does no less work), and a shape whose expected
-    tokens at its floor do not beat the best rate known here is left unmeasured until its acceptance rises.
-    Exploring every shape at every bucket cost the Qwen3-8B geometry (τ = 1, 33f82f8) 21 of ~600 steps at 48
-    requests, chain16's at 39 ms beside `none`'s 8.4: ~6% of the run."""
+    alone and can switch the policy away; the estimate of the shape it left would then stand until `refresh`."""
 
     def __init__(self, menu: tuple[Shape, ...], buckets: list[int], block: int, margin: float = 0.05,
-                 patience: int = 3, refresh: int = 500, recheck: int = 50, floor_slack: float = 0.1):
+                 patience: int = 3, refresh: int = 500, recheck: int = 50):
         if not menu:
             raise ValueError("ShapePolicy: an empty menu")
         self.menu, self.buckets = tuple(sorted(menu)), sorted(set(buckets))
@@ -279,7 +267,7 @@ class ShapePolicy:
         self.trees = {s: TreeAcceptance() for s in self.menu if s.tree}
         self.costs = StepCosts()  # wall and GPU time: what the choice uses
         self.margin, self.patience = margin, patience
-        self.refresh, self.recheck, self.floor_slack = refresh, recheck, floor_slack
+        self.refresh, self.recheck = refresh, recheck
         self._rechecks: dict[int, tuple[Shape, int]] = {}  # bucket -> (the shape left there, when to measure it)
         self.current = self.menu[-1]  # the widest: what the fixed server runs
         self._challenger, self._wins = None, 0
@@ -302,37 +290,10 @@ class ShapePolicy:
             return self.trees[shape].expected_tokens(self.acceptance.expected_tokens(Shape(self.block)))
         return self.acceptance.expected_tokens(shape)
 
-    def _floor_from_below(self, bucket: int, shape: Shape) -> float | None:
-        """`shape`'s cost at the nearest smaller bucket where it is known, less `floor_slack`, or None."""
-        below = [b for b in self.buckets if b < bucket and self.costs.known(b, shape)]
-        return self.costs.ms(below[-1], shape) * (1 - self.floor_slack) if below else None
-
-    def cost_floor(self, bucket: int, shape: Shape) -> float | None:
-        """A lower bound of `shape`'s cost at `bucket` before it is measured there, or None: the largest of its
-        floor from smaller buckets (a step of more requests does no less work) and, for each narrower shape, its
-        cost at `bucket` where known there, else its own floor from smaller buckets (a step verifying more rows a
-        request, after a draft forward, does no less work than one verifying fewer). One pass over the menu: the
-        decisions call it every step while a shape stays unmeasured."""
-        floors = [self._floor_from_below(bucket, shape)]
-        for narrower in (s for s in self.menu if s.rows < shape.rows):
-            floors.append(self.costs.ms(bucket, narrower) if self.costs.known(bucket, narrower)
-                          else self._floor_from_below(bucket, narrower))
-        return max((f for f in floors if f is not None), default=None)
-
-    def _worth_exploring(self, bucket: int, shape: Shape) -> bool:
-        """Whether measuring `shape` at `bucket` could show it beating the best other shape known there: at its
-        cost floor it would (or it has no floor yet, or no other shape is known there, or it is a tree never run:
-        its prior, the chain's E, understates a tree)."""
-        if shape.tree and not self.trees[shape].seen:
-            return True
-        known = [r for r in (self.rate(bucket, s) for s in self.menu if s != shape) if r is not None]
-        floor = self.cost_floor(bucket, shape)
-        return not known or floor is None or self.expected_tokens(shape) / floor > max(known)
-
     def choose(self, bs: int) -> Shape:
         bucket = self.bucket(bs)
-        for shape in self.menu:  # learn the cost at this bucket of every shape that could win there (a few steps)
-            if not self.costs.known(bucket, shape) and self._worth_exploring(bucket, shape):
+        for shape in self.menu:  # learn every shape's cost at this bucket first (a few steps each)
+            if not self.costs.known(bucket, shape):
                 return shape
         n = self._decisions[bucket] = self._decisions.get(bucket, 0) + 1
         left, due = self._rechecks.get(bucket, (None, 0))
@@ -342,16 +303,11 @@ class ShapePolicy:
                 self.costs.forget(bucket, left)
                 return left  # explored again from this step on
         if self.refresh and n % self.refresh == 0 and len(self.menu) > 1:
-            others = [s for s in self.menu if s != self.current and self._worth_exploring(bucket, s)]
-            if others:
-                stale = min(others, key=lambda s: self.costs.updated(bucket, s))
-                self.costs.forget(bucket, stale)
-                return stale  # explored again from this step on
-        rates = {s: r for s in self.menu if (r := self.rate(bucket, s)) is not None}
-        best = max(rates, key=rates.get)
-        if self.current not in rates:  # the current shape could not win here (never explored at this bucket)
-            self.current, self._challenger, self._wins = best, None, 0
-            return best
+            stale = min((s for s in self.menu if s != self.current), key=lambda s: self.costs.updated(bucket, s))
+            self.costs.forget(bucket, stale)
+            return stale  # explored again from this step on
+        rates = {s: self.rate(bucket, s) for s in self.menu}
+        best = max(self.menu, key=lambda s: rates[s])
         if best == self.current or rates[best] <= rates[self.current] * (1 + self.margin):
             self._challenger, self._wins = None, 0
             return self.current
