@@ -44,15 +44,16 @@ VARIABLES = (
     _Variable("SGLANG_DSPINE_SHAPES", "none,4,8",
               "the shapes SGLANG_DSPINE_VERIFY=adaptive chooses from, comma-separated: 'none' and chain widths "
               "2..B; the block itself is always one of them (unset: none, 4 and 8 where below the block)"),
-    _Variable("SGLANG_DSPINE_SPLITKV_VERIFY", "0",
-              "on the triton attention backend, which of the target's chain verify passes read the committed "
-              "context with SGLang's split-KV verify kernel (what SGLang runs on AMD's MI350) instead of its "
-              "serial-prefix extend kernel: 0 none; 1 every chain (the block, a prefix, none); below-block the "
-              "adaptive server's shapes narrower than the block (none, 4, 8), the block keeping the extend kernel. "
-              "grouped every chain with DSPINE's own kernel, which reads each KV head's context once for all the rows "
-              "and query heads that share it (kernels/verify_attention.py; none keeps SGLang's decode kernel). "
-              "Trees keep the extend kernel (docs/verify_shapes.md; experimental; refused at start on another "
-              "attention backend, and below-block without SGLANG_DSPINE_VERIFY=adaptive)"),
+    _Variable("SGLANG_DSPINE_SPLITKV_VERIFY", "grouped",
+              "which kernel the target's chain verify passes read the committed context with, on the triton "
+              "attention backend. Unset or grouped: DSPINE's own kernel for every chain, which reads each KV head's "
+              "context once for all the rows and query heads that share it (kernels/verify_attention.py; none "
+              "keeps SGLang's decode kernel; unset, it applies where the backend is triton and is skipped, with a "
+              "log line, elsewhere); 0: SGLang's serial-prefix extend kernel (SGLang's own choice); 1: SGLang's "
+              "split-KV verify kernel for every chain (what SGLang runs on AMD's MI350); below-block: SGLang's "
+              "split-KV kernel for the adaptive server's shapes narrower than the block, the block on the extend "
+              "kernel. Trees keep the extend kernel (docs/verify_shapes.md; set explicitly, refused at start on "
+              "another attention backend, and below-block without SGLANG_DSPINE_VERIFY=adaptive)"),
     _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
               "1: `kill -USR1 <scheduler pid>` prints every thread's Python stack to the server log"),
     _Variable("DSPINE_SUITES_DIR", None,
@@ -82,13 +83,18 @@ class _Env:
 
     @property
     def split_kv_verify(self) -> str | None:
-        """None (off), "all" (1: every chain width), "below-block" (the widths narrower than the block) or
-        "grouped" (every chain width, on DSPINE's grouped kernel)."""
-        raw = os.environ.get("SGLANG_DSPINE_SPLITKV_VERIFY") or "0"
+        """None (0: the extend kernel), "all" (1: every chain width on SGLang's split-KV kernel), "below-block"
+        (the widths narrower than the block) or "grouped" (every chain width, on DSPINE's grouped kernel; unset)."""
+        raw = os.environ.get("SGLANG_DSPINE_SPLITKV_VERIFY") or "grouped"
         modes = {"0": None, "1": "all", "below-block": "below-block", "grouped": "grouped"}
         if raw not in modes:
             raise ValueError(f"SGLANG_DSPINE_SPLITKV_VERIFY: expected 0, 1, below-block or grouped, found {raw!r}")
         return modes[raw]
+
+    @property
+    def split_kv_verify_set(self) -> bool:
+        """Whether SGLANG_DSPINE_SPLITKV_VERIFY was set (a user's explicit choice: refused where it cannot apply)."""
+        return bool(os.environ.get("SGLANG_DSPINE_SPLITKV_VERIFY"))
 
     @property
     def stacks_on_sigusr1(self) -> bool:

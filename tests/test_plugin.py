@@ -272,12 +272,36 @@ def test_split_kv_verify_switches_sglangs_own_dispatch():
         sglang_patches.split_kv_verify(object())
 
 
-@pytest.mark.parametrize("raw,mode", [("", None), ("0", None), ("1", "all"), ("below-block", "below-block"),
+@pytest.mark.parametrize("flags", [["--attention-backend", "fa3"], ["--attention-backend", "triton"]],
+                         ids=["fa3", "triton"])
+def test_the_default_verify_kernel_never_refuses_a_server(dirs, monkeypatch, flags):
+    """SGLANG_DSPINE_SPLITKV_VERIFY unset (grouped where the backend is triton) starts a DSPINE server on any
+    attention backend and beside a tree (0.5.17 on triton; 0.5.23 refuses the tree itself): the default applies where it
+    can and the worker logs where it does not. Set to grouped, the same server on fa3 is refused in one line."""
+    from sglang_dspine.serving.plugin import StartupRefusal
+
+    root, _ = dirs
+    monkeypatch.delenv("SGLANG_DSPINE_SPLITKV_VERIFY", raising=False)
+    _args(root, root / "dspine", "DSPINE", *flags)
+    if not ON_0_5_23 and flags[1] == "triton":  # a tree needs triton itself
+        monkeypatch.setenv("SGLANG_DSPINE_TREE", "1")
+        _args(root, root / "dspine", "DSPINE", *flags)
+        monkeypatch.delenv("SGLANG_DSPINE_TREE")
+    monkeypatch.setenv("SGLANG_DSPINE_SPLITKV_VERIFY", "grouped")
+    if flags[1] == "fa3":
+        with pytest.raises(StartupRefusal, match="^DSPINE: refusing SGLANG_DSPINE_SPLITKV_VERIFY=grouped: it "
+                                                 "switches a kernel of the triton attention backend"):
+            _args(root, root / "dspine", "DSPINE", *flags)
+    else:
+        _args(root, root / "dspine", "DSPINE", *flags)
+
+
+@pytest.mark.parametrize("raw,mode", [("", "grouped"), ("0", None), ("1", "all"), ("below-block", "below-block"),
                                       ("grouped", "grouped"), ("yes", ValueError)])
 def test_split_kv_verify_names_which_chain_widths_read_the_context_split(monkeypatch, raw, mode):
-    """SGLANG_DSPINE_SPLITKV_VERIFY: 0 no chain, 1 every chain width, below-block the widths narrower than the
-    block (the block keeps the extend kernel), grouped every chain width (on DSPINE's kernel); a malformed value is
-    an error naming the variable."""
+    """SGLANG_DSPINE_SPLITKV_VERIFY: 0 no chain (the extend kernel), 1 every chain width, below-block the widths
+    narrower than the block (the block keeps the extend kernel), grouped (and unset, the default) every chain width
+    on DSPINE's kernel; a malformed value is an error naming the variable."""
     from sglang_dspine.env import ENV
     from sglang_dspine.serving.verify_widths import reads_context_split_kv
 

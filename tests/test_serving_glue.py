@@ -1373,3 +1373,5 @@ def test_a_chain_verify_reads_its_context_with_the_grouped_kernel(served, device
         patched.forward(q, kv, kv, layer, fb)
     with pytest.raises(StartupRefusal, match="needs the triton attention backend"):
         sglang_patches.grouped_verify(SimpleNamespace())
+    # unset (the default), another backend keeps its kernel and the worker logs why
+    assert "not triton" in sglang_patches.grouped_verify(SimpleNamespace(), required=False)

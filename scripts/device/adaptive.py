@@ -4,8 +4,8 @@ Phases (`--phases`, in order; each server's cell is written to the JSON as soon 
 with the same --out skips the servers already there, so a lost machine loses one server's work at most):
   pair      the built-in pair (or --models): plain, DFLASH, DSPINE at the block, the tree of 32 (`dspine_tree32`),
             DSPINE adaptive (also with the tree in its menu: `dspine_adaptive_tree32`), each DSPINE server
-            again under SGLANG_DSPINE_SPLITKV_VERIFY=1 (`_splitkv`) and =grouped (`_grouped`, patch 10) and each
-            adaptive one under =below-block
+            again under SGLANG_DSPINE_SPLITKV_VERIFY=1 (`_splitkv`), =grouped (`_grouped`, patch 10, the default
+            since a69f10b) and =0 (`_extend`, SGLang's extend kernel) and each adaptive one under =below-block
             (`_below_block`), each alone;
             T=0 at --clients, `--repeats` rounds a cell (median, min, max tokens/s; τ), T=1 at 1 and 48; the
             adaptive server's shape counts per cell (its log lines); greedy outputs (24 prompts, 8 clients)
@@ -57,15 +57,18 @@ SPLIT_KV_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "1"}  # the chain verifies on SG
 # the adaptive server's shapes narrower than the block on the split-KV kernel, the block on the extend kernel
 BELOW_BLOCK_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "below-block"}
 GROUPED_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "grouped"}  # every chain on DSPINE's grouped kernel (patch 10)
+# SGLang's extend kernel, what DSPINE servers ran before the grouped kernel became the default (a69f10b)
+EXTEND_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "0"}
 # SGLang's own attention backends for the geometry's step table beside the scripts' triton (issue 57's 5(b))
 OTHER_BACKENDS = ("fa3", "flashinfer")
 
 
 def with_split_kv(servers: dict) -> dict:
-    """`servers` plus each DSPINE server again under SGLANG_DSPINE_SPLITKV_VERIFY=1, named <name>_splitkv, and
-    =grouped, named <name>_grouped, and each adaptive one under =below-block, named <name>_below_block."""
+    """`servers` plus each DSPINE server again under SGLANG_DSPINE_SPLITKV_VERIFY=1, named <name>_splitkv, =grouped
+    (the default since a69f10b, said explicitly), named <name>_grouped, and =0 (SGLang's extend kernel), named
+    <name>_extend, and each adaptive one under =below-block, named <name>_below_block."""
     extra = {f"{n}_{kind}": (a, {**(e or {}), **env}) for n, (a, e) in servers.items() if n.startswith("dspine")
-             for kind, env in (("splitkv", SPLIT_KV_ENV), ("grouped", GROUPED_ENV))}
+             for kind, env in (("splitkv", SPLIT_KV_ENV), ("grouped", GROUPED_ENV), ("extend", EXTEND_ENV))}
     extra.update({f"{n}_below_block": (a, {**(e or {}), **BELOW_BLOCK_ENV}) for n, (a, e) in servers.items()
                   if n.startswith("dspine_adaptive")})
     return {**servers, **extra}

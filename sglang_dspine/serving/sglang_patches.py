@@ -117,8 +117,8 @@ triton backend (`decode_one_row_verify`):
    server's own keep theirs. Not applied (and said in the log) on another attention backend or a layout the
    decode path reads differently (sliding window, DCP, MLA, a virtual-to-physical KV pool).
 
-Patch 10 is applied by a DSPINE worker under SGLANG_DSPINE_SPLITKV_VERIFY=grouped, to the same backends as patch 8
-(`grouped_verify`):
+Patch 10 is applied by a DSPINE worker under SGLANG_DSPINE_SPLITKV_VERIFY=grouped or unset (the default since
+a69f10b), to the same backends as patch 8 (`grouped_verify`):
 
 10. Chain verify passes read the committed context with DSPINE's GQA-grouped kernel (SGLang 0.5.17 and 0.5.23).
    Patch 8's kernel, like the extend kernel, reads a KV head's context once per query head, in tiles of W rows,
@@ -130,7 +130,9 @@ Patch 10 is applied by a DSPINE worker under SGLANG_DSPINE_SPLITKV_VERIFY=groupe
    `verify_splitkv_fwd` is replaced by it and `use_verify_splitkv` set, the dispatch SGLang's own forward_extend
    already has (it runs the kernel for TARGET_VERIFY passes). A pass it cannot serve (not causal, sinks, a logit
    cap, a sliding window, W varying by request) raises instead of silently taking the extend kernel; the start-up
-   checks refuse the servers whose passes would be such.
+   checks refuse the servers whose passes would be such. Served at Qwen3-8B geometry (H100, a69f10b) fixed DSPINE
+   ran 1.10-1.38x faster with it from 1 to 64 clients; on another attention backend the default leaves the backend's
+   own kernel and says so in the log.
 
 What DSPINE relies on in SGLang's DFlash code is checked when a DSPINE server starts (`check_dflash_hooks`, from
 the algorithm's server-argument handling in the launcher, and again when the worker is created): the DFlash
@@ -294,30 +296,40 @@ def split_kv_verify(backend) -> None:
     backend.use_verify_splitkv = True
 
 
-def grouped_verify(backend, programs: int | None = None) -> None:
+def grouped_verify(backend, programs: int | None = None, required: bool = True) -> str | None:
     """Patch 10 (see the module docstring): `backend` (SGLang's triton attention backend of a chain verify of
     `backend.num_draft_tokens` rows) verifies with kernels/verify_attention.py's grouped kernel. `programs`: the
-    most programs a split pass launches (two per multiprocessor of the backend's GPU unless given). Refused where
-    the backend is another or reads the context differently; idempotent."""
+    most programs a split pass launches (two per multiprocessor of the backend's GPU unless given). Returns None
+    where applied (idempotent); where it cannot apply (another backend, a layout it does not read, an SGLang
+    without the dispatch) raises when `required` (SGLANG_DSPINE_SPLITKV_VERIFY set), else returns why not (the
+    default: the backend keeps its own kernel and the worker logs the reason)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
+    why = None
     if not isinstance(backend, TritonAttnBackend):
-        raise StartupRefusal(f"{ALGORITHM}: SGLANG_DSPINE_SPLITKV_VERIFY=grouped needs the triton attention backend "
-                             f"for the target's verify (found {type(backend).__name__}): pass --attention-backend "
-                             "triton or unset it")
-    if getattr(backend, "_dspine_grouped", False):
-        return
-    if "use_verify_splitkv" not in _names_used(TritonAttnBackend.forward_extend.__code__) or \
+        why = (f"the target's attention backend is {type(backend).__name__}, not triton: pass --attention-backend "
+               "triton or unset SGLANG_DSPINE_SPLITKV_VERIFY")
+    elif getattr(backend, "_dspine_grouped", False):
+        return None
+    elif "use_verify_splitkv" not in _names_used(TritonAttnBackend.forward_extend.__code__) or \
             not hasattr(backend, "verify_splitkv_fwd"):
-        raise _not_found("TritonAttnBackend's split-KV verify dispatch (use_verify_splitkv)")
-    if backend.sliding_window_size or backend.dcp_size > 1 or backend.use_mla:
-        raise StartupRefusal(f"{ALGORITHM}: SGLANG_DSPINE_SPLITKV_VERIFY=grouped reads a full-attention context of "
-                             "one rank: this model has a sliding window, MLA or decode context parallelism; unset it")
+        if required:
+            raise _not_found("TritonAttnBackend's split-KV verify dispatch (use_verify_splitkv)")
+        why = "this SGLang's triton backend has no split-KV verify dispatch (use_verify_splitkv)"
+    elif backend.sliding_window_size or backend.dcp_size > 1 or backend.use_mla:
+        why = ("it reads a full-attention context of one rank: this model has a sliding window, MLA or decode "
+               "context parallelism; unset it")
+    if why is not None:
+        if required:
+            raise StartupRefusal(f"{ALGORITHM}: SGLANG_DSPINE_SPLITKV_VERIFY=grouped needs the triton attention "
+                                 f"backend for the target's verify: {why}")
+        return why
     backend.verify_splitkv_fwd = grouped_verify_dispatch(int(backend.num_draft_tokens), int(backend.num_head),
                                                          int(backend.num_kv_head), int(backend.v_head_dim),
                                                          backend.device, programs)
     backend.use_verify_splitkv = True
     backend._dspine_grouped = True
+    return None
 
 
 def grouped_verify_dispatch(rows: int, h_q: int, h_kv: int, v_head_dim: int, device, programs: int | None = None):

@@ -181,17 +181,18 @@ def check_tree(server_args) -> None:
 
 
 def check_split_kv_verify(server_args) -> None:
-    """SGLANG_DSPINE_SPLITKV_VERIFY (sglang_patches' patch 8) switches a kernel of SGLang's triton attention
-    backend: refused in one line on another backend (it would do nothing), on a fixed tree server (a tree's
-    verify needs its mask: the flag would be ignored there; an adaptive tree server's chains get it), and
-    below-block on a fixed server (it verifies only the block, which below-block leaves on the extend kernel)."""
+    """SGLANG_DSPINE_SPLITKV_VERIFY, when set (sglang_patches' patches 8 and 10), switches a kernel of SGLang's
+    triton attention backend: refused in one line on another backend (it would do nothing), on a fixed tree
+    server (a tree's verify needs its mask: the flag would be ignored there; an adaptive tree server's chains get
+    it), and below-block on a fixed server (it verifies only the block, which below-block leaves on the extend
+    kernel). Unset, the default (grouped) applies where it can and the worker's log says where it does not."""
     import os
 
     from ..env import ENV
     from .versions import argument_view
 
     mode = ENV.split_kv_verify
-    if not mode:
+    if not mode or not ENV.split_kv_verify_set:  # unset: grouped where the backend is triton, said in the log
         return
     view = argument_view(server_args)
     why = None

@@ -180,21 +180,28 @@ class DSpineWorker(DFlashWorkerV2):
         # tree server's is the tree's (its mask), an adaptive one's chain widths are built later with their own
         from . import verify_widths
 
-        self._split_kv = ENV.split_kv_verify  # None, "all" or "below-block"
+        self._split_kv = ENV.split_kv_verify  # None, "all", "below-block" or "grouped" (unset)
         block = int(self.block_size)  # the server's own width (a chain server's)
         if self.tree_rows is None and verify_widths.reads_context_split_kv(self._split_kv, block, block):
             self._split_kv_kernel(self.model_runner.attn_backend)
-        if self._split_kv:
-            logger.info("DSPINE: the target's chain verify passes (%s) read the context with %s",
-                        "those narrower than the block" if self._split_kv == "below-block" else "every width",
-                        "DSPINE's grouped kernel" if self._split_kv == "grouped" else "SGLang's split-KV kernel")
+        if self._split_kv and self._split_kv != "grouped":
+            logger.info("DSPINE: the target's chain verify passes (%s) read the context with SGLang's split-KV "
+                        "kernel", "every width" if self._split_kv == "all" else "those narrower than the block")
 
     def _split_kv_kernel(self, backend):
-        """Patch 10 (DSPINE's grouped kernel) under SGLANG_DSPINE_SPLITKV_VERIFY=grouped, else patch 8."""
-        if self._split_kv == "grouped":
-            sglang_patches.grouped_verify(backend)
-        else:
+        """Patch 10 (DSPINE's grouped kernel) under SGLANG_DSPINE_SPLITKV_VERIFY=grouped or unset, else patch 8.
+        Says in the log which kernel the backend's chain verify passes run."""
+        from ..env import ENV
+
+        if self._split_kv != "grouped":
             sglang_patches.split_kv_verify(backend)
+            return
+        why_not = sglang_patches.grouped_verify(backend, required=ENV.split_kv_verify_set)
+        rows = int(backend.num_draft_tokens) if hasattr(backend, "num_draft_tokens") else "?"
+        if why_not is None:
+            logger.info("DSPINE: chain verify passes of %s rows read the context with DSPINE's grouped kernel", rows)
+        else:
+            logger.info("DSPINE: chain verify passes of %s rows keep the backend's verify kernel: %s", rows, why_not)
 
     def init_cuda_graphs(self):
         from . import verify_widths
