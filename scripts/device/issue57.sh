@@ -19,9 +19,10 @@
 #      the split-KV kernel as a DSPINE server's verify graphs now run it, 4 KV splits from 5 verify rows up,
 #      against the capture buffer's 16 that made the block slower at c615dca), then the pair's second pass;
 #   (33f82f8 ran 0, the request features with adaptive on (20/20), the GPU tests, the kernels and the fixed
-#   servers with and without split-KV; the next lease: 0 again (the cost floors), the GPU tests, the extend-kernel
-#   adaptive server, switching, memory pressure with adaptive on, the pair's two passes, the kernels,
-#   FA3/FlashInfer, and 0.5.23 between stages)
+#   servers with and without split-KV; a69f10b the grouped kernel (patch 10) alone and served, the cost floors
+#   (reverted by their rule); the next lease, below: the GPU tests, the pair's two passes on the default kernel,
+#   switching, memory pressure with adaptive on, the geometry on the default kernel, FA3/FlashInfer, and 0.5.23
+#   between stages)
 #   SGLang 0.5.23 (Deliver 4), if the lease started it as a second job once its pieces were received (it gets the GPU
 #      at the next stage's start, yield_gpu; the 0.5.23 calls: bundle_0523.sh plan, the core and jit parts: at
 #      33f82f8 only the core was carried and every speculative server failed at start; setup now refuses that):
@@ -69,24 +70,19 @@ yield_gpu() {
   fi
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
-# patch 10 (643b9ca, never on a GPU) first: its kernel beside SGLang's (~1 min), then the GPU tests (its cuda
-# tests among them)
-python3 -m benchmarks verify_attention --out "$OUT" --batch-sizes 1,16,48 --rows 1,4,16
+# since e1d6237 every DSPINE server below verifies chains on the grouped kernel (the default; `_extend`: SGLang's
+# extend kernel). a69f10b ran the kernels, the GPU tests, the geometry's plain, fixed (extend, grouped), adaptive
+# grouped and below-block servers, and the pair's plain, fixed and fixed grouped: not again.
 bash scripts/device/gpu_tests.sh
 yield_gpu
-# the geometry: plain, fixed DSPINE on the extend kernel and on the grouped kernel (the grouped rule), then the
-# adaptive server on the grouped kernel and the cost floors (below-block)
-$A --phases geometry --geometry-servers plain,dspine,dspine_grouped --clients 1,4,16,48,64
+# the pair with the default kernel: the adaptive rule's two passes (fixed DSPINE, adaptive), plain beside
+$A --phases pair --pair-servers plain,dspine,dspine_adaptive,dflash --clients 1,16,48 --t1-clients 48
 yield_gpu
-$A --phases geometry --geometry-servers dspine_adaptive_grouped,dspine_adaptive_below_block --clients 1,4,16,48,64
+mkdir -p "$OUT/rep2"
+python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \
+   --clients 1,16,48 --t1-clients 48
 yield_gpu
-# the pair: greedy agreement and acceptance of the grouped kernel beside plain and fixed DSPINE, adaptive on it
-$A --phases pair --pair-servers plain,dspine,dspine_grouped,dspine_adaptive_grouped,dspine_adaptive \
-  --clients 1,16,48 --t1-clients 48
-yield_gpu
-$A --phases geometry --geometry-servers dspine_adaptive --clients 1,4,16,48,64
-yield_gpu
-$A --phases switching --switching-server dspine_adaptive_below_block
+$A --phases switching --switching-server dspine_adaptive
 yield_gpu
 # memory pressure with adaptive on (~5 min; never run): KV exhaustion, graph overflow, long prompts, disconnects,
 # retraction (issue56.sh's `adaptive` part)
@@ -95,8 +91,8 @@ OUT="$OUT/pressure_adaptive" bash scripts/device/run.sh pressure --servers dspin
   --server-env SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS=20 --tag adaptive > /dev/null 2>&1
 echo "issue57: pressure (adaptive) rc $?"
 yield_gpu
-mkdir -p "$OUT/rep2"
-python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \
-   --clients 1,16,48 --t1-clients 48
+# the geometry's fixed and adaptive servers on the default kernel beside plain, then the other attention backends
+$A --phases geometry --geometry-servers plain,dspine,dspine_adaptive --clients 1,4,16,48,64
+yield_gpu
 $A --phases geometry --geometry-servers plain_fa3,dspine_adaptive_fa3,dspine_fa3,plain_flashinfer,\
 dspine_adaptive_flashinfer,dspine_flashinfer --clients 1,4,16,48,64
