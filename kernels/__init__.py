@@ -7,6 +7,8 @@ Each kernel has a plain PyTorch reference with the same signature next to it (`*
   top_k.py            top-K of the draft logits in one streaming pass (topk)
   tree_build.py       every request's draft tree in one kernel (lattice_trees_kernel; reference: drafter/tree_batch.py)
   tree_commit.py      a tree step's accepted path to the front (commit_path_kernel; reference: serving/tree_verify.py)
+  verify_attention.py the target's chain verify attention, grouped by KV head (grouped_verify_attention; reference:
+                      grouped_verify_attention_torch; served through serving/sglang_patches.py's patch 10)
   vocab_objective.py  the training objective's per-row CE, argmax, L1 to the teacher and their gradient (vocab_loss)
   runtime.py          where the kernels run: CUDA, or the CPU under Triton's interpreter (runs_on)
 """
