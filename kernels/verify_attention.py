@@ -17,7 +17,10 @@ per (row, query head).
 
 fp8 KV pools: `k_scale` multiplies the context's scores and `v_scale` its values, not the rows' own fresh K/V
 (what SGLang's extend kernel does). The PyTorch reference is `grouped_verify_attention_torch` (float32);
-tests/test_kernels.py compares them through Triton's interpreter and on the GPU.
+tests/test_verify_attention.py compares them through Triton's interpreter and on the GPU.
+
+Trees: with a tree's mask (SGLang's layout for TARGET_VERIFY) the rows' own block follows the mask instead of
+causality; the context stays visible to every row.
 """
 from __future__ import annotations
 
@@ -53,12 +56,12 @@ def _online(qk, v, e_max, e_sum, acc):
 
 
 @triton.jit
-def _grouped_verify_split(Q, K_ext, V_ext, K_buf, V_buf, kv_indptr, kv_indices, Out, Part, Lse,
+def _grouped_verify_split(Q, K_ext, V_ext, K_buf, V_buf, kv_indptr, kv_indices, Out, Part, Lse, Mask, mask_indptr,
                           sm_scale, k_scale, v_scale,
                           stride_qt, stride_qh, stride_ket, stride_keh, stride_vet, stride_veh,
                           stride_kbt, stride_kbh, stride_vbt, stride_vbh, stride_ot, stride_oh,
                           stride_pb, stride_ph, stride_ps, stride_pm,
-                          ROWS: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr,
+                          ROWS: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr, TREE: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
                           HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                           BLOCK_DV: tl.constexpr):
@@ -97,7 +100,9 @@ def _grouped_verify_split(Q, K_ext, V_ext, K_buf, V_buf, kv_indptr, kv_indices, 
                     mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
         e_max, e_sum, acc = _online(qk, v, e_max, e_sum, acc)
     acc = acc * v_scale
-    # the rows' own K/V, causal, in the last split (each row sees itself: its max is finite from here on)
+    # the rows' own K/V in the last split, causal or, for a tree, as its mask says (SGLang's layout: a request's
+    # rows × (context + rows) bits from mask_indptr, the context's all set); each row sees itself, so its max is
+    # finite from here on (padding rows see every row)
     if s == SPLITS - 1:
         j = tl.arange(0, BLOCK_R)
         j_ok = j < ROWS
@@ -105,7 +110,13 @@ def _grouped_verify_split(Q, K_ext, V_ext, K_buf, V_buf, kv_indptr, kv_indices, 
         ke = tl.load(K_ext + tj[None, :] * stride_ket + kvh * stride_keh + d[:, None],
                      mask=j_ok[None, :] & d_ok[:, None], other=0.0)
         qk = tl.dot(q.to(ke.dtype), ke) * sm_scale
-        qk = tl.where(j_ok[None, :] & (j[None, :] <= row[:, None]), qk, float("-inf"))
+        if TREE:
+            bits = tl.load(Mask + tl.load(mask_indptr + b).to(tl.int64) + row[:, None] * (ctx + ROWS) + ctx
+                           + j[None, :], mask=(row[:, None] < ROWS) & j_ok[None, :], other=1)
+            seen = j_ok[None, :] & (bits != 0)
+        else:
+            seen = j_ok[None, :] & (j[None, :] <= row[:, None])
+        qk = tl.where(seen, qk, float("-inf"))
         ve = tl.load(V_ext + tj[:, None] * stride_vet + kvh * stride_veh + dv[None, :],
                      mask=j_ok[:, None] & dv_ok[None, :], other=0.0)
         e_max, e_sum, acc = _online(qk, ve, e_max, e_sum, acc)
@@ -153,11 +164,15 @@ class SplitScratch:
 def grouped_verify_attention(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.Tensor, k_buffer: torch.Tensor,
                              v_buffer: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, rows: int,
                              sm_scale: float, out: torch.Tensor, scratch: SplitScratch | None = None,
-                             splits: int = 1, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                             splits: int = 1, k_scale: float = 1.0, v_scale: float = 1.0,
+                             mask: torch.Tensor | None = None, mask_indptr: torch.Tensor | None = None
+                             ) -> torch.Tensor:
     """`out` [bs·W, H_q, Dv] = each row's attention over its request's committed context (the KV pool rows
     `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]` of `k_buffer` / `v_buffer` [pool, H_kv, D]) and the request's
     rows 0..r of `k_ext` / `v_ext` [bs·W, H_kv, D]; q [bs·W, H_q, D], rows W a request, flat by request.
-    `splits` > 1 needs `scratch` (of at least bs × H_kv × splits programs of this tile)."""
+    A tree's verify: `mask` (flat bool, SGLang's layout: request b's W × (context + W) cells from
+    `mask_indptr[b]`) says which of the request's rows each row sees instead. `splits` > 1 needs `scratch` (of at
+    least bs × H_kv × splits programs of this tile)."""
     tokens, h_q, head_dim = q.shape
     h_kv, v_dim = k_buffer.shape[1], v_buffer.shape[2]
     bs = kv_indptr.shape[0] - 1
@@ -170,6 +185,8 @@ def grouped_verify_attention(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.
                     ("out", out)):
         if t.stride(2) != 1:
             raise ValueError(f"grouped_verify_attention: {name}'s last dimension must be contiguous")
+    if (mask is None) != (mask_indptr is None):
+        raise ValueError("grouped_verify_attention: a tree's mask needs its mask_indptr, and the other way round")
     group = h_q // h_kv
     block_m, block_dv = tile_rows(rows, group), triton.next_power_of_2(v_dim)
     if splits > 1:
@@ -181,14 +198,17 @@ def grouped_verify_attention(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.
         sp = (h_kv * splits * block_m * block_dv, splits * block_m * block_dv, block_m * block_dv, block_dv)
     else:
         part, lse, sp = out, out, (0, 0, 0, 1)  # not read: SPLITS = 1 writes `out` itself
+    tree = mask is not None
     _grouped_verify_split[(bs, h_kv, splits)](
         q, k_ext, v_ext, k_buffer, v_buffer, kv_indptr, kv_indices, out, part, lse,
+        mask if tree else kv_indptr, mask_indptr if tree else kv_indptr,  # not read without a tree
         float(sm_scale), float(k_scale), float(v_scale),
         q.stride(0), q.stride(1), k_ext.stride(0), k_ext.stride(1), v_ext.stride(0), v_ext.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1),
-        *sp, ROWS=rows, GROUP=group, SPLITS=splits, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        *sp, ROWS=rows, GROUP=group, SPLITS=splits, TREE=tree, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         BLOCK_R=max(16, triton.next_power_of_2(rows)), HEAD_DIM=head_dim, V_DIM=v_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=block_dv, num_warps=4, num_stages=2)
+        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=block_dv, num_warps=8 if block_m >= 128 else 4,
+        num_stages=2)
     if splits > 1:
         _merge_splits[(tokens, h_q)](part, lse, out, *sp, out.stride(0), out.stride(1), ROWS=rows, GROUP=group,
                                      SPLITS=splits, V_DIM=v_dim, BLOCK_DV=block_dv, num_warps=1)
@@ -196,8 +216,10 @@ def grouped_verify_attention(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.
 
 
 def grouped_verify_attention_torch(q, k_ext, v_ext, k_buffer, v_buffer, kv_indptr, kv_indices, rows: int,
-                                   sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-    """The reference, in float32, one request at a time: [context; own rows] keys, row r masked past own row r."""
+                                   sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0, mask=None,
+                                   mask_indptr=None) -> torch.Tensor:
+    """The reference, in float32, one request at a time: [context; own rows] keys, row r masked past own row r
+    (a tree: where its mask's cell is unset)."""
     h_q, h_kv = q.shape[1], k_buffer.shape[1]
     group = h_q // h_kv
     outs = []
@@ -209,7 +231,11 @@ def grouped_verify_attention_torch(q, k_ext, v_ext, k_buffer, v_buffer, kv_indpt
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # per query head
         scores = torch.einsum("rhd,nhd->hrn", q[own].float(), k) * sm_scale
         n = len(ctx)
-        future = torch.arange(rows)[None, :] > torch.arange(rows)[:, None]  # own row j > row r
-        scores[:, :, n:] = scores[:, :, n:].masked_fill(future.to(scores.device), float("-inf"))
+        if mask is None:
+            hidden = torch.arange(rows)[None, :] > torch.arange(rows)[:, None]  # own row j > row r
+        else:
+            start = int(mask_indptr[b])
+            hidden = ~mask[start: start + rows * (n + rows)].view(rows, n + rows)[:, n:].bool().cpu()
+        scores[:, :, n:] = scores[:, :, n:].masked_fill(hidden.to(scores.device), float("-inf"))
         outs.append(torch.einsum("hrn,nhd->rhd", scores.softmax(-1), v))
     return torch.cat(outs)

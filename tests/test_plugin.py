@@ -277,7 +277,8 @@ def test_split_kv_verify_switches_sglangs_own_dispatch():
 def test_the_default_verify_kernel_never_refuses_a_server(dirs, monkeypatch, flags):
     """SGLANG_DSPINE_SPLITKV_VERIFY unset (grouped where the backend is triton) starts a DSPINE server on any
     attention backend and beside a tree (0.5.17 on triton; 0.5.23 refuses the tree itself): the default applies where it
-    can and the worker logs where it does not. Set to grouped, the same server on fa3 is refused in one line."""
+    can and the worker logs where it does not. Set to grouped, the same server on fa3 is refused in one line, and
+    on triton a fixed tree server starts (the kernel reads the tree's mask)."""
     from sglang_dspine.serving.plugin import StartupRefusal
 
     root, _ = dirs
@@ -294,6 +295,9 @@ def test_the_default_verify_kernel_never_refuses_a_server(dirs, monkeypatch, fla
             _args(root, root / "dspine", "DSPINE", *flags)
     else:
         _args(root, root / "dspine", "DSPINE", *flags)
+        if not ON_0_5_23:  # set, grouped also serves a fixed tree server (it reads the tree's mask)
+            monkeypatch.setenv("SGLANG_DSPINE_TREE", "1")
+            _args(root, root / "dspine", "DSPINE", *flags)
 
 
 @pytest.mark.parametrize("raw,mode", [("", "grouped"), ("0", None), ("1", "all"), ("below-block", "below-block"),

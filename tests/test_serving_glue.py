@@ -1225,10 +1225,11 @@ def _kv_index_translator(req_to_token, pool, device: str):
                              token_to_kv_pool=pool, page_size=1, device=device)
 
 
-def _one_row_verify_batch(req_to_token, prefix: torch.Tensor, rows_of: torch.Tensor, rows: int = 1):
+def _one_row_verify_batch(req_to_token, prefix: torch.Tensor, rows_of: torch.Tensor, rows: int = 1,
+                          custom_mask: torch.Tensor | None = None):
     """A DFlash TARGET_VERIFY batch of `rows` rows a request (one by default): their slots the next in the
     request's request-to-token row (where DFlash's step takes the verify's slots from), the committed lengths as
-    the batch's lengths."""
+    the batch's lengths; a tree's `custom_mask` (SGLang's layout) where given."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
@@ -1237,7 +1238,7 @@ def _one_row_verify_batch(req_to_token, prefix: torch.Tensor, rows_of: torch.Ten
     loc = req_to_token.req_to_token[rows_of[:, None], places].to(torch.int64).reshape(-1)
     positions = places.reshape(-1)
     spec = DFlashVerifyInput(draft_token=torch.zeros(bs * rows, dtype=torch.int64, device=dev),
-                             positions=positions, draft_token_num=rows, custom_mask=None,
+                             positions=positions, draft_token_num=rows, custom_mask=custom_mask,
                              capture_hidden_mode=CaptureHiddenMode.FULL)
     return ForwardBatch(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=torch.zeros(
                         bs * rows, dtype=torch.int64, device=dev), req_pool_indices=rows_of, seq_lens=prefix.clone(),
@@ -1375,3 +1376,22 @@ def test_a_chain_verify_reads_its_context_with_the_grouped_kernel(served, device
         sglang_patches.grouped_verify(SimpleNamespace())
     # unset (the default), another backend keeps its kernel and the worker logs why
     assert "not triton" in sglang_patches.grouped_verify(SimpleNamespace(), required=False)
+    # a tree's backend (SGLANG_DSPINE_SPLITKV_VERIFY=grouped on a tree server): the pass's mask, as the stock
+    # backend's extend kernel reads it
+    from test_verify_attention import tree_mask
+
+    tree = _triton_backend(rows, pool, req_to_token, hq, hkv, d, device)
+    sglang_patches.grouped_verify(tree, programs=16, tree=True)
+    prefix, rows_of = torch.tensor([5, 130, 17]).to(device), torch.tensor([2, 0, 3]).to(device)
+    mask, _ = tree_mask(rows, prefix.tolist(), seed=rows, device=device)
+    q = torch.randn(3 * rows, hq * d, generator=torch.Generator().manual_seed(1)).to(device)
+    k, v = (torch.randn(3 * rows, hkv, d, generator=torch.Generator().manual_seed(i)).to(device) for i in (2, 3))
+    outs = []
+    for backend in (stock, tree):
+        fb = _one_row_verify_batch(req_to_token, prefix, rows_of, rows, custom_mask=mask)
+        backend.init_forward_metadata(fb)
+        outs.append(backend.forward(q, k, v, layer, fb).view(-1, hq, d))
+    torch.testing.assert_close(outs[1], outs[0], **tol)
+    fb = _one_row_verify_batch(req_to_token, prefix, rows_of, rows)  # a chain's pass: causal, not the tree's
+    stock.init_forward_metadata(fb)
+    assert not torch.allclose(stock.forward(q, k, v, layer, fb).view(-1, hq, d), outs[0], atol=1e-3)

@@ -86,6 +86,53 @@ def test_the_kernel_matches_the_reference(rows, splits):
     assert not torch.allclose(other, ref, atol=1e-3)
 
 
+def tree_mask(rows, contexts, seed, device=DEVICE):
+    """A random tree per request in SGLang's TARGET_VERIFY mask layout: request b's rows × (context + rows) cells
+    from mask_indptr[b], the context's all set; row r sees itself and its ancestors (a random parent < r each)."""
+    g = torch.Generator().manual_seed(seed)
+    cells, indptr = [], [0]
+    for n in contexts:
+        seen = torch.eye(rows, dtype=torch.bool)
+        for r in range(1, rows):
+            seen[r] |= seen[int(torch.randint(0, r, (1,), generator=g))]
+        cells.append(torch.cat([torch.ones(rows, n, dtype=torch.bool), seen], 1).reshape(-1))
+        indptr.append(indptr[-1] + rows * (n + rows))
+    return torch.cat(cells).to(device), torch.tensor(indptr, dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_a_tree_sees_its_ancestors_and_the_context(splits):
+    """With a tree's mask the rows' own block follows it (the reference against attention written out over each
+    row's context and ancestors), and the kernel matches the reference; a tree that is a chain gives causal."""
+    rows, contexts = 8, [5, 70, 33]
+    args = problem(rows, contexts, seed=11)
+    mask, indptr = tree_mask(rows, contexts, seed=3)
+    ref = va.grouped_verify_attention_torch(*args, rows=rows, sm_scale=0.2, mask=mask, mask_indptr=indptr)
+    q, k_ext, v_ext, k_buf, v_buf, kv_indptr, kv_indices = args
+    for b, n in enumerate(contexts):  # one (request, row, head), written out
+        cells = mask[int(indptr[b]): int(indptr[b + 1])].view(rows, n + rows)[:, n:]
+        ctx = kv_indices[int(kv_indptr[b]): int(kv_indptr[b + 1])].long()
+        for r in range(rows):
+            own = [b * rows + j for j in range(rows) if cells[r, j]]
+            for h in (0, 5):
+                keys = torch.cat([k_buf[ctx, h // 4], k_ext[own, h // 4]]).double()
+                vals = torch.cat([v_buf[ctx, h // 4], v_ext[own, h // 4]]).double()
+                want = torch.softmax(keys @ q[b * rows + r, h].double() * 0.2, 0) @ vals
+                assert torch.allclose(ref[b * rows + r, h].double(), want, atol=1e-5)
+    out = torch.empty_like(ref)
+    scratch = va.SplitScratch(3 * 2 * splits, va.tile_rows(rows, 4), 32, DEVICE)
+    va.grouped_verify_attention(*args, rows=rows, sm_scale=0.2, out=out, scratch=scratch, splits=splits, mask=mask,
+                                mask_indptr=indptr)
+    assert torch.allclose(out, ref, atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(out, va.grouped_verify_attention_torch(*args, rows=rows, sm_scale=0.2), atol=1e-3)
+    chain = torch.cat([torch.cat([torch.ones(rows, n, dtype=torch.bool), torch.ones(rows, rows).tril().bool()], 1)
+                       .reshape(-1) for n in contexts]).to(DEVICE)
+    va.grouped_verify_attention(*args, rows=rows, sm_scale=0.2, out=out, scratch=scratch, splits=splits, mask=chain,
+                                mask_indptr=indptr)
+    assert torch.allclose(out, va.grouped_verify_attention_torch(*args, rows=rows, sm_scale=0.2), atol=2e-5,
+                          rtol=1e-4)
+
+
 def test_fp8_scales_apply_to_the_context_only():
     args = problem(4, [40, 9], seed=5)
     ref = va.grouped_verify_attention_torch(*args, rows=4, sm_scale=0.2, k_scale=0.5, v_scale=2.0)
@@ -113,18 +160,26 @@ def test_bad_inputs_are_refused_in_words():
     small = va.SplitScratch(4, va.tile_rows(4, 4), 32, DEVICE)
     with pytest.raises(ValueError, match="4 splits of 2 × 2 programs"):
         va.grouped_verify_attention(*args, rows=4, sm_scale=0.1, out=out, scratch=small, splits=4)
+    with pytest.raises(ValueError, match="mask needs its mask_indptr"):
+        va.grouped_verify_attention(*args, rows=4, sm_scale=0.1, out=out, mask=torch.ones(96, dtype=torch.bool))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize("rows", [1, 4, 16, 32])
 def test_gpu_qwen3_8b_shapes_in_bf16(rows):
-    """Qwen3-8B's heads (32 query, 8 KV, 128 dims) in bfloat16, every split count the server picks."""
+    """Qwen3-8B's heads (32 query, 8 KV, 128 dims) in bfloat16, split counts the server picks, chains and trees
+    (32 rows: the tree of 32's tile of 128)."""
     contexts = [576, 1, 2000, 333]
     args = problem(rows, contexts, h_q=32, h_kv=8, dim=128, pool=4096, dtype=torch.bfloat16, seed=rows)
     ref = va.grouped_verify_attention_torch(*args, rows=rows, sm_scale=128 ** -0.5)
     scratch = va.SplitScratch(264, va.tile_rows(rows, 4), 128, "cuda")
+    mask, indptr = tree_mask(rows, contexts, seed=rows, device="cuda")
+    tree_ref = va.grouped_verify_attention_torch(*args, rows=rows, sm_scale=128 ** -0.5, mask=mask,
+                                                 mask_indptr=indptr)
     for splits in (1, 2, 8):
-        out = torch.empty(len(contexts) * rows, 32, 128, dtype=torch.bfloat16, device="cuda")
-        va.grouped_verify_attention(*args, rows=rows, sm_scale=128 ** -0.5, out=out, scratch=scratch, splits=splits)
-        err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-        assert err < 1e-2, (splits, err)
+        for tree, want in ((None, ref), ((mask, indptr), tree_ref)):
+            out = torch.empty(len(contexts) * rows, 32, 128, dtype=torch.bfloat16, device="cuda")
+            va.grouped_verify_attention(*args, rows=rows, sm_scale=128 ** -0.5, out=out, scratch=scratch,
+                                        splits=splits, **(dict(mask=tree[0], mask_indptr=tree[1]) if tree else {}))
+            err = ((out.double() - want.double()).norm() / want.double().norm()).item()
+            assert err < 1e-2, (splits, tree is not None, err)

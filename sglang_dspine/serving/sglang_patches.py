@@ -130,7 +130,9 @@ a69f10b), to the same backends as patch 8 (`grouped_verify`):
    `verify_splitkv_fwd` is replaced by it and `use_verify_splitkv` set, the dispatch SGLang's own forward_extend
    already has (it runs the kernel for TARGET_VERIFY passes). A pass it cannot serve (not causal, sinks, a logit
    cap, a sliding window, W varying by request) raises instead of silently taking the extend kernel; the start-up
-   checks refuse the servers whose passes would be such. Served at Qwen3-8B geometry (H100, a69f10b) fixed DSPINE
+   checks refuse the servers whose passes would be such. A tree server's own backend gets it only where
+   SGLANG_DSPINE_SPLITKV_VERIFY=grouped is set (not yet served on a GPU): the kernel then reads the pass's tree mask
+   (SGLang's layout) for the rows' own block. Served at Qwen3-8B geometry (H100, a69f10b) fixed DSPINE
    ran 1.10-1.38x faster with it from 1 to 64 clients; on another attention backend the default leaves the backend's
    own kernel and says so in the log.
 
@@ -296,13 +298,14 @@ def split_kv_verify(backend) -> None:
     backend.use_verify_splitkv = True
 
 
-def grouped_verify(backend, programs: int | None = None, required: bool = True) -> str | None:
+def grouped_verify(backend, programs: int | None = None, required: bool = True, tree: bool = False) -> str | None:
     """Patch 10 (see the module docstring): `backend` (SGLang's triton attention backend of a chain verify of
     `backend.num_draft_tokens` rows) verifies with kernels/verify_attention.py's grouped kernel. `programs`: the
     most programs a split pass launches (two per multiprocessor of the backend's GPU unless given). Returns None
     where applied (idempotent); where it cannot apply (another backend, a layout it does not read, an SGLang
     without the dispatch) raises when `required` (SGLANG_DSPINE_SPLITKV_VERIFY set), else returns why not (the
-    default: the backend keeps its own kernel and the worker logs the reason)."""
+    default: the backend keeps its own kernel and the worker logs the reason). `tree`: the backend verifies trees,
+    whose rows see what the pass's mask says (a tree server's own backend)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     why = None
@@ -326,16 +329,18 @@ def grouped_verify(backend, programs: int | None = None, required: bool = True) 
         return why
     backend.verify_splitkv_fwd = grouped_verify_dispatch(int(backend.num_draft_tokens), int(backend.num_head),
                                                          int(backend.num_kv_head), int(backend.v_head_dim),
-                                                         backend.device, programs)
+                                                         backend.device, programs, tree)
     backend.use_verify_splitkv = True
     backend._dspine_grouped = True
     return None
 
 
-def grouped_verify_dispatch(rows: int, h_q: int, h_kv: int, v_head_dim: int, device, programs: int | None = None):
+def grouped_verify_dispatch(rows: int, h_q: int, h_kv: int, v_head_dim: int, device, programs: int | None = None,
+                            tree: bool = False):
     """Patch 10's kernel with the signature of SGLang's `verify_splitkv_fwd` (what the triton backend's dispatch
     calls), for verify passes of `rows` rows a request; its split scratch allocated here, once. `programs`: the
-    most programs a split pass launches (two per multiprocessor of a CUDA `device` unless given)."""
+    most programs a split pass launches (two per multiprocessor of a CUDA `device` unless given). `tree`: the
+    passes bring a tree's mask (SGLang's layout, with its mask_indptr), which the rows' own block follows."""
     import torch
 
     from ..kernels import verify_attention
@@ -355,7 +360,8 @@ def grouped_verify_dispatch(rows: int, h_q: int, h_kv: int, v_head_dim: int, dev
             ("not causal", not is_causal), ("attention sinks", sinks is not None),
             ("a logit cap", (logit_cap or 0) > 0), ("a sliding window", (sliding_window_size or -1) > 0),
             ("xai temperature", (xai_temperature_len or -1) > 0),
-            (f"{q.shape[0]} rows for {requests} requests of {rows}", q.shape[0] != requests * rows)) if bad]
+            (f"{q.shape[0]} rows for {requests} requests of {rows}", q.shape[0] != requests * rows),
+            ("a tree's pass without its mask", tree and (custom_mask is None or mask_indptr is None))) if bad]
         if unserved:
             raise RuntimeError(f"DSPINE grouped verify attention (SGLANG_DSPINE_SPLITKV_VERIFY=grouped) cannot "
                                f"serve this pass: {', '.join(unserved)}")
@@ -363,7 +369,8 @@ def grouped_verify_dispatch(rows: int, h_q: int, h_kv: int, v_head_dim: int, dev
         verify_attention.grouped_verify_attention(
             q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, rows,
             q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale), o, scratch, splits,
-            k_scale=float(k_scale), v_scale=float(v_scale))
+            k_scale=float(k_scale), v_scale=float(v_scale), mask=custom_mask if tree else None,
+            mask_indptr=mask_indptr if tree else None)
         return True
 
     return grouped_verify_fwd

@@ -183,9 +183,10 @@ def check_tree(server_args) -> None:
 def check_split_kv_verify(server_args) -> None:
     """SGLANG_DSPINE_SPLITKV_VERIFY, when set (sglang_patches' patches 8 and 10), switches a kernel of SGLang's
     triton attention backend: refused in one line on another backend (it would do nothing), on a fixed tree
-    server (a tree's verify needs its mask: the flag would be ignored there; an adaptive tree server's chains get
-    it), and below-block on a fixed server (it verifies only the block, which below-block leaves on the extend
-    kernel). Unset, the default (grouped) applies where it can and the worker's log says where it does not."""
+    server but for grouped (a tree's verify needs its mask, which only the grouped kernel reads; an adaptive tree
+    server's chains get SGLang's kernel), and below-block on a fixed server (it verifies only the block, which
+    below-block leaves on the extend kernel). Unset, the default (grouped) applies where it can and the worker's
+    log says where it does not; a tree keeps the extend kernel unless grouped is set."""
     import os
 
     from ..env import ENV
@@ -198,9 +199,10 @@ def check_split_kv_verify(server_args) -> None:
     why = None
     if off_triton := _not_on_triton(view):
         why = f"it switches a kernel of the triton attention backend: {off_triton}"
-    elif ENV.tree and not ENV.adaptive:
+    elif ENV.tree and not ENV.adaptive and mode != "grouped":  # the grouped kernel reads a tree's mask
         why = ("a tree's verify needs its mask, which the split-KV kernel does not read, and a fixed tree server "
-               "verifies nothing else: unset one of them (with SGLANG_DSPINE_VERIFY=adaptive its chains get it)")
+               "verifies nothing else: unset one of them (with SGLANG_DSPINE_VERIFY=adaptive its chains get it; "
+               "grouped reads the mask)")
     elif mode == "below-block" and not ENV.adaptive:
         why = ("a fixed server verifies only the block, which below-block leaves on the extend kernel: set "
                "SGLANG_DSPINE_VERIFY=adaptive (its narrower shapes get the split-KV kernel) or use 1")

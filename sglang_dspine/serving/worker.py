@@ -184,24 +184,29 @@ class DSpineWorker(DFlashWorkerV2):
         block = int(self.block_size)  # the server's own width (a chain server's)
         if self.tree_rows is None and verify_widths.reads_context_split_kv(self._split_kv, block, block):
             self._split_kv_kernel(self.model_runner.attn_backend)
+        elif self.tree_rows is not None and self._split_kv == "grouped" and ENV.split_kv_verify_set:
+            self._split_kv_kernel(self.model_runner.attn_backend, tree=True)  # the tree's mask: only when asked
         if self._split_kv and self._split_kv != "grouped":
             logger.info("DSPINE: the target's chain verify passes (%s) read the context with SGLang's split-KV "
                         "kernel", "every width" if self._split_kv == "all" else "those narrower than the block")
 
-    def _split_kv_kernel(self, backend):
+    def _split_kv_kernel(self, backend, tree: bool = False):
         """Patch 10 (DSPINE's grouped kernel) under SGLANG_DSPINE_SPLITKV_VERIFY=grouped or unset, else patch 8.
-        Says in the log which kernel the backend's chain verify passes run."""
+        Says in the log which kernel the backend's verify passes (chains, or with `tree` trees) run."""
         from ..env import ENV
 
         if self._split_kv != "grouped":
             sglang_patches.split_kv_verify(backend)
             return
-        why_not = sglang_patches.grouped_verify(backend, required=ENV.split_kv_verify_set)
+        why_not = sglang_patches.grouped_verify(backend, required=ENV.split_kv_verify_set, tree=tree)
         rows = int(backend.num_draft_tokens) if hasattr(backend, "num_draft_tokens") else "?"
+        what = "tree" if tree else "chain"
         if why_not is None:
-            logger.info("DSPINE: chain verify passes of %s rows read the context with DSPINE's grouped kernel", rows)
+            logger.info("DSPINE: %s verify passes of %s rows read the context with DSPINE's grouped kernel", what,
+                        rows)
         else:
-            logger.info("DSPINE: chain verify passes of %s rows keep the backend's verify kernel: %s", rows, why_not)
+            logger.info("DSPINE: %s verify passes of %s rows keep the backend's verify kernel: %s", what, rows,
+                        why_not)
 
     def init_cuda_graphs(self):
         from . import verify_widths
