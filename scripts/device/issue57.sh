@@ -94,5 +94,8 @@ yield_gpu
 # the geometry's fixed and adaptive servers on the default kernel beside plain, then the other attention backends
 $A --phases geometry --geometry-servers plain,dspine,dspine_adaptive --clients 1,4,16,48,64
 yield_gpu
+# the tree of 32 on the grouped kernel (be9de96, set explicitly) beside it on the extend kernel, on the pair
+$A --phases pair --pair-servers dspine_tree32,dspine_tree32_grouped --clients 1,16,48 --t1-clients 48
+yield_gpu
 $A --phases geometry --geometry-servers plain_fa3,dspine_adaptive_fa3,dspine_fa3,plain_flashinfer,\
 dspine_adaptive_flashinfer,dspine_flashinfer --clients 1,4,16,48,64
