@@ -117,6 +117,19 @@ def calls(kernel: str, layers: list[dict], bs: int, rows: int, kv_splits: int, d
                 fwd(t["q"], t["k"], t["v"], t["o"], t["k_pool"], t["v_pool"], t["qo_indptr"], t["kv_indptr"], shared,
                     None, True, None, rows, 1.0, 1.0, sm_scale=scale)
         return run
+    if kernel.startswith("grouped_"):  # a tuning variant: grouped_<splits>s_<block_n>n_<warps>w
+        from sglang_dspine.kernels import verify_attention as va
+
+        splits, block_n, warps = (int(x[:-1]) for x in kernel.split("_")[1:])
+        programs = max(splits * bs * HKV, 1)
+        scratch = va.SplitScratch(programs, va.tile_rows(rows, HQ // HKV), D, dev) if splits > 1 else None
+
+        def run():
+            for t in layers:
+                va.grouped_verify_attention(t["q"], t["k"], t["v"], t["k_pool"], t["v_pool"], t["kv_indptr"],
+                                            t["kv_indices"], rows, scale, t["o"], scratch, splits, block_n=block_n,
+                                            num_warps=warps)
+        return run
 
     def run():
         for t in layers:
@@ -133,6 +146,9 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", default="1,4,8,16")
     ap.add_argument("--kv-splits", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--grouped-variants", default="",
+                    help="the grouped kernel again at other settings, comma-separated <splits>s_<block_n>n_<warps>w "
+                         "(e.g. 1s_32n_4w,1s_128n_8w): its tuning sweep, beside the server's own choice (`grouped`)")
     ap.add_argument("--graph-kv-indices", type=int, default=64 * 16 * MAX_CONTEXT,
                     help="length of the verify graphs' index buffer: cuda-graph max bs 64 x the block's 16 rows x "
                          "Qwen3-8B's 40960-token context")
@@ -148,7 +164,8 @@ def main(argv=None) -> None:
     for bs in (int(b) for b in args.batch_sizes.split(",")):
         for rows in (int(r) for r in args.rows.split(",")):
             layers = [inputs(bs, rows, args.context, gen) for _ in range(LAYERS)]
-            for kernel in ("decode",) * (rows == 1) + VERIFY_KERNELS:
+            variants = tuple(f"grouped_{v}" for v in filter(None, args.grouped_variants.split(",")))
+            for kernel in ("decode",) * (rows == 1) + VERIFY_KERNELS + variants:
                 graph = bench.capture(calls(kernel, layers, bs, rows, args.kv_splits,
                                             graph_kv_len=args.graph_kv_indices))  # Triton compiles before
                 for _ in range(3):
@@ -161,7 +178,8 @@ def main(argv=None) -> None:
             del layers
             torch.cuda.empty_cache()
             json.dump(res, open(os.path.join(args.out, "verify_attention.json"), "w"), indent=1)
-    kernels = ("decode",) + VERIFY_KERNELS
+    kernels = ("decode",) + VERIFY_KERNELS + tuple(f"grouped_{v}" for v in filter(None,
+                                                                                   args.grouped_variants.split(",")))
     print(f"{'bs':>4} {'W':>3} " + " ".join(f"{k:>13}" for k in kernels))
     for bs, by_rows in res["ms_per_step"].items():
         for rows, cells in by_rows.items():

@@ -165,14 +165,15 @@ def grouped_verify_attention(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.
                              v_buffer: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, rows: int,
                              sm_scale: float, out: torch.Tensor, scratch: SplitScratch | None = None,
                              splits: int = 1, k_scale: float = 1.0, v_scale: float = 1.0,
-                             mask: torch.Tensor | None = None, mask_indptr: torch.Tensor | None = None
-                             ) -> torch.Tensor:
+                             mask: torch.Tensor | None = None, mask_indptr: torch.Tensor | None = None,
+                             block_n: int = BLOCK_N, num_warps: int | None = None) -> torch.Tensor:
     """`out` [bs·W, H_q, Dv] = each row's attention over its request's committed context (the KV pool rows
     `kv_indices[kv_indptr[b]:kv_indptr[b + 1]]` of `k_buffer` / `v_buffer` [pool, H_kv, D]) and the request's
     rows 0..r of `k_ext` / `v_ext` [bs·W, H_kv, D]; q [bs·W, H_q, D], rows W a request, flat by request.
     A tree's verify: `mask` (flat bool, SGLang's layout: request b's W × (context + W) cells from
     `mask_indptr[b]`) says which of the request's rows each row sees instead. `splits` > 1 needs `scratch` (of at
-    least bs × H_kv × splits programs of this tile)."""
+    least bs × H_kv × splits programs of this tile). `block_n` (context tokens a loop step) and `num_warps` (4, 8
+    from a 128-row tile, unless given) change the speed only: what benchmarks/verify_attention.py sweeps."""
     tokens, h_q, head_dim = q.shape
     h_kv, v_dim = k_buffer.shape[1], v_buffer.shape[2]
     bs = kv_indptr.shape[0] - 1
@@ -205,10 +206,10 @@ def grouped_verify_attention(q: torch.Tensor, k_ext: torch.Tensor, v_ext: torch.
         float(sm_scale), float(k_scale), float(v_scale),
         q.stride(0), q.stride(1), k_ext.stride(0), k_ext.stride(1), v_ext.stride(0), v_ext.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1), out.stride(0), out.stride(1),
-        *sp, ROWS=rows, GROUP=group, SPLITS=splits, TREE=tree, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        *sp, ROWS=rows, GROUP=group, SPLITS=splits, TREE=tree, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(rows)), HEAD_DIM=head_dim, V_DIM=v_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=block_dv, num_warps=8 if block_m >= 128 else 4,
-        num_stages=2)
+        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=block_dv,
+        num_warps=num_warps or (8 if block_m >= 128 else 4), num_stages=2)
     if splits > 1:
         _merge_splits[(tokens, h_q)](part, lse, out, *sp, out.stride(0), out.stride(1), ROWS=rows, GROUP=group,
                                      SPLITS=splits, V_DIM=v_dim, BLOCK_DV=block_dv, num_warps=1)

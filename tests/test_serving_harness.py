@@ -300,7 +300,7 @@ def test_verify_attention_times_the_kernels_on_causal_attention_over_context_and
     split-KV kernel also with the index array as the server's verify graphs hold it (`splitkv_graph`), where it
     runs SGLang's largest number of KV splits, 16, against 4 at the batch's own length, and through patch 8's
     split count for graphs (`splitkv_graph_dspine`), and DSPINE's grouped kernel through patch 10's dispatch
-    (`grouped`)."""
+    (`grouped`) and at a tuning variant's settings (2 splits, 32-token loop steps)."""
     import torch
     from sglang.kernels.ops.attention.verify_splitkv import choose_n_splits
 
@@ -312,11 +312,12 @@ def test_verify_attention_times_the_kernels_on_causal_attention_over_context_and
         t = va.inputs(bs, rows, context, torch.Generator().manual_seed(rows), dev="cpu")
         got, graph_len = {}, 1 << 17  # longer than bs x va.MAX_CONTEXT: a capture buffer to patch 8
         assert choose_n_splits(t["kv_indices"].numel() / bs) == 4 and choose_n_splits(graph_len / bs) == 16
-        for kernel in ("decode",) * (rows == 1) + va.VERIFY_KERNELS:
+        for kernel in ("decode",) * (rows == 1) + va.VERIFY_KERNELS + ("grouped_2s_32n_4w",):
             t["o"].zero_()
             va.calls(kernel, [t], bs, rows, 4, dev="cpu", graph_kv_len=graph_len)()
             got[kernel] = t["o"].clone()
-        assert set(got) >= {"extend", "splitkv", "splitkv_graph", "splitkv_graph_dspine", "grouped"}
+        assert set(got) >= {"extend", "splitkv", "splitkv_graph", "splitkv_graph_dspine", "grouped",
+                            "grouped_2s_32n_4w"}
         group = va.HQ // va.HKV
         for kernel, out in got.items():
             for b in range(bs):

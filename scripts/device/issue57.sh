@@ -35,6 +35,9 @@
 # Then: python3 scripts/device/default_rules.py <adaptive.json> --rep2 <rep2/adaptive.json> --gpu-tests-log
 #   <gpu_tests.log> --summary benchmarks/results/adaptive_summary.json judges the rules below, as written there.
 # Decision rules, fixed before the run (2026-12-06, after c615dca):
+#   - (2026-12-06, after a69f10b) the grouped kernel's settings (BLOCK_N 64, 4 warps, one split from 17 requests at
+#     8 KV heads) change to a tuning variant of the sweep ($OUT/tune) only if it is >= 5% faster than `grouped` at
+#     48 and 64 requests x 16 rows and not slower than 0.98x `grouped` in any other cell of the sweep;
 #   - (2026-12-06, before patch 10 ran on a GPU) SGLANG_DSPINE_SPLITKV_VERIFY=grouped (DSPINE's grouped verify
 #     attention, 643b9ca) becomes every chain server's default on triton if the GPU tests pass (the grouped
 #     kernel's among them), at Qwen3-8B geometry fixed DSPINE with it serves >= 1.05x fixed DSPINE without it at
@@ -74,6 +77,10 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 # extend kernel). a69f10b ran the kernels, the GPU tests, the geometry's plain, fixed (extend, grouped), adaptive
 # grouped and below-block servers, and the pair's plain, fixed and fixed grouped: not again.
 bash scripts/device/gpu_tests.sh
+# the grouped kernel's tuning sweep (~2 min; its loop step and warps, one split, and two splits where it runs one)
+mkdir -p "$OUT/tune"
+python3 -m benchmarks verify_attention --out "$OUT/tune" --batch-sizes 1,16,48,64 --rows 4,16 \
+  --grouped-variants 1s_32n_4w,1s_128n_8w,1s_64n_8w,2s_64n_4w
 yield_gpu
 # the pair with the default kernel: the adaptive rule's two passes (fixed DSPINE, adaptive), plain beside
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive,dflash --clients 1,16,48 --t1-clients 48
