@@ -161,10 +161,10 @@ def main(argv=None) -> None:
 
     bench = Bench("cuda", deadline=float("inf"))
     gen = torch.Generator(device="cuda").manual_seed(0)
+    variants = tuple(f"grouped_{v}" for v in filter(None, args.grouped_variants.split(",")))
     for bs in (int(b) for b in args.batch_sizes.split(",")):
         for rows in (int(r) for r in args.rows.split(",")):
             layers = [inputs(bs, rows, args.context, gen) for _ in range(LAYERS)]
-            variants = tuple(f"grouped_{v}" for v in filter(None, args.grouped_variants.split(",")))
             for kernel in ("decode",) * (rows == 1) + VERIFY_KERNELS + variants:
                 graph = bench.capture(calls(kernel, layers, bs, rows, args.kv_splits,
                                             graph_kv_len=args.graph_kv_indices))  # Triton compiles before
@@ -178,8 +178,7 @@ def main(argv=None) -> None:
             del layers
             torch.cuda.empty_cache()
             json.dump(res, open(os.path.join(args.out, "verify_attention.json"), "w"), indent=1)
-    kernels = ("decode",) + VERIFY_KERNELS + tuple(f"grouped_{v}" for v in filter(None,
-                                                                                   args.grouped_variants.split(",")))
+    kernels = ("decode",) + VERIFY_KERNELS + variants
     print(f"{'bs':>4} {'W':>3} " + " ".join(f"{k:>13}" for k in kernels))
     for bs, by_rows in res["ms_per_step"].items():
         for rows, cells in by_rows.items():

@@ -280,6 +280,18 @@ def apply() -> None:
     admit_logprob_requests()
 
 
+VERIFY_DISPATCH = "TritonAttnBackend's split-KV verify dispatch (use_verify_splitkv)"
+
+
+def _dispatches_verify_split_kv(backend) -> bool:
+    """Whether SGLang's triton backend still runs `backend.verify_splitkv_fwd` for TARGET_VERIFY passes when
+    `use_verify_splitkv` is set: the hook patches 8 and 10 switch (without it they would silently do nothing)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    return "use_verify_splitkv" in _names_used(TritonAttnBackend.forward_extend.__code__) and \
+        hasattr(backend, "verify_splitkv_fwd")
+
+
 def split_kv_verify(backend) -> None:
     """Patch 8 (see the module docstring): `backend` (SGLang's triton attention backend of the target) verifies
     chains with SGLang's split-KV verify kernel. Refused where the backend is another, or SGLang's triton backend no
@@ -290,9 +302,8 @@ def split_kv_verify(backend) -> None:
         raise StartupRefusal(f"{ALGORITHM}: SGLANG_DSPINE_SPLITKV_VERIFY=1 needs the triton attention backend for the "
                              f"target's verify (found {type(backend).__name__}): pass --attention-backend triton or "
                              "unset it")
-    if "use_verify_splitkv" not in _names_used(TritonAttnBackend.forward_extend.__code__) or \
-            not hasattr(backend, "verify_splitkv_fwd"):
-        raise _not_found("TritonAttnBackend's split-KV verify dispatch (use_verify_splitkv)")
+    if not _dispatches_verify_split_kv(backend):
+        raise _not_found(VERIFY_DISPATCH)
     zero_split_kv_scratch()
     backend.verify_splitkv_fwd = with_graph_split_count(backend.verify_splitkv_fwd, int(backend.max_context_len))
     backend.use_verify_splitkv = True
@@ -314,11 +325,10 @@ def grouped_verify(backend, programs: int | None = None, required: bool = True, 
                "triton or unset SGLANG_DSPINE_SPLITKV_VERIFY")
     elif getattr(backend, "_dspine_grouped", False):
         return None
-    elif "use_verify_splitkv" not in _names_used(TritonAttnBackend.forward_extend.__code__) or \
-            not hasattr(backend, "verify_splitkv_fwd"):
+    elif not _dispatches_verify_split_kv(backend):
         if required:
-            raise _not_found("TritonAttnBackend's split-KV verify dispatch (use_verify_splitkv)")
-        why = "this SGLang's triton backend has no split-KV verify dispatch (use_verify_splitkv)"
+            raise _not_found(VERIFY_DISPATCH)
+        why = f"this SGLang lacks {VERIFY_DISPATCH}"
     elif backend.sliding_window_size or backend.dcp_size > 1 or backend.use_mla:
         why = ("it reads a full-attention context of one rank: this model has a sliding window, MLA or decode "
                "context parallelism; unset it")
