@@ -31,6 +31,7 @@ SCENARIOS = {
     "headline_table": ("headline_table", "the README's headline table from benchmarks/results/headline.json"),
     "verify_attention": ("verify_attention", "a verify step's attention kernels vs plain decode's (Qwen3-8B heads)"),
     "greedy_divergence": ("greedy_divergence", "a GPU run's greedy divergences from plain, judged by the fp32 target"),
+    "step_timeline": ("step_timeline", "where a served step's time goes, from a trace of SGLang's profiler"),
 }
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

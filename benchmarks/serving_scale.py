@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import glob
 import json
 import os
 import random
@@ -103,7 +104,11 @@ def steady_load(server: Server, prompts, clients: int, max_new: int, temperature
     return ex
 
 
-def profile(server: Server, prompts, clients: int, steps: int, out_dir: str, max_new: int) -> dict:
+def profile(server: Server, prompts, clients: int, steps: int, out_dir: str, max_new: int,
+            keep: str | None = None) -> dict:
+    """SGLang's profiler over `steps` forward steps of a steady load of `clients` requests of `max_new` tokens: GPU
+    time per kernel name and per step. `keep`: a folder the trace is copied into (for timelines read later; a
+    trace over 16 MiB is not kept, and the result says so)."""
     ex = steady_load(server, prompts, clients, max_new)
     time.sleep(3.0 + 0.05 * clients)  # past the prefills: every request decoding
     d = os.path.join(out_dir, f"{server.name}_c{clients}")
@@ -126,6 +131,13 @@ def profile(server: Server, prompts, clients: int, steps: int, out_dir: str, max
     result.update(steps=steps, clients=clients, gpu_us_per_step=total / steps,
                   running_requests_in_log=max(running) if running else None,
                   kernels={k: {**v, "us_per_step": round(v["us"] / steps, 2)} for k, v in result["kernels"].items()})
+    if keep:
+        src = sorted(glob.glob(os.path.join(d, "**", result["trace"]), recursive=True))[-1]
+        if os.path.getsize(src) <= 16 << 20:
+            os.makedirs(keep, exist_ok=True)
+            result["kept_trace"] = shutil.copy(src, os.path.join(keep, f"{server.name}_c{clients}_{result['trace']}"))
+        else:
+            result["kept_trace"] = f"not kept: {os.path.getsize(src) >> 20} MiB"
     shutil.rmtree(d, ignore_errors=True)
     return result
 

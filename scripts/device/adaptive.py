@@ -22,8 +22,9 @@ with the same --out skips the servers already there, so a lost machine loses one
             against plain (near-tie gaps) and the T=1 two-sample test (serve_e2e's); then a load ramp
             1 -> 64 -> 1 clients (--ramp-seconds a level): requests, errors and the shapes chosen per level, from
             SGLang's decode log lines (patch 7's suffix).
-  profile   (with geometry) SGLang's profiler over 20 steps at 48 clients, adaptive and plain: GPU kernel time
-            per step against the wall time per step.
+  profile   (with geometry) SGLang's profiler over 20 steps at 1 and 48 clients, adaptive and plain: GPU kernel
+            time per step (each kernel's) against the wall time per step, and 40 steps of 12-token requests at 1
+            client (prefills among them); the traces kept in $OUT/traces for their timelines.
 Writes $OUT/adaptive.json. Usage (GPU machine, repo root, after `source scripts/device/setup.sh`):
     python3 scripts/device/adaptive.py --out $OUT [--phases pair,geometry]
 """
@@ -31,12 +32,15 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import glob
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import threading
+import time
 
 from sglang_dspine.provenance import provenance
 from sglang_dspine.serving.sglang_patches import verify_shapes_in_log
@@ -177,6 +181,55 @@ def started_server(started: list, name: str, port: int, entry: tuple, out: str) 
     return server
 
 
+def profile_cell(server, prompts, clients: int, out: str) -> dict:
+    """One server's profile at `clients`: wall per step of a measured round, then SGLang's profiler over 20 steps of
+    a steady load (GPU time per step and per kernel; the trace kept under out/traces for its timeline). The load's
+    requests outlast the profile: 2048 tokens at 1 client (~14 s), 1024 at 48 (~9 s; 48 x 1.5k tokens fit)."""
+    wall = bench.wave_round(server, prompts, clients, 128)[0]
+    prof = scale.profile(server, prompts, clients, 20, "/tmp/prof", 2048 if clients == 1 else 1024,
+                         keep=os.path.join(out, "traces"))
+    return {"wall_ms_per_step": 1000 * wall["seconds"] * clients / wall["output_tokens"],
+            "gpu_us_per_step": prof.get("gpu_us_per_step"), "running": prof.get("running_requests_in_log"),
+            "kernels_us_per_step": {k: v["us_per_step"] for k, v in prof.get("kernels", {}).items()},
+            "trace": prof.get("kept_trace"), "error": prof.get("error")}
+
+
+def boundary_profile(server, prompts, out: str, steps: int = 40, max_new: int = 12) -> dict:
+    """Requests' boundaries at 1 client: `max_new`-token requests one after another while SGLang's profiler records
+    `steps` forward steps, so the trace holds prefills and the decode steps around them (kept under out/traces)."""
+    stop, sent = threading.Event(), []
+
+    def one_after_another():
+        while not stop.is_set():
+            server.generate_ids(prompts[len(sent) % len(prompts)], max_new, 0.0)
+            sent.append(1)
+
+    t = threading.Thread(target=one_after_another, daemon=True)
+    t.start()
+    d = os.path.join("/tmp/prof", f"{server.name}_boundary")
+    try:
+        time.sleep(2.0)
+        server.profile(d, steps)
+        deadline, result = time.time() + 120, None
+        while time.time() < deadline and result is None:
+            time.sleep(2)
+            try:
+                result = bench.kernel_times(d)
+            except (FileNotFoundError, EOFError, ValueError):  # not written yet, or still being written
+                continue
+    finally:
+        stop.set()
+        t.join(timeout=60)
+    if result is None:
+        return {"error": "no trace written", "requests": len(sent)}
+    src = sorted(glob.glob(os.path.join(d, "**", result["trace"]), recursive=True))[-1]
+    os.makedirs(os.path.join(out, "traces"), exist_ok=True)
+    kept = shutil.copy(src, os.path.join(out, "traces", f"{server.name}_boundary_{result['trace']}"))
+    shutil.rmtree(d, ignore_errors=True)
+    return {"requests": len(sent), "gpu_us_per_step": sum(v["us"] for v in result["kernels"].values()) / steps,
+            "trace": kept}
+
+
 def run_alone(res, phase, name, args_, env, prompts, args, out_path, timeout=600):
     if name in res.setdefault(phase, {}):
         print(f"{phase}/{name}: already measured, skipped", flush=True)
@@ -267,7 +320,7 @@ def main():
         servers = with_backends(with_split_kv(servers), ("plain", "dspine", "dspine_adaptive"))
         for name in filter(None, args.geometry_servers.split(",")):
             run_alone(res, "geometry", name, *servers[name], prompts, args, out_path)
-        if "profile" in phases:  # where a step's time goes at 48 clients: GPU kernel time per step vs wall
+        if "profile" in phases:  # where a step's time goes: GPU kernel time per step against wall, 1 and 48 clients
             for name in ("dspine_adaptive", "plain"):
                 if name in res.setdefault("profile", {}):
                     continue
@@ -275,17 +328,12 @@ def main():
                                       env={**(servers[name][1] or {}), "SGLANG_TORCH_PROFILER_DIR": "/tmp/prof"})
                 try:
                     if server.wait(600):
-                        wall = bench.wave_round(server, prompts, 48, 128)[0]
-                        prof = scale.profile(server, prompts, 48, 20, "/tmp/prof", 256)
-                        top = sorted(prof.get("kernels", {}).items(), key=lambda kv: -kv[1]["us"])[:15]
-                        res["profile"][name] = {"wall_ms_per_step": 1000 * wall["seconds"] * 48 / wall["output_tokens"],
-                                                "gpu_us_per_step": prof.get("gpu_us_per_step"),
-                                                "running": prof.get("running_requests_in_log"),
-                                                "top_kernels_us_per_step": {k: v["us_per_step"] for k, v in top},
-                                                "error": prof.get("error")}
+                        res["profile"][name] = {str(c): profile_cell(server, prompts, c, args.out) for c in (1, 48)}
+                        res["profile"][name]["boundary_c1"] = boundary_profile(server, prompts, args.out)
                         print("profile", name, json.dumps(res["profile"][name])[:1500], flush=True)
                 finally:
                     server.stop()
+                    os.replace(server.log, os.path.join(args.out, f"server_profile_{name}.log"))
                 json.dump(res, open(out_path, "w"), indent=1)
     res["summary"] = summarize(res)
     json.dump(res, open(out_path, "w"), indent=1)
