@@ -14,6 +14,7 @@ import gzip
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -372,6 +373,28 @@ def wave_round(server: Server, prompts: list[list[int]], clients: int, max_new: 
 
 def decode_lines(log_text: str) -> list[str]:
     return [line for line in log_text.splitlines() if "Decode batch" in line]
+
+
+_DECODE_OR_PREFILL = re.compile(r"(Prefill batch)|Decode batch, #running-req: (\d+),"
+                                r".*?gen throughput \(token/s\): ([0-9.]+)")
+
+
+def decode_ms_per_token(log_text: str, running: int, least: int = 3) -> float | None:
+    """Steady decoding's time per token per request at `running` requests, from SGLang's decode log lines (each
+    gives the tokens/s since the line before): the median of 1000 x running / tokens/s over the intervals that
+    began on a decode line at the same `running` with no prefill between (so no prefill, queueing or request gap
+    in them). For plain decoding that is its decode step; for a speculative server, its step / tokens per step.
+    None with fewer than `least` such intervals."""
+    values, last = [], None
+    for m in _DECODE_OR_PREFILL.finditer(log_text):
+        if m.group(1):
+            last = None
+            continue
+        r, tps = int(m.group(2)), float(m.group(3))
+        if last == running and r == running and tps > 0:
+            values.append(1000.0 * running / tps)
+        last = r
+    return statistics.median(values) if len(values) >= least else None
 
 
 def graph_use(log_text: str) -> dict:

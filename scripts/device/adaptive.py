@@ -160,9 +160,12 @@ def measure_server(name, server, prompts, clients, t1_clients, repeats, max_new)
                          bench.wave_round(server, prompts, 8, max_new, 0.0, requests=GREEDY_ASKED)[1]]
     for temp, cs, key in ((0.0, clients, "t0"), (1.0, t1_clients, "t1")):
         for c in cs:
-            before = policy_state(server)[0]
+            before, log_start = policy_state(server)[0], len(server.text())
             rounds = [bench.wave_round(server, prompts, c, max_new, temp)[0] for _ in range(repeats)]
             rec[key][str(c)] = cell(rounds)
+            # steady decoding alone (no prefill, queueing or request gaps): the like-for-like step beside the
+            # adaptive servers' own step tables, which time decode steps alone
+            rec[key][str(c)]["decode_ms_per_token"] = bench.decode_ms_per_token(server.text()[log_start:], c)
             after, summary = policy_state(server)
             if after:
                 rec[key][str(c)]["shapes"] = {k: v - before.get(k, 0) for k, v in after.items()
@@ -454,8 +457,13 @@ def summarize(res: dict) -> dict:
                                       "shapes": r["shapes"]} for r in sw["ramp"]]}
     geo = res.get("geometry", {})
 
-    def plain_step_ms(name: str) -> dict:  # a plain server's step: wall x clients / tokens
-        return {c: 1000.0 * int(c) / v["tokens_per_s"]["median"] for c, v in geo.get(name, {}).get("t0", {}).items()}
+    def plain_step_ms(name: str) -> dict:
+        """A plain server's decode step per client count: from its decode log lines (steady decoding, as the
+        adaptive servers' tables time their steps: `decode_ms_per_token`) where the run recorded it, else wall x
+        clients / tokens of its rounds (before 2026-12-06's stop 67: that also holds the prefills and the gaps
+        between requests, ~0.2-0.3 ms a token at 1-4 clients, and so favoured the tables' shapes over plain)."""
+        return {c: v.get("decode_ms_per_token") or 1000.0 * int(c) / v["tokens_per_s"]["median"]
+                for c, v in geo.get(name, {}).get("t0", {}).items()}
 
     plain = plain_step_ms("plain")
     # the extend-kernel verify, SGLang's split-KV kernel (patch 8), and the table of a server with the tree in
