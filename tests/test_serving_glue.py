@@ -1378,7 +1378,7 @@ def test_a_chain_verify_reads_its_context_with_the_grouped_kernel(served, device
     assert "not triton" in sglang_patches.grouped_verify(SimpleNamespace(), required=False)
     # a tree's backend (SGLANG_DSPINE_SPLITKV_VERIFY=grouped on a tree server): the pass's mask, as the stock
     # backend's extend kernel reads it
-    from test_verify_attention import tree_mask
+    from tree_masks import tree_mask
 
     tree = _triton_backend(rows, pool, req_to_token, hq, hkv, d, device)
     sglang_patches.grouped_verify(tree, programs=16, tree=True)

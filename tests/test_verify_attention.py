@@ -13,6 +13,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tree_masks import tree_mask  # noqa: E402
+
 from sglang_dspine.kernels import verify_attention as va  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_grad")  # conftest.py
@@ -86,27 +88,13 @@ def test_the_kernel_matches_the_reference(rows, splits):
     assert not torch.allclose(other, ref, atol=1e-3)
 
 
-def tree_mask(rows, contexts, seed, device=DEVICE):
-    """A random tree per request in SGLang's TARGET_VERIFY mask layout: request b's rows × (context + rows) cells
-    from mask_indptr[b], the context's all set; row r sees itself and its ancestors (a random parent < r each)."""
-    g = torch.Generator().manual_seed(seed)
-    cells, indptr = [], [0]
-    for n in contexts:
-        seen = torch.eye(rows, dtype=torch.bool)
-        for r in range(1, rows):
-            seen[r] |= seen[int(torch.randint(0, r, (1,), generator=g))]
-        cells.append(torch.cat([torch.ones(rows, n, dtype=torch.bool), seen], 1).reshape(-1))
-        indptr.append(indptr[-1] + rows * (n + rows))
-    return torch.cat(cells).to(device), torch.tensor(indptr, dtype=torch.int32, device=device)
-
-
 @pytest.mark.parametrize("splits", [1, 4])
 def test_a_tree_sees_its_ancestors_and_the_context(splits):
     """With a tree's mask the rows' own block follows it (the reference against attention written out over each
     row's context and ancestors), and the kernel matches the reference; a tree that is a chain gives causal."""
     rows, contexts = 8, [5, 70, 33]
     args = problem(rows, contexts, seed=11)
-    mask, indptr = tree_mask(rows, contexts, seed=3)
+    mask, indptr = tree_mask(rows, contexts, seed=3, device=DEVICE)
     ref = va.grouped_verify_attention_torch(*args, rows=rows, sm_scale=0.2, mask=mask, mask_indptr=indptr)
     q, k_ext, v_ext, k_buf, v_buf, kv_indptr, kv_indices = args
     for b, n in enumerate(contexts):  # one (request, row, head), written out
