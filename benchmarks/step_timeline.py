@@ -10,7 +10,10 @@ Per trace, per forward step (the profiler's `num_steps`):
     time, so a synchronisation shows;
   * idle by caller: each GPU idle gap over `--gap-us` charged to the Python frames that were running when the
     kernel after the gap was launched (the innermost frames of sglang and sglang_dspine; the GPU waited on
-    them).
+    them);
+  * host time by frame: each sglang / sglang_dspine Python function's time (inclusive, summed over its calls),
+    which under overlap scheduling the GPU's work may hide, and where the step is the host's (a small model)
+    is the step.
 Two traces (`--diff`, e.g. the adaptive server's `none` steps and plain decoding at the same load): the second
 minus the first per eager kernel and per caller.
 """
@@ -101,6 +104,12 @@ def timeline(src, steps: int, gap_us: float = 20.0, depth: int = 2, top: int = 2
         busy += d if end is None else max(0, s + d - max(s, end))
         end = s + d if end is None else max(end, s + d)
     span = end - _ns(dev[0]["ts"]) if dev else 0
+    host: dict[str, list] = defaultdict(lambda: [0, 0])  # frame -> [inclusive ns, calls]
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "python_function" and _OURS.search(e.get("name", "")):
+            row = host[_frame(e["name"])]
+            row[0] += _ns(e.get("dur", 0))
+            row[1] += 1
     runtime: dict[str, list] = defaultdict(lambda: [0, 0])
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in LAUNCH_CATS:
@@ -124,13 +133,15 @@ def timeline(src, steps: int, gap_us: float = 20.0, depth: int = 2, top: int = 2
                        for n, v in sorted(runtime.items(), key=lambda kv: -kv[1][0])[:top]},
         "idle_by_caller_us": {n: {"us": per_step_us(v[0]), "gaps": round(v[1] / steps, 2)}
                               for n, v in sorted(idle_by.items(), key=lambda kv: -kv[1][0])[:top]},
+        "host_us_by_frame": {n: {"us": per_step_us(v[0]), "calls": round(v[1] / steps, 2)}
+                             for n, v in sorted(host.items(), key=lambda kv: -kv[1][0])[:2 * top]},
     }
 
 
 def difference(a: dict, b: dict, top: int = 20) -> dict:
-    """b minus a, per step: the totals, each eager kernel and each idle caller (largest first)."""
+    """b minus a, per step: the totals, each eager kernel, idle caller and host frame (largest first)."""
     out = {k: round(b[k] - a[k], 1) for k in ("span_us", "busy_us", "idle_us", "graph_kernels", "eager_kernels")}
-    for part in ("eager_us", "idle_by_caller_us"):
+    for part in ("eager_us", "idle_by_caller_us", "host_us_by_frame"):
         names = set(a[part]) | set(b[part])
         rows = {n: round(b[part].get(n, {}).get("us", 0.0) - a[part].get(n, {}).get("us", 0.0), 1) for n in names}
         out[part] = dict(sorted(rows.items(), key=lambda kv: -abs(kv[1]))[:top])

@@ -55,6 +55,9 @@ def test_a_steps_account(tmp_path):
                                              "max_us": 1250.0}
     assert r["runtime_us"]["cudaStreamSynchronize"] == {"us": 30.0, "count": 1.0}
     assert r["runtime_us"]["cudaGraphLaunch"] == {"us": 10.0, "count": 1.0}
+    # host time: sglang / sglang_dspine frames only (torch's helper is not one)
+    assert r["host_us_by_frame"] == {"worker.py:step": {"us": 1000.0, "calls": 1.0},
+                                     "dflash_step.py:commit": {"us": 150.0, "calls": 1.0}}
 
 
 def test_one_trace_minus_another():
@@ -64,3 +67,4 @@ def test_one_trace_minus_another():
     assert d["busy_us"] == 50.0 and d["eager_kernels"] == 1.0
     assert d["eager_us"] == {"kv_write_#": 50.0}
     assert d["idle_by_caller_us"]["worker.py:step > dflash_step.py:commit"] == 200.0
+    assert d["host_us_by_frame"] == {"dflash_step.py:commit": 150.0, "worker.py:step": 0.0}

@@ -24,7 +24,8 @@ with the same --out skips the servers already there, so a lost machine loses one
             SGLang's decode log lines (patch 7's suffix).
   profile   (with geometry) SGLang's profiler over 20 steps at 1 and 48 clients, adaptive and plain: GPU kernel
             time per step (each kernel's) against the wall time per step, and 40 steps of 12-token requests at 1
-            client (prefills among them); the traces kept in $OUT/traces for their timelines.
+            client (prefills among them); the traces kept in $OUT/traces for their timelines
+            (benchmarks/step_timeline.py). `profile_pair`: the same on the built-in pair at 48 clients.
 Writes $OUT/adaptive.json. Usage (GPU machine, repo root, after `source scripts/device/setup.sh`):
     python3 scripts/device/adaptive.py --out $OUT [--phases pair,geometry]
 """
@@ -200,12 +201,16 @@ def profile_cell(server, prompts, clients: int, out: str) -> dict:
 def boundary_profile(server, prompts, out: str, steps: int = 40, max_new: int = 12) -> dict:
     """Requests' boundaries at 1 client: `max_new`-token requests one after another while SGLang's profiler records
     `steps` forward steps, so the trace holds prefills and the decode steps around them (kept under out/traces)."""
-    stop, sent = threading.Event(), []
+    stop, sent, errors = threading.Event(), [], []
 
     def one_after_another():
         while not stop.is_set():
-            server.generate_ids(prompts[len(sent) % len(prompts)], max_new, 0.0)
-            sent.append(1)
+            try:
+                server.generate_ids(prompts[len(sent) % len(prompts)], max_new, 0.0)
+                sent.append(1)
+            except Exception as e:  # noqa: BLE001 - counted and reported; the load goes on
+                errors.append(repr(e)[:200])
+                time.sleep(0.5)
 
     t = threading.Thread(target=one_after_another, daemon=True)
     t.start()
@@ -224,13 +229,33 @@ def boundary_profile(server, prompts, out: str, steps: int = 40, max_new: int = 
         stop.set()
         t.join(timeout=60)
     if result is None:
-        return {"error": "no trace written", "requests": len(sent)}
+        return {"error": "no trace written", "requests": len(sent), "request_errors": errors[:3]}
     src = sorted(glob.glob(os.path.join(d, "**", result["trace"]), recursive=True))[-1]
     os.makedirs(os.path.join(out, "traces"), exist_ok=True)
     kept = shutil.copy(src, os.path.join(out, "traces", f"{server.name}_boundary_{result['trace']}"))
     shutil.rmtree(d, ignore_errors=True)
-    return {"requests": len(sent), "gpu_us_per_step": sum(v["us"] for v in result["kernels"].values()) / steps,
-            "trace": kept}
+    return {"requests": len(sent), "request_errors": errors[:3], "trace": kept,
+            "gpu_us_per_step": sum(v["us"] for v in result["kernels"].values()) / steps}
+
+
+def profile_servers(res, key, servers, prompts, clients, out, out_path) -> None:
+    """SGLang's profiler on the adaptive server and plain decoding (`servers`' entries), each alone: per client
+    count `profile_cell`, then `boundary_profile`; into res[key][name], the JSON written after each server."""
+    for name in ("dspine_adaptive", "plain"):
+        if name in res.setdefault(key, {}):
+            continue
+        tag = f"prof_{key[len('profile'):].lstrip('_') or 'geometry'}_{name}"
+        server = bench.Server(tag, 34001, servers[name][0], out,
+                              env={**(servers[name][1] or {}), "SGLANG_TORCH_PROFILER_DIR": "/tmp/prof"})
+        try:
+            if server.wait(600):
+                res[key][name] = {str(c): profile_cell(server, prompts, c, out) for c in clients}
+                res[key][name]["boundary_c1"] = boundary_profile(server, prompts, out)
+                print(key, name, json.dumps(res[key][name])[:1500], flush=True)
+        finally:
+            server.stop()
+            os.replace(server.log, os.path.join(out, f"server_{tag}.log"))
+        json.dump(res, open(out_path, "w"), indent=1)
 
 
 def run_alone(res, phase, name, args_, env, prompts, args, out_path, timeout=600):
@@ -293,6 +318,8 @@ def main():
         servers = with_split_kv(servers)
         for name in filter(None, args.pair_servers.split(",")) if "pair" in phases else ():
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)
+        if "profile_pair" in phases:  # the small pair's step is the host's: 48 clients, a request's boundary
+            profile_servers(res, "profile_pair", servers, prompts, (48,), args.out, out_path)
         if "switching" in phases and "switching" not in res:
             name = args.switching_server
             started = []  # each server stopped however the phase ends: a leaked one holds its GPU memory
@@ -323,21 +350,8 @@ def main():
         servers = with_backends(with_split_kv(servers), ("plain", "dspine", "dspine_adaptive"))
         for name in filter(None, args.geometry_servers.split(",")):
             run_alone(res, "geometry", name, *servers[name], prompts, args, out_path)
-        if "profile" in phases:  # where a step's time goes: GPU kernel time per step against wall, 1 and 48 clients
-            for name in ("dspine_adaptive", "plain"):
-                if name in res.setdefault("profile", {}):
-                    continue
-                server = bench.Server(f"prof_{name}", 34001, servers[name][0], args.out,
-                                      env={**(servers[name][1] or {}), "SGLANG_TORCH_PROFILER_DIR": "/tmp/prof"})
-                try:
-                    if server.wait(600):
-                        res["profile"][name] = {str(c): profile_cell(server, prompts, c, args.out) for c in (1, 48)}
-                        res["profile"][name]["boundary_c1"] = boundary_profile(server, prompts, args.out)
-                        print("profile", name, json.dumps(res["profile"][name])[:1500], flush=True)
-                finally:
-                    server.stop()
-                    os.replace(server.log, os.path.join(args.out, f"server_profile_{name}.log"))
-                json.dump(res, open(out_path, "w"), indent=1)
+        if "profile" in phases:  # where a step's time goes: 1 and 48 clients, a request's boundary
+            profile_servers(res, "profile", servers, prompts, (1, 48), args.out, out_path)
     res["summary"] = summarize(res)
     json.dump(res, open(out_path, "w"), indent=1)
     print(json.dumps(res["summary"], indent=1))
@@ -350,13 +364,13 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
     res, runs = {}, []
     for p in paths:
         r = json.load(open(p))
-        phases = [k for k in ("pair", "geometry", "profile", "switching") if k in r]
+        phases = [k for k in ("pair", "geometry", "profile", "profile_pair", "switching") if k in r]
         # a run is named by its file (a kept run: benchmarks/results/adaptive_run_*.json), or for a job's
         # $OUT/adaptive.json by the job's folder
         name = os.path.splitext(os.path.basename(p))[0]
         runs.append({"file": name if name != "adaptive" else os.path.basename(os.path.dirname(os.path.dirname(p))) or p,
                      "provenance": r.get("provenance"), "phases": phases})
-        for phase in ("pair", "geometry", "profile"):
+        for phase in ("pair", "geometry", "profile", "profile_pair"):
             res.setdefault(phase, {}).update(r.get(phase, {}))
         if "switching" in r:  # one server's record, not one per server: the later run's
             res["switching"] = r["switching"]

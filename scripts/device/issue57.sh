@@ -76,41 +76,47 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 # since e1d6237 every DSPINE server below verifies chains on the grouped kernel (the default; `_extend`: SGLang's
 # extend kernel). a69f10b ran the kernels, the GPU tests, the geometry's plain, fixed (extend, grouped), adaptive
 # grouped and below-block servers, and the pair's plain, fixed and fixed grouped: not again.
-bash scripts/device/gpu_tests.sh
-# (2026-12-06, stop 67) the order is the decisions': the pair's two passes on the default kernel (the `adaptive`
+# (2026-12-06, stop 67) the order is the decisions': the pair's first pass on the default kernel (the `adaptive`
 # rule), then where the `none` step's time goes (a69f10b: the adaptive server at tau = 1 served 0.947-0.979x plain;
 # SGLang's decode log lines put `none` 0.19-0.21 ms a step above plain's decode step at every batch, and requests at
-# 1 client ~18 ms each above plain's), then switching, the tuning sweep, the geometry, pressure, the tree, FA3.
-# the pair with the default kernel: the adaptive rule's two passes (fixed DSPINE, adaptive), plain beside
+# 1 client ~18 ms each above plain's; on the pair, host-bound, the adaptive servers' steps cost 3-5 ms where plain
+# decoding's took 1.2-1.6), then the GPU tests, the pair's second pass, switching, the geometry, the tuning sweep,
+# pressure, the tree, FA3.
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive,dflash --clients 1,16,48 --t1-clients 48
+yield_gpu
+# SGLang's profiler on the adaptive server and plain: the pair at 48 clients (~3 min), the geometry (tau = 1: `none`)
+# at 1 and 48 clients (~6 min), each also at a request's boundary; traces in $OUT/traces, their timelines here
+# (plain first, so --diff is adaptive minus plain), then the traces out of $OUT (a file that comes back is at most
+# 16 MiB): a later call copies the ones wanted from /tmp/l57_traces
+$A --phases profile_pair --pair-servers ""
+$A --phases geometry,profile --geometry-servers ""
+T="$OUT/traces"
+tl() {  # tl NAME STEPS PLAIN_GLOB ADAPTIVE_GLOB
+  python3 -m benchmarks step_timeline $3 $4 --steps "$2" --diff --out "$OUT/timeline_$1.json" > /dev/null 2>&1
+  echo "issue57: timeline $1 rc $?"
+}
+tl pair_c48 20 "$T/prof_pair_plain_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
+tl pair_boundary 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_adaptive_boundary_*"
+for c in c1 c48; do tl geometry_$c 20 "$T/prof_geometry_plain_${c}_*" "$T/prof_geometry_dspine_adaptive_${c}_*"; done
+tl geometry_boundary 40 "$T/prof_geometry_plain_boundary_*" "$T/prof_geometry_dspine_adaptive_boundary_*"
+mkdir -p /tmp/l57_traces && mv "$T"/* /tmp/l57_traces/ 2>/dev/null; ls -la /tmp/l57_traces
+yield_gpu
+bash scripts/device/gpu_tests.sh
 yield_gpu
 mkdir -p "$OUT/rep2"
 python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \
    --clients 1,16,48 --t1-clients 48
 yield_gpu
-# SGLang's profiler on the adaptive server (tau = 1: `none`) and plain at the geometry, 1 and 48 clients and a
-# request's boundary; traces in $OUT/traces (~6 min)
-$A --phases geometry,profile --geometry-servers ""
-# the traces' timelines here (plain first, so --diff is adaptive minus plain), then the traces out of $OUT (a file
-# that comes back is at most 16 MiB): a later call copies the ones wanted from /tmp/l57_traces
-T="$OUT/traces"
-for c in c1 c48; do
-  python3 -m benchmarks step_timeline "$T"/prof_plain_${c}_* "$T"/prof_dspine_adaptive_${c}_* --steps 20 --diff \
-    --out "$OUT/timeline_$c.json" > /dev/null 2>&1; echo "issue57: timeline $c rc $?"
-done
-python3 -m benchmarks step_timeline "$T"/prof_plain_boundary_* "$T"/prof_dspine_adaptive_boundary_* --steps 40 \
-  --diff --out "$OUT/timeline_boundary.json" > /dev/null 2>&1; echo "issue57: timeline boundary rc $?"
-mkdir -p /tmp/l57_traces && mv "$T"/* /tmp/l57_traces/ 2>/dev/null; ls -la /tmp/l57_traces
-yield_gpu
 $A --phases switching --switching-server dspine_adaptive
+yield_gpu
+# the geometry's fixed and adaptive servers on the default kernel beside plain (each cell's decode_ms_per_token:
+# the like-for-like plain step for the projection)
+$A --phases geometry --geometry-servers plain,dspine,dspine_adaptive --clients 1,4,16,48,64
 yield_gpu
 # the grouped kernel's tuning sweep (~2 min; its loop step and warps, one split, and two splits where it runs one)
 mkdir -p "$OUT/tune"
 python3 -m benchmarks verify_attention --out "$OUT/tune" --batch-sizes 1,16,48,64 --rows 4,16 \
   --grouped-variants 1s_32n_4w,1s_128n_8w,1s_64n_8w,2s_64n_4w
-yield_gpu
-# the geometry's fixed and adaptive servers on the default kernel beside plain
-$A --phases geometry --geometry-servers plain,dspine,dspine_adaptive --clients 1,4,16,48,64
 yield_gpu
 # memory pressure with adaptive on (~5 min; never run): KV exhaustion, graph overflow, long prompts, disconnects,
 # retraction (issue56.sh's `adaptive` part)
