@@ -82,7 +82,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 # 1 client ~18 ms each above plain's; on the pair, host-bound, the adaptive servers' steps cost 3-5 ms where plain
 # decoding's took 1.2-1.6), then the GPU tests, the pair's second pass, switching, the geometry, the tuning sweep,
 # pressure, the tree, FA3.
-$A --phases pair --pair-servers plain,dspine,dspine_adaptive,dflash --clients 1,16,48 --t1-clients 48
+# dspine_extend beside dflash: the drafters compared on the same (SGLang's extend) verify kernel
+$A --phases pair --pair-servers plain,dspine,dspine_adaptive,dflash,dspine_extend --clients 1,16,48 --t1-clients 48
 yield_gpu
 # SGLang's profiler on the adaptive server and plain: the pair at 48 clients (~3 min), the geometry (tau = 1: `none`)
 # at 1 and 48 clients (~6 min), each also at a request's boundary; traces in $OUT/traces, their timelines here
