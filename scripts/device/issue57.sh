@@ -80,10 +80,10 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 # rule), then where the `none` step's time goes (a69f10b: the adaptive server at tau = 1 served 0.947-0.979x plain;
 # SGLang's decode log lines put `none` 0.19-0.21 ms a step above plain's decode step at every batch, and requests at
 # 1 client ~18 ms each above plain's; on the pair, host-bound, the adaptive servers' steps cost 3-5 ms where plain
-# decoding's took 1.2-1.6), then the GPU tests, the pair's second pass, switching, the geometry, the tuning sweep,
-# pressure, the tree, FA3.
-# dspine_extend beside dflash: the drafters compared on the same (SGLang's extend) verify kernel
-$A --phases pair --pair-servers plain,dspine,dspine_adaptive,dflash,dspine_extend --clients 1,16,48 --t1-clients 48
+# decoding's took 1.2-1.6), then the pair's second pass, the GPU tests (the serving code is a69f10b's but for
+# 948c14e's refactor, CPU-tested), DFLASH beside DSPINE on the extend kernel, switching, the geometry, the tuning
+# sweep, pressure, the tree, FA3 (a lease of ~20 device minutes reaches the GPU tests).
+$A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
 yield_gpu
 # SGLang's profiler on the adaptive server and plain: the pair at 48 clients (~3 min), the geometry (tau = 1: `none`)
 # at 1 and 48 clients (~6 min), each also at a request's boundary; traces in $OUT/traces, their timelines here
@@ -102,11 +102,14 @@ for c in c1 c48; do tl geometry_$c 20 "$T/prof_geometry_plain_${c}_*" "$T/prof_g
 tl geometry_boundary 40 "$T/prof_geometry_plain_boundary_*" "$T/prof_geometry_dspine_adaptive_boundary_*"
 mkdir -p /tmp/l57_traces && mv "$T"/* /tmp/l57_traces/ 2>/dev/null; ls -la /tmp/l57_traces
 yield_gpu
-bash scripts/device/gpu_tests.sh
-yield_gpu
 mkdir -p "$OUT/rep2"
 python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \
    --clients 1,16,48 --t1-clients 48
+yield_gpu
+bash scripts/device/gpu_tests.sh
+yield_gpu
+# dspine_extend beside dflash: the drafters compared on the same (SGLang's extend) verify kernel
+$A --phases pair --pair-servers dflash,dspine_extend --clients 1,16,48 --t1-clients 48
 yield_gpu
 $A --phases switching --switching-server dspine_adaptive
 yield_gpu
