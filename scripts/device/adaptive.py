@@ -483,7 +483,7 @@ def summarize(res: dict) -> dict:
     # the extend-kernel verify, SGLang's split-KV kernel (patch 8), and the table of a server with the tree in
     # its menu (it times the tree beside the chains)
     tables = {suffix: cost_table(geo.get(f"dspine_adaptive{suffix}", {}).get("policy_last"))
-              for suffix in ("", "_splitkv", "_tree32", "_below_block")}
+              for suffix in ("", "_splitkv", "_tree32", "_below_block", "_grouped", "_extend")}
     if not tables["_below_block"] and tables[""] and tables["_splitkv"]:
         # not served yet: each shape's graphs are its own, so the narrower shapes' steps under split-KV and the
         # block's under the extend kernel are what SGLANG_DSPINE_SPLITKV_VERIFY=below-block would run
@@ -505,6 +505,10 @@ def summarize(res: dict) -> dict:
         out["projection_acceptance"] = sources
         for key, source in sources.items():
             out[key] = project(plain, tables, source["dspine"], source.get("dflash_block"))
+            for suffix, steps in fixed_block_steps(geo).items():  # the fixed servers' own block steps
+                for c, ms in steps.items():
+                    if c in out[key]:
+                        out[key][c][f"dspine_fixed{suffix}"] = round(1000 * int(c) * source["dspine"][BLOCK] / ms, 1)
             for b, (plain_b, table) in backends.items():
                 if not (plain_b and table):
                     continue
@@ -512,6 +516,20 @@ def summarize(res: dict) -> dict:
                                         source.get("dflash_block")).items():
                     out[key].setdefault(c, {}).update({f"plain_{b}" if k == "plain" else k: v
                                                        for k, v in cell_.items()})
+    return out
+
+
+def fixed_block_steps(geo: dict) -> dict:
+    """Per fixed DSPINE server at the geometry (`dspine`, `dspine_grouped`, ...; by suffix): its block step per
+    client count from steady decoding (decode_ms_per_token x τ, recorded since stop 67), where the run has it."""
+    out = {}
+    for name, rec in geo.items():
+        if name == "dspine" or (name.startswith("dspine_") and not name.startswith(("dspine_adaptive", "dspine_tree"))
+                                and name.count("_") == 1):
+            steps = {c: v["decode_ms_per_token"] * v["tau"] for c, v in rec.get("t0", {}).items()
+                     if v.get("decode_ms_per_token") and v.get("tau")}
+            if steps:
+                out[name[len("dspine"):]] = steps
     return out
 
 
