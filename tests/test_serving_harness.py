@@ -474,6 +474,46 @@ def test_adaptive_merge_projects_the_geometry_step_table_with_each_acceptance(tm
         pytest.approx(e("dspine", 4), abs=1e-4)
 
 
+def test_plain_is_projected_on_its_steady_decode_step_and_each_fixed_server_on_its_own(tmp_path):
+    """Where a run recorded each cell's `decode_ms_per_token` (steady decoding from SGLang's decode log lines),
+    plain's step is that, not clients / its tokens/s (which also holds prefills and request gaps), and each fixed
+    DSPINE server's block step is its own decode_ms_per_token x τ, projected with the block's E beside the
+    adaptive table's."""
+    cell = lambda tps, tau=None, log=None: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": tau,
+                                            "decode_ms_per_token": log}
+    accept = {"none": 1.0, "chain4": 2.0, "chain16": 3.0}
+    run = {"provenance": {"gpu": "G", "commit": "c"},
+           "pair": {"dspine_adaptive": {"t0": {"1": {**cell(100.0, 3.0), "policy": {"expected_tokens": accept}}}}},
+           "geometry": {"plain": {"t0": {"1": cell(125.0, None, 6.25), "48": cell(4000.0)}},  # 48: no log value
+                        "dspine_grouped": {"t0": {"1": cell(110.0, 1.01, 8.0)}},
+                        "dspine_adaptive_grouped": {"t0": {"1": cell(120.0, 1.0, 6.5)}},  # not a fixed server
+                        "dspine_adaptive": {"policy_last": {"step_ms": {"1": {"none": 6.4, "chain16": 9.0},
+                                                                        "64": {"none": 11.0}}}}}}
+    out = merged_summary(tmp_path, run)
+    assert out["geometry_step_ms"]["plain"] == {"1": 6.25, "48": 12.0}
+    proj = out["geometry_projection"]
+    assert proj["1"]["plain"] == 160.0 and proj["48"]["plain"] == 4000.0
+    assert proj["1"]["dspine_fixed_grouped"] == round(1000 * 3.0 / (8.0 * 1.01), 1)
+    assert proj["1"]["dspine"] == round(1000 * 3.0 / 9.0, 1)
+    assert "dspine_fixed_adaptive_grouped" not in proj["1"] and "dspine_fixed_grouped" not in proj["48"]
+
+
+def test_steady_decoding_is_read_from_the_decode_log_lines():
+    """servers.decode_ms_per_token: only intervals that begin on a decode line at the same running count with no
+    prefill between count (each line's tokens/s covers the interval since the line before)."""
+    from benchmarks import servers
+
+    line = "[t] Decode batch, #running-req: {r}, #token: 9, cuda graph: True, gen throughput (token/s): {t}, #queue-req: 0"
+    log = "\n".join([line.format(r=4, t=10.0),  # the first line: its interval began elsewhere
+                     line.format(r=4, t=400.0), line.format(r=4, t=500.0),
+                     "[t] Prefill batch, #new-seq: 1, #new-token: 1",
+                     line.format(r=4, t=50.0),  # after a prefill: not counted
+                     line.format(r=4, t=800.0), line.format(r=2, t=300.0), line.format(r=4, t=1.0)])
+    assert servers.decode_ms_per_token(log, 4) == 8.0  # median of 10, 8, 5 ms
+    assert servers.decode_ms_per_token(log, 4, least=4) is None
+    assert servers.decode_ms_per_token(log, 2) is None
+
+
 def default_rules(tmp_path, run: dict, rep2: dict | None = None, gpu_log: str | None = None) -> dict:
     """`scripts/device/default_rules.py` on runs of the test's making: rule -> verdict."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
