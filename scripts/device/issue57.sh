@@ -76,31 +76,33 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 # since e1d6237 every DSPINE server below verifies chains on the grouped kernel (the default; `_extend`: SGLang's
 # extend kernel). a69f10b ran the kernels, the GPU tests, the geometry's plain, fixed (extend, grouped), adaptive
 # grouped and below-block servers, and the pair's plain, fixed and fixed grouped: not again.
-# (2026-12-06, stop 67) the order is the decisions': the pair's first pass on the default kernel (the `adaptive`
-# rule), then where the `none` step's time goes (a69f10b: the adaptive server at tau = 1 served 0.947-0.979x plain;
-# SGLang's decode log lines put `none` 0.19-0.21 ms a step above plain's decode step at every batch, and requests at
-# 1 client ~18 ms each above plain's; on the pair, host-bound, the adaptive servers' steps cost 3-5 ms where plain
-# decoding's took 1.2-1.6), then the pair's second pass, the GPU tests (the serving code is a69f10b's but for
+# (2026-12-06, stop 67; 15 device minutes left after refused starts) first where the `none` step's time goes
+# (a69f10b: the adaptive server at tau = 1 served 0.947-0.979x plain; SGLang's decode log lines put `none` 0.19-0.21
+# ms a step above plain's decode step at every batch, and requests at 1 client ~18 ms each above plain's; on the
+# pair, host-bound, the adaptive servers' steps cost 3-5 ms where plain decoding's took 1.2-1.6), then the pair's
+# two passes on the default kernel (the `adaptive` rule), the GPU tests (the serving code is a69f10b's but for
 # 948c14e's refactor, CPU-tested), DFLASH beside DSPINE on the extend kernel, switching, the geometry, the tuning
-# sweep, pressure, the tree, FA3 (a lease of ~20 device minutes reaches the GPU tests).
-$A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
-yield_gpu
+# sweep, pressure, the tree, FA3.
 # SGLang's profiler on the adaptive server and plain: the pair at 48 clients (~3 min), the geometry (tau = 1: `none`)
 # at 1 and 48 clients (~6 min), each also at a request's boundary; traces in $OUT/traces, their timelines here
 # (plain first, so --diff is adaptive minus plain), then the traces out of $OUT (a file that comes back is at most
 # 16 MiB): a later call copies the ones wanted from /tmp/l57_traces
-$A --phases profile_pair --pair-servers ""
-$A --phases geometry,profile --geometry-servers ""
 T="$OUT/traces"
 tl() {  # tl NAME STEPS PLAIN_GLOB ADAPTIVE_GLOB
   python3 -m benchmarks step_timeline $3 $4 --steps "$2" --diff --out "$OUT/timeline_$1.json" > /dev/null 2>&1
   echo "issue57: timeline $1 rc $?"
 }
+traces_aside() { mkdir -p /tmp/l57_traces && mv "$T"/* /tmp/l57_traces/ 2>/dev/null; ls -la /tmp/l57_traces; }
+$A --phases profile_pair --pair-servers ""
 tl pair_c48 20 "$T/prof_pair_plain_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
 tl pair_boundary 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_adaptive_boundary_*"
+traces_aside
+$A --phases geometry,profile --geometry-servers ""
 for c in c1 c48; do tl geometry_$c 20 "$T/prof_geometry_plain_${c}_*" "$T/prof_geometry_dspine_adaptive_${c}_*"; done
 tl geometry_boundary 40 "$T/prof_geometry_plain_boundary_*" "$T/prof_geometry_dspine_adaptive_boundary_*"
-mkdir -p /tmp/l57_traces && mv "$T"/* /tmp/l57_traces/ 2>/dev/null; ls -la /tmp/l57_traces
+traces_aside
+yield_gpu
+$A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
 yield_gpu
 mkdir -p "$OUT/rep2"
 python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \
