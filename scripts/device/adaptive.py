@@ -24,7 +24,7 @@ with the same --out skips the servers already there, so a lost machine loses one
             SGLang's decode log lines (patch 7's suffix).
   profile   (with geometry) SGLang's profiler over 20 steps at 1 and 48 clients, adaptive and plain: GPU kernel
             time per step (each kernel's) against the wall time per step, and 40 steps of 12-token requests at 1
-            client (prefills among them); the traces kept in $OUT/traces for their timelines
+            client (prefills among them); the traces kept in $PROFILE_TRACES (else $OUT/traces) for their timelines
             (benchmarks/step_timeline.py). `profile_pair`: the same on the built-in pair at 48 clients.
 Writes $OUT/adaptive.json. Usage (GPU machine, repo root, after `source scripts/device/setup.sh`):
     python3 scripts/device/adaptive.py --out $OUT [--phases pair,geometry]
@@ -185,13 +185,19 @@ def started_server(started: list, name: str, port: int, entry: tuple, out: str) 
     return server
 
 
+def traces_dir(out: str) -> str:
+    """Where the profiles' traces are kept: $PROFILE_TRACES (a job keeps them outside its $OUT: tens of MiB each),
+    else out/traces."""
+    return os.environ.get("PROFILE_TRACES") or os.path.join(out, "traces")
+
+
 def profile_cell(server, prompts, clients: int, out: str) -> dict:
     """One server's profile at `clients`: wall per step of a measured round, then SGLang's profiler over 20 steps of
-    a steady load (GPU time per step and per kernel; the trace kept under out/traces for its timeline). The load's
+    a steady load (GPU time per step and per kernel; the trace kept in `traces_dir` for its timeline). The load's
     requests outlast the profile: 2048 tokens at 1 client (~14 s), 1024 at 48 (~9 s; 48 x 1.5k tokens fit)."""
     wall = bench.wave_round(server, prompts, clients, 128)[0]
     prof = scale.profile(server, prompts, clients, 20, "/tmp/prof", 2048 if clients == 1 else 1024,
-                         keep=os.path.join(out, "traces"))
+                         keep=traces_dir(out))
     return {"wall_ms_per_step": 1000 * wall["seconds"] * clients / wall["output_tokens"],
             "gpu_us_per_step": prof.get("gpu_us_per_step"), "running": prof.get("running_requests_in_log"),
             "kernels_us_per_step": {k: v["us_per_step"] for k, v in prof.get("kernels", {}).items()},
@@ -200,7 +206,7 @@ def profile_cell(server, prompts, clients: int, out: str) -> dict:
 
 def boundary_profile(server, prompts, out: str, steps: int = 40, max_new: int = 12) -> dict:
     """Requests' boundaries at 1 client: `max_new`-token requests one after another while SGLang's profiler records
-    `steps` forward steps, so the trace holds prefills and the decode steps around them (kept under out/traces)."""
+    `steps` forward steps, so the trace holds prefills and the decode steps around them (kept in `traces_dir`)."""
     stop, sent, errors = threading.Event(), [], []
 
     def one_after_another():
@@ -231,8 +237,8 @@ def boundary_profile(server, prompts, out: str, steps: int = 40, max_new: int = 
     if result is None:
         return {"error": "no trace written", "requests": len(sent), "request_errors": errors[:3]}
     src = sorted(glob.glob(os.path.join(d, "**", result["trace"]), recursive=True))[-1]
-    os.makedirs(os.path.join(out, "traces"), exist_ok=True)
-    kept = shutil.copy(src, os.path.join(out, "traces", f"{server.name}_boundary_{result['trace']}"))
+    os.makedirs(traces_dir(out), exist_ok=True)
+    kept = shutil.copy(src, os.path.join(traces_dir(out), f"{server.name}_boundary_{result['trace']}"))
     shutil.rmtree(d, ignore_errors=True)
     return {"requests": len(sent), "request_errors": errors[:3], "trace": kept,
             "gpu_us_per_step": sum(v["us"] for v in result["kernels"].values()) / steps}

@@ -84,23 +84,22 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 # 948c14e's refactor, CPU-tested), DFLASH beside DSPINE on the extend kernel, switching, the geometry, the tuning
 # sweep, pressure, the tree, FA3.
 # SGLang's profiler on the adaptive server and plain: the pair at 48 clients (~3 min), the geometry (tau = 1: `none`)
-# at 1 and 48 clients (~6 min), each also at a request's boundary; traces in $OUT/traces, their timelines here
-# (plain first, so --diff is adaptive minus plain), then the traces out of $OUT (a file that comes back is at most
-# 16 MiB): a later call copies the ones wanted from /tmp/l57_traces
-T="$OUT/traces"
+# at 1 and 48 clients (~6 min), each also at a request's boundary; traces kept outside $OUT (tens of MiB; a file
+# that comes back is at most 16 MiB: a later call copies the ones wanted), their timelines here (plain first, so
+# --diff is adaptive minus plain)
+export PROFILE_TRACES=/tmp/l57_traces
+T="$PROFILE_TRACES"
 tl() {  # tl NAME STEPS PLAIN_GLOB ADAPTIVE_GLOB
   python3 -m benchmarks step_timeline $3 $4 --steps "$2" --diff --out "$OUT/timeline_$1.json" > /dev/null 2>&1
   echo "issue57: timeline $1 rc $?"
 }
-traces_aside() { mkdir -p /tmp/l57_traces && mv "$T"/* /tmp/l57_traces/ 2>/dev/null; ls -la /tmp/l57_traces; }
 $A --phases profile_pair --pair-servers ""
 tl pair_c48 20 "$T/prof_pair_plain_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
 tl pair_boundary 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_adaptive_boundary_*"
-traces_aside
 $A --phases geometry,profile --geometry-servers ""
 for c in c1 c48; do tl geometry_$c 20 "$T/prof_geometry_plain_${c}_*" "$T/prof_geometry_dspine_adaptive_${c}_*"; done
 tl geometry_boundary 40 "$T/prof_geometry_plain_boundary_*" "$T/prof_geometry_dspine_adaptive_boundary_*"
-traces_aside
+ls -la "$T"
 yield_gpu
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
 yield_gpu
