@@ -89,16 +89,21 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 # --diff is adaptive minus plain)
 export PROFILE_TRACES=/tmp/l57_traces
 T="$PROFILE_TRACES"
-tl() {  # tl NAME STEPS PLAIN_GLOB ADAPTIVE_GLOB
-  python3 -m benchmarks step_timeline $3 $4 --steps "$2" --diff --out "$OUT/timeline_$1.json" > /dev/null 2>&1
-  echo "issue57: timeline $1 rc $?"
+tl() {  # tl NAME STEPS PLAIN_GLOB ADAPTIVE_GLOB: both traces (--diff), or the one that exists
+  local f=() d=()
+  for g in $3 $4; do [ -e "$g" ] && f+=("$g"); done
+  [ "${#f[@]}" = 2 ] && d=(--diff)
+  [ "${#f[@]}" = 0 ] && { echo "issue57: timeline $1: no trace"; return; }
+  python3 -m benchmarks step_timeline "${f[@]}" --steps "$2" "${d[@]}" --out "$OUT/timeline_$1.json" > /dev/null 2>&1
+  echo "issue57: timeline $1 (${#f[@]} traces) rc $?"
 }
-$A --phases profile_pair --pair-servers ""
-tl pair_c48 20 "$T/prof_pair_plain_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
-tl pair_boundary 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_adaptive_boundary_*"
+# the geometry first (what users serve); the adaptive server before plain in each
 $A --phases geometry,profile --geometry-servers ""
 for c in c1 c48; do tl geometry_$c 20 "$T/prof_geometry_plain_${c}_*" "$T/prof_geometry_dspine_adaptive_${c}_*"; done
 tl geometry_boundary 40 "$T/prof_geometry_plain_boundary_*" "$T/prof_geometry_dspine_adaptive_boundary_*"
+$A --phases profile_pair --pair-servers ""
+tl pair_c48 20 "$T/prof_pair_plain_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
+tl pair_boundary 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_adaptive_boundary_*"
 ls -la "$T"
 yield_gpu
 $A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
