@@ -196,9 +196,13 @@ def profile_cell(server, prompts, clients: int, out: str) -> dict:
     a steady load (GPU time per step and per kernel; the trace kept in `traces_dir` for its timeline). The load's
     requests outlast the profile: 2048 tokens at 1 client (~14 s), 1024 at 48 (~9 s; 48 x 1.5k tokens fit)."""
     wall = bench.wave_round(server, prompts, clients, 128)[0]
+    start = len(server.text())
     prof = scale.profile(server, prompts, clients, 20, "/tmp/prof", 2048 if clients == 1 else 1024,
                          keep=traces_dir(out))
     return {"wall_ms_per_step": 1000 * wall["seconds"] * clients / wall["output_tokens"],
+            # the adaptive server's shapes around the profiled steps (981bdc8: the profiler's slower steps made the
+            # policy explore the chains inside the window, so a window is not `none` alone)
+            "shapes_in_window": verify_shapes_in_log(server.text()[start:]),
             "gpu_us_per_step": prof.get("gpu_us_per_step"), "running": prof.get("running_requests_in_log"),
             "kernels_us_per_step": {k: v["us_per_step"] for k, v in prof.get("kernels", {}).items()},
             "trace": prof.get("kept_trace"), "error": prof.get("error")}
@@ -219,6 +223,7 @@ def boundary_profile(server, prompts, out: str, steps: int = 40, max_new: int = 
                 time.sleep(0.5)
 
     t = threading.Thread(target=one_after_another, daemon=True)
+    start = len(server.text())
     t.start()
     d = os.path.join("/tmp/prof", f"{server.name}_boundary")
     try:
@@ -241,6 +246,7 @@ def boundary_profile(server, prompts, out: str, steps: int = 40, max_new: int = 
     kept = shutil.copy(src, os.path.join(traces_dir(out), f"{server.name}_boundary_{result['trace']}"))
     shutil.rmtree(d, ignore_errors=True)
     return {"requests": len(sent), "request_errors": errors[:3], "trace": kept,
+            "shapes_in_window": verify_shapes_in_log(server.text()[start:]),
             "gpu_us_per_step": sum(v["us"] for v in result["kernels"].values()) / steps}
 
 
@@ -312,7 +318,7 @@ def main():
     res = json.load(open(out_path)) if os.path.exists(out_path) else {}
     res["provenance"] = provenance(sys.argv)
     phases = args.phases.split(",")
-    if "pair" in phases or "switching" in phases:
+    if "pair" in phases or "switching" in phases or "profile_pair" in phases:
         models = model_layout(args.models)
         target, prompts = pair_prompts(models)
         spec = lambda algo, d: bench.spec_args(target, algo, os.path.join(models, d), *PAIR_ARGS)
