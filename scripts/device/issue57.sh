@@ -97,10 +97,8 @@ tl() {  # tl NAME STEPS PLAIN_GLOB ADAPTIVE_GLOB: both traces (--diff), or the o
   python3 -m benchmarks step_timeline "${f[@]}" --steps "$2" "${d[@]}" --out "$OUT/timeline_$1.json" > /dev/null 2>&1
   echo "issue57: timeline $1 (${#f[@]} traces) rc $?"
 }
-# the geometry first (what users serve); the adaptive server before plain in each
-$A --phases geometry,profile --geometry-servers ""
-for c in c1 c48; do tl geometry_$c 20 "$T/prof_geometry_plain_${c}_*" "$T/prof_geometry_dspine_adaptive_${c}_*"; done
-tl geometry_boundary 40 "$T/prof_geometry_plain_boundary_*" "$T/prof_geometry_dspine_adaptive_boundary_*"
+# the geometry's profiles ran at 981bdc8 on an H200 (benchmarks/results/profile_h200_981bdc8.json): not again
+# until the `none` step changes (then: $A --phases geometry,profile --geometry-servers "" and its timelines)
 $A --phases profile_pair --pair-servers ""
 tl pair_c48 20 "$T/prof_pair_plain_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
 tl pair_boundary 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_adaptive_boundary_*"
