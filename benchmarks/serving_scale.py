@@ -104,6 +104,27 @@ def steady_load(server: Server, prompts, clients: int, max_new: int, temperature
     return ex
 
 
+def wait_for_trace(trace_dir: str, timeout: float) -> dict | None:
+    """`kernel_times` of the trace SGLang's profiler writes under `trace_dir`, once it is whole (None after
+    `timeout` seconds)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        time.sleep(2)
+        try:
+            return kernel_times(trace_dir)
+        except (FileNotFoundError, EOFError, ValueError):  # not written yet, or still being written
+            continue
+    return None
+
+
+def keep_trace(trace_dir: str, result: dict, keep: str, name: str) -> str:
+    """Copy the trace `result` was read from (under `trace_dir`) into the folder `keep` as `name`_<its file name>;
+    returns the copy's path."""
+    src = sorted(glob.glob(os.path.join(trace_dir, "**", result["trace"]), recursive=True))[-1]
+    os.makedirs(keep, exist_ok=True)
+    return shutil.copy(src, os.path.join(keep, f"{name}_{result['trace']}"))
+
+
 def profile(server: Server, prompts, clients: int, steps: int, out_dir: str, max_new: int,
             keep: str | None = None) -> dict:
     """SGLang's profiler over `steps` forward steps of a steady load of `clients` requests of `max_new` tokens: GPU
@@ -113,15 +134,7 @@ def profile(server: Server, prompts, clients: int, steps: int, out_dir: str, max
     time.sleep(3.0 + 0.05 * clients)  # past the prefills: every request decoding
     d = os.path.join(out_dir, f"{server.name}_c{clients}")
     server.profile(d, steps)
-    deadline = time.time() + 240
-    result = None
-    while time.time() < deadline:
-        time.sleep(2)
-        try:
-            result = kernel_times(d)
-            break
-        except (FileNotFoundError, EOFError, ValueError):  # not written yet, or still being written
-            continue
+    result = wait_for_trace(d, 240)
     server.post("/abort_request", {"abort_all": True}, timeout=30)
     ex.shutdown(wait=True, cancel_futures=True)
     if result is None:
@@ -132,9 +145,7 @@ def profile(server: Server, prompts, clients: int, steps: int, out_dir: str, max
                   running_requests_in_log=max(running) if running else None,
                   kernels={k: {**v, "us_per_step": round(v["us"] / steps, 2)} for k, v in result["kernels"].items()})
     if keep:
-        src = sorted(glob.glob(os.path.join(d, "**", result["trace"]), recursive=True))[-1]
-        os.makedirs(keep, exist_ok=True)
-        result["kept_trace"] = shutil.copy(src, os.path.join(keep, f"{server.name}_c{clients}_{result['trace']}"))
+        result["kept_trace"] = keep_trace(d, result, keep, f"{server.name}_c{clients}")
     shutil.rmtree(d, ignore_errors=True)
     return result
 

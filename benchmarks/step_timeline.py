@@ -30,14 +30,10 @@ if not __package__:  # run as a file: the package first
     as_package(__file__)
 
 from benchmarks.output import write_json  # noqa: E402
-from benchmarks.train_profile import DEVICE_CATS, LAUNCH_CATS, load_trace  # noqa: E402
+from benchmarks.train_profile import DEVICE_CATS, LAUNCH_CATS, _ns, load_trace  # noqa: E402
 
 _OURS = re.compile(r"(sglang_dspine|sglang)/")  # the frames a row is named after
 _NOISE = re.compile(r"0x[0-9a-f]+|\d{3,}")
-
-
-def _ns(us) -> int:
-    return round(float(us) * 1000)
 
 
 def _frame(name: str) -> str:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import glob
 import json
 import os
 import re
@@ -229,21 +228,13 @@ def boundary_profile(server, prompts, out: str, steps: int = 40, max_new: int = 
     try:
         time.sleep(2.0)
         server.profile(d, steps)
-        deadline, result = time.time() + 120, None
-        while time.time() < deadline and result is None:
-            time.sleep(2)
-            try:
-                result = bench.kernel_times(d)
-            except (FileNotFoundError, EOFError, ValueError):  # not written yet, or still being written
-                continue
+        result = scale.wait_for_trace(d, 120)
     finally:
         stop.set()
         t.join(timeout=60)
     if result is None:
         return {"error": "no trace written", "requests": len(sent), "request_errors": errors[:3]}
-    src = sorted(glob.glob(os.path.join(d, "**", result["trace"]), recursive=True))[-1]
-    os.makedirs(traces_dir(out), exist_ok=True)
-    kept = shutil.copy(src, os.path.join(traces_dir(out), f"{server.name}_boundary_{result['trace']}"))
+    kept = scale.keep_trace(d, result, traces_dir(out), f"{server.name}_boundary")
     shutil.rmtree(d, ignore_errors=True)
     return {"requests": len(sent), "request_errors": errors[:3], "trace": kept,
             "shapes_in_window": verify_shapes_in_log(server.text()[start:]),
