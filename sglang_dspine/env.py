@@ -55,6 +55,10 @@ VARIABLES = (
               "kernel. Trees keep the extend kernel unless grouped is set, which then reads the tree's mask "
               "(docs/verify_shapes.md; set explicitly, refused at start on another attention backend, and "
               "below-block without SGLANG_DSPINE_VERIFY=adaptive)"),
+    _Variable("SGLANG_DSPINE_UPKEEP_GRAPHS", True,
+              "1 (default): under SGLANG_DSPINE_VERIFY=adaptive, the drafter's context upkeep after a step narrower "
+              "than the block (none, a short chain) replays a CUDA graph per width and captured batch size instead "
+              "of DFlash's eager writer; 0: the eager writer (docs/verify_shapes.md)"),
     _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
               "1: `kill -USR1 <scheduler pid>` prints every thread's Python stack to the server log"),
     _Variable("DSPINE_SUITES_DIR", None,
@@ -96,6 +100,10 @@ class _Env:
     def split_kv_verify_set(self) -> bool:
         """Whether SGLANG_DSPINE_SPLITKV_VERIFY was set (a user's explicit choice: refused where it cannot apply)."""
         return bool(os.environ.get("SGLANG_DSPINE_SPLITKV_VERIFY"))
+
+    @property
+    def upkeep_graphs(self) -> bool:
+        return _flag("SGLANG_DSPINE_UPKEEP_GRAPHS", True)
 
     @property
     def stacks_on_sigusr1(self) -> bool:

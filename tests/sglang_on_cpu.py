@@ -84,15 +84,15 @@ def sglang_model(path):
     return DSpineDraftModel(get_config(str(path), trust_remote_code=False))
 
 
-def draft_kv(dc, rows: int = 4, size: int = 256):
+def draft_kv(dc, rows: int = 4, size: int = 256, device: str = "cpu"):
     """A draft KV pool for drafter config `dc` (SGLang's MHATokenToKVPool, page size 1, float32) and its
-    request-to-token rows (ReqToTokenPool), on the CPU."""
+    request-to-token rows (ReqToTokenPool), on the CPU (or `device`)."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
     pool = MHATokenToKVPool(size=size, page_size=1, dtype=torch.float32, head_num=dc.num_key_value_heads,
-                            head_dim=dc.head_dim, layer_num=dc.num_hidden_layers, device="cpu",
+                            head_dim=dc.head_dim, layer_num=dc.num_hidden_layers, device=device,
                             enable_memory_saver=False, enable_alt_stream=False)
-    return pool, ReqToTokenPool(size=rows, max_context_len=128, device="cpu", enable_memory_saver=False)
+    return pool, ReqToTokenPool(size=rows, max_context_len=128, device=device, enable_memory_saver=False)
 
 
 def write_context(model, pool, locs, feats) -> None:
@@ -103,7 +103,7 @@ def write_context(model, pool, locs, feats) -> None:
     for layer in model.layers:
         attn = layer.self_attn
         k, v = attn.kv_proj_only(model.prepare_context_hidden_for_kv(layer, ctx))
-        k = attn.apply_k_rope(torch.arange(s), attn.apply_k_norm(k))
+        k = attn.apply_k_rope(torch.arange(s, device=feats.device), attn.apply_k_norm(k))
         pool.set_kv_buffer(attn.attn, locs[:s], k.view(s, -1, dim), v.view(s, -1, dim), 1.0, 1.0)
 
 
@@ -184,7 +184,7 @@ class TargetModel(torch.nn.Module):
         self.lm_head = lm_head
 
 
-def worker_shell(model, lm_head, block_size, draft_pool=None, cls=None):
+def worker_shell(model, lm_head, block_size, draft_pool=None, cls=None, device: str = "cpu"):
     """A DSpineWorker as DFlash's own draft-decoding methods see it: its block size, its draft model, the target
     worker's model (rank 0 of SGLang's TP group: the logging rank); with `draft_pool`, what DFlash's context writer
     (`_append_target_hidden_to_draft_kv_by_loc`) reads too: the draft KV pool, the device, the draft's placement
@@ -202,7 +202,7 @@ def worker_shell(model, lm_head, block_size, draft_pool=None, cls=None):
         attrs.update(selector=model.candidate_selector, lilicorr=model.lilicorr,
                      _is_domino=parse_dflash_draft_config(draft_hf_config=model.config).is_domino)
     if draft_pool is not None:
-        attrs.update(model_runner=SimpleNamespace(device=torch.device("cpu")),
+        attrs.update(model_runner=SimpleNamespace(device=torch.device(device)), device=torch.device(device),
                      draft_model_runner=SimpleNamespace(token_to_kv_pool=draft_pool),
                      _use_fused_kv_materialize=False, _fused_kv_helper=None)
         if on_0_5_23():  # as DFlashWorkerV2.__init__ resolves it for the drafter's class
@@ -215,10 +215,10 @@ def worker_shell(model, lm_head, block_size, draft_pool=None, cls=None):
     return worker
 
 
-def step_shell(served, cls, reserve: int, seed: int):
-    """What a decode step's tail runs on, on the CPU: test_serving_glue's pair (`served`, B = 4), the SGLang draft
-    model with its weights, a draft KV pool and a shell of worker class `cls` (`worker_shell`), and three
-    requests with random context features already written into the draft KV, each with `reserve` slots past
+def step_shell(served, cls, reserve: int, seed: int, device: str = "cpu"):
+    """What a decode step's tail runs on, on the CPU (or `device`): test_serving_glue's pair (`served`, B = 4), the
+    SGLang draft model with its weights, a draft KV pool and a shell of worker class `cls` (`worker_shell`), and
+    three requests with random context features already written into the draft KV, each with `reserve` slots past
     its committed length (SGLang reserves 2 N). Returns a namespace: model, pool, req_to_token, worker, g (the
     generator, for the test's own draws), width (feature size), seq_lens, anchors, req (pool rows), ctx_feats."""
     from safetensors.torch import load_file
@@ -228,16 +228,17 @@ def step_shell(served, cls, reserve: int, seed: int):
     assert dc.block_size == 4
     model = sglang_model(served.root / "dspine").float()
     model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
-    pool, req_to_token = draft_kv(dc)
-    worker = worker_shell(model, _padded_head(served), dc.block_size, draft_pool=pool, cls=cls)
+    model = model.to(device)
+    pool, req_to_token = draft_kv(dc, device=device)
+    worker = worker_shell(model, _padded_head(served), dc.block_size, draft_pool=pool, cls=cls, device=device)
     g = torch.Generator().manual_seed(seed)
     width = len(dc.target_layer_ids) * dc.hidden_size
-    seq_lens, anchors, req = torch.tensor([6, 3, 8]), torch.tensor([5, 11, 30]), torch.tensor([2, 0, 1])
-    ctx_feats = [torch.randn(s, width, generator=g) for s in seq_lens.tolist()]
+    seq_lens, anchors, req = (torch.tensor(x, device=device) for x in ([6, 3, 8], [5, 11, 30], [2, 0, 1]))
+    ctx_feats = [torch.randn(s, width, generator=g).to(device) for s in seq_lens.tolist()]
     nxt = 1
     for r, s, feats in zip(req.tolist(), seq_lens.tolist(), ctx_feats):
-        req_to_token.req_to_token[r, : s + reserve] = torch.arange(nxt, nxt + s + reserve).to(torch.int32)
-        write_context(model, pool, torch.arange(nxt, nxt + s), feats)
+        req_to_token.req_to_token[r, : s + reserve] = torch.arange(nxt, nxt + s + reserve, dtype=torch.int32)
+        write_context(model, pool, torch.arange(nxt, nxt + s, device=device), feats)
         nxt += s + reserve
     return SimpleNamespace(model=model, pool=pool, req_to_token=req_to_token, worker=worker, g=g, width=width,
                            seq_lens=seq_lens, anchors=anchors, req=req, ctx_feats=ctx_feats)

@@ -4,6 +4,7 @@ expected tokens, brute force for the choice, a greedy decoding loop for the pref
 from __future__ import annotations
 
 import random
+import types
 
 import pytest
 import torch
@@ -206,15 +207,17 @@ def served(tmp_path_factory):
 
 
 @pytest.mark.usefixtures("no_grad", "one_thread")
+@pytest.mark.parametrize("upkeep", ["eager", "graphs"])
 @pytest.mark.parametrize("rows", [1, 3], ids=["none", "chain3"])
-def test_a_prefix_steps_tail_keeps_the_drafters_context(served, rows):
+def test_a_prefix_steps_tail_keeps_the_drafters_context(served, rows, upkeep):
     """The prefix step after its verify pass (`DSpineWorker._commit_prefix`), on the SGLang draft model
     with a draft KV pool on the CPU and DFlash's own context writer, B = 4: three requests verify their first
     `rows` rows (rows = 1: no speculation, the bonus token alone), greedy. Afterwards:
     - the tokens out and accept lengths are greedy verification's over the prefix;
     - at every committed position the draft K/V is what DFlash's writer makes from that row's target features;
     - the next step's draft is the plain drafter's on the context extended by those features: speculation
-      resumes after a step without it as after any step."""
+      resumes after a step without it as after any step.
+    With `graphs`, the context is written by the worker's context upkeep graphs (bucket 4: one padded request)."""
     import sglang_on_cpu
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
     from test_serving_glue import VOCAB
@@ -223,6 +226,12 @@ def test_a_prefix_steps_tail_keeps_the_drafters_context(served, rows):
 
     shell = sglang_on_cpu.step_shell(served, DSpineWorker, 2 * served.plain.cfg.block_size, seed=5)
     worker, g, width, req_to_token = shell.worker, shell.g, shell.width, shell.req_to_token
+    if upkeep == "graphs":
+        from sglang_dspine.serving.context_upkeep import ContextUpkeepGraphs
+
+        graphs = ContextUpkeepGraphs(worker, [rows], [1, 4], width, torch.float32, "cpu")
+        graphs.capture()
+        object.__setattr__(worker, "_upkeep_graphs", graphs)
     seq_lens, anchors, req = shell.seq_lens, shell.anchors, shell.req
     drafts = torch.tensor([[7, 8, 9], [12, 13, 14], [20, 21, 22]])
     candidates = torch.cat([anchors[:, None], drafts[:, : rows - 1]], dim=1)
@@ -248,6 +257,72 @@ def test_a_prefix_steps_tail_keeps_the_drafters_context(served, rows):
 
     sglang_on_cpu.assert_chain_state(served, shell, [feats.view(3, rows, -1)[i, : a + 1]
                                                      for i, a in enumerate(agree)], nd)
+    if upkeep == "graphs":  # the rows went through the graphs' buffers
+        assert torch.equal(worker._upkeep_graphs.hidden[: 3 * rows], feats)
+
+
+@pytest.mark.usefixtures("no_grad", "one_thread")
+@pytest.mark.parametrize("device,writer", [
+    ("cpu", "sequential"),
+    pytest.param("cuda", "sequential", marks=pytest.mark.gpu),
+    pytest.param("cuda", "fused", marks=pytest.mark.gpu)])
+def test_the_context_upkeep_replayed_from_graphs_writes_what_dflashs_writer_writes(served, device, writer):
+    """`ContextUpkeepGraphs` (widths 1 and 3, batch buckets 2 and 4) against DFlash's own context writer given the
+    same rows, on two identical draft KV pools: after each write every slot of every layer's K and V agrees, so a
+    padded request writes nothing. Steps at 3 requests (bucket 4, one padded), then 1 (bucket 2, its padded row
+    holding the last step's stale rows), commit lengths drawn in 1..W; a batch above the largest bucket or an
+    uncaptured width is left to the eager writer (`write` returns False, the pool untouched). On the CPU a replay
+    runs the captured body eagerly over the padded buffers; on a GPU it replays CUDA graphs of DFlash's per-layer
+    writer, and of its fused one (what a server on a GPU runs)."""
+    import sglang_on_cpu
+
+    from sglang_dspine.serving import dflash_step
+    from sglang_dspine.serving.context_upkeep import ContextUpkeepGraphs
+    from sglang_dspine.serving.worker import DSpineWorker
+
+    shells = [sglang_on_cpu.step_shell(served, DSpineWorker, 8, seed=11, device=device) for _ in range(2)]
+    for shell in shells:
+        if writer == "fused":  # as DFlashWorkerV2.__init__ builds it on a GPU
+            shell.worker._target_worker.model_runner.model_config = types.SimpleNamespace(context_len=128)
+            object.__setattr__(shell.worker, "_use_fused_kv_materialize", True)
+            shell.worker._init_fused_kv_helper()
+            assert shell.worker._fused_kv_helper is not None
+    eager, graphed = shells
+    upkeep = ContextUpkeepGraphs(graphed.worker, [3, 1], [4, 2], graphed.width, torch.float32, device)
+    upkeep.capture()
+    assert sorted(upkeep._replays) == [(1, 2), (1, 4), (3, 2), (3, 4)]
+    tol = dict(atol=1e-5, rtol=1e-5) if device == "cpu" else dict(atol=2e-3, rtol=2e-3)  # TF32 GEMMs on a GPU
+    layers = served.plain.cfg.num_hidden_layers
+
+    def same_pools():
+        for layer in range(layers):
+            for get in ("get_key_buffer", "get_value_buffer"):
+                torch.testing.assert_close(getattr(graphed.pool, get)(layer), getattr(eager.pool, get)(layer), **tol)
+
+    g = torch.Generator().manual_seed(3)
+    for rows in (1, 3):
+        for n in (3, 1):
+            seq, req = eager.seq_lens[:n], eager.req[:n]
+            offsets = torch.arange(rows, device=device)
+            loc_2d = eager.req_to_token.req_to_token[req[:, None], seq[:, None] + offsets].long()
+            positions = (seq[:, None] + offsets).reshape(-1)
+            commit = torch.randint(1, rows + 1, (n,), generator=g, dtype=torch.int32).to(device)
+            feats = torch.randn(n * rows, graphed.width, generator=g).to(device)
+            dflash_step.write_context(eager.worker, hidden=feats, loc_2d=loc_2d, positions=positions,
+                                      commit_lens=commit)
+            assert upkeep.write(hidden=feats, loc_2d=loc_2d, positions=positions, commit_lens=commit)
+            assert upkeep.commit_lens[n: upkeep.bucket(n)].sum() == 0  # the padded requests commit 0 rows
+            same_pools()
+    before = [graphed.pool.get_key_buffer(layer).clone() for layer in range(layers)]
+    wide = torch.zeros(5, 1, dtype=torch.int64, device=device)  # 5 requests: above the largest bucket
+    assert not upkeep.write(hidden=torch.ones(5, graphed.width, device=device), loc_2d=wide,
+                            positions=torch.zeros(5, dtype=torch.int64, device=device),
+                            commit_lens=torch.ones(5, dtype=torch.int32, device=device))
+    assert not upkeep.write(hidden=torch.ones(4, graphed.width, device=device), loc_2d=wide[:2].view(1, 2),
+                            positions=torch.zeros(2, dtype=torch.int64, device=device),
+                            commit_lens=torch.ones(1, dtype=torch.int32, device=device))  # width 2: not captured
+    for layer, was in enumerate(before):
+        assert torch.equal(graphed.pool.get_key_buffer(layer), was)
 
 
 def test_the_step_clock_gives_each_settled_decode_step_the_interval_to_the_next_launch():

@@ -32,6 +32,7 @@ DFLASH_STEP_NAMES = (
         "_draft_block_ids_buf", "_draft_block_positions_buf", "_draft_verify_out_cache_loc_buf",
         "_draft_seq_lens_cpu_buf", "_block_pos_offsets", "_mask_token_id", "_draft_block_spec_info",
         "_use_triton_prepare_block", "_draft_sampler", "draft_model_runner", "use_compact_draft_cache",
+        "_use_fused_kv_materialize",
         "_need_mamba_verify_commit", "block_size")),
     *((m, None, n, "function") for m, n in (
         ("sglang.kernels.ops.speculative.dflash", "_prepare_dflash_draft_block_unchecked"),
@@ -241,11 +242,27 @@ def accept_chain(candidates: torch.Tensor, logits: torch.Tensor, sampling_info, 
                                                    target_predict=torch.argmax(logits, dim=-1).view(bs, rows))
 
 
+def write_context(worker, *, hidden: torch.Tensor, loc_2d: torch.Tensor, positions: torch.Tensor,
+                  commit_lens: torch.Tensor) -> None:
+    """DFlash's context writer: each request's first `commit_lens` rows of target features `hidden` [bs·W, F]
+    into the draft KV at slots `loc_2d` [bs, W], positions `positions` [bs·W]."""
+    worker._append_target_hidden_to_draft_kv_by_loc(target_hidden=hidden, cache_loc=loc_2d.reshape(-1),
+                                                    cache_loc_2d=loc_2d, positions=positions,
+                                                    commit_lens=commit_lens)
+
+
+def fused_writer_on(worker) -> bool:
+    """Whether DFlash's context writer runs its fused path (it turns it off for good, with a warning, when the
+    path fails once)."""
+    return bool(worker._use_fused_kv_materialize)
+
+
 def commit(worker, logits_output, *, hidden: torch.Tensor, loc_2d: torch.Tensor, positions: torch.Tensor,
            commit_lens: torch.Tensor, bonus: torch.Tensor, prefix_lens: torch.Tensor, out_tokens: torch.Tensor,
            rows: int, on_publish=None):
     """DFlash's chain tail: the committed rows' target features `hidden` [bs·W', H'] into the draft KV at their
-    slots `loc_2d` [bs, W'] and `positions` [bs·W'] (only each request's first `commit_lens` rows are written),
+    slots `loc_2d` [bs, W'] and `positions` [bs·W'] (only each request's first `commit_lens` rows are written; by
+    a replay of the worker's context upkeep graphs where it has one for this width and batch),
     the next step's anchors (`bonus`) and lengths. Returns the step's GenerationBatchResult: `out_tokens`
     [bs, rows] emitted, `rows` verify rows a request (`can_run_cuda_graph` False: the caller sets what its
     verify pass did)."""
@@ -254,9 +271,9 @@ def commit(worker, logits_output, *, hidden: torch.Tensor, loc_2d: torch.Tensor,
     new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
     if on_publish is not None:
         on_publish(new_seq_lens)
-    worker._append_target_hidden_to_draft_kv_by_loc(target_hidden=hidden, cache_loc=loc_2d.reshape(-1),
-                                                    cache_loc_2d=loc_2d, positions=positions,
-                                                    commit_lens=commit_lens)
+    upkeep = worker._upkeep_graphs
+    if upkeep is None or not upkeep.write(hidden=hidden, loc_2d=loc_2d, positions=positions, commit_lens=commit_lens):
+        write_context(worker, hidden=hidden, loc_2d=loc_2d, positions=positions, commit_lens=commit_lens)
     logits_output.hidden_states = None
     next_draft_input = worker._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
     return GenerationBatchResult(

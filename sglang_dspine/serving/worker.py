@@ -114,6 +114,7 @@ class DSpineWorker(DFlashWorkerV2):
     _logprob_batch = None  # the batch asking for log-probs while DFlash's code runs on it (supplied here)
     tree_rows = None
     policy = None
+    _upkeep_graphs = None  # the context upkeep's graphs (adaptive, graphs on: context_upkeep.py)
 
     def __init__(self, server_args, *args, **kwargs):
         from ..drafter.config import DrafterConfig
@@ -226,6 +227,7 @@ class DSpineWorker(DFlashWorkerV2):
                 self._widths[shape] = verify_widths.build(mr, shape.rows, self.device, self.gpu_id,
                                                           prepare=self._width_kernels(shape.rows))
         buckets = list(getattr(self._base_width.graph_runner, "capture_bs", None) or [])
+        self._upkeep_graphs = self._capture_upkeep(buckets)
         self.policy = ShapePolicy(self.shapes, buckets, b)
         sglang_patches.show_verify_shapes_in_decode_log(self._since_log)
         self._shape_metric = None
@@ -234,9 +236,26 @@ class DSpineWorker(DFlashWorkerV2):
 
             self._shape_metric = Counter("sglang:dspine_verify_steps", "DSPINE decode steps by the verify shape "
                                          "the adaptive policy chose", labelnames=["shape"])
-        gib = sum(w.gib for w in self._widths.values())
-        logger.info("DSPINE adaptive verify: shapes %s, %.2f GiB for the other widths' backends and graphs, "
+        gib = sum(w.gib for w in self._widths.values()) + (self._upkeep_graphs.gib if self._upkeep_graphs else 0)
+        logger.info("DSPINE adaptive verify: shapes %s, %.2f GiB for the other widths' backends and graphs and the "
+                    "context upkeep's graphs, "
                     "batch buckets %s", ", ".join(s.name for s in self.shapes), gib, buckets)
+
+    def _capture_upkeep(self, buckets):
+        """The context upkeep's CUDA graphs for the chain widths below the block (context_upkeep.py), at the
+        target's captured batch sizes; None with graphs off or SGLANG_DSPINE_UPKEEP_GRAPHS=0."""
+        from ..env import ENV
+        from .context_upkeep import ContextUpkeepGraphs
+
+        widths = [s.rows for s in self.shapes if not s.tree and s.rows < int(self.block_size)]
+        if not (ENV.upkeep_graphs and widths and buckets and self._base_width.graph_runner is not None):
+            logger.info("DSPINE: the context upkeep runs DFlash's eager writer (%s)", "graphs off"
+                        if ENV.upkeep_graphs else "SGLANG_DSPINE_UPKEEP_GRAPHS=0")
+            return None
+        fc = self.draft_model.fc  # the projection of the target's features: their width and the writer's dtype
+        upkeep = ContextUpkeepGraphs(self, widths, buckets, int(fc.in_features), fc.weight.dtype, self.device)
+        upkeep.capture()
+        return upkeep
 
     def _width_kernels(self, rows: int):
         """What a chain width's attention backend gets before its graphs are captured: one row a request (`none`)
