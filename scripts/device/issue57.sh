@@ -35,6 +35,10 @@
 # Then: python3 scripts/device/default_rules.py <adaptive.json> --rep2 <rep2/adaptive.json> --gpu-tests-log
 #   <gpu_tests.log> --summary benchmarks/results/adaptive_summary.json judges the rules below, as written there.
 # Decision rules, fixed before the run (2026-12-06, after c615dca):
+#   - (2026-12-07, 9ebc273, before the upkeep graphs ran on a GPU) SGLANG_DSPINE_UPKEEP_GRAPHS stays 1 by default
+#     if the upkeep GPU tests pass and dspine_adaptive (graphs) serves >= 0.99x dspine_adaptive_eager_upkeep's
+#     tokens/s (medians) in every cell measured in this lease, geometry (1, 48) and pair (1, 16, 48); otherwise its
+#     default becomes 0 and the note gives both servers' cells;
 #   - (2026-12-06, after a69f10b) the grouped kernel's settings (BLOCK_N 64, 4 warps, one split from 17 requests at
 #     8 KV heads) change to a tuning variant of the sweep ($OUT/tune) only if it is >= 5% faster than `grouped` at
 #     48 and 64 requests x 16 rows and not slower than 0.98x `grouped` in any other cell of the sweep;
@@ -99,18 +103,28 @@ tl() {  # tl NAME STEPS PLAIN_GLOB ADAPTIVE_GLOB: both traces (--diff), or the o
 }
 # the geometry's profiles ran at 981bdc8 on an H200 (benchmarks/results/profile_h200_981bdc8.json): not again
 # until the `none` step changes (then: $A --phases geometry,profile --geometry-servers "" and its timelines)
-$A --phases profile_pair --pair-servers ""
-tl pair_c48 20 "$T/prof_pair_plain_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
-tl pair_boundary 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_adaptive_boundary_*"
-ls -la "$T"
+# (2026-12-07, 9ebc273) first the context upkeep's CUDA graphs (context_upkeep.py; never run on a GPU): their GPU
+# tests (~40 s; if they fail, every adaptive server below runs with SGLANG_DSPINE_UPKEEP_GRAPHS=0), then the
+# geometry at tau = 1 (the `none` step) with them and without them beside plain at 1 and 48 clients, then the pair.
+(source scripts/device/setup.sh >/dev/null 2>&1; REPO="$PWD"; cd /tmp && python3 -m pytest \
+  "$REPO/tests/test_verify_shapes.py" -m gpu -q -p no:cacheprovider -rfE) > "$OUT/upkeep_tests.log" 2>&1
+rc=$?; echo "issue57: upkeep GPU tests rc $rc"; tail -3 "$OUT/upkeep_tests.log"
+[ "$rc" = 0 ] || export SGLANG_DSPINE_UPKEEP_GRAPHS=0
+$A --phases geometry --geometry-servers plain,dspine_adaptive,dspine_adaptive_eager_upkeep --clients 1,48
 yield_gpu
-$A --phases pair --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 --t1-clients 48
+$A --phases pair --pair-servers plain,dspine,dspine_adaptive,dspine_adaptive_eager_upkeep --clients 1,16,48 \
+  --t1-clients 48
 yield_gpu
 mkdir -p "$OUT/rep2"
 python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \
    --clients 1,16,48 --t1-clients 48
 yield_gpu
 bash scripts/device/gpu_tests.sh
+yield_gpu
+$A --phases profile_pair --pair-servers ""
+tl pair_c48 20 "$T/prof_pair_plain_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
+tl pair_boundary 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_adaptive_boundary_*"
+ls -la "$T"
 yield_gpu
 # dspine_extend beside dflash: the drafters compared on the same (SGLang's extend) verify kernel
 $A --phases pair --pair-servers dflash,dspine_extend --clients 1,16,48 --t1-clients 48
@@ -119,7 +133,9 @@ $A --phases switching --switching-server dspine_adaptive
 yield_gpu
 # the geometry's fixed and adaptive servers on the default kernel beside plain (each cell's decode_ms_per_token:
 # the like-for-like plain step for the projection)
-$A --phases geometry --geometry-servers plain,dspine,dspine_adaptive --clients 1,4,16,48,64
+mkdir -p "$OUT/geo5"  # its own JSON: the first geometry pass's servers (1 and 48 clients) are not skipped here
+python3 scripts/device/adaptive.py --out "$OUT/geo5" --phases geometry --geometry-servers \
+  plain,dspine,dspine_adaptive --clients 1,4,16,48,64
 yield_gpu
 # the grouped kernel's tuning sweep (~2 min; its loop step and warps, one split, and two splits where it runs one)
 mkdir -p "$OUT/tune"
