@@ -198,6 +198,28 @@ def test_a_prefix_step_emits_what_greedy_decoding_emits():
             assert out[n, :c].tolist() == greedy[n, :c].tolist(), (w, n)
 
 
+def test_a_greedy_none_steps_outputs_are_dflashs_rule_at_one_row():
+    """`none_outputs` (the greedy `none` step's shortcut) gives what DFlash's greedy rule and `prefix_outputs` give
+    for one verify row a request, exact ties in the logits included."""
+    pytest.importorskip("sglang")
+    from sglang.srt.speculative.dflash_utils import compute_dflash_correct_drafts_and_bonus
+
+    from sglang_dspine.serving.worker import none_outputs, prefix_outputs
+
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, 50, generator=g)
+    logits[1, [3, 9]] = logits[1].max() + 1  # a tie: the first index wins in both
+    logits[4] = 0.0
+    anchors = torch.randint(0, 50, (6, 1), generator=g)
+    accept, bonus = compute_dflash_correct_drafts_and_bonus(candidates=anchors,
+                                                            target_predict=torch.argmax(logits, -1).view(6, 1))
+    want_commit, want_out = prefix_outputs(anchors, accept, bonus)
+    commit, out, got_bonus = none_outputs(logits)
+    assert commit.dtype == want_commit.dtype and torch.equal(commit, want_commit)
+    assert out.dtype == want_out.dtype and torch.equal(out, want_out) and torch.equal(got_bonus, bonus)
+    assert got_bonus[1] == 3 and got_bonus[4] == 0
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """test_serving_glue's pair: a target SGLang pads the vocabulary of, a DSpine drafter, the launch published."""

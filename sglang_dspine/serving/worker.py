@@ -451,9 +451,13 @@ class DSpineWorker(DFlashWorkerV2):
         states) written into the draft KV at their slots `verify_loc_2d` [bs, W] and `positions` [bs·W]: the
         drafter's context keeps up whatever W, W = 1 included. Returns the step's GenerationBatchResult (W tokens
         a request)."""
-        accept_len, bonus = dflash_step.accept_chain(candidates, logits_output.next_token_logits, sampling_info,
-                                                     draft_input)
-        commit_lens, out_tokens = prefix_outputs(candidates, accept_len, bonus)
+        if candidates.shape[1] == 1 and not dflash_step.samples(sampling_info):
+            # `none`, greedy: the bonus is the target's argmax; 3 kernels where the general rule launches ~11
+            commit_lens, out_tokens, bonus = none_outputs(logits_output.next_token_logits)
+        else:
+            accept_len, bonus = dflash_step.accept_chain(candidates, logits_output.next_token_logits,
+                                                         sampling_info, draft_input)
+            commit_lens, out_tokens = prefix_outputs(candidates, accept_len, bonus)
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DSPINE verify: the target returned no hidden states")
@@ -567,3 +571,11 @@ def prefix_outputs(candidates: torch.Tensor, accept_len: torch.Tensor, bonus: to
         out[:, : rows - 1].copy_(candidates[:, 1:])
     out.scatter_(1, accept_len.to(torch.int64)[:, None], bonus.to(out.dtype)[:, None])
     return accept_len.to(torch.int32) + 1, out
+
+
+def none_outputs(logits: torch.Tensor):
+    """(commit lengths [bs] int32, emitted tokens [bs, 1], bonus [bs]) of a greedy `none` step from its verify
+    logits [bs, V]: what DFlash's greedy rule and `prefix_outputs` give at W = 1 (no drafts: the bonus, the
+    target's argmax, alone), without their kernels for the empty draft part."""
+    bonus = torch.argmax(logits, dim=-1)
+    return torch.ones_like(bonus, dtype=torch.int32), bonus.view(-1, 1), bonus
