@@ -294,8 +294,9 @@ def test_the_context_upkeep_replayed_from_graphs_writes_what_dflashs_writer_writ
     padded request writes nothing. Steps at 3 requests (bucket 4, one padded), then 1 (bucket 2, its padded row
     holding the last step's stale rows), commit lengths drawn in 1..W; a batch above the largest bucket or an
     uncaptured width is left to the eager writer (`write` returns False, the pool untouched). On the CPU a replay
-    runs the captured body eagerly over the padded buffers; on a GPU it replays CUDA graphs of DFlash's per-layer
-    writer, and of its fused one (what a server on a GPU runs)."""
+    runs the captured body eagerly over the padded buffers; on a GPU it replays CUDA graphs (of DFlash's per-layer
+    writer, whatever path the worker's eager writer takes), against DFlash's per-layer and its fused eager writer
+    (a server's on a GPU), which the worker keeps after the capture."""
     import sglang_on_cpu
 
     from sglang_dspine.serving import dflash_step
@@ -313,6 +314,7 @@ def test_the_context_upkeep_replayed_from_graphs_writes_what_dflashs_writer_writ
     upkeep = ContextUpkeepGraphs(graphed.worker, [3, 1], [4, 2], graphed.width, torch.float32, device)
     upkeep.capture()
     assert sorted(upkeep._replays) == [(1, 2), (1, 4), (3, 2), (3, 4)]
+    assert graphed.worker._use_fused_kv_materialize == (writer == "fused")  # the eager writer's path is back
     tol = dict(atol=1e-5, rtol=1e-5) if device == "cpu" else dict(atol=2e-3, rtol=2e-3)  # TF32 GEMMs on a GPU
     layers = served.plain.cfg.num_hidden_layers
 

@@ -7,10 +7,11 @@ and their Python every step. At Qwen3-8B geometry (H200, 981bdc8, benchmarks/res
 it was most of the ~100-120 us of GPU work and launch gaps a `none` step has beyond plain decoding's; on the
 small pair, whose steps are host-bound, its Python was among the step's largest parts.
 
-`ContextUpkeepGraphs` captures that writer once per (width W, batch bucket) over static buffers. A step copies
-its features, slots, positions and commit lengths in and replays; a bucket's padded requests commit 0 rows, so
-the writer writes nothing for them. Batches above the largest bucket, or widths not captured, run the writer
-eagerly, as SGLang runs a batch above its largest captured size.
+`ContextUpkeepGraphs` captures that writer (on DFlash's per-layer path: the same K/V, and no workspace shared
+with eager calls) once per (width W, batch bucket) over static buffers. A step copies its features, slots,
+positions and commit lengths in and replays; a bucket's padded requests commit 0 rows, so the writer writes
+nothing for them. Batches above the largest bucket, or widths not captured, run the writer eagerly, as SGLang
+runs a batch above its largest captured size.
 """
 from __future__ import annotations
 
@@ -54,30 +55,36 @@ class ContextUpkeepGraphs:
                                   positions=self.positions[:n], commit_lens=self.commit_lens[:bucket])
 
     def capture(self) -> None:
-        """A graph per (width, bucket), largest first, all in one memory pool; each warmed up eagerly first (the
-        writer sizes its workspace on its first call at a size). On a CPU: the eager body instead."""
+        """A graph per (width, bucket), largest first, all in one memory pool, of DFlash's writer on its per-layer
+        path (`dflash_step.per_layer_writer`: its fused path's workspace is reallocated by larger calls). One
+        eager call on the server's own path first (it extends the RoPE cache that path needs, as the first
+        prefill would), and each graph warmed up eagerly before its capture. Every warm-up writes nothing: the
+        buffers' commit lengths are 0. On a CPU: the eager body instead."""
         if self.hidden.device.type != "cuda":
             self._replays = {(w, b): (lambda w=w, b=b: self._body(w, b)) for w in self.widths for b in self.buckets}
             return
-        tic, free = time.perf_counter(), torch.cuda.mem_get_info(self.hidden.device)[0]
-        fused = dflash_step.fused_writer_on(self.worker)
+        device = self.hidden.device
+        tic, free = time.perf_counter(), torch.cuda.mem_get_info(device)[0]
         pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.hidden.device)
-        stream.wait_stream(torch.cuda.current_stream(self.hidden.device))
-        with torch.cuda.stream(stream):
-            for w in sorted(self.widths, reverse=True):
-                for b in sorted(self.buckets, reverse=True):
-                    self._body(w, b)
-                    stream.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self._body(w, b)
-                    self._replays[(w, b)] = graph.replay
-        torch.cuda.current_stream(self.hidden.device).wait_stream(stream)
-        if dflash_step.fused_writer_on(self.worker) != fused:  # DFlash's writer fell back inside
-            raise RuntimeError("DSPINE: DFlash's fused context writer failed while its CUDA graphs were captured "
-                               "(see the warning above); the context upkeep cannot be captured")
-        self.gib = (free - torch.cuda.mem_get_info(self.hidden.device)[0]) / 2**30
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        try:
+            with torch.cuda.stream(stream):
+                self._body(max(self.widths), max(self.buckets))
+                with dflash_step.per_layer_writer(self.worker):
+                    for w in sorted(self.widths, reverse=True):
+                        for b in sorted(self.buckets, reverse=True):
+                            self._body(w, b)
+                            stream.synchronize()
+                            graph = torch.cuda.CUDAGraph()
+                            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                                self._body(w, b)
+                            self._replays[(w, b)] = graph.replay
+        except Exception as e:
+            raise RuntimeError(f"DSPINE: capturing the context upkeep's CUDA graphs failed ({e}); "
+                               "SGLANG_DSPINE_UPKEEP_GRAPHS=0 runs DFlash's eager writer instead") from e
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.gib = (free - torch.cuda.mem_get_info(device)[0]) / 2**30
         logger.info("DSPINE context upkeep graphs: widths %s x batch buckets %s, %.3f GiB, %.1f s",
                     list(self.widths), list(self.buckets), self.gib, time.perf_counter() - tic)
 

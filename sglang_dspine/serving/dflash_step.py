@@ -16,6 +16,7 @@ KV, the next step's anchors and lengths).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -251,10 +252,17 @@ def write_context(worker, *, hidden: torch.Tensor, loc_2d: torch.Tensor, positio
                                                     commit_lens=commit_lens)
 
 
-def fused_writer_on(worker) -> bool:
-    """Whether DFlash's context writer runs its fused path (it turns it off for good, with a warning, when the
-    path fails once)."""
-    return bool(worker._use_fused_kv_materialize)
+@contextlib.contextmanager
+def per_layer_writer(worker):
+    """DFlash's context writer on its per-layer path inside (its own fallback; same K/V). Its fused path keeps a
+    workspace that a larger call (a prefill) reallocates: a CUDA graph that captured it would then write into
+    freed memory. The per-layer path's intermediates are the graph's own."""
+    fused = worker._use_fused_kv_materialize
+    worker._use_fused_kv_materialize = False
+    try:
+        yield
+    finally:
+        worker._use_fused_kv_materialize = fused
 
 
 def commit(worker, logits_output, *, hidden: torch.Tensor, loc_2d: torch.Tensor, positions: torch.Tensor,
