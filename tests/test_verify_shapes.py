@@ -198,6 +198,34 @@ def test_a_prefix_step_emits_what_greedy_decoding_emits():
             assert out[n, :c].tolist() == greedy[n, :c].tolist(), (w, n)
 
 
+def test_a_none_steps_slots_are_the_first_column_of_dflashs_block_preparation():
+    """`one_row_slots` (a `none` step prepares no draft block) gives the first column of what DFlash's block
+    preparation kernel (Triton's interpreter here) gives: the anchor (bonus) token, the slot req_to_token holds at
+    the committed length, that length as the position; fresh tensors, not views of the batch's."""
+    pytest.importorskip("sglang")
+    from types import SimpleNamespace
+
+    from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+
+    from sglang_dspine.serving import dflash_step
+
+    bs, b = 3, 4
+    r2t = torch.randint(0, 1000, (5, 40), dtype=torch.int32, generator=torch.Generator().manual_seed(6))
+    prefix, pool, bonus = torch.tensor([3, 9, 0]), torch.tensor([4, 0, 2]), torch.tensor([7, 8, 9])
+    ids, pos, loc = (torch.empty(bs, b, dtype=torch.long) for _ in range(3))
+    _prepare_dflash_draft_block_unchecked(bonus_tokens=bonus, prefix_lens=prefix, req_pool_indices=pool,
+                                          req_to_token=r2t, block_ids_out=ids, positions_out=pos, cache_loc_out=loc,
+                                          mask_token_id=99)
+    worker = SimpleNamespace(model_runner=SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=r2t)))
+    batch = SimpleNamespace(seq_lens=prefix, req_pool_indices=pool)
+    anchors, slots, positions = dflash_step.one_row_slots(worker, batch, SimpleNamespace(bonus_tokens=bonus))
+    assert torch.equal(anchors, ids[:, :1]) and torch.equal(slots, loc[:, :1]) and torch.equal(positions, pos[:, 0])
+    assert anchors.dtype == slots.dtype == positions.dtype == torch.int64
+    anchors += 1
+    positions += 1
+    assert bonus.tolist() == [7, 8, 9] and prefix.tolist() == [3, 9, 0]
+
+
 def test_a_greedy_none_steps_outputs_are_dflashs_rule_at_one_row():
     """`none_outputs` (the greedy `none` step's shortcut) gives what DFlash's greedy rule and `prefix_outputs` give
     for one verify row a request, exact ties in the logits included."""

@@ -128,11 +128,22 @@ def block_slots(worker, batch, draft_input, rows: int) -> BlockSlots:
     return BlockSlots(block_ids, positions_2d, loc_2d, locs[:, :rows])
 
 
+def one_row_slots(worker, batch, draft_input):
+    """A `none` step's verify inputs, without the draft block (no draft forward reads it): (the anchors, i.e. the
+    bonus tokens [bs, 1]; their slots [bs, 1]: each request's slot at its committed length, `block_slots`' first
+    column; their positions [bs]: the committed lengths), each a fresh int64 tensor."""
+    req_to_token, prefix = worker.model_runner.req_to_token_pool.req_to_token, batch.seq_lens
+    loc = req_to_token[batch.req_pool_indices, prefix].to(torch.int64).view(-1, 1)
+    return (draft_input.bonus_tokens.to(torch.int64, copy=True).view(-1, 1), loc,
+            prefix.to(torch.int64, copy=True))
+
+
 def host_bound(worker, batch, draft_input) -> HostBound:
     """A DFlash worker's host bound on the committed lengths for a step's draft and verify, as DFlash's
     non-windowed path makes it: the host's lengths (one step behind under overlap) + one block, else the reserved
     lengths, else the lengths themselves (then not a bound: the verify keeps the batch's own)."""
     bs, b = len(batch.seq_lens), int(worker.block_size)
+    worker._ensure_draft_block_buffers(bs)  # a `none` step prepares no block (`one_row_slots`) to size them
     seq_lens_cpu, bounded = worker._draft_seq_lens_cpu_buf[:bs], True
     if batch.seq_lens_cpu is not None:
         seq_lens_cpu.copy_(batch.seq_lens_cpu)

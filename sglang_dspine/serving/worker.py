@@ -417,11 +417,16 @@ class DSpineWorker(DFlashWorkerV2):
 
         draft_input = dflash_step.draft_input_of(self, batch)
         bs = len(batch.seq_lens)
-        slots = dflash_step.block_slots(self, batch, draft_input, rows)
         host = dflash_step.host_bound(self, batch, draft_input)
-        candidates = torch.empty((bs, rows), dtype=slots.block_ids.dtype, device=slots.block_ids.device)
-        candidates[:, 0].copy_(slots.block_ids[:, 0])
-        if rows > 1:  # 1) the drafter's block, as DFlash's step drafts it; its first rows - 1 tokens kept
+        if rows == 1:  # no draft forward: the anchor's slot and position, not the whole block's (one Triton launch)
+            candidates, verify_loc_2d, positions = dflash_step.one_row_slots(self, batch, draft_input)
+        else:
+            slots = dflash_step.block_slots(self, batch, draft_input, rows)
+            verify_loc_2d = slots.verify_loc_2d.contiguous()
+            positions = slots.positions_2d[:, :rows].reshape(-1)
+            candidates = torch.empty((bs, rows), dtype=slots.block_ids.dtype, device=slots.block_ids.device)
+            candidates[:, 0].copy_(slots.block_ids[:, 0])
+            # 1) the drafter's block, as DFlash's step drafts it; its first rows - 1 tokens kept
             draft_out = dflash_step.draft_forward(self, batch, slots, host)
             sampler = dflash_step.graph_sampler(self, draft_out)
             if sampler is not None:
@@ -433,8 +438,6 @@ class DSpineWorker(DFlashWorkerV2):
         grammar_tree = dflash_step.grammar_tree_of_chain(batch, candidates)
 
         # 2) the target verifies the prefix: rows slots and positions from the committed length on
-        verify_loc_2d = slots.verify_loc_2d.contiguous()
-        positions = slots.positions_2d[:, :rows].reshape(-1)
         with verify_widths.verifying_at(self.model_runner, self._widths[Shape(rows)], self._base_width):
             target_out = dflash_step.verify(self, batch, candidates.reshape(-1), positions, rows, verify_loc_2d, host)
         logits_output = target_out.logits_output
