@@ -103,7 +103,8 @@ tl() {  # tl NAME STEPS PLAIN_GLOB ADAPTIVE_GLOB: both traces (--diff), or the o
 }
 # the geometry's profiles ran at 981bdc8 on an H200 (benchmarks/results/profile_h200_981bdc8.json): not again
 # until the `none` step changes (then: $A --phases geometry,profile --geometry-servers "" and its timelines)
-# (2026-12-07, 9ebc273) first the context upkeep's CUDA graphs (context_upkeep.py; never run on a GPU): their GPU
+# (2026-12-07, 70b0238) first the context upkeep's CUDA graphs (context_upkeep.py; never run on a GPU) and the
+# none step's own slots and outputs (one_row_slots, none_outputs: always on): the upkeep's GPU
 # tests (~40 s; if they fail, every adaptive server below runs with SGLANG_DSPINE_UPKEEP_GRAPHS=0), then the
 # geometry at tau = 1 (the `none` step) with them and without them beside plain at 1 and 48 clients, then the pair.
 (source scripts/device/setup.sh >/dev/null 2>&1; REPO="$PWD"; cd /tmp && python3 -m pytest \
