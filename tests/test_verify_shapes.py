@@ -339,7 +339,8 @@ def test_the_context_upkeep_replayed_from_graphs_writes_what_dflashs_writer_writ
             shell.worker._init_fused_kv_helper()
             assert shell.worker._fused_kv_helper is not None
     eager, graphed = shells
-    upkeep = ContextUpkeepGraphs(graphed.worker, [3, 1], [4, 2], graphed.width, torch.float32, device)
+    with torch.inference_mode():  # built where SGLang builds it; written below without inference mode
+        upkeep = ContextUpkeepGraphs(graphed.worker, [3, 1], [4, 2], graphed.width, torch.float32, device)
     upkeep.capture()
     assert sorted(upkeep._replays) == [(1, 2), (1, 4), (3, 2), (3, 4)]
     assert graphed.worker._use_fused_kv_materialize == (writer == "fused")  # the eager writer's path is back

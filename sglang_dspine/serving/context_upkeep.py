@@ -37,11 +37,14 @@ class ContextUpkeepGraphs:
         if not self.widths or not self.buckets or min(self.widths) < 1 or min(self.buckets) < 1:
             raise ValueError(f"context upkeep graphs need widths and buckets >= 1, got {widths}, {buckets}")
         rows = max(self.widths) * max(self.buckets)
-        # zeros: a padded row's position and slot are always valid ones (a real row's, or 0), never written
-        self.hidden = torch.zeros(rows, feature_dim, dtype=dtype, device=device)
-        self.loc = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.commit_lens = torch.zeros(max(self.buckets), dtype=torch.int32, device=device)
+        # zeros: a padded row's position and slot are always valid ones (a real row's, or 0), never written.
+        # Normal tensors, not inference ones: SGLang's event loop may run without inference mode
+        # (DynamicGradMode), where an inference tensor refuses in-place writes.
+        with torch.inference_mode(False):
+            self.hidden = torch.zeros(rows, feature_dim, dtype=dtype, device=device)
+            self.loc = torch.zeros(rows, dtype=torch.int64, device=device)
+            self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
+            self.commit_lens = torch.zeros(max(self.buckets), dtype=torch.int32, device=device)
         self._replays: dict[tuple[int, int], object] = {}
         self.gib = 0.0
 
