@@ -71,7 +71,8 @@ def test_every_dflash_name_dspine_overrides_or_patches_exists(served):
     own = {DSpineWorker: {"_vocab_shard", "_attached_step", "_new_draft_sampler", "_tree_server_args", "_step",
                           "_verify_shape", "_read_finished_steps", "_count", "_logprobs_asked", "_prefix_step",
                           "_commit_prefix", "_tree_step", "_commit_tree_path", "_log_every", "_logprob_batch",
-                          "tree_rows", "policy", "_width_kernels", "_split_kv_kernel"},
+                          "tree_rows", "policy", "_width_kernels", "_split_kv_kernel", "_upkeep_graphs",
+                          "_capture_upkeep"},
            DSpineDraftModel: {"_check_names", "_set_up_draft_step", "post_load_weights"}}
     parent = {DSpineWorker: DFlashWorkerV2, DSpineDraftModel: DFlashDraftModel}
     def members(cls):  # what the class body defines (not Python's own entries: dunders, the ABC cache)
