@@ -113,7 +113,7 @@ rc=$?; echo "issue57: upkeep GPU tests rc $rc"; tail -3 "$OUT/upkeep_tests.log"
 [ "$rc" = 0 ] || export SGLANG_DSPINE_UPKEEP_GRAPHS=0
 $A --phases geometry --geometry-servers plain,dspine_adaptive,dspine_adaptive_eager_upkeep --clients 1,48
 yield_gpu
-$A --phases pair --pair-servers plain,dspine,dspine_adaptive,dspine_adaptive_eager_upkeep --clients 1,16,48 \
+$A --phases pair --pair-servers plain,dspine_adaptive,dspine_adaptive_eager_upkeep,dspine --clients 1,16,48 \
   --t1-clients 48
 yield_gpu
 mkdir -p "$OUT/rep2"
