@@ -537,11 +537,13 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     plain = {c: 100.0 * c for c in counts}
     row = lambda scale, first=None: {"t0": {str(c): cell(plain[c] * scale, first if c == 1 else None) for c in counts}}
 
-    def geometry(below=1.0, none_share=0.99, split=1.05, split_1=1.0, vs_plain=0.96, grouped=1.06, grouped_4=0.99):
+    def geometry(below=1.0, none_share=0.99, split=1.05, split_1=1.0, vs_plain=0.96, grouped=1.06, grouped_4=0.99,
+                 upkeep=1.0):
         # below-block: vs_plain x plain everywhere, 1.2 x below the extend-kernel adaptive server from 4 clients
-        return {"plain": row(1.0), "dspine": row(0.5),
-                "dspine_adaptive": {"t0": {str(c): cell(plain[c] * (0.6 if c == 1 else vs_plain / (1.2 * below)))
-                                           for c in counts}},
+        adaptive = lambda scale: {"t0": {str(c): cell(plain[c] * scale * (0.6 if c == 1 else vs_plain / (1.2 * below)))
+                                         for c in counts}}
+        return {"plain": row(1.0), "dspine": row(0.5), "dspine_adaptive": adaptive(1.0),
+                "dspine_adaptive_eager_upkeep": adaptive(1 / upkeep),
                 "dspine_adaptive_below_block": {"t0": {str(c): cell(plain[c] * vs_plain,
                                                                     {"none": 100 * none_share,
                                                                      "chain4": 100 * (1 - none_share)})
@@ -554,15 +556,16 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     switching = {"greedy": {"divergences": [{"top2_logprob_gap": 0.0}]}, "t1": {"bonferroni_min_pvalue": 0.4}}
     greedy = lambda equal: [[1, 2]] * equal + [[3, 4]] * (24 - equal)  # 24 prompts, `equal` of them plain's
 
-    def pair(ratio, grouped_equal=20):
+    def pair(ratio, grouped_equal=20, upkeep=1.0):
         return {"pair": {"plain": {"greedy_ids": greedy(24)}, "dspine": {**row(1.0), "greedy_ids": greedy(21)},
-                         "dspine_adaptive": row(ratio), "dspine_grouped": {"greedy_ids": greedy(grouped_equal)}}}
+                         "dspine_adaptive": row(ratio), "dspine_adaptive_eager_upkeep": row(ratio / upkeep),
+                         "dspine_grouped": {"greedy_ids": greedy(grouped_equal)}}}
 
     run = {"geometry": geometry(), "switching": switching, **pair(1.0)}
     log = "....\n22 passed, 122 deselected in 92.49s\n"
     assert default_rules(tmp_path, run, pair(0.98), log) == {
         "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "met", "grouped": "met",
-        "adaptive": "met"}
+        "upkeep": "met", "adaptive": "met"}
     # one threshold crossed at a time
     assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.79)}, pair(0.98), log)["new_cost"] \
         == "not met"
@@ -578,7 +581,11 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     assert default_rules(tmp_path, run, pair(0.96), log)["adaptive"] == "not met"
     assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.97)}, pair(0.98), log) == {
         "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "not met", "grouped": "met",
-        "adaptive": "met"}
+        "upkeep": "met", "adaptive": "met"}
+    assert default_rules(tmp_path, {**run, "geometry": geometry(upkeep=0.985)}, pair(0.98), log)["upkeep"] \
+        == "not met"  # the graphs 0.985x the eager upkeep at the geometry
+    assert default_rules(tmp_path, {**run, **pair(1.0, upkeep=0.985)}, pair(0.98), log)["upkeep"] == "not met"
+    assert default_rules(tmp_path, run, pair(0.98), "21 passed, 1 failed in 90s\n")["upkeep"] == "not met"
     assert default_rules(tmp_path, {**run, "geometry": geometry(grouped=1.04)}, pair(0.98), log)["grouped"] \
         == "not met"  # 1.04x fixed from 16 clients
     assert default_rules(tmp_path, {**run, "geometry": geometry(grouped_4=0.97)}, pair(0.98), log)["grouped"] \
@@ -590,4 +597,4 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     # missing data never passes
     bare = default_rules(tmp_path, {"geometry": {"plain": row(1.0)}})
     assert bare == {"new_cost": "undecided", "below_block": "undecided", "split_kv": "undecided",
-                    "floors": "undecided", "grouped": "undecided", "adaptive": "undecided"}
+                    "floors": "undecided", "grouped": "undecided", "upkeep": "undecided", "adaptive": "undecided"}

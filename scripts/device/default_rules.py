@@ -27,6 +27,10 @@ Rules (each ratio is of median tokens/s, each server alone on the GPU, T=0):
                  geometry fixed DSPINE with it serves >= 1.05x fixed DSPINE without it at 16, 48 and 64 clients and
                  >= 0.98x at 1 and 4, and on the pair its greedy outputs equal plain's on at least as many prompts as
                  fixed DSPINE's do, less one;
+  upkeep         (written 2026-12-07, before the upkeep graphs ran on a GPU) SGLANG_DSPINE_UPKEEP_GRAPHS stays 1 by
+                 default if the GPU tests pass (the upkeep's among them: --gpu-tests-log may be their own log) and
+                 the adaptive server with them serves >= 0.99x the one without them (`_eager_upkeep`) in every
+                 cell both ran, at the geometry and on the pair;
   adaptive       adaptive becomes the server default if on the pair it serves >= 0.97x fixed DSPINE at 1, 16 and 48
                  clients in both passes, and at the geometry >= fixed DSPINE at every client count (the adaptive
                  server the below_block rule makes the default).
@@ -171,8 +175,16 @@ def adaptive(run: dict, rep2: dict | None = None, summary: dict | None = None, g
                 f"geometry {default} ÷ fixed {fmt(geo)} (>= 1)")
 
 
+def upkeep(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]:
+    geo, pair = (ratios(run, phase, "dspine_adaptive", "dspine_adaptive_eager_upkeep")
+                 for phase in ("geometry", "pair"))
+    tests, why = gpu_tests_passed(gpu_log)
+    ok = tests and all(v >= 0.99 for r in (geo, pair) for v in r.values())
+    return ok, f"graphs ÷ eager upkeep, geometry {fmt(geo)}, pair {fmt(pair)} (>= 0.99); {why}"
+
+
 RULES = {"new_cost": new_cost, "below_block": below_block, "split_kv": split_kv, "floors": floors,
-         "grouped": grouped, "adaptive": adaptive}
+         "grouped": grouped, "upkeep": upkeep, "adaptive": adaptive}
 
 
 def decide(run: dict, rep2: dict | None = None, summary: dict | None = None, gpu_log: str | None = None) -> dict:
