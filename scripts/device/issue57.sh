@@ -107,9 +107,8 @@ tl() {  # tl NAME STEPS PLAIN_GLOB ADAPTIVE_GLOB: both traces (--diff), or the o
 # none step's own slots and outputs (one_row_slots, none_outputs: always on): the upkeep's GPU
 # tests (~40 s; if they fail, every adaptive server below runs with SGLANG_DSPINE_UPKEEP_GRAPHS=0), then the
 # geometry at tau = 1 (the `none` step) with them and without them beside plain at 1 and 48 clients, then the pair.
-(source scripts/device/setup.sh >/dev/null 2>&1; REPO="$PWD"; cd /tmp && python3 -m pytest \
-  "$REPO/tests/test_verify_shapes.py" -m gpu -q -p no:cacheprovider -rfE) > "$OUT/upkeep_tests.log" 2>&1
-rc=$?; echo "issue57: upkeep GPU tests rc $rc"; tail -3 "$OUT/upkeep_tests.log"
+OUT="$OUT/upkeep" bash scripts/device/gpu_tests.sh tests/test_verify_shapes.py > /dev/null 2>&1
+rc=$?; echo "issue57: upkeep GPU tests rc $rc"; tail -3 "$OUT/upkeep/gpu_tests.log"
 [ "$rc" = 0 ] || export SGLANG_DSPINE_UPKEEP_GRAPHS=0
 $A --phases geometry --geometry-servers plain,dspine_adaptive,dspine_adaptive_eager_upkeep --clients 1,48
 yield_gpu
