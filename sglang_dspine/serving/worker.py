@@ -248,9 +248,11 @@ class DSpineWorker(DFlashWorkerV2):
         from .context_upkeep import ContextUpkeepGraphs
 
         widths = [s.rows for s in self.shapes if not s.tree and s.rows < int(self.block_size)]
-        if not (ENV.upkeep_graphs and widths and buckets and self._base_width.graph_runner is not None):
-            logger.info("DSPINE: the context upkeep runs DFlash's eager writer (%s)", "graphs off"
-                        if ENV.upkeep_graphs else "SGLANG_DSPINE_UPKEEP_GRAPHS=0")
+        why_not = ("SGLANG_DSPINE_UPKEEP_GRAPHS=0" if not ENV.upkeep_graphs else
+                   "no shape narrower than the block" if not widths else
+                   "CUDA graphs off" if not buckets or self._base_width.graph_runner is None else None)
+        if why_not is not None:
+            logger.info("DSPINE: the context upkeep runs DFlash's eager writer (%s)", why_not)
             return None
         fc = self.draft_model.fc  # the projection of the target's features: their width and the writer's dtype
         upkeep = ContextUpkeepGraphs(self, widths, buckets, int(fc.in_features), fc.weight.dtype, self.device)
