@@ -84,6 +84,19 @@ def sglang_model(path):
     return DSpineDraftModel(get_config(str(path), trust_remote_code=False))
 
 
+def prepared_block(r2t, prefix, pool, bonus, block: int, mask_token_id: int):
+    """What DFlash's block-preparation kernel (`_prepare_dflash_draft_block_unchecked`, Triton's interpreter on the
+    CPU) gives requests in rows `pool` of `r2t` at committed lengths `prefix` with anchors `bonus`: (block ids,
+    positions, KV slots), each [bs, block] int64."""
+    from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+
+    ids, pos, loc = (torch.empty(len(prefix), block, dtype=torch.long) for _ in range(3))
+    _prepare_dflash_draft_block_unchecked(bonus_tokens=bonus, prefix_lens=prefix, req_pool_indices=pool,
+                                          req_to_token=r2t, block_ids_out=ids, positions_out=pos, cache_loc_out=loc,
+                                          mask_token_id=mask_token_id)
+    return ids, pos, loc
+
+
 def draft_kv(dc, rows: int = 4, size: int = 256, device: str = "cpu"):
     """A draft KV pool for drafter config `dc` (SGLang's MHATokenToKVPool, page size 1, float32) and its
     request-to-token rows (ReqToTokenPool), on the CPU (or `device`)."""

@@ -116,16 +116,10 @@ def test_the_tree_steps_block_preparation_at_the_chains_width_is_dflashs_kernels
     """At N = B the tree step prepares the draft block with DFlash's one Triton kernel (Triton's interpreter
     here), at N > B with the eager operations over N verify slots: the kernel gives what those give at N = B (the
     anchor then mask tokens; positions seq_len + j; the slots req_to_token holds from seq_len on)."""
-    from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
-
     bs, b, mask = 3, 4, 99
     r2t = torch.randint(0, 1000, (5, 40), dtype=torch.int32, generator=torch.Generator().manual_seed(5))
     prefix, pool, bonus = torch.tensor([3, 9, 0]), torch.tensor([4, 0, 2]), torch.tensor([7, 8, 9])
-    ids, pos, loc = torch.empty(bs, b, dtype=torch.long), torch.empty(bs, b, dtype=torch.long), \
-        torch.empty(bs, b, dtype=torch.long)
-    _prepare_dflash_draft_block_unchecked(bonus_tokens=bonus, prefix_lens=prefix, req_pool_indices=pool,
-                                          req_to_token=r2t, block_ids_out=ids, positions_out=pos, cache_loc_out=loc,
-                                          mask_token_id=mask)
+    ids, pos, loc = sglang_on_cpu.prepared_block(r2t, prefix, pool, bonus, b, mask)
     want_ids = torch.full((bs, b), mask)
     want_ids[:, 0] = bonus
     assert torch.equal(ids, want_ids) and torch.equal(pos, prefix[:, None] + torch.arange(b))

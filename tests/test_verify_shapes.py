@@ -205,17 +205,13 @@ def test_a_none_steps_slots_are_the_first_column_of_dflashs_block_preparation():
     pytest.importorskip("sglang")
     from types import SimpleNamespace
 
-    from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+    import sglang_on_cpu
 
     from sglang_dspine.serving import dflash_step
 
-    bs, b = 3, 4
     r2t = torch.randint(0, 1000, (5, 40), dtype=torch.int32, generator=torch.Generator().manual_seed(6))
     prefix, pool, bonus = torch.tensor([3, 9, 0]), torch.tensor([4, 0, 2]), torch.tensor([7, 8, 9])
-    ids, pos, loc = (torch.empty(bs, b, dtype=torch.long) for _ in range(3))
-    _prepare_dflash_draft_block_unchecked(bonus_tokens=bonus, prefix_lens=prefix, req_pool_indices=pool,
-                                          req_to_token=r2t, block_ids_out=ids, positions_out=pos, cache_loc_out=loc,
-                                          mask_token_id=99)
+    ids, pos, loc = sglang_on_cpu.prepared_block(r2t, prefix, pool, bonus, 4, 99)
     worker = SimpleNamespace(model_runner=SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=r2t)))
     batch = SimpleNamespace(seq_lens=prefix, req_pool_indices=pool)
     anchors, slots, positions = dflash_step.one_row_slots(worker, batch, SimpleNamespace(bonus_tokens=bonus))
