@@ -2,8 +2,8 @@
 # Set up (first run: a virtualenv with SGLang and the pinned packages, a few minutes) and run the CPU test suite.
 #   bash scripts/test.sh [--sglang VERSION] [PATH[::TEST] ...] [pytest flags]
 # With test paths, runs just those; without, the whole tests/ folder, or, for an import-time environment (below),
-# the tests that import SGLang: the plugin, serving-glue, log-prob and checkpoint tests, and serving_features'
-# checker on answers built by that SGLang's response code (all but its xgrammar test: an import-time
+# the tests that import SGLang: the plugin, serving-glue, log-prob, checkpoint and verify-shape tests, and
+# serving_features' checker on answers built by that SGLang's response code (all but its xgrammar test: an import-time
 # environment holds no xgrammar). Other arguments go to pytest.
 # --sglang: one of setup.py's SGLANG_RELEASES (default: the first, the GPU-verified one, in .venv); another
 # release gets its own virtualenv, .venv-VERSION. Every package is installed at the version in
@@ -57,6 +57,7 @@ if ! env_current "$VENV" "$key"; then
 fi
 if [ -f "locks/sglang-$version.imports" ]; then
   all_tests=(tests/test_plugin.py tests/test_serving_glue.py tests/test_logprobs.py tests/test_checkpoint.py
+             tests/test_verify_shapes.py
              tests/test_serving_features.py --deselect tests/test_serving_features.py::test_grammars_compile_and_samples)
 else
   all_tests=(tests)

@@ -325,7 +325,7 @@ def test_split_kv_verify_names_which_chain_widths_read_the_context_split(monkeyp
 def test_split_kv_below_the_block_needs_the_adaptive_server(dirs, monkeypatch, verify):
     """SGLANG_DSPINE_SPLITKV_VERIFY=below-block leaves the block on the extend kernel, so a fixed server (which
     verifies only the block) is refused in one line instead of silently changing nothing; an adaptive server on
-    the triton backend starts (SGLang 0.5.17: adaptive is refused first on 0.5.23)."""
+    the triton backend starts (SGLang 0.5.17 and 0.5.23)."""
     from sglang_dspine.serving.plugin import StartupRefusal
 
     root, _ = dirs
@@ -336,9 +336,6 @@ def test_split_kv_below_the_block_needs_the_adaptive_server(dirs, monkeypatch, v
             _args(root, root / "dspine", "DSPINE", "--attention-backend", "triton")
         assert str(refused.value).startswith("DSPINE: refusing SGLANG_DSPINE_SPLITKV_VERIFY=below-block: a fixed "
                                              "server verifies only the block")
-    elif ON_0_5_23:
-        with pytest.raises(StartupRefusal, match="SGLANG_DSPINE_VERIFY=adaptive"):
-            _args(root, root / "dspine", "DSPINE", "--attention-backend", "triton")
     else:
         _args(root, root / "dspine", "DSPINE", "--attention-backend", "triton")
 
@@ -390,7 +387,7 @@ def test_tree_verification_starts_only_where_it_is_built(dirs, monkeypatch, flag
 
 
 ADAPTIVE_REFUSED = "DSPINE: refusing SGLANG_DSPINE_VERIFY=adaptive: "
-ADAPTIVE_CASES = [  # env, flags; the refusal on 0.5.17 (None: the server starts)
+ADAPTIVE_CASES = [  # env, flags; the refusal (None: the server starts; the tree's cases differ on 0.5.23, below)
     ("default", {}, [], None),
     ("fa3", {}, ["--attention-backend", "fa3"], None),
     ("shapes", {"SGLANG_DSPINE_SHAPES": "none,2"}, [], None),
@@ -408,19 +405,19 @@ ADAPTIVE_CASES = [  # env, flags; the refusal on 0.5.17 (None: the server starts
 
 @pytest.mark.parametrize("env,flags,refusal", [c[1:] for c in ADAPTIVE_CASES], ids=[c[0] for c in ADAPTIVE_CASES])
 def test_adaptive_verification_starts_only_where_it_is_built(dirs, monkeypatch, env, flags, refusal):
-    """SGLANG_DSPINE_VERIFY=adaptive starts a DSPINE server on SGLang 0.5.17, one rank, any attention backend,
-    with the adaptive worker and a cap of 128 running requests instead of the DFLASH family's 48 (the narrow
-    shapes serve what plain decoding would); a malformed value or shape menu or more ranks are refused in one
-    line, and a tree (SGLANG_DSPINE_TREE=1) joins the menu under its own checks; on 0.5.23 it is refused whatever the flags. An explicit --max-running-requests is kept."""
+    """SGLANG_DSPINE_VERIFY=adaptive starts a DSPINE server on SGLang 0.5.17 and 0.5.23, one rank, any attention
+    backend, with the adaptive worker and a cap of 128 running requests instead of the DFLASH family's 48 (the
+    narrow shapes serve what plain decoding would); a malformed value or shape menu or more ranks are refused in
+    one line, and a tree (SGLANG_DSPINE_TREE=1) joins the menu under its own checks (on 0.5.23 the tree is refused
+    whatever the flags). An explicit --max-running-requests is kept."""
     from sglang_dspine.serving.plugin import StartupRefusal
 
     root, _ = dirs
     monkeypatch.setenv("SGLANG_DSPINE_VERIFY", "adaptive")
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    if ON_0_5_23 and "SGLANG_DSPINE_VERIFY" not in env:  # the tree, refused there too, is checked first
-        refusal = (TREE_REFUSED if "SGLANG_DSPINE_TREE" in env else ADAPTIVE_REFUSED) + \
-            "it is built on SGLang 0.5.17's DFlash decode step"
+    if ON_0_5_23 and "SGLANG_DSPINE_TREE" in env:  # the tree is built on 0.5.17's step, checked first
+        refusal = TREE_REFUSED + "it is built on SGLang 0.5.17's DFlash decode step"
     if refusal is None:
         from sglang.srt.runtime_context import publish
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -549,8 +546,8 @@ def test_the_tree_worker_hands_dflash_the_blocks_arguments(dirs, monkeypatch):
 @pytest.mark.parametrize("verify", ["fixed", "adaptive"])
 def test_the_worker_reads_its_shapes_and_log_prob_duty_from_the_configuration(dirs, monkeypatch, verify):
     """The one worker, constructed as SGLang constructs it (DFlash's constructor, which needs a GPU, recorded in
-    its place): a fixed server verifies the block every step and has no policy; an adaptive one (0.5.17) holds
-    the menu (its policy is built with the graphs); it supplies log-probs exactly where DFlash's worker refuses
+    its place): a fixed server verifies the block every step and has no policy; an adaptive one holds the menu
+    (its policy is built with the graphs); it supplies log-probs exactly where DFlash's worker refuses
     them; on both releases the arguments reach DFlash's constructor as they came (no drafter read before it)."""
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
@@ -558,8 +555,6 @@ def test_the_worker_reads_its_shapes_and_log_prob_duty_from_the_configuration(di
     from sglang_dspine.serving.versions import dflash_returns_logprobs
     from sglang_dspine.serving.worker import DSpineWorker
 
-    if verify == "adaptive" and ON_0_5_23:
-        return  # refused at start there (test_adaptive_verification_starts_only_where_it_is_built)
     root, _ = dirs
     monkeypatch.setenv("SGLANG_DSPINE_VERIFY", verify)
     args = _args(root, root / "dspine", "DSPINE")

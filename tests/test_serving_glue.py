@@ -130,22 +130,24 @@ def test_the_tree_steps_block_preparation_at_the_chains_width_is_dflashs_kernels
 def test_what_dspines_steps_read_from_dflashs_step_is_listed_and_checked_at_start(served, monkeypatch):
     """DSPINE's own decode steps (a prefix of the block, none, a tree) run DFlash's decode step in parts
     (dflash_step.py). Every DFlash worker member they read (there, or in the worker's step methods) and every
-    SGLang function they call is in `DFLASH_STEP_NAMES`, the installed 0.5.17 has them all, and a server needing
-    them (trees, adaptive verification) is refused at start in one line where one is missing. On 0.5.23, whose
-    DFlash decode step differs, those servers are refused outright."""
+    SGLang function they call is in `dflash_step_names()` (0.5.17's list, or 0.5.23's where that is installed: its
+    step plans KV ids), the installed release has them all, and a server needing them (trees, adaptive
+    verification) is refused at start in one line where one is missing. The tree, built on 0.5.17's step only,
+    is refused outright on 0.5.23."""
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
     from sglang_dspine.serving import dflash_step, startup_checks, worker
     from sglang_dspine.serving.versions import class_names, names_used
 
     if sglang_on_cpu.on_0_5_23():
-        monkeypatch.setenv("SGLANG_DSPINE_TREE", "1")
-        with pytest.raises(startup_checks.StartupRefusal, match="built on SGLang 0.5.17's DFlash decode step"):
-            startup_checks.check_tree(served.args)
-        return
+        with monkeypatch.context() as env:
+            env.setenv("SGLANG_DSPINE_TREE", "1")
+            with pytest.raises(startup_checks.StartupRefusal, match="built on SGLang 0.5.17's DFlash decode step"):
+                startup_checks.check_tree(served.args)
     assert dflash_step.missing_dflash_step_names() == []
-    listed = {name for _, owner, name, _ in dflash_step.DFLASH_STEP_NAMES if owner == "DFlashWorkerV2"}
-    functions = {name for _, owner, name, _ in dflash_step.DFLASH_STEP_NAMES if owner is None}
+    names = dflash_step.dflash_step_names()
+    listed = {name for _, owner, name, _ in names if owner == "DFlashWorkerV2"}
+    functions = {name for _, owner, name, _ in names if owner is None}
     dflash = set(dir(DFlashWorkerV2)) | class_names(DFlashWorkerV2)
     hooks = {name for _, owner, name, _ in sglang_patches.DFLASH_HOOKS if owner == "DFlashWorkerV2"}
     steps = [f for f in vars(dflash_step).values() if getattr(f, "__module__", None) == dflash_step.__name__

@@ -168,8 +168,7 @@ def test_a_prefix_step_emits_what_greedy_decoding_emits():
     """Greedy verification of the walk's first W - 1 tokens (SGLang's DFlash rule, then `prefix_outputs`)
     emits the target's own greedy continuation, as long as accepted + 1, whatever W."""
     pytest.importorskip("sglang")
-    from sglang.srt.speculative.dflash_utils import compute_dflash_correct_drafts_and_bonus
-
+    from sglang_dspine.serving.dflash_step import greedy_accept
     from sglang_dspine.serving.worker import prefix_outputs
 
     vocab = 97
@@ -190,7 +189,7 @@ def test_a_prefix_step_emits_what_greedy_decoding_emits():
             walk[n, m] = (walk[n, m] + 1) % vocab
     for w in (1, 2, 4, 8):
         cand = torch.cat([anchors[:, None], walk[:, : w - 1]], dim=1)
-        accept, bonus = compute_dflash_correct_drafts_and_bonus(candidates=cand, target_predict=target(cand))
+        accept, bonus = greedy_accept(cand, target(cand))
         commit, out = prefix_outputs(cand, accept, bonus)
         assert commit.tolist() == (torch.clamp(right, max=w - 1) + 1).tolist(), w
         for n in range(len(anchors)):
@@ -198,7 +197,26 @@ def test_a_prefix_step_emits_what_greedy_decoding_emits():
             assert out[n, :c].tolist() == greedy[n, :c].tolist(), (w, n)
 
 
-def test_a_none_steps_slots_are_the_first_column_of_dflashs_block_preparation():
+def slot_worker(served, r2t):
+    """What the steps' slot preparation reads of a worker: the target's request-to-token rows `r2t`; on SGLang
+    0.5.23 also its runners' KVIndexTranslator (SGLang's own, on a plain draft pool: `served` set SGLang up)."""
+    from types import SimpleNamespace
+
+    import sglang_on_cpu
+
+    runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=r2t))
+    worker = SimpleNamespace(model_runner=runner, target_worker=SimpleNamespace(model_runner=runner))
+    if sglang_on_cpu.on_0_5_23():
+        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+
+        kv_pool, _ = sglang_on_cpu.draft_kv(served.plain.cfg)
+        runner.kv_index_translator = KVIndexTranslator(req_to_token=r2t, token_to_kv_pool_allocator=None,
+                                                       token_to_kv_pool=kv_pool, page_size=1, device="cpu")
+        worker.draft_model_runner = SimpleNamespace(kv_index_translator=runner.kv_index_translator)
+    return worker
+
+
+def test_a_none_steps_slots_are_the_first_column_of_dflashs_block_preparation(served):
     """`one_row_slots` (a `none` step prepares no draft block) gives the first column of what DFlash's block
     preparation kernel (Triton's interpreter here) gives: the anchor (bonus) token, the slot req_to_token holds at
     the committed length, that length as the position; fresh tensors, not views of the batch's."""
@@ -212,9 +230,9 @@ def test_a_none_steps_slots_are_the_first_column_of_dflashs_block_preparation():
     r2t = torch.randint(0, 1000, (5, 40), dtype=torch.int32, generator=torch.Generator().manual_seed(6))
     prefix, pool, bonus = torch.tensor([3, 9, 0]), torch.tensor([4, 0, 2]), torch.tensor([7, 8, 9])
     ids, pos, loc = sglang_on_cpu.prepared_block(r2t, prefix, pool, bonus, 4, 99)
-    worker = SimpleNamespace(model_runner=SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=r2t)))
-    batch = SimpleNamespace(seq_lens=prefix, req_pool_indices=pool)
-    anchors, slots, positions = dflash_step.one_row_slots(worker, batch, SimpleNamespace(bonus_tokens=bonus))
+    worker = slot_worker(served, r2t)
+    batch = SimpleNamespace(seq_lens=prefix, req_pool_indices=pool, seq_lens_cpu=prefix.to(torch.int32))
+    anchors, slots, positions, _ = dflash_step.one_row_slots(worker, batch, SimpleNamespace(bonus_tokens=bonus))
     assert torch.equal(anchors, ids[:, :1]) and torch.equal(slots, loc[:, :1]) and torch.equal(positions, pos[:, 0])
     assert anchors.dtype == slots.dtype == positions.dtype == torch.int64
     anchors += 1
@@ -226,8 +244,7 @@ def test_a_greedy_none_steps_outputs_are_dflashs_rule_at_one_row():
     """`none_outputs` (the greedy `none` step's shortcut) gives what DFlash's greedy rule and `prefix_outputs` give
     for one verify row a request, exact ties in the logits included."""
     pytest.importorskip("sglang")
-    from sglang.srt.speculative.dflash_utils import compute_dflash_correct_drafts_and_bonus
-
+    from sglang_dspine.serving.dflash_step import greedy_accept
     from sglang_dspine.serving.worker import none_outputs, prefix_outputs
 
     g = torch.Generator().manual_seed(4)
@@ -235,8 +252,7 @@ def test_a_greedy_none_steps_outputs_are_dflashs_rule_at_one_row():
     logits[1, [3, 9]] = logits[1].max() + 1  # a tie: the first index wins in both
     logits[4] = 0.0
     anchors = torch.randint(0, 50, (6, 1), generator=g)
-    accept, bonus = compute_dflash_correct_drafts_and_bonus(candidates=anchors,
-                                                            target_predict=torch.argmax(logits, -1).view(6, 1))
+    accept, bonus = greedy_accept(anchors, torch.argmax(logits, -1).view(6, 1))
     want_commit, want_out = prefix_outputs(anchors, accept, bonus)
     commit, out, got_bonus = none_outputs(logits)
     assert commit.dtype == want_commit.dtype and torch.equal(commit, want_commit)
@@ -250,6 +266,80 @@ def served(tmp_path_factory):
     from test_serving_glue import served_pair
 
     return served_pair(tmp_path_factory.mktemp("verify_shapes_glue"))
+
+
+def test_a_narrow_steps_kv_ids_are_the_first_columns_of_its_window(served):
+    """The KV ids a prefix step's forwards write, as each release names them. SGLang 0.5.23 plans them once
+    (`dflash_step.kv_plan`, with SGLang's own KVIndexTranslator on a plain pool here): the draft forward writes the
+    block's window, what DFlash's block preparation gives (Triton's interpreter); a verify of W rows a request binds
+    the window's first W columns as its `out_cache_loc`, and the context writer gets those slots as the draft pool
+    names them (`draft_write_loc`); a `none` step plans its one slot a request, read 1 past the committed length.
+    SGLang 0.5.17 plans nothing: the slots themselves, unchanged."""
+    from types import SimpleNamespace
+
+    import sglang_on_cpu
+
+    from sglang_dspine.serving import dflash_step
+
+    b, bs = 4, 3
+    r2t = torch.randint(1, 1000, (5, 40), dtype=torch.int32, generator=torch.Generator().manual_seed(9))
+    prefix, rows_of, bonus = torch.tensor([3, 9, 0]), torch.tensor([4, 0, 2]), torch.tensor([7, 8, 9])
+    _, _, loc = sglang_on_cpu.prepared_block(r2t, prefix, rows_of, bonus, b, 99)
+    batch = SimpleNamespace(seq_lens=prefix, req_pool_indices=rows_of, seq_lens_cpu=prefix.to(torch.int32))
+    draft_input = SimpleNamespace(bonus_tokens=bonus, nxt_kv_lens_cpu=None)
+    worker = slot_worker(served, r2t)
+    if not sglang_on_cpu.on_0_5_23():
+        assert dflash_step.kv_plan(worker, batch, draft_input, loc) is None
+        assert dflash_step.one_row_slots(worker, batch, draft_input).plan is None
+        assert dflash_step.draft_write_loc(worker, None, loc[:, :2]) is not None
+        assert torch.equal(dflash_step.draft_write_loc(worker, None, loc[:, :2]), loc[:, :2])
+        return
+    translator = worker.target_worker.model_runner.kv_index_translator
+    plan = dflash_step.kv_plan(worker, batch, draft_input, loc)
+    assert plan.read_extent == b and torch.equal(plan.seq_lens, prefix) and torch.equal(plan.seq_lens_cpu, prefix)
+    draft = SimpleNamespace()
+    plan.bind(draft, translator)  # as draft_forward binds it
+    assert torch.equal(draft.out_cache_loc, loc.reshape(-1))
+    for w in range(1, b + 1):
+        verify = SimpleNamespace()
+        plan.bind(verify, translator, cols=dflash_step._plan_cols(plan, bs, w))  # as ForwardBatch.init_new does
+        assert torch.equal(verify.out_cache_loc, loc[:, :w].reshape(-1)), w
+        assert torch.equal(dflash_step.draft_write_loc(worker, plan, loc[:, :w]), loc[:, :w]), w
+    one = dflash_step.one_row_slots(worker, batch, draft_input)
+    assert one.plan.read_extent == 1 and torch.equal(one.plan.write_ids(translator), loc[:, 0])
+    assert dflash_step._plan_cols(one.plan, bs, 1) is None
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_narrow_steps_log_probs_are_those_of_the_tokens_it_emits(served, rows):
+    """`dflash_step.request_outputs` after a prefix step of W rows a request, a batch asking for log-probs (greedy):
+    on SGLang 0.5.23, whose DFlash step returns them itself, the log-prob of each emitted token is the
+    log-softmax of its verify row's logits at that token (row n·W + j for request n's j-th token), and no sampling
+    masks were asked for; on 0.5.17 nothing is added (the worker supplies log-probs there: test_logprobs)."""
+    from types import SimpleNamespace
+
+    import sglang_on_cpu
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+    from sglang_dspine.serving import dflash_step
+
+    bs, vocab = 3, 50
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(bs * rows, vocab, generator=g)
+    tokens = torch.randint(0, vocab, (bs, rows), generator=g)
+    out = LogitsProcessorOutput(next_token_logits=logits.clone())
+    result = SimpleNamespace(logits_output=out, speculative_num_draft_tokens=rows, next_token_ids=tokens.reshape(-1),
+                             accept_lens=torch.ones(bs, dtype=torch.int32))
+    sampling = SimpleNamespace(is_all_greedy=True, sampling_mask_batch_indices=None)
+    batch = SimpleNamespace(seq_lens=torch.tensor([5, 6, 7]), sampling_info=sampling, return_logprob=True,
+                            top_logprobs_nums=None, token_ids_logprobs=None)
+    dflash_step.request_outputs(batch, result, SimpleNamespace(max_top_k=1, uniform_top_k_value=None))
+    if not sglang_on_cpu.on_0_5_23():
+        assert getattr(out, "next_token_logprobs", None) is None
+        return
+    want = torch.log_softmax(logits, dim=-1).gather(1, tokens.view(-1, 1)).view(bs, rows)
+    torch.testing.assert_close(out.next_token_logprobs, want)
+    assert getattr(out, "sampling_mask_output", None) is None
 
 
 @pytest.mark.usefixtures("no_grad", "one_thread")

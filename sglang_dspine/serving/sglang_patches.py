@@ -67,7 +67,7 @@ Patches 3 to 6 are applied at plugin registration, in every SGLang process (`app
 Patch 7 is applied by an adaptive worker (SGLANG_DSPINE_VERIFY=adaptive) in its scheduler process when it
 builds its shapes (`show_verify_shapes_in_decode_log`):
 
-7. SGLang's decode log line names the verify shapes the steps since the previous line ran (SGLang 0.5.17).
+7. SGLang's decode log line names the verify shapes the steps since the previous line ran (SGLang 0.5.17 and 0.5.23).
    Every decode log line ("Decode batch, #running-req: ...") of an adaptive server gets ", verify shapes: none 31,
    chain4 9" at its end: steps by shape since the line before, what the policy chose under that load. A filter on
    the scheduler's metrics-reporter logger, the line's one emitter; SGLang's code is not changed. The same counts
@@ -104,7 +104,7 @@ tree server's nor to the drafter's (`split_kv_verify`):
 Patch 9 is applied by an adaptive worker to the target's verify backend of width 1 (the `none` shape), on SGLang's
 triton backend (`decode_one_row_verify`):
 
-9. A verify pass of one row a request reads its context with SGLang's decode kernel (SGLang 0.5.17).
+9. A verify pass of one row a request reads its context with SGLang's decode kernel (SGLang 0.5.17 only).
    One row a request, causal, is a decode step: its row attends to the committed context and to itself, whose K/V
    the pass writes to its slot first. A TARGET_VERIFY pass of W = 1 ran the extend kernel (13.9 ms of attention
    a step at 48 requests of 576 tokens, Qwen3-8B heads, H100, c615dca) or, under patch 8, the split-KV verify
@@ -115,7 +115,9 @@ triton backend (`decode_one_row_verify`):
    runs `forward_decode` for it, eager and in its CUDA graphs, whose replay then computes the KV split counts per
    request as plain decoding's graphs do. The backend object is changed, not its class: the other widths and the
    server's own keep theirs. Not applied (and said in the log) on another attention backend or a layout the
-   decode path reads differently (sliding window, DCP, MLA, a virtual-to-physical KV pool).
+   decode path reads differently (sliding window, DCP, MLA, a virtual-to-physical KV pool), nor on SGLang 0.5.23,
+   whose backends read a pass's KV ids through the iteration's `KVLocPlan` (there `none` verifies on the chains'
+   kernel: patch 10 by default).
 
 Patch 10 is applied by a DSPINE worker under SGLANG_DSPINE_SPLITKV_VERIFY=grouped or unset (the default since
 a69f10b), to the same backends as patch 8 (`grouped_verify`):
@@ -419,6 +421,8 @@ def decode_one_row_verify(backend) -> str | None:
         return None
     if int(backend.num_draft_tokens) != 1:
         raise ValueError(f"decode_one_row_verify: a backend of {backend.num_draft_tokens} verify rows, not 1")
+    if sglang_version() >= (0, 5, 23):  # its decode metadata reads KV ids through the iteration's plan
+        return "built on SGLang 0.5.17's triton backend (0.5.23 reads a pass's KV ids through its KVLocPlan)"
     if backend.sliding_window_size or backend.dcp_size > 1 or backend.use_mla or backend._translate_kv_loc:
         return "a sliding window, DCP, MLA or a virtual KV pool reads the decode path differently"
     for name in ("init_forward_metadata", "init_forward_metadata_out_graph", "forward_decode", "forward_extend"):

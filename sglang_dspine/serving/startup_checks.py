@@ -213,7 +213,7 @@ def check_split_kv_verify(server_args) -> None:
 
 def dflash_step_missing() -> str | None:
     """Why this SGLang lacks what DSPINE's own decode steps (a prefix, none, a tree) read of DFlash's step
-    (dflash_step.DFLASH_STEP_NAMES), or None."""
+    (dflash_step.dflash_step_names()), or None."""
     from .dflash_step import missing_dflash_step_names
 
     missing = missing_dflash_step_names()
@@ -224,17 +224,17 @@ ADAPTIVE_MAX_RUNNING_REQUESTS = 128
 
 
 def check_adaptive(server_args) -> None:
-    """SGLANG_DSPINE_VERIFY=adaptive (verify_shapes.py, the worker's policy) is built on SGLang
-    0.5.17's DFlash decode step and SGLang's per-width verify graphs (verify_widths.py), for one rank (each rank
-    would time its own steps and could choose differently) and a whole draft cache; with SGLANG_DSPINE_TREE=1
-    (check_tree's conditions) the server's tree is one more shape of the menu.
+    """SGLANG_DSPINE_VERIFY=adaptive (verify_shapes.py, the worker's policy) is built on SGLang's DFlash decode step
+    (0.5.17 and 0.5.23: dflash_step.py) and SGLang's per-width verify graphs (verify_widths.py), for one rank (each
+    rank would time its own steps and could choose differently) and a whole draft cache; with SGLANG_DSPINE_TREE=1
+    (check_tree's conditions: 0.5.17 only) the server's tree is one more shape of the menu.
     Anything else is refused in one line; a malformed SGLANG_DSPINE_SHAPES too. Unless --max-running-requests is
     given, the DFLASH family's cap of 48 becomes 128: the narrow shapes serve the requests plain decoding would."""
     from ..drafter.config import DrafterConfig, DrafterConfigError
     from ..env import ENV
     from .verify_shapes import parse_menu
     from .verify_widths import check_verify_width_hooks
-    from .versions import argument_view, dp_attention_enabled, sglang_version
+    from .versions import argument_view, dp_attention_enabled
 
     try:
         adaptive = ENV.adaptive
@@ -244,9 +244,7 @@ def check_adaptive(server_args) -> None:
         return
     view = argument_view(server_args)
     why = None
-    if sglang_version() >= (0, 5, 23):
-        why = "it is built on SGLang 0.5.17's DFlash decode step; install sglang==0.5.17 or unset it"
-    elif missing := dflash_step_missing():
+    if missing := dflash_step_missing():
         why = missing
     elif int(view.tp_size) != 1 or dp_attention_enabled(view) or view.disaggregation_mode not in (None, "null"):
         why = "it runs on one rank, without data-parallel attention or disaggregation, so far"

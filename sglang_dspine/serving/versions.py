@@ -37,6 +37,17 @@ def dflash_returns_logprobs() -> bool:
     return sglang_version() >= (0, 5, 23)
 
 
+# The first supported release whose DFlash decode step plans its KV ids once per iteration (`KVLocPlan`, from the
+# target runner's `kv_index_translator`) and hands that plan to the draft forward, the verify and the context writer.
+_DFLASH_KV_LOC_PLAN = (0, 5, 23)
+
+
+def dflash_plans_kv_locs() -> bool:
+    """Whether SGLang's DFlash decode step plans the iteration's KV ids (0.5.23: `kv_index_translator.plan`, bound to
+    the draft and verify forwards, the writes' ids from it) rather than passing the slots themselves (0.5.17)."""
+    return sglang_version() >= _DFLASH_KV_LOC_PLAN
+
+
 def release_name(version: tuple[int, int, int] | None = None) -> str:
     """A release as written, e.g. '0.5.23'; without an argument, the installed SGLang's."""
     return ".".join(map(str, sglang_version() if version is None else version))

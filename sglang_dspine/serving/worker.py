@@ -421,10 +421,10 @@ class DSpineWorker(DFlashWorkerV2):
         bs = len(batch.seq_lens)
         host = dflash_step.host_bound(self, batch, draft_input)
         if rows == 1:  # no draft forward: the anchor's slot and position, not the whole block's (one Triton launch)
-            candidates, verify_loc_2d, positions = dflash_step.one_row_slots(self, batch, draft_input)
+            candidates, verify_loc_2d, positions, plan = dflash_step.one_row_slots(self, batch, draft_input)
         else:
             slots = dflash_step.block_slots(self, batch, draft_input, rows)
-            verify_loc_2d = slots.verify_loc_2d.contiguous()
+            verify_loc_2d, plan = slots.verify_loc_2d.contiguous(), slots.plan
             positions = slots.positions_2d[:, :rows].reshape(-1)
             candidates = torch.empty((bs, rows), dtype=slots.block_ids.dtype, device=slots.block_ids.device)
             candidates[:, 0].copy_(slots.block_ids[:, 0])
@@ -441,12 +441,16 @@ class DSpineWorker(DFlashWorkerV2):
 
         # 2) the target verifies the prefix: rows slots and positions from the committed length on
         with verify_widths.verifying_at(self.model_runner, self._widths[Shape(rows)], self._base_width):
-            target_out = dflash_step.verify(self, batch, candidates.reshape(-1), positions, rows, verify_loc_2d, host)
+            target_out = dflash_step.verify(self, batch, candidates.reshape(-1), positions, rows, verify_loc_2d, host,
+                                            plan=plan)
         logits_output = target_out.logits_output
         dflash_step.adjust_logits(batch, logits_output.next_token_logits, rows, grammar_tree, grammar_barrier)
+        # 3) acceptance, then the committed rows into the draft KV (at the slots as the draft pool names them)
         result = self._commit_prefix(candidates, logits_output, batch.sampling_info, draft_input, batch.seq_lens,
-                                     verify_loc_2d, positions, on_publish=on_publish)
+                                     dflash_step.draft_write_loc(self, plan, verify_loc_2d), positions,
+                                     on_publish=on_publish)
         result.can_run_cuda_graph = target_out.can_run_cuda_graph
+        dflash_step.request_outputs(batch, result, draft_input)  # 0.5.23: log-probs, sampling masks
         return result
 
     def _commit_prefix(self, candidates, logits_output, sampling_info, draft_input, prefix_lens, verify_loc_2d,
