@@ -55,10 +55,11 @@ VARIABLES = (
               "kernel. Trees keep the extend kernel unless grouped is set, which then reads the tree's mask "
               "(docs/verify_shapes.md; set explicitly, refused at start on another attention backend, and "
               "below-block without SGLANG_DSPINE_VERIFY=adaptive)"),
-    _Variable("SGLANG_DSPINE_UPKEEP_GRAPHS", True,
-              "1 (default): under SGLANG_DSPINE_VERIFY=adaptive, the drafter's context upkeep after a step narrower "
-              "than the block (none, a short chain) replays a CUDA graph per width and captured batch size instead "
-              "of DFlash's eager writer; 0: the eager writer (docs/verify_shapes.md)"),
+    _Variable("SGLANG_DSPINE_UPKEEP_GRAPHS", False,
+              "1: under SGLANG_DSPINE_VERIFY=adaptive, the drafter's context upkeep after a step narrower than the "
+              "block (none, a short chain) replays a CUDA graph per width and captured batch size instead of "
+              "DFlash's eager writer (not yet verified on a GPU); 0 (default): the eager writer "
+              "(docs/verify_shapes.md)"),
     _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
               "1: `kill -USR1 <scheduler pid>` prints every thread's Python stack to the server log"),
     _Variable("DSPINE_SUITES_DIR", None,
@@ -103,7 +104,7 @@ class _Env:
 
     @property
     def upkeep_graphs(self) -> bool:
-        return _flag("SGLANG_DSPINE_UPKEEP_GRAPHS", True)
+        return _flag("SGLANG_DSPINE_UPKEEP_GRAPHS", False)
 
     @property
     def stacks_on_sigusr1(self) -> bool:

@@ -242,6 +242,12 @@ def step_shell(served, cls, reserve: int, seed: int, device: str = "cpu"):
     model = sglang_model(served.root / "dspine").float()
     model.load_weights(iter(load_file(served.root / "dspine" / "model.safetensors").items()))
     model = model.to(device)
+    if device != "cpu":  # SGLang's ops (norms, RoPE) on their PyTorch path: sgl_kernel's rmsnorm takes no float32
+        from sglang.srt.layers.utils.multi_platform import MultiPlatformOp
+
+        for op in model.modules():
+            if isinstance(op, MultiPlatformOp):
+                op._forward_method = op.forward_native
     pool, req_to_token = draft_kv(dc, device=device)
     worker = worker_shell(model, _padded_head(served), dc.block_size, draft_pool=pool, cls=cls, device=device)
     g = torch.Generator().manual_seed(seed)

@@ -1249,16 +1249,18 @@ def test_a_one_row_verify_reads_its_context_with_the_decode_kernel_eager_and_as_
     """Patch 9: a width-1 verify backend (the `none` shape's) runs SGLang's decode kernel (Triton's interpreter
     on the CPU; compiled on a GPU, where the KV split counts are chosen per request), planned as a decode of each request's committed length + 1, eager and through the graph path's
     metadata (captured once, then replayed at other lengths): each row's output is plain attention over its
-    context and itself, as the stock backend's extend kernel gives it, and the extend kernel never runs. On 0.5.23
-    adaptive verification, the one user of patch 9, is refused at start."""
+    context and itself, as the stock backend's extend kernel gives it, and the extend kernel never runs. On 0.5.23,
+    whose backends read a pass's KV ids through the iteration's plan, the patch is not applied and says why (the
+    `none` shape then verifies on its backend's verify kernel, as the worker's log says)."""
     from types import SimpleNamespace
 
     if sglang_on_cpu.on_0_5_23():
-        from sglang_dspine.serving import startup_checks
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-        monkeypatch.setenv("SGLANG_DSPINE_VERIFY", "adaptive")
-        with pytest.raises(StartupRefusal, match="built on SGLang 0.5.17's DFlash decode step"):
-            startup_checks.check_adaptive(served.args)
+        backend = TritonAttnBackend.__new__(TritonAttnBackend)
+        backend.num_draft_tokens = 1
+        why = sglang_patches.decode_one_row_verify(backend)
+        assert why is not None and "0.5.23" in why and not getattr(backend, "_dspine_decode_one_row", False)
         return
 
     hq, hkv, d = 4, 2, 64

@@ -543,7 +543,7 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
         adaptive = lambda scale: {"t0": {str(c): cell(plain[c] * scale * (0.6 if c == 1 else vs_plain / (1.2 * below)))
                                          for c in counts}}
         return {"plain": row(1.0), "dspine": row(0.5), "dspine_adaptive": adaptive(1.0),
-                "dspine_adaptive_eager_upkeep": adaptive(1 / upkeep),
+                "dspine_adaptive_upkeep_graphs": adaptive(upkeep),
                 "dspine_adaptive_below_block": {"t0": {str(c): cell(plain[c] * vs_plain,
                                                                     {"none": 100 * none_share,
                                                                      "chain4": 100 * (1 - none_share)})
@@ -558,7 +558,7 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
 
     def pair(ratio, grouped_equal=20, upkeep=1.0):
         return {"pair": {"plain": {"greedy_ids": greedy(24)}, "dspine": {**row(1.0), "greedy_ids": greedy(21)},
-                         "dspine_adaptive": row(ratio), "dspine_adaptive_eager_upkeep": row(ratio / upkeep),
+                         "dspine_adaptive": row(ratio), "dspine_adaptive_upkeep_graphs": row(ratio * upkeep),
                          "dspine_grouped": {"greedy_ids": greedy(grouped_equal)}}}
 
     run = {"geometry": geometry(), "switching": switching, **pair(1.0)}
@@ -582,9 +582,11 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.97)}, pair(0.98), log) == {
         "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "not met", "grouped": "met",
         "upkeep": "met", "adaptive": "met"}
-    assert default_rules(tmp_path, {**run, "geometry": geometry(upkeep=0.985)}, pair(0.98), log)["upkeep"] \
-        == "not met"  # the graphs 0.985x the eager upkeep at the geometry
-    assert default_rules(tmp_path, {**run, **pair(1.0, upkeep=0.985)}, pair(0.98), log)["upkeep"] == "not met"
+    assert default_rules(tmp_path, {**run, "geometry": geometry(upkeep=0.975)}, pair(0.98), log)["upkeep"] \
+        == "not met"  # the graphs 0.975x the eager upkeep at the geometry
+    assert default_rules(tmp_path, {**run, "geometry": geometry(upkeep=0.985)}, pair(0.98), log)["upkeep"] == "met"
+    # the pair's cells are not judged (identical servers differed by up to 28% there at 97513c7)
+    assert default_rules(tmp_path, {**run, **pair(1.0, upkeep=0.8)}, pair(0.98), log)["upkeep"] == "met"
     assert default_rules(tmp_path, run, pair(0.98), "21 passed, 1 failed in 90s\n")["upkeep"] == "not met"
     assert default_rules(tmp_path, {**run, "geometry": geometry(grouped=1.04)}, pair(0.98), log)["grouped"] \
         == "not met"  # 1.04x fixed from 16 clients

@@ -63,8 +63,9 @@ BELOW_BLOCK_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "below-block"}
 GROUPED_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "grouped"}  # every chain on DSPINE's grouped kernel (patch 10)
 # SGLang's extend kernel, what DSPINE servers ran before the grouped kernel became the default (a69f10b)
 EXTEND_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "0"}
-# the context upkeep after a step narrower than the block on DFlash's eager writer, not its graphs (context_upkeep.py)
-EAGER_UPKEEP_ENV = {"SGLANG_DSPINE_UPKEEP_GRAPHS": "0"}
+# the context upkeep after a step narrower than the block replayed from its CUDA graphs (context_upkeep.py), not
+# DFlash's eager writer (the default since 97513c7); `_eager_upkeep` (=0) is what runs up to 97513c7 named
+UPKEEP_GRAPHS_ENV = {"SGLANG_DSPINE_UPKEEP_GRAPHS": "1"}
 # SGLang's own attention backends for the geometry's step table beside the scripts' triton (issue 57's 5(b))
 OTHER_BACKENDS = ("fa3", "flashinfer")
 
@@ -73,10 +74,10 @@ def with_split_kv(servers: dict) -> dict:
     """`servers` plus each DSPINE server again under SGLANG_DSPINE_SPLITKV_VERIFY=1, named <name>_splitkv, =grouped
     (the default since a69f10b, said explicitly), named <name>_grouped, and =0 (SGLang's extend kernel), named
     <name>_extend, and each adaptive one under =below-block, named <name>_below_block, and with its context upkeep
-    eager (SGLANG_DSPINE_UPKEEP_GRAPHS=0), named <name>_eager_upkeep."""
+    replayed from CUDA graphs (SGLANG_DSPINE_UPKEEP_GRAPHS=1), named <name>_upkeep_graphs."""
     extra = {f"{n}_{kind}": (a, {**(e or {}), **env}) for n, (a, e) in servers.items() if n.startswith("dspine")
              for kind, env in (("splitkv", SPLIT_KV_ENV), ("grouped", GROUPED_ENV), ("extend", EXTEND_ENV))}
-    for kind, env in (("below_block", BELOW_BLOCK_ENV), ("eager_upkeep", EAGER_UPKEEP_ENV)):
+    for kind, env in (("below_block", BELOW_BLOCK_ENV), ("upkeep_graphs", UPKEEP_GRAPHS_ENV)):
         extra.update({f"{n}_{kind}": (a, {**(e or {}), **env}) for n, (a, e) in servers.items()
                       if n.startswith("dspine_adaptive")})
     return {**servers, **extra}
@@ -490,7 +491,8 @@ def summarize(res: dict) -> dict:
     # the extend-kernel verify, SGLang's split-KV kernel (patch 8), and the table of a server with the tree in
     # its menu (it times the tree beside the chains)
     tables = {suffix: cost_table(geo.get(f"dspine_adaptive{suffix}", {}).get("policy_last"))
-              for suffix in ("", "_splitkv", "_tree32", "_below_block", "_grouped", "_extend", "_eager_upkeep")}
+              for suffix in ("", "_splitkv", "_tree32", "_below_block", "_grouped", "_extend", "_eager_upkeep",
+                             "_upkeep_graphs")}
     if not tables["_below_block"] and tables[""] and tables["_splitkv"]:
         # not served yet: each shape's graphs are its own, so the narrower shapes' steps under split-KV and the
         # block's under the extend kernel are what SGLANG_DSPINE_SPLITKV_VERIFY=below-block would run

@@ -27,10 +27,14 @@ Rules (each ratio is of median tokens/s, each server alone on the GPU, T=0):
                  geometry fixed DSPINE with it serves >= 1.05x fixed DSPINE without it at 16, 48 and 64 clients and
                  >= 0.98x at 1 and 4, and on the pair its greedy outputs equal plain's on at least as many prompts as
                  fixed DSPINE's do, less one;
-  upkeep         (written 2026-12-07, before the upkeep graphs ran on a GPU) SGLANG_DSPINE_UPKEEP_GRAPHS stays 1 by
-                 default if the GPU tests pass (the upkeep's among them: --gpu-tests-log may be their own log) and
-                 the adaptive server with them serves >= 0.99x the one without them (`_eager_upkeep`) in every
-                 cell both ran, at the geometry and on the pair;
+  upkeep         (written 2026-12-07 after 97513c7, which the first upkeep rule judged `not met`: the upkeep's GPU
+                 tests failed, on their float32 drafter, before reaching the graphs, so every adaptive server ran
+                 the eager writer and the default became 0) SGLANG_DSPINE_UPKEEP_GRAPHS becomes 1 by default if the
+                 GPU tests pass (the upkeep's among them: --gpu-tests-log may be their own log) and the adaptive
+                 server with the graphs (`_upkeep_graphs`) serves >= 0.98x the default one at the geometry at every
+                 client count both ran (at 97513c7 two identical eager servers measured 0.977 and 0.987 of each
+                 other there); the pair's ratios are printed, not judged (there the identical servers measured
+                 0.722-1.012 of each other);
   adaptive       adaptive becomes the server default if on the pair it serves >= 0.97x fixed DSPINE at 1, 16 and 48
                  clients in both passes, and at the geometry >= fixed DSPINE at every client count (the adaptive
                  server the below_block rule makes the default).
@@ -176,11 +180,16 @@ def adaptive(run: dict, rep2: dict | None = None, summary: dict | None = None, g
 
 
 def upkeep(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]:
-    geo, pair = (ratios(run, phase, "dspine_adaptive", "dspine_adaptive_eager_upkeep")
-                 for phase in ("geometry", "pair"))
+    geo = ratios(run, "geometry", "dspine_adaptive_upkeep_graphs", "dspine_adaptive")
+    if not geo:
+        raise Undecided("no geometry cells for dspine_adaptive_upkeep_graphs")
+    try:
+        pair = fmt(ratios(run, "pair", "dspine_adaptive_upkeep_graphs", "dspine_adaptive")) or "not run"
+    except Undecided as e:
+        pair = str(e)
     tests, why = gpu_tests_passed(gpu_log)
-    ok = tests and all(v >= 0.99 for r in (geo, pair) for v in r.values())
-    return ok, f"graphs ÷ eager upkeep, geometry {fmt(geo)}, pair {fmt(pair)} (>= 0.99); {why}"
+    ok = tests and all(v >= 0.98 for v in geo.values())
+    return ok, f"graphs ÷ eager upkeep, geometry {fmt(geo)} (>= 0.98), pair {pair} (not judged); {why}"
 
 
 RULES = {"new_cost": new_cost, "below_block": below_block, "split_kv": split_kv, "floors": floors,

@@ -35,10 +35,10 @@
 # Then: python3 scripts/device/default_rules.py <adaptive.json> --rep2 <rep2/adaptive.json> --gpu-tests-log
 #   <gpu_tests.log> --summary benchmarks/results/adaptive_summary.json judges the rules below, as written there.
 # Decision rules, fixed before the run (2026-12-06, after c615dca):
-#   - (2026-12-07, 9ebc273, before the upkeep graphs ran on a GPU) SGLANG_DSPINE_UPKEEP_GRAPHS stays 1 by default
-#     if the upkeep GPU tests pass and dspine_adaptive (graphs) serves >= 0.99x dspine_adaptive_eager_upkeep's
-#     tokens/s (medians) in every cell measured in this lease, geometry (1, 48) and pair (1, 16, 48); otherwise its
-#     default becomes 0 and the note gives both servers' cells;
+#   - (2026-12-07, after 97513c7, where the first upkeep rule was not met: its GPU tests failed, so the default
+#     became 0) SGLANG_DSPINE_UPKEEP_GRAPHS becomes 1 by default if the upkeep GPU tests pass and
+#     dspine_adaptive_upkeep_graphs serves >= 0.98x dspine_adaptive's tokens/s (medians) at the geometry at 1 and 48
+#     clients (two identical servers measured 0.977 / 0.987 of each other there at 97513c7);
 #   - (2026-12-06, after a69f10b) the grouped kernel's settings (BLOCK_N 64, 4 warps, one split from 17 requests at
 #     8 KV heads) change to a tuning variant of the sweep ($OUT/tune) only if it is >= 5% faster than `grouped` at
 #     48 and 64 requests x 16 rows and not slower than 0.98x `grouped` in any other cell of the sweep;
@@ -103,28 +103,24 @@ tl() {  # tl NAME STEPS PLAIN_GLOB ADAPTIVE_GLOB: both traces (--diff), or the o
 }
 # the geometry's profiles ran at 981bdc8 on an H200 (benchmarks/results/profile_h200_981bdc8.json): not again
 # until the `none` step changes (then: $A --phases geometry,profile --geometry-servers "" and its timelines)
-# (2026-12-07, 70b0238) first the context upkeep's CUDA graphs (context_upkeep.py; never run on a GPU) and the
-# none step's own slots and outputs (one_row_slots, none_outputs: always on): the upkeep's GPU
-# tests (~40 s; if they fail, every adaptive server below runs with SGLANG_DSPINE_UPKEEP_GRAPHS=0), then the
-# geometry at tau = 1 (the `none` step) with them and without them beside plain at 1 and 48 clients, then the pair.
+# (2026-12-07, after 97513c7) first the context upkeep's CUDA graphs (context_upkeep.py; off by default since
+# 97513c7, whose upkeep GPU tests failed on their float32 drafter before reaching the graphs, fixed since): their GPU
+# tests (~40 s), then, only if they pass, the geometry at tau = 1 (the `none` step) with the graphs
+# (`_upkeep_graphs`) and without them (the default) beside plain at 1 and 48 clients (the `upkeep` rule). The pair's
+# two passes, the geometry's first cells and the full GPU tests ran at 97513c7 (benchmarks/results/
+# adaptive_run_h100_97513c7*.json): the pair again after the profile.
 OUT="$OUT/upkeep" bash scripts/device/gpu_tests.sh tests/test_verify_shapes.py > /dev/null 2>&1
 rc=$?; echo "issue57: upkeep GPU tests rc $rc"; tail -3 "$OUT/upkeep/gpu_tests.log"
-[ "$rc" = 0 ] || export SGLANG_DSPINE_UPKEEP_GRAPHS=0
-$A --phases geometry --geometry-servers plain,dspine_adaptive,dspine_adaptive_eager_upkeep --clients 1,48
-yield_gpu
-$A --phases pair --pair-servers plain,dspine_adaptive,dspine_adaptive_eager_upkeep,dspine --clients 1,16,48 \
-  --t1-clients 48
-yield_gpu
-mkdir -p "$OUT/rep2"
-python3 scripts/device/adaptive.py --out "$OUT/rep2" --phases pair --pair-servers dspine,dspine_adaptive \
-   --clients 1,16,48 --t1-clients 48
-yield_gpu
-bash scripts/device/gpu_tests.sh
+if [ "$rc" = 0 ]; then
+  $A --phases geometry --geometry-servers plain,dspine_adaptive,dspine_adaptive_upkeep_graphs --clients 1,48
+fi
 yield_gpu
 $A --phases profile_pair --pair-servers ""
 tl pair_c48 20 "$T/prof_pair_plain_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
 tl pair_boundary 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_adaptive_boundary_*"
 ls -la "$T"
+yield_gpu
+$A --phases pair --pair-servers plain,dspine_adaptive,dspine --clients 1,16,48 --t1-clients 48
 yield_gpu
 # dspine_extend beside dflash: the drafters compared on the same (SGLang's extend) verify kernel
 $A --phases pair --pair-servers dflash,dspine_extend --clients 1,16,48 --t1-clients 48
