@@ -38,6 +38,10 @@ def base_args(attention: str | None = "triton", sampling: str | None = "pytorch"
 
 # The backends the device bundle carries (fa3 and FlashInfer's JIT are not in it).
 BASE_ARGS = base_args()
+# what scripts/device/adaptive.py gives each of the built-in pair's servers beside BASE_ARGS (tests/test_plugin.py
+# parses them on each SGLang release)
+ADAPTIVE_PAIR_ARGS = ["--grammar-backend", "none", "--cuda-graph-max-bs-decode", "64", "--mem-fraction-static", "0.3",
+                      "--disable-prefill-cuda-graph"]
 SGLANG_DEFAULT = "sglang-default"  # a backend flag left out: SGLang's own choice (FA3 and FlashInfer on an H200)
 
 

@@ -138,12 +138,14 @@ def test_only_supported_sglang_releases_register(monkeypatch, release, refused):
 def test_gpu_scripts_server_flags_parse(dirs):
     """The server flags the GPU benchmarks pass are flags of this SGLang (0.5.23 dropped `--cuda-graph-max-bs`,
     which then is an ambiguous prefix of its -decode and -prefill flags)."""
-    from benchmarks.servers import BASE_ARGS
+    from benchmarks.servers import ADAPTIVE_PAIR_ARGS, BASE_ARGS
     from benchmarks.serving_features import FLAGS
 
     root, _ = dirs
     args = _resolved(_args(root, root / "dspine", "DSPINE", *BASE_ARGS[2:], *FLAGS))  # BASE_ARGS[:2]: --host
     assert args.sampling_backend == "pytorch"
+    args = _resolved(_args(root, root / "dspine", "DSPINE", *BASE_ARGS[2:], *ADAPTIVE_PAIR_ARGS))
+    assert args.grammar_backend == "none" and args.mem_fraction_static == 0.3
 
 
 def test_tensor_parallel_args_pass_dspine_checks(dirs):

@@ -415,6 +415,14 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
         f"serve.sh OUT={root}/e2e e2e --no-deterministic --attention-backend sglang-default "
         "--sampling-backend sglang-default"]
     log.unlink()
+    (dev / "adaptive.py").write_text(f"import sys\nopen({str(log)!r}, 'a').write(' '.join(['adaptive.py', *sys.argv[1:]]) "
+                                     "+ '\\n')\n")
+    r = versions("triton/pytorch", "adaptive", release="0.5.23")  # by name only: the pair's adaptive server
+    adaptive_root = tmp_path / "out" / "0.5.23_triton_pytorch" / "adaptive"
+    assert r.returncode == 0 and adaptive_root.is_dir() and log.read_text().splitlines() == [
+        f"adaptive.py --out {adaptive_root} --phases pair,switching --pair-servers plain,dspine,dspine_adaptive "
+        "--clients 1,16,48 --t1-clients 48 --switching-server dspine_adaptive"]
+    log.unlink()
     for args, msg in ((["triton"], "want ATTENTION/SAMPLING"), (["triton/pytorch", "tests", "bench"], "unknown step bench")):
         r = versions(*args)
         assert r.returncode == 2 and msg in r.stderr and not log.exists()

@@ -268,6 +268,36 @@ def served(tmp_path_factory):
     return served_pair(tmp_path_factory.mktemp("verify_shapes_glue"))
 
 
+def test_the_host_bound_is_dflashs_on_each_release():
+    """`dflash_step.host_bound`, the committed lengths' host bound a step's draft and verify are planned on, as the
+    installed release's DFlash step makes it: the host's lengths + one block; else the reserved lengths (0.5.17's
+    `reserved_seq_lens_cpu`, 0.5.23's `nxt_kv_lens_cpu`: only that release's field exists here); else no bound for
+    the verify, and for the draft the lengths themselves (0.5.17) or each request's allocated KV length (0.5.23)."""
+    from types import SimpleNamespace
+
+    import sglang_on_cpu
+
+    from sglang_dspine.serving import dflash_step
+
+    on_0_5_23 = sglang_on_cpu.on_0_5_23()
+    worker = SimpleNamespace(block_size=4, _draft_seq_lens_cpu_buf=torch.zeros(8, dtype=torch.int32),
+                             _ensure_draft_block_buffers=lambda bs: None)
+    seq = torch.tensor([5, 9, 2])
+    reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=n)) for n in (14, 18, 11)]
+    field = "nxt_kv_lens_cpu" if on_0_5_23 else "reserved_seq_lens_cpu"
+    batch = SimpleNamespace(seq_lens=seq, seq_lens_cpu=seq.to(torch.int32), reqs=reqs)
+    draft_input = SimpleNamespace(**{field: torch.tensor([13, 17, 10], dtype=torch.int32)})
+    got = dflash_step.host_bound(worker, batch, draft_input)
+    assert (got.seq_lens_cpu.tolist(), got.seq_lens_sum, got.bounded) == ([9, 13, 6], 28, True)
+    batch.seq_lens_cpu = None
+    got = dflash_step.host_bound(worker, batch, draft_input)
+    assert (got.seq_lens_cpu.tolist(), got.seq_lens_sum, got.bounded) == ([13, 17, 10], 40, True)
+    setattr(draft_input, field, None)
+    got = dflash_step.host_bound(worker, batch, draft_input)
+    want = [14, 18, 11] if on_0_5_23 else [5, 9, 2]
+    assert (got.seq_lens_cpu.tolist(), got.seq_lens_sum, got.bounded) == (want, sum(want), False)
+
+
 def test_a_narrow_steps_kv_ids_are_the_first_columns_of_its_window(served):
     """The KV ids a prefix step's forwards write, as each release names them. SGLang 0.5.23 plans them once
     (`dflash_step.kv_plan`, with SGLang's own KVIndexTranslator on a plain pool here): the draft forward writes the

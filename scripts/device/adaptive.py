@@ -92,8 +92,7 @@ def with_backends(servers: dict, names: tuple[str, ...]) -> dict:
 
 
 POLICY_LINE = re.compile(r"DSPINE adaptive verify: steps by shape since start: (.*?); policy (\{.*\})")
-PAIR_ARGS = ["--grammar-backend", "none", "--cuda-graph-max-bs-decode", "64", "--mem-fraction-static", "0.3",
-             "--disable-prefill-cuda-graph"]
+PAIR_ARGS = bench.ADAPTIVE_PAIR_ARGS
 
 
 def policy_state(server) -> tuple[dict, dict]:

@@ -28,7 +28,9 @@
 #      33f82f8 only the core was carried and every speculative server failed at start; setup now refuses that):
 #        source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 GIT_COMMIT=<c> bash scripts/device/job.sh
 #        start j23 'until [ -e /tmp/gpu_turn_j23 ] || [ -e /tmp/job_l57/rc ]; do sleep 5; done;
-#        bash scripts/device/versions.sh triton/pytorch features e2e'   (conformance and the pair end to end, ~8 min)
+#        bash scripts/device/versions.sh triton/pytorch features e2e adaptive'   (conformance and the pair end to end,
+#        ~8 min; then, new in 97513c7, adaptive verification on 0.5.23: the pair's plain, fixed and adaptive servers
+#        and switching, ~12 min)
 #   5. SGLang's FA3 and FlashInfer attention backends at the geometry (5(b), ~12 min), if the lease lasts.
 # After the lease, on this machine: python3 scripts/device/adaptive.py --merge <the lease's adaptive.json>
 #   --out benchmarks/results (merge an earlier run only if it ran on the same card and its plain matches).

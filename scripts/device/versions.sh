@@ -14,9 +14,13 @@
 #   e2e       (asked for by name only) serve_e2e.py on the built-in pair (scripts/device/serve.sh e2e) with the
 #             pair's backends, no deterministic-inference servers:
 #             greedy agreement, the T=1 two-sample test against the server without speculation, a 48-client load
+#   adaptive  (asked for by name only) adaptive verification on the built-in pair (scripts/device/adaptive.py, on the
+#             harness's triton/pytorch backends whatever ATTENTION/SAMPLING say): plain, fixed DSPINE and adaptive at
+#             1 / 16 / 48 clients (T=1 at 48), then switching: greedy answers against plain and the T=1 two-sample
+#             test while the load varies, and a 1 -> 64 -> 1 ramp (~12 min; on 0.5.23 new in 97513c7)
 # A failed serving step (scale, features, e2e: a server that did not start, or a failed run) ends the run there: the
 # steps after it would start the same servers again (at 064fd69 every server failed the same way, for 10 minutes).
-# Results: $OUT/<release>_<attention>_<sampling>/{tests,scale,features,e2e}/.
+# Results: $OUT/<release>_<attention>_<sampling>/{tests,scale,features,e2e,adaptive}/.
 set -uo pipefail
 pair="${1:?versions.sh ATTENTION/SAMPLING [STEP ...]}"; shift
 attention="${pair%/*}" sampling="${pair#*/}"
@@ -29,7 +33,8 @@ root="${OUT:-/tmp/out}/${release}_${attention}_${sampling}"
 servers="dflash,dspine"
 [ "$release" = 0.5.23 ] && servers="dflash,dspine,dflash2"
 for step in $steps; do
-  case "$step" in tests|scale|features|e2e) ;; *) echo "versions.sh: unknown step $step (tests, scale, features, e2e)" >&2; exit 2 ;; esac
+  case "$step" in tests|scale|features|e2e|adaptive) ;;
+    *) echo "versions.sh: unknown step $step (tests, scale, features, e2e, adaptive)" >&2; exit 2 ;; esac
 done
 # 0.5.17's .devbundle leaves FA3 out (1.07 GB), SGLang's default attention on an H200: carried apart first
 if [ "$release" = 0.5.17 ] && { [ "$attention" = sglang-default ] || [ "$attention" = fa3 ]; } \
@@ -50,6 +55,9 @@ for step in $steps; do
                 --attention-backend "$attention" --sampling-backend "$sampling" ;;
     e2e) OUT="$root/e2e" bash scripts/device/serve.sh e2e --no-deterministic \
            --attention-backend "$attention" --sampling-backend "$sampling" ;;
+    adaptive) mkdir -p "$root/adaptive" && python3 scripts/device/adaptive.py --out "$root/adaptive" \
+                --phases pair,switching --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 \
+                --t1-clients 48 --switching-server dspine_adaptive ;;
   esac
   r=$?
   echo "versions.sh: $release $pair $step rc $r in $(( $(date +%s) - t0 )) s" | tee -a "$root/steps.txt"

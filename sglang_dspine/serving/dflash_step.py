@@ -212,8 +212,9 @@ def one_row_slots(worker, batch, draft_input) -> OneRowSlots:
 def host_bound(worker, batch, draft_input) -> HostBound:
     """A DFlash worker's host bound on the committed lengths for a step's draft and verify, as DFlash's
     non-windowed path makes it: the host's lengths (one step behind under overlap) + one block, else the reserved
-    lengths (0.5.17 `reserved_seq_lens_cpu`, 0.5.23 `nxt_kv_lens_cpu`), else on 0.5.17 the lengths themselves
-    (then not a bound: the verify keeps the batch's own), on 0.5.23 each request's allocated KV length."""
+    lengths (0.5.17 `reserved_seq_lens_cpu`, 0.5.23 `nxt_kv_lens_cpu`), else on 0.5.17 the lengths themselves,
+    on 0.5.23 each request's allocated KV length for the draft (either way not `bounded`: the verify keeps the
+    batch's own, as DFlash's does)."""
     from .versions import dflash_plans_kv_locs
 
     bs, b = len(batch.seq_lens), int(worker.block_size)
@@ -228,6 +229,7 @@ def host_bound(worker, batch, draft_input) -> HostBound:
     elif dflash_plans_kv_locs():
         for i, req in enumerate(batch.reqs):
             seq_lens_cpu[i] = req.kv.kv_allocated_len
+        bounded = False
     else:
         seq_lens_cpu.copy_(batch.seq_lens.to("cpu", dtype=torch.int32))
         bounded = False
