@@ -138,7 +138,7 @@ def test_test_sh_runs_just_the_paths_it_is_given(recorder, args, pytest_args):
 
 
 SGLANG_TESTS = ["tests/test_plugin.py", "tests/test_serving_glue.py", "tests/test_logprobs.py", "tests/test_checkpoint.py",
-                "tests/test_serving_features.py", "--deselect", "tests/test_serving_features.py::test_grammars_compile_and_samples"]
+                "tests/test_verify_shapes.py", "tests/test_serving_features.py", "--deselect", "tests/test_serving_features.py::test_grammars_compile_and_samples"]
 
 
 @pytest.mark.parametrize("args,pytest_args", [
