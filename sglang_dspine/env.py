@@ -40,7 +40,8 @@ VARIABLES = (
               "the shape (none, a chain of the walk's first W tokens, with SGLANG_DSPINE_TREE=1 the tree) that "
               "maximises expected tokens per second at the batch's size, from acceptance seen on recent steps and "
               "step times measured on this GPU "
-              "(docs/verify_shapes.md; SGLang 0.5.17, one rank; the default cap of 48 running requests becomes 128)"),
+              "(docs/verify_shapes.md; one rank, the tree on SGLang 0.5.17 only; the default cap of 48 running "
+              "requests becomes 128)"),
     _Variable("SGLANG_DSPINE_SHAPES", "none,4,8",
               "the shapes SGLANG_DSPINE_VERIFY=adaptive chooses from, comma-separated: 'none' and chain widths "
               "2..B; the block itself is always one of them (unset: none, 4 and 8 where below the block)"),
