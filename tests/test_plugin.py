@@ -1,4 +1,5 @@
 """The SGLang plugin with SGLang imported for real (CPU): registration, server arguments, weight loading."""
+import logging
 import os
 import re
 import subprocess
@@ -546,11 +547,11 @@ def test_the_tree_worker_hands_dflash_the_blocks_arguments(dirs, monkeypatch):
 
 
 @pytest.mark.parametrize("verify", ["fixed", "adaptive"])
-def test_the_worker_reads_its_shapes_and_log_prob_duty_from_the_configuration(dirs, monkeypatch, verify):
+def test_the_worker_reads_its_shapes_and_log_prob_duty_from_the_configuration(dirs, monkeypatch, caplog, verify):
     """The one worker, constructed as SGLang constructs it (DFlash's constructor, which needs a GPU, recorded in
     its place): a fixed server verifies the block every step and has no policy; an adaptive one holds the menu
-    (its policy is built with the graphs); it supplies log-probs exactly where DFlash's worker refuses
-    them; on both releases the arguments reach DFlash's constructor as they came (no drafter read before it)."""
+    (its policy is built with the graphs; on 0.5.23 its log says it is CPU-tested only); it supplies log-probs
+    exactly where DFlash's worker refuses them; on both releases the arguments reach DFlash's constructor as they came (no drafter read before it)."""
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
     from sglang_dspine.serving.verify_shapes import Shape
@@ -567,13 +568,20 @@ def test_the_worker_reads_its_shapes_and_log_prob_duty_from_the_configuration(di
         self.block_size, self.device = 4, "cpu"
 
     monkeypatch.setattr(DFlashWorkerV2, "__init__", dflash_init)
-    worker = DSpineWorker(args, gpu_id=0, ps=None, nccl_port=0, target_worker=None)
+    worker_log = logging.getLogger("sglang_dspine.serving.worker")  # SGLang's logging may not propagate to root
+    worker_log.addHandler(caplog.handler)
+    try:
+        worker = DSpineWorker(args, gpu_id=0, ps=None, nccl_port=0, target_worker=None)
+    finally:
+        worker_log.removeHandler(caplog.handler)
     assert handed == [args] and worker.supplies_logprobs == (not dflash_returns_logprobs())
     assert worker.policy is None and worker.tree_rows is None
     if verify == "fixed":
         assert worker.shapes == (Shape(4),)
     else:  # B = 4: the default menu's widths below the block (none), and the block
         assert worker.shapes == (Shape(1), Shape(4))
+    # on 0.5.23 an adaptive worker says in its log that it has run on the CPU only
+    assert ("tested on the CPU only so far" in caplog.text) == (verify == "adaptive" and ON_0_5_23)
 
 
 def test_version_facts_are_what_the_installed_sglang_does(dirs):

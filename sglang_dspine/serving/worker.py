@@ -120,7 +120,7 @@ class DSpineWorker(DFlashWorkerV2):
         from ..drafter.config import DrafterConfig
         from ..env import ENV
         from .verify_shapes import parse_menu
-        from .versions import dflash_returns_logprobs
+        from .versions import dflash_plans_kv_locs, dflash_returns_logprobs
 
         self.supplies_logprobs = not dflash_returns_logprobs()
         if ENV.tree:  # 0.5.17 (check_tree has refused it elsewhere), whose record holds the resolved drafter path
@@ -136,6 +136,10 @@ class DSpineWorker(DFlashWorkerV2):
                 torch.tensor(v, dtype=torch.float32, device=self.device)
                 for v in (self.calibration.temperature, self.calibration.log_mass))
         if ENV.adaptive:  # check_adaptive has refused it where it is not built
+            if dflash_plans_kv_locs():
+                logger.warning("DSPINE adaptive verification on SGLang 0.5.23 is tested on the CPU only so far: its "
+                               "steps narrower than the block follow 0.5.23's DFlash step but have not run on a GPU "
+                               "(docs/verify_shapes.md)")
             self.shapes = (*parse_menu(ENV.verify_shapes, block), *tree)
             self._pending: collections.deque = collections.deque()  # steps whose GPU time and acceptance are unread
             self._clock = StepClock()  # each decode step's wall time, half of what the policy weighs
