@@ -92,7 +92,6 @@ def with_backends(servers: dict, names: tuple[str, ...]) -> dict:
 
 
 POLICY_LINE = re.compile(r"DSPINE adaptive verify: steps by shape since start: (.*?); policy (\{.*\})")
-PAIR_ARGS = bench.ADAPTIVE_PAIR_ARGS
 
 
 def policy_state(server) -> tuple[dict, dict]:
@@ -316,8 +315,9 @@ def main():
     if "pair" in phases or "switching" in phases or "profile_pair" in phases:
         models = model_layout(args.models)
         target, prompts = pair_prompts(models)
-        spec = lambda algo, d: bench.spec_args(target, algo, os.path.join(models, d), *PAIR_ARGS)
-        servers = {"plain": (["--model-path", target, *PAIR_ARGS], None), "dflash": (spec("DFLASH", "dflash"), None),
+        spec = lambda algo, d: bench.spec_args(target, algo, os.path.join(models, d), *bench.ADAPTIVE_PAIR_ARGS)
+        servers = {"plain": (["--model-path", target, *bench.ADAPTIVE_PAIR_ARGS], None),
+                   "dflash": (spec("DFLASH", "dflash"), None),
                    "dspine": (spec("DSPINE", "dspine"), None), "dspine_adaptive": (spec("DSPINE", "dspine"),
                                                                                   ADAPTIVE_ENV),
                    "dspine_tree32": (spec("DSPINE", "dspine") + TREE32[0], TREE32[1]),

@@ -217,16 +217,16 @@ def host_bound(worker, batch, draft_input) -> HostBound:
     batch's own, as DFlash's does)."""
     from .versions import dflash_plans_kv_locs
 
-    bs, b = len(batch.seq_lens), int(worker.block_size)
+    bs, b, planned = len(batch.seq_lens), int(worker.block_size), dflash_plans_kv_locs()
     worker._ensure_draft_block_buffers(bs)  # a `none` step prepares no block (`one_row_slots`) to size them
     seq_lens_cpu, bounded = worker._draft_seq_lens_cpu_buf[:bs], True
-    reserved = draft_input.nxt_kv_lens_cpu if dflash_plans_kv_locs() else draft_input.reserved_seq_lens_cpu
+    reserved = draft_input.nxt_kv_lens_cpu if planned else draft_input.reserved_seq_lens_cpu
     if batch.seq_lens_cpu is not None:
         seq_lens_cpu.copy_(batch.seq_lens_cpu)
         seq_lens_cpu.add_(b)
     elif reserved is not None:
         seq_lens_cpu.copy_(reserved)
-    elif dflash_plans_kv_locs():
+    elif planned:
         for i, req in enumerate(batch.reqs):
             seq_lens_cpu[i] = req.kv.kv_allocated_len
         bounded = False
@@ -314,7 +314,7 @@ def verify(worker, batch, tokens: torch.Tensor, positions: torch.Tensor, rows: i
         batch.seq_lens_cpu, batch.seq_lens_sum = backup
     out = worker.target_worker.forward_batch_generation(batch=None, forward_batch=verify_batch, is_verify=True,
                                                         skip_attn_backend_init=True)
-    gather = getattr(worker, "_target_logits_processor", None) if plan is not None else None
+    gather = worker._target_logits_processor if plan is not None else None  # 0.5.23's member (None: no sharding)
     if gather is not None and gather.is_deferred_shard(out.logits_output.next_token_logits):
         out.logits_output.next_token_logits = gather.finish_deferred_gather(out.logits_output.next_token_logits)
     return out
