@@ -293,8 +293,8 @@ def main():
                                               "dspine_adaptive_tree32,dspine_splitkv,dspine_adaptive_splitkv")
     ap.add_argument("--geometry-servers", default="plain,dspine_adaptive,dspine,dspine_splitkv,"
                                                   "dspine_adaptive_splitkv,dspine_adaptive_tree32")
-    ap.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4, 16, 48, 64])
-    ap.add_argument("--t1-clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 48])
+    ap.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",") if c], default=[1, 4, 16, 48, 64])
+    ap.add_argument("--t1-clients", type=lambda s: [int(c) for c in s.split(",") if c], default=[1, 48])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--switching-server", default="dspine_adaptive", help="the pair's adaptive server the "

@@ -71,84 +71,24 @@
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
-# A 0.5.23 job started in this lease (j23, waiting for /tmp/gpu_turn_j23) runs between two stages, alone on the GPU
-yield_gpu() {
-  if [ -d /tmp/job_j23 ] && [ ! -e /tmp/job_j23/rc ]; then
-    echo "issue57: the GPU to j23 until it ends"; touch /tmp/gpu_turn_j23
-    while [ ! -e /tmp/job_j23/rc ]; do sleep 5; done
-  fi
-}
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
-# since e1d6237 every DSPINE server below verifies chains on the grouped kernel (the default; `_extend`: SGLang's
-# extend kernel). a69f10b ran the kernels, the GPU tests, the geometry's plain, fixed (extend, grouped), adaptive
-# grouped and below-block servers, and the pair's plain, fixed and fixed grouped: not again.
-# (2026-12-06, stop 67; 15 device minutes left after refused starts) first where the `none` step's time goes
-# (a69f10b: the adaptive server at tau = 1 served 0.947-0.979x plain; SGLang's decode log lines put `none` 0.19-0.21
-# ms a step above plain's decode step at every batch, and requests at 1 client ~18 ms each above plain's; on the
-# pair, host-bound, the adaptive servers' steps cost 3-5 ms where plain decoding's took 1.2-1.6), then the pair's
-# two passes on the default kernel (the `adaptive` rule), the GPU tests (the serving code is a69f10b's but for
-# 948c14e's refactor, CPU-tested), DFLASH beside DSPINE on the extend kernel, switching, the geometry, the tuning
-# sweep, pressure, the tree, FA3.
-# SGLang's profiler on the adaptive server and plain: the pair at 48 clients (~3 min), the geometry (tau = 1: `none`)
-# at 1 and 48 clients (~6 min), each also at a request's boundary; traces kept outside $OUT (tens of MiB; a file
-# that comes back is at most 16 MiB: a later call copies the ones wanted), their timelines here (plain first, so
-# --diff is adaptive minus plain)
-export PROFILE_TRACES=/tmp/l57_traces
-T="$PROFILE_TRACES"
-tl() {  # tl NAME STEPS PLAIN_GLOB ADAPTIVE_GLOB: both traces (--diff), or the one that exists
-  local f=() d=()
-  for g in $3 $4; do [ -e "$g" ] && f+=("$g"); done
-  [ "${#f[@]}" = 2 ] && d=(--diff)
-  [ "${#f[@]}" = 0 ] && { echo "issue57: timeline $1: no trace"; return; }
-  python3 -m benchmarks step_timeline "${f[@]}" --steps "$2" "${d[@]}" --out "$OUT/timeline_$1.json" > /dev/null 2>&1
-  echo "issue57: timeline $1 (${#f[@]} traces) rc $?"
-}
-# the geometry's profiles ran at 981bdc8 on an H200 (benchmarks/results/profile_h200_981bdc8.json): not again
-# until the `none` step changes (then: $A --phases geometry,profile --geometry-servers "" and its timelines)
-# (2026-12-07, after 97513c7) first the context upkeep's CUDA graphs (context_upkeep.py; off by default since
-# 97513c7, whose upkeep GPU tests failed on their float32 drafter before reaching the graphs, fixed since): their GPU
-# tests (~40 s), then, only if they pass, the geometry at tau = 1 (the `none` step) with the graphs
-# (`_upkeep_graphs`) and without them (the default) beside plain at 1 and 48 clients (the `upkeep` rule). The pair's
-# two passes, the geometry's first cells and the full GPU tests ran at 97513c7 (benchmarks/results/
-# adaptive_run_h100_97513c7*.json): the pair again after the profile.
-OUT="$OUT/upkeep" bash scripts/device/gpu_tests.sh tests/test_verify_shapes.py > /dev/null 2>&1
-rc=$?; echo "issue57: upkeep GPU tests rc $rc"; tail -3 "$OUT/upkeep/gpu_tests.log"
-if [ "$rc" = 0 ]; then
-  $A --phases geometry --geometry-servers plain,dspine_adaptive,dspine_adaptive_upkeep_graphs --clients 1,48
-fi
-yield_gpu
-$A --phases profile_pair --pair-servers ""
-tl pair_c48 20 "$T/prof_pair_plain_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
-tl pair_boundary 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_adaptive_boundary_*"
-ls -la "$T"
-yield_gpu
-$A --phases pair --pair-servers plain,dspine_adaptive,dspine --clients 1,16,48 --t1-clients 48
-yield_gpu
-# dspine_extend beside dflash: the drafters compared on the same (SGLang's extend) verify kernel
-$A --phases pair --pair-servers dflash,dspine_extend --clients 1,16,48 --t1-clients 48
-yield_gpu
+# (2026-12-07, stop 71) the headline run: every row of the issue's summary from one commit, in the order a lease
+# that ends early keeps the most (adaptive.py skips what its JSON already has, so a second lease resumes it):
+#   1. the GPU tests (~1.5 min; the context upkeep's graphs among them, their float32 drafter now on PyTorch ops);
+#   2. the built-in pair, each server alone (~10 min): plain, adaptive, DSPINE at the block, DFLASH, the tree of 32,
+#      at 1/4/16/48/64 clients, T=1 at 1 and 48;
+#   3. the Qwen3-8B geometry at tau = 1 (~6 min): plain and adaptive (its step table times every chain shape,
+#      the block's included, which the projection reads), at 1/4/16/48/64;
+#   4. switching (~3 min): greedy and the T=1 test under a varying load, then the 1 -> 64 -> 1 ramp;
+#   5. the tree in the adaptive menu (~5 min): on the pair (the tree's own tokens a step), then at the geometry
+#      (its step beside the chains'): the projection's adaptive with the tree, for the 1-client goal.
+# The upkeep graphs' A/B at the geometry (their rule, above) is not in it: at 97513c7 they ran 0.977 / 0.987x the
+# eager writer, and they stay off by default.
+bash scripts/device/gpu_tests.sh > /dev/null 2>&1
+echo "issue57: GPU tests rc $?"; tail -4 "$OUT/gpu_tests.log"
+$A --phases pair --pair-servers plain,dspine_adaptive,dspine,dflash,dspine_tree32 --clients 1,4,16,48,64 \
+  --t1-clients 1,48
+$A --phases geometry --geometry-servers plain,dspine_adaptive --clients 1,4,16,48,64
 $A --phases switching --switching-server dspine_adaptive
-yield_gpu
-# the geometry's fixed and adaptive servers on the default kernel beside plain (each cell's decode_ms_per_token:
-# the like-for-like plain step for the projection)
-mkdir -p "$OUT/geo5"  # its own JSON: the first geometry pass's servers (1 and 48 clients) are not skipped here
-python3 scripts/device/adaptive.py --out "$OUT/geo5" --phases geometry --geometry-servers \
-  plain,dspine,dspine_adaptive --clients 1,4,16,48,64
-yield_gpu
-# the grouped kernel's tuning sweep (~2 min; its loop step and warps, one split, and two splits where it runs one)
-mkdir -p "$OUT/tune"
-python3 -m benchmarks verify_attention --out "$OUT/tune" --batch-sizes 1,16,48,64 --rows 4,16 \
-  --grouped-variants 1s_32n_4w,1s_128n_8w,1s_64n_8w,2s_64n_4w
-yield_gpu
-# memory pressure with adaptive on (~5 min; never run): KV exhaustion, graph overflow, long prompts, disconnects,
-# retraction (issue56.sh's `adaptive` part)
-OUT="$OUT/pressure_adaptive" bash scripts/device/run.sh pressure --servers dspine --variant adaptive \
-  --scenarios kv_exhaustion,graph_overflow,long_prompts,disconnects,retraction \
-  --server-env SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS=20 --tag adaptive > /dev/null 2>&1
-echo "issue57: pressure (adaptive) rc $?"
-yield_gpu
-# the tree of 32 on the grouped kernel (be9de96, set explicitly) beside it on the extend kernel, on the pair
-$A --phases pair --pair-servers dspine_tree32,dspine_tree32_grouped --clients 1,16,48 --t1-clients 48
-yield_gpu
-$A --phases geometry --geometry-servers plain_fa3,dspine_adaptive_fa3,dspine_fa3,plain_flashinfer,\
-dspine_adaptive_flashinfer,dspine_flashinfer --clients 1,4,16,48,64
+$A --phases pair --pair-servers dspine_adaptive_tree32 --clients 1,4,16,48,64 --t1-clients ""
+$A --phases geometry --geometry-servers dspine_adaptive_tree32 --clients 1,4,16,48,64
