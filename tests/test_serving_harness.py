@@ -600,3 +600,32 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     bare = default_rules(tmp_path, {"geometry": {"plain": row(1.0)}})
     assert bare == {"new_cost": "undecided", "below_block": "undecided", "split_kv": "undecided",
                     "floors": "undecided", "grouped": "undecided", "upkeep": "undecided", "adaptive": "undecided"}
+
+
+def test_adaptive_merge_judges_the_issues_goals_from_the_cells(tmp_path):
+    """`goals` in the merged summary: the pair's adaptive against the best fixed server per client count (0.97x)
+    and against the block where plain beats it (1.10x); the geometry's projection against max(plain, block), 1.15x
+    the block at 1 client and plain at 48 and 64; a goal whose cells are missing is `not measured`, never met."""
+    cell = lambda tps, tau=None: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": tau}
+    accept = {"none": 1.0, "chain16": 3.0}
+    run = {"provenance": {"gpu": "G", "commit": "c"},
+           "pair": {"plain": {"t0": {"1": cell(100.0), "48": cell(1000.0)}},
+                    "dspine": {"t0": {"1": cell(200.0, 3.0), "48": cell(800.0, 3.0)}},
+                    # 1 client: 195 / 200 = 0.975 of the best (met); 48: 970 / 1000 = 0.97 (met), and 970 / 800
+                    # = 1.2125 of the block where plain beats it (met)
+                    "dspine_adaptive": {"t0": {"1": cell(195.0, 3.0),  # acceptance: the last cell's policy
+                                               "48": {**cell(970.0, 1.0), "policy": {"expected_tokens": accept}}}}},
+           # the table: at 1 client the block (3 / 9 ms) beats none (1 / 8): adaptive = the block (1.0x, not 1.15x);
+           # at 48 (bucket 48) none (1 / 10) against plain's 9.5 ms: below plain
+           "geometry": {"plain": {"t0": {"1": cell(125.0), "48": {**cell(5052.6), "decode_ms_per_token": 9.5}}},
+                        "dspine_adaptive": {"policy_last": {"step_ms": {"1": {"none": 8.0, "chain16": 9.0},
+                                                                        "48": {"none": 10.0, "chain16": 40.0}}}}}}
+    goals = {g["goal"]: g for g in merged_summary(tmp_path, run)["goals"]}
+    assert goals["pair_best_fixed"]["verdict"] == "met" and "1 0.975, 48 0.97" in goals["pair_best_fixed"]["detail"]
+    assert goals["pair_where_plain_wins"]["verdict"] == "met" and "48 1.212" in goals["pair_where_plain_wins"]["detail"]
+    geo = "geometry_projection/dspine_adaptive"
+    assert goals[f"{geo}: >= 1.15x block at 1 client"]["verdict"] == "not met"
+    assert goals[f"{geo}: >= 1.15x block at 1 client"]["detail"].endswith("1 1.0")
+    assert goals[f"{geo}: >= plain at 48 and 64"]["verdict"] == "not measured"  # no 64 clients
+    assert goals[f"{geo}: >= max(plain, block)"]["verdict"] == "not met"  # 48: 4800 / 5052.6 = 0.95
+    assert goals["lossless_switching"]["verdict"] == "not measured"

@@ -398,10 +398,84 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
     # the issue's top-level keys: the GPU and commit of every run merged (one each, unless runs differ)
     named = {k: ", ".join(sorted({str((r.get("provenance") or {}).get(k, "?")) for r in runs}))
              for k in ("gpu", "commit")}
+    summary["goals"] = goals(summary)
     json.dump({**named, **summary, "runs": runs, "pair_cells": pair, "geometry_cells": geo}, open(path, "w"),
               indent=1)
+    for g in summary["goals"]:
+        print(f"goal {g['goal']}: {g['verdict']} ({g['detail']})")
     print(f"wrote {path}")
     plot(summary, os.path.join(out, "adaptive_tokens_per_s.png"), named)
+
+
+def goals(summary: dict) -> list[dict]:
+    """Issue 57's goals judged on a merged summary, each {goal, verdict: met / not met / not measured, detail}:
+      - pair_best_fixed: on the pair at T=0, adaptive >= 0.97x the best of plain, DSPINE at the block and the tree
+        of 32 at every client count measured;
+      - pair_where_plain_wins: wherever plain beats DSPINE at the block there, adaptive >= 1.10x DSPINE at the block;
+      - geometry_* (per acceptance source, for adaptive and, where projected, adaptive with the tree in its menu):
+        adaptive >= max(plain, DSPINE at the block) at every client count; >= 1.15x DSPINE at the block at 1
+        client; >= plain at 48 and 64;
+      - lossless_switching: under the varying load the T=1 test passes (Bonferroni min p >= 0.05) and every greedy
+        divergence is a near-tie in float32, and the ramp had 0 errors."""
+    out = []
+
+    def judge(goal: str, cells: dict[str, tuple[float, float]], need: float, missing: bool = False) -> None:
+        """cells: where -> (value, bar); met where value >= need x bar everywhere."""
+        if missing or not cells:
+            out.append({"goal": goal, "verdict": "not measured", "detail": "no cells"})
+            return
+        ratios = {k: round(v / b, 3) for k, (v, b) in cells.items()}
+        met = all(r >= need for r in ratios.values())
+        out.append({"goal": goal, "verdict": "met" if met else "not met",
+                    "detail": f">= {need}x: " + ", ".join(f"{k} {r}" for k, r in ratios.items())})
+
+    e2e = {c: row for c, row in summary.get("end_to_end", {}).items() if c.isdigit() and "dspine_adaptive" in row}
+    med = lambda row, n: row[n]["tokens_per_s"]["median"]
+    best = {c: max(med(row, n) for n in ("plain", "dspine", "dspine_tree32") if n in row) for c, row in e2e.items()
+            if any(n in row for n in ("plain", "dspine", "dspine_tree32"))}
+    judge("pair_best_fixed", {c: (med(e2e[c], "dspine_adaptive"), b) for c, b in best.items()}, 0.97)
+    plain_wins = {c: (med(row, "dspine_adaptive"), med(row, "dspine")) for c, row in e2e.items()
+                  if "plain" in row and "dspine" in row and med(row, "plain") > med(row, "dspine")}
+    if plain_wins or not e2e:
+        judge("pair_where_plain_wins", plain_wins, 1.10)
+    else:
+        out.append({"goal": "pair_where_plain_wins", "verdict": "met", "detail": "DSPINE at the block beats plain "
+                    "at every client count measured"})
+    for key in PROJECTIONS:
+        proj = summary.get(key) or {}
+        for adaptive in ("dspine_adaptive", "dspine_adaptive_tree32"):
+            cells = {c: row for c, row in proj.items() if adaptive in row and "dspine" in row and "plain" in row}
+            if adaptive.endswith("tree32") and not cells:
+                continue
+            tag = f"{key}/{adaptive}"
+            judge(f"{tag}: >= max(plain, block)",
+                  {c: (r[adaptive], max(r["plain"], r["dspine"])) for c, r in cells.items()}, 1.0)
+            judge(f"{tag}: >= 1.15x block at 1 client",
+                  {c: (r[adaptive], r["dspine"]) for c, r in cells.items() if c == "1"}, 1.15)
+            judge(f"{tag}: >= plain at 48 and 64",
+                  {c: (r[adaptive], r["plain"]) for c, r in cells.items() if c in ("48", "64")}, 1.0,
+                  missing=not {"48", "64"} <= set(cells))
+    sw = summary.get("switching")
+    if not sw:
+        out.append({"goal": "lossless_switching", "verdict": "not measured", "detail": "no switching phase"})
+    else:
+        from benchmarks.servers import NEAR_TIE_MARGIN
+
+        # greedy divergences judged in float32 where the run kept the answers, else by the server's log-probs
+        fp32 = sw.get("greedy_divergences_fp32")
+        if fp32:
+            far, gap = [d for d in fp32.get("divergences", []) if not d.get("near_tie")], fp32.get("largest_gap")
+            greedy = f"greedy {fp32.get('identical')}/{fp32.get('prompts')} identical (float32 judge)"
+        else:
+            gap = sw.get("greedy_max_top2_gap")
+            far = [gap] if gap is not None and gap > NEAR_TIE_MARGIN else []
+            greedy = f"greedy {sw.get('greedy_identical')} identical (the server's log-probs)"
+        p = sw.get("t1_bonferroni_min_pvalue")
+        met = not far and p is not None and p >= 0.05 and sw.get("ramp_errors") == 0
+        out.append({"goal": "lossless_switching", "verdict": "met" if met else "not met",
+                    "detail": f"{sw['server']}: T=1 Bonferroni min p {p:.3g}; {greedy}, {len(far)} divergences "
+                              f"beyond a near-tie (largest gap {gap}); ramp errors {sw.get('ramp_errors')}"})
+    return out
 
 
 PROJECTED = ("plain", "dflash", "dspine", "dspine_tree32", "dspine_splitkv", "dspine_adaptive",
