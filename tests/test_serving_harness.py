@@ -565,7 +565,7 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     log = "....\n22 passed, 122 deselected in 92.49s\n"
     assert default_rules(tmp_path, run, pair(0.98), log) == {
         "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "met", "grouped": "met",
-        "upkeep": "met", "adaptive": "met"}
+        "upkeep": "met", "adaptive": "met", "wrapper": "undecided", "tree_grouped": "undecided"}
     # one threshold crossed at a time
     assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.79)}, pair(0.98), log)["new_cost"] \
         == "not met"
@@ -581,7 +581,7 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     assert default_rules(tmp_path, run, pair(0.96), log)["adaptive"] == "not met"
     assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.97)}, pair(0.98), log) == {
         "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "not met", "grouped": "met",
-        "upkeep": "met", "adaptive": "met"}
+        "upkeep": "met", "adaptive": "met", "wrapper": "undecided", "tree_grouped": "undecided"}
     assert default_rules(tmp_path, {**run, "geometry": geometry(upkeep=0.975)}, pair(0.98), log)["upkeep"] \
         == "not met"  # the graphs 0.975x the eager upkeep at the geometry
     assert default_rules(tmp_path, {**run, "geometry": geometry(upkeep=0.985)}, pair(0.98), log)["upkeep"] == "met"
@@ -599,7 +599,40 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     # missing data never passes
     bare = default_rules(tmp_path, {"geometry": {"plain": row(1.0)}})
     assert bare == {"new_cost": "undecided", "below_block": "undecided", "split_kv": "undecided",
-                    "floors": "undecided", "grouped": "undecided", "upkeep": "undecided", "adaptive": "undecided"}
+                    "floors": "undecided", "grouped": "undecided", "upkeep": "undecided", "adaptive": "undecided",
+                    "wrapper": "undecided", "tree_grouped": "undecided"}
+
+
+def test_the_wrapper_diagnosis_and_the_grouped_tree_rule_follow_their_thresholds(tmp_path):
+    """`wrapper`: the wide-menu adaptive server (the block and chain15) at <= 0.90x fixed DSPINE at 16 and 48 clients in both passes of the
+    pair says the adaptive step's own work costs the pair. `tree_grouped`: the grouped tree's tree32 step <= 0.95x
+    the extend kernel's at buckets 1, 4 and 16 of the geometry, its greedy outputs on >= 17 of 24 prompts, the GPU
+    tests passed."""
+    cell = lambda tps: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": 3.0}
+    pair = lambda block_only: {"pair": {
+        "dspine": {"t0": {str(c): cell(1000.0) for c in (1, 16, 48)}},
+        "dspine_adaptive_wide": {"t0": {str(c): cell(1000.0 * block_only) for c in (1, 16, 48)}}}}
+    greedy = lambda equal: [[1, 2]] * equal + [[3, 4]] * (24 - equal)
+    table = lambda ms: {"policy_last": {"step_ms": {str(b): {"chain16": 9.0, "tree32": ms * b} for b in (1, 4, 16)}}}
+
+    def run(block_only=0.85, grouped_ms=9.5, equal=17):
+        return {**pair(block_only), "geometry": {"dspine_adaptive_tree32": table(10.0),
+                                                 "dspine_adaptive_tree32_grouped": table(grouped_ms)},
+                "pair": {**pair(block_only)["pair"], "plain": {"greedy_ids": greedy(24)},
+                         "dspine_tree32_grouped": {"greedy_ids": greedy(equal)}}}
+
+    log = "....\n34 passed, 165 deselected in 135.37s\n"
+    verdicts = default_rules(tmp_path, run(), pair(0.9), log)
+    assert (verdicts["wrapper"], verdicts["tree_grouped"]) == ("met", "met")
+    assert default_rules(tmp_path, run(), pair(0.91), log)["wrapper"] == "not met"  # the second pass above 0.90
+    assert default_rules(tmp_path, run(block_only=0.95), pair(0.85), log)["wrapper"] == "not met"
+    assert default_rules(tmp_path, run())["wrapper"] == "undecided"  # one pass
+    assert default_rules(tmp_path, run(grouped_ms=9.6), pair(0.9), log)["tree_grouped"] == "not met"  # 0.96x
+    assert default_rules(tmp_path, run(equal=16), pair(0.9), log)["tree_grouped"] == "not met"
+    assert default_rules(tmp_path, run(), pair(0.9), "33 passed, 1 failed in 90s\n")["tree_grouped"] == "not met"
+    no_grouped = run()
+    del no_grouped["geometry"]["dspine_adaptive_tree32_grouped"]
+    assert default_rules(tmp_path, no_grouped, pair(0.9), log)["tree_grouped"] == "undecided"
 
 
 def test_adaptive_merge_judges_the_issues_goals_from_the_cells(tmp_path):

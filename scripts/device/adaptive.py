@@ -244,10 +244,11 @@ def boundary_profile(server, prompts, out: str, steps: int = 40, max_new: int = 
             "gpu_us_per_step": sum(v["us"] for v in result["kernels"].values()) / steps}
 
 
-def profile_servers(res, key, servers, prompts, clients, out, out_path) -> None:
-    """SGLang's profiler on the adaptive server and plain decoding (`servers`' entries), each alone: per client
-    count `profile_cell`, then `boundary_profile`; into res[key][name], the JSON written after each server."""
-    for name in ("dspine_adaptive", "plain"):
+def profile_servers(res, key, servers, prompts, clients, out, out_path, names=("dspine_adaptive", "plain")) -> None:
+    """SGLang's profiler on each of `names` (`servers`' entries: by default the adaptive server and plain decoding),
+    each alone: per client count `profile_cell`, then `boundary_profile`; into res[key][name], the JSON written
+    after each server."""
+    for name in names:
         if name in res.setdefault(key, {}):
             continue
         tag = f"prof_{key[len('profile'):].lstrip('_') or 'geometry'}_{name}"
@@ -299,6 +300,8 @@ def main():
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--switching-server", default="dspine_adaptive", help="the pair's adaptive server the "
                     "switching phase checks (dspine_adaptive, or its _splitkv or _below_block variant)")
+    ap.add_argument("--profile-servers", default="dspine_adaptive,plain",
+                    help="the servers the profile phases profile, in order (e.g. dspine_adaptive,dspine,plain)")
     ap.add_argument("--t1-samples", type=int, default=300)
     ap.add_argument("--ramp-seconds", type=int, default=15)
     ap.add_argument("--merge", nargs="+", metavar="ADAPTIVE_JSON",
@@ -321,12 +324,19 @@ def main():
                    "dspine": (spec("DSPINE", "dspine"), None), "dspine_adaptive": (spec("DSPINE", "dspine"),
                                                                                   ADAPTIVE_ENV),
                    "dspine_tree32": (spec("DSPINE", "dspine") + TREE32[0], TREE32[1]),
-                   "dspine_adaptive_tree32": (spec("DSPINE", "dspine") + TREE32[0], {**ADAPTIVE_ENV, **TREE32[1]})}
+                   "dspine_adaptive_tree32": (spec("DSPINE", "dspine") + TREE32[0], {**ADAPTIVE_ENV, **TREE32[1]}),
+                   # where the adaptive server's time goes on the host-bound pair (84ba46f: 0.55-0.97x fixed): its
+                   # step with a menu of the block and chain15 (the policy's bookkeeping and the adaptive step's
+                   # work, with shapes that cost and carry about the same: a menu of the block alone runs the fixed
+                   # step), and fixed DSPINE with the adaptive server's cap of running requests
+                   "dspine_adaptive_wide": (spec("DSPINE", "dspine"), {**ADAPTIVE_ENV, "SGLANG_DSPINE_SHAPES": "15"}),
+                   "dspine_cap128": (spec("DSPINE", "dspine") + ["--max-running-requests", "128"], None)}
         servers = with_split_kv(servers)
         for name in filter(None, args.pair_servers.split(",")) if "pair" in phases else ():
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)
         if "profile_pair" in phases:  # the small pair's step is the host's: 48 clients, a request's boundary
-            profile_servers(res, "profile_pair", servers, prompts, (48,), args.out, out_path)
+            profile_servers(res, "profile_pair", servers, prompts, (48,), args.out, out_path,
+                            tuple(filter(None, args.profile_servers.split(","))))
         if "switching" in phases and "switching" not in res:
             name = args.switching_server
             started = []  # each server stopped however the phase ends: a leaked one holds its GPU memory
@@ -358,7 +368,8 @@ def main():
         for name in filter(None, args.geometry_servers.split(",")):
             run_alone(res, "geometry", name, *servers[name], prompts, args, out_path)
         if "profile" in phases:  # where a step's time goes: 1 and 48 clients, a request's boundary
-            profile_servers(res, "profile", servers, prompts, (1, 48), args.out, out_path)
+            profile_servers(res, "profile", servers, prompts, (1, 48), args.out, out_path,
+                            tuple(filter(None, args.profile_servers.split(","))))
     res["summary"] = summarize(res)
     json.dump(res, open(out_path, "w"), indent=1)
     print(json.dumps(res["summary"], indent=1))
@@ -443,7 +454,7 @@ def goals(summary: dict) -> list[dict]:
                     "at every client count measured"})
     for key in PROJECTIONS:
         proj = summary.get(key) or {}
-        for adaptive in ("dspine_adaptive", "dspine_adaptive_tree32"):
+        for adaptive in ("dspine_adaptive", "dspine_adaptive_tree32", "dspine_adaptive_tree32_grouped"):
             cells = {c: row for c, row in proj.items() if adaptive in row and "dspine" in row and "plain" in row}
             if adaptive.endswith("tree32") and not cells:
                 continue
@@ -478,8 +489,9 @@ def goals(summary: dict) -> list[dict]:
     return out
 
 
-PROJECTED = ("plain", "dflash", "dspine", "dspine_tree32", "dspine_splitkv", "dspine_adaptive",
-             "dspine_adaptive_tree32", "dspine_adaptive_splitkv", "dspine_adaptive_below_block",
+PROJECTED = ("plain", "dflash", "dspine", "dspine_tree32", "dspine_tree32_grouped", "dspine_splitkv",
+             "dspine_adaptive", "dspine_adaptive_tree32", "dspine_adaptive_tree32_grouped", "dspine_adaptive_splitkv",
+             "dspine_adaptive_below_block",
              "dspine_adaptive_below_block_composed",
              *(f"{n}_{b}" for b in OTHER_BACKENDS for n in ("plain", "dspine", "dspine_adaptive")))
 PROJECTIONS = {"geometry_projection": "the pair's served acceptance", "geometry_projection_recipe_lab":
@@ -564,8 +576,8 @@ def summarize(res: dict) -> dict:
     # the extend-kernel verify, SGLang's split-KV kernel (patch 8), and the table of a server with the tree in
     # its menu (it times the tree beside the chains)
     tables = {suffix: cost_table(geo.get(f"dspine_adaptive{suffix}", {}).get("policy_last"))
-              for suffix in ("", "_splitkv", "_tree32", "_below_block", "_grouped", "_extend", "_eager_upkeep",
-                             "_upkeep_graphs")}
+              for suffix in ("", "_splitkv", "_tree32", "_tree32_grouped", "_below_block", "_grouped", "_extend",
+                             "_eager_upkeep", "_upkeep_graphs")}
     if not tables["_below_block"] and tables[""] and tables["_splitkv"]:
         # not served yet: each shape's graphs are its own, so the narrower shapes' steps under split-KV and the
         # block's under the extend kernel are what SGLANG_DSPINE_SPLITKV_VERIFY=below-block would run
@@ -698,10 +710,10 @@ def project(plain: dict, tables: dict, accept: dict, dflash_block: float | None)
             bucket = min((int(b) for b in table if int(b) >= int(c)), default=None)
             row = table.get(str(bucket)) or {}
             rates = {s: accept[s] / ms for s, ms in row.items() if s in accept}
-            if suffix == "_tree32":  # this server's other shapes are the plain table's again: only what the tree adds
-                if "tree32" not in rates:  # (an acceptance source without the tree)
+            if suffix.startswith("_tree32"):  # a tree server's other shapes are the plain table's again: only
+                if "tree32" not in rates:  # what the tree adds (an acceptance source without the tree: nothing)
                     continue
-                cell_["dspine_tree32"] = round(1000 * int(c) * rates["tree32"], 1)
+                cell_[f"dspine{suffix}"] = round(1000 * int(c) * rates["tree32"], 1)  # the tree of 32 fixed
             elif BLOCK in rates:
                 cell_[f"dspine{suffix}"] = round(1000 * int(c) * rates[BLOCK], 1)
                 if dflash_block:

@@ -35,6 +35,13 @@ Rules (each ratio is of median tokens/s, each server alone on the GPU, T=0):
                  client count both ran (at 97513c7 two identical eager servers measured 0.977 and 0.987 of each
                  other there); the pair's ratios are printed, not judged (there the identical servers measured
                  0.722-1.012 of each other);
+  wrapper        (a diagnosis, written 2026-12-07 after 84ba46f) the adaptive step's own work costs the pair if
+                 the adaptive server with a menu of the block and chain15 (`dspine_adaptive_wide`: the adaptive
+                 step's work, shapes that cost and carry about the same) serves <= 0.90x fixed DSPINE at 16 and 48
+                 clients in both passes; else its switching and exploration do;
+  tree_grouped   (written 2026-12-07 after 84ba46f) trees verify on the grouped kernel by default if the GPU tests
+                 pass, the grouped tree's greedy outputs equal plain's on >= 17 of the pair's 24 prompts, and its
+                 tree32 step at the geometry is <= 0.95x the extend kernel's at 1, 4 and 16 requests;
   adaptive       adaptive becomes the server default if on the pair it serves >= 0.97x fixed DSPINE at 1, 16 and 48
                  clients in both passes, and at the geometry >= fixed DSPINE at every client count (the adaptive
                  server the below_block rule makes the default).
@@ -192,8 +199,58 @@ def upkeep(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]:
     return ok, f"graphs ÷ eager upkeep, geometry {fmt(geo)} (>= 0.98), pair {pair} (not judged); {why}"
 
 
+def wrapper(run: dict, rep2: dict | None = None, **_) -> tuple[bool, str]:
+    """A diagnosis, not a default: `met` says the adaptive step's own work (the policy's bookkeeping, its events and
+    copies, the adaptive server's set-up) is what costs the host-bound pair; `not met` that its shape switching and
+    exploration are."""
+    if rep2 is None:
+        raise Undecided("no second pass of the pair")
+    passes = [ratios(p, "pair", "dspine_adaptive_wide", "dspine") for p in (run, rep2)]
+    if not all({16, 48} <= set(p) for p in passes):
+        raise Undecided("the pair's passes lack 16 or 48 clients")
+    met = all(p[c] <= 0.90 for p in passes for c in (16, 48))
+    extra = []
+    for num, den in (("dspine_adaptive", "dspine_adaptive_wide"), ("dspine_cap128", "dspine")):
+        try:
+            extra.append(f"{num} ÷ {den} {fmt(ratios(run, 'pair', num, den))}")
+        except Undecided as e:
+            extra.append(str(e))
+    return met, (f"wide-menu adaptive ÷ fixed, pass 1 {fmt(passes[0])}, pass 2 {fmt(passes[1])} (<= 0.90 at 16 and "
+                 f"48 in both: the adaptive step's own work); pass 1: {'; '.join(extra)}")
+
+
+TREE32_GREEDY_84BA46F = 18  # dspine_tree32's greedy outputs equal to plain's on the pair at 84ba46f (of 24)
+
+
+def policy_step(run: dict, server: str, shape: str) -> dict[int, float]:
+    """The geometry server's policy table: `shape`'s step ms per bucket."""
+    table = (run.get("geometry", {}).get(server, {}).get("policy_last") or {}).get("step_ms") or {}
+    steps = {int(b): row[shape] for b, row in table.items() if shape in row}
+    if not steps:
+        raise Undecided(f"no {shape} steps in {server}'s table at the geometry")
+    return steps
+
+
+def tree_grouped(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]:
+    """(written 2026-12-07, stop 71, before the lease that runs it) trees verify on DSPINE's grouped kernel by
+    default on triton if the GPU tests pass, on the pair the grouped tree's greedy outputs equal plain's on at least
+    as many prompts as the extend-kernel tree's at 84ba46f less one, and at the geometry its tree32 step is <=
+    0.95x the extend-kernel tree's at 1, 4 and 16 requests (the two adaptive tree servers' tables, one lease)."""
+    grouped_, extend = (policy_step(run, n, "tree32") for n in ("dspine_adaptive_tree32_grouped",
+                                                               "dspine_adaptive_tree32"))
+    buckets = [b for b in (1, 4, 16) if b in grouped_ and b in extend]
+    if buckets != [1, 4, 16]:
+        raise Undecided(f"tree32 steps at buckets {buckets} in both tables, not 1, 4 and 16")
+    r = {b: grouped_[b] / extend[b] for b in buckets}
+    same, n = greedy_equal(run, "dspine_tree32_grouped")
+    tests, why = gpu_tests_passed(gpu_log)
+    ok = tests and same >= TREE32_GREEDY_84BA46F - 1 and all(v <= 0.95 for v in r.values())
+    return ok, (f"tree32 step grouped ÷ extend {fmt(r)} (<= 0.95); greedy = plain {same}/{n} "
+                f"(>= {TREE32_GREEDY_84BA46F - 1}); {why}")
+
+
 RULES = {"new_cost": new_cost, "below_block": below_block, "split_kv": split_kv, "floors": floors,
-         "grouped": grouped, "upkeep": upkeep, "adaptive": adaptive}
+         "grouped": grouped, "upkeep": upkeep, "adaptive": adaptive, "wrapper": wrapper, "tree_grouped": tree_grouped}
 
 
 def decide(run: dict, rep2: dict | None = None, summary: dict | None = None, gpu_log: str | None = None) -> dict:

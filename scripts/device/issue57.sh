@@ -72,23 +72,49 @@ set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
-# (2026-12-07, stop 71) the headline run: every row of the issue's summary from one commit, in the order a lease
-# that ends early keeps the most (adaptive.py skips what its JSON already has, so a second lease resumes it):
-#   1. the GPU tests (~1.5 min; the context upkeep's graphs among them, their float32 drafter now on PyTorch ops);
-#   2. the built-in pair, each server alone (~10 min): plain, adaptive, DSPINE at the block, DFLASH, the tree of 32,
-#      at 1/4/16/48/64 clients, T=1 at 1 and 48;
-#   3. the Qwen3-8B geometry at tau = 1 (~6 min): plain and adaptive (its step table times every chain shape,
-#      the block's included, which the projection reads), at 1/4/16/48/64;
-#   4. switching (~3 min): greedy and the T=1 test under a varying load, then the 1 -> 64 -> 1 ramp;
-#   5. the tree in the adaptive menu (~5 min): on the pair (the tree's own tokens a step), then at the geometry
-#      (its step beside the chains'): the projection's adaptive with the tree, for the 1-client goal.
-# The upkeep graphs' A/B at the geometry (their rule, above) is not in it: at 97513c7 they ran 0.977 / 0.987x the
-# eager writer, and they stay off by default.
+# 84ba46f ran the headline (benchmarks/results/adaptive_run_h100_84ba46f.json): every row of the issue but SGLang
+# 0.5.23 and the other attention backends. What it left, in the order a lease that ends early keeps the most
+# (adaptive.py skips what its JSON already has):
+#   1. why adaptive loses on the host-bound pair (84ba46f: 0.55-0.97x fixed DSPINE, and windows of chain16 steps
+#      alone at half fixed's speed at ~48 requests): the adaptive server with a menu of the block and chain15
+#      (`dspine_adaptive_wide`: the adaptive step's work, shapes alike in cost and tokens; a menu of the block
+#      alone runs the fixed step) beside fixed DSPINE, adaptive, and fixed
+#      DSPINE with adaptive's cap of 128 running requests, at 1 / 16 / 48 clients, two passes in opposite orders
+#      (~10 min; the `wrapper` diagnosis in default_rules.py);
+#   2. SGLang's profiler on adaptive, fixed DSPINE and plain at 48 clients on the pair (~5 min): the timelines'
+#      adaptive-minus-fixed difference says where a step's extra time goes;
+#   3. the tree on DSPINE's grouped kernel (~5 min): on the pair (greedy against plain) and at the geometry beside
+#      the extend-kernel tree (its step at 1 request was 1.15x the block's at 84ba46f, which kept the tree from
+#      paying at 1 client): the `tree_grouped` rule;
+#   4. the upkeep graphs' A/B at the geometry (~5 min; the `upkeep` rule), then FA3 and FlashInfer.
+# SGLang 0.5.23 (its adaptive server has run on the CPU only) is a lease of its own: bundle_0523.sh plan's calls,
+# then `source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 bash scripts/device/versions.sh
+# triton/pytorch features e2e adaptive`.
 bash scripts/device/gpu_tests.sh > /dev/null 2>&1
-echo "issue57: GPU tests rc $?"; tail -4 "$OUT/gpu_tests.log"
-$A --phases pair --pair-servers plain,dspine_adaptive,dspine,dflash,dspine_tree32 --clients 1,4,16,48,64 \
-  --t1-clients 1,48
-$A --phases geometry --geometry-servers plain,dspine_adaptive --clients 1,4,16,48,64
-$A --phases switching --switching-server dspine_adaptive
-$A --phases pair --pair-servers dspine_adaptive_tree32 --clients 1,4,16,48,64 --t1-clients ""
-$A --phases geometry --geometry-servers dspine_adaptive_tree32 --clients 1,4,16,48,64
+echo "issue57: GPU tests rc $?"; tail -2 "$OUT/gpu_tests.log"
+P=(--phases pair --clients 1,16,48 --t1-clients "")
+$A "${P[@]}" --pair-servers plain,dspine,dspine_adaptive_wide,dspine_adaptive,dspine_cap128
+mkdir -p "$OUT/rep2"  # the second pass in the opposite order
+python3 scripts/device/adaptive.py --out "$OUT/rep2" "${P[@]}" --pair-servers \
+  dspine_adaptive,dspine_adaptive_wide,dspine
+export PROFILE_TRACES=/tmp/l57_traces
+T="$PROFILE_TRACES"
+tl() {  # tl NAME STEPS BASE_GLOB OTHER_GLOB: both traces (--diff: other minus base), or the one that exists
+  local f=() d=()
+  for g in $3 $4; do [ -e "$g" ] && f+=("$g"); done
+  [ "${#f[@]}" = 2 ] && d=(--diff)
+  [ "${#f[@]}" = 0 ] && { echo "issue57: timeline $1: no trace"; return; }
+  python3 -m benchmarks step_timeline "${f[@]}" --steps "$2" "${d[@]}" --out "$OUT/timeline_$1.json" > /dev/null 2>&1
+  echo "issue57: timeline $1 (${#f[@]} traces) rc $?"
+}
+$A --phases profile_pair --pair-servers "" --profile-servers dspine_adaptive,dspine,plain
+tl pair_fixed_c48 20 "$T/prof_pair_dspine_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
+tl pair_c48 20 "$T/prof_pair_plain_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
+tl pair_boundary 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_adaptive_boundary_*"
+$A --phases pair --pair-servers dspine_tree32_grouped --clients 1,16,48 --t1-clients ""
+$A --phases geometry --geometry-servers dspine_adaptive_tree32_grouped,dspine_adaptive_tree32 --clients 1,4,16
+mkdir -p "$OUT/upkeep"
+python3 scripts/device/adaptive.py --out "$OUT/upkeep" --phases geometry --geometry-servers \
+  dspine_adaptive,dspine_adaptive_upkeep_graphs --clients 1,48
+$A --phases geometry --geometry-servers plain_fa3,dspine_adaptive_fa3,plain_flashinfer,dspine_adaptive_flashinfer \
+  --clients 1,16,48
