@@ -7,6 +7,10 @@ with the same --out skips the servers already there, so a lost machine loses one
             again under SGLANG_DSPINE_SPLITKV_VERIFY=1 (`_splitkv`), =grouped (`_grouped`, patch 10, the default
             since a69f10b) and =0 (`_extend`, SGLang's extend kernel) and each adaptive one under =below-block
             (`_below_block`), each alone;
+            before the cells, `--warm-rounds` untimed rounds at each T=0 client count, largest first, so that an
+            adaptive policy has learned every batch bucket's shapes (a long-running server learns them once; the
+            pair's rounds are short, and at 84ba46f, before this, learning took ~30% of its steps at 48 clients;
+            0: as then);
             T=0 at --clients, `--repeats` rounds a cell (median, min, max tokens/s; τ), T=1 at 1 and 48; the
             adaptive server's shape counts per cell (its log lines); greedy outputs (24 prompts, 8 clients)
             against plain.
@@ -152,11 +156,18 @@ def cell(rounds: list[dict]) -> dict:
             if any(r.get("step_ms") for r in rounds) else None}
 
 
-def measure_server(name, server, prompts, clients, t1_clients, repeats, max_new):
-    """One server alone: greedy answers, then per client count `repeats` rounds at T=0 (and T=1 at
-    `t1_clients`), with the adaptive server's steps per shape."""
-    rec = {"memory": server.memory(), "t0": {}, "t1": {}}
+def measure_server(name, server, prompts, clients, t1_clients, repeats, max_new, warm_rounds=0):
+    """One server alone: `warm_rounds` untimed rounds at each client count (largest first: an adaptive policy
+    learns each bucket's shapes there, as a long-running server would have), greedy answers, then per client
+    count `repeats` rounds at T=0 (and T=1 at `t1_clients`), with the adaptive server's steps per shape."""
+    rec = {"memory": server.memory(), "t0": {}, "t1": {}, "warm_rounds": warm_rounds}
     bench.wave_round(server, prompts, 8, 16)  # warm-up
+    before = policy_state(server)[0]
+    for c in sorted(clients, reverse=True) * warm_rounds:
+        bench.wave_round(server, prompts, c, max_new)
+    after = policy_state(server)[0]
+    if after:
+        rec["warm_up_shapes"] = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
     # greedy answers to compare with plain decoding's: the first GREEDY_ASKED prompts, 8 at a time (the adaptive
     # server switches); benchmarks/greedy_divergence.py judges them
     rec["greedy_ids"] = [o["output_ids"] for o in
@@ -274,7 +285,7 @@ def run_alone(res, phase, name, args_, env, prompts, args, out_path, timeout=600
         rec = server.start_record(timeout=timeout)
         if rec["up"]:
             rec.update(measure_server(name, server, prompts, args.clients, args.t1_clients if phase == "pair" else [],
-                                      args.repeats, args.max_new))
+                                      args.repeats, args.max_new, args.warm_rounds))
             counts, summary = policy_state(server)
             if counts:
                 rec["shapes_total"], rec["policy_last"] = counts, summary
@@ -297,6 +308,8 @@ def main():
     ap.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",") if c], default=[1, 4, 16, 48, 64])
     ap.add_argument("--t1-clients", type=lambda s: [int(c) for c in s.split(",") if c], default=[1, 48])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warm-rounds", type=int, default=1, help="untimed rounds at each client count before a "
+                    "server's cells (every server alike; 0: none, as before 2026-12-07's stop 71)")
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--switching-server", default="dspine_adaptive", help="the pair's adaptive server the "
                     "switching phase checks (dspine_adaptive, or its _splitkv or _below_block variant)")

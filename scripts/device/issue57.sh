@@ -87,6 +87,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 #      the extend-kernel tree (its step at 1 request was 1.15x the block's at 84ba46f, which kept the tree from
 #      paying at 1 client): the `tree_grouped` rule;
 #   4. the upkeep graphs' A/B at the geometry (~5 min; the `upkeep` rule), then FA3 and FlashInfer.
+# Since stop 71 every server gets one untimed round at each client count before its cells (adaptive.py
+# --warm-rounds 1): an adaptive policy has then learned each bucket's shapes, as a long-running server has; the
+# 84ba46f run had none (its adaptive pair cells hold the learning, ~30% of the steps at 48 clients).
 # SGLang 0.5.23 (its adaptive server has run on the CPU only) is a lease of its own: bundle_0523.sh plan's calls,
 # then `source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 bash scripts/device/versions.sh
 # triton/pytorch features e2e adaptive`.
