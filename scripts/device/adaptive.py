@@ -52,6 +52,8 @@ from sglang_dspine.source_files import load_package
 
 _root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 load_package("benchmarks", os.path.join(_root, "benchmarks"))  # the repository root stays off sys.path
+import default_rules  # noqa: E402 - this folder's decision rules (a script beside this one)
+
 from benchmarks import servers as bench  # noqa: E402
 from benchmarks import serving_scale as scale  # noqa: E402
 from benchmarks.greedy_divergence import GREEDY_ASKED, pair_prompts  # noqa: E402
@@ -313,7 +315,8 @@ def main():
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--switching-server", default="dspine_adaptive", help="the pair's adaptive server the "
                     "switching phase checks (dspine_adaptive, or its _splitkv or _below_block variant)")
-    ap.add_argument("--profile-servers", default="dspine_adaptive,plain",
+    ap.add_argument("--profile-servers", type=lambda s: tuple(filter(None, s.split(","))),
+                    default=("dspine_adaptive", "plain"),
                     help="the servers the profile phases profile, in order (e.g. dspine_adaptive,dspine,plain)")
     ap.add_argument("--t1-samples", type=int, default=300)
     ap.add_argument("--ramp-seconds", type=int, default=15)
@@ -348,8 +351,7 @@ def main():
         for name in filter(None, args.pair_servers.split(",")) if "pair" in phases else ():
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)
         if "profile_pair" in phases:  # the small pair's step is the host's: 48 clients, a request's boundary
-            profile_servers(res, "profile_pair", servers, prompts, (48,), args.out, out_path,
-                            tuple(filter(None, args.profile_servers.split(","))))
+            profile_servers(res, "profile_pair", servers, prompts, (48,), args.out, out_path, args.profile_servers)
         if "switching" in phases and "switching" not in res:
             name = args.switching_server
             started = []  # each server stopped however the phase ends: a leaked one holds its GPU memory
@@ -381,8 +383,7 @@ def main():
         for name in filter(None, args.geometry_servers.split(",")):
             run_alone(res, "geometry", name, *servers[name], prompts, args, out_path)
         if "profile" in phases:  # where a step's time goes: 1 and 48 clients, a request's boundary
-            profile_servers(res, "profile", servers, prompts, (1, 48), args.out, out_path,
-                            tuple(filter(None, args.profile_servers.split(","))))
+            profile_servers(res, "profile", servers, prompts, (1, 48), args.out, out_path, args.profile_servers)
     res["summary"] = summarize(res)
     json.dump(res, open(out_path, "w"), indent=1)
     print(json.dumps(res["summary"], indent=1))
@@ -422,7 +423,7 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
     # the issue's top-level keys: the GPU and commit of every run merged (one each, unless runs differ)
     named = {k: ", ".join(sorted({str((r.get("provenance") or {}).get(k, "?")) for r in runs}))
              for k in ("gpu", "commit")}
-    summary["goals"] = goals(summary)
+    summary["goals"] = goals(summary, res.get("switching"))
     json.dump({**named, **summary, "runs": runs, "pair_cells": pair, "geometry_cells": geo}, open(path, "w"),
               indent=1)
     for g in summary["goals"]:
@@ -431,16 +432,17 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
     plot(summary, os.path.join(out, "adaptive_tokens_per_s.png"), named)
 
 
-def goals(summary: dict) -> list[dict]:
-    """Issue 57's goals judged on a merged summary, each {goal, verdict: met / not met / not measured, detail}:
+def goals(summary: dict, switching_run: dict | None) -> list[dict]:
+    """Issue 57's goals judged on a merged summary (and the switching phase's record as the run holds it), each
+    {goal, verdict: met / not met / not measured, detail}:
       - pair_best_fixed: on the pair at T=0, adaptive >= 0.97x the best of plain, DSPINE at the block and the tree
         of 32 at every client count measured;
       - pair_where_plain_wins: wherever plain beats DSPINE at the block there, adaptive >= 1.10x DSPINE at the block;
       - geometry_* (per acceptance source, for adaptive and, where projected, adaptive with the tree in its menu):
         adaptive >= max(plain, DSPINE at the block) at every client count; >= 1.15x DSPINE at the block at 1
         client; >= plain at 48 and 64;
-      - lossless_switching: under the varying load the T=1 test passes (Bonferroni min p >= 0.05) and every greedy
-        divergence is a near-tie in float32, and the ramp had 0 errors."""
+      - lossless_switching: under the varying load the T=1 test passes and every greedy divergence is a near-tie
+        (default_rules.switching_lossless), and the ramp had 0 errors."""
     out = []
 
     def judge(goal: str, cells: dict[str, tuple[float, float]], need: float, missing: bool = False) -> None:
@@ -479,26 +481,13 @@ def goals(summary: dict) -> list[dict]:
             judge(f"{tag}: >= plain at 48 and 64",
                   {c: (r[adaptive], r["plain"]) for c, r in cells.items() if c in ("48", "64")}, 1.0,
                   missing=not {"48", "64"} <= set(cells))
-    sw = summary.get("switching")
-    if not sw:
-        out.append({"goal": "lossless_switching", "verdict": "not measured", "detail": "no switching phase"})
-    else:
-        from benchmarks.servers import NEAR_TIE_MARGIN
-
-        # greedy divergences judged in float32 where the run kept the answers, else by the server's log-probs
-        fp32 = sw.get("greedy_divergences_fp32")
-        if fp32:
-            far, gap = [d for d in fp32.get("divergences", []) if not d.get("near_tie")], fp32.get("largest_gap")
-            greedy = f"greedy {fp32.get('identical')}/{fp32.get('prompts')} identical (float32 judge)"
-        else:
-            gap = sw.get("greedy_max_top2_gap")
-            far = [gap] if gap is not None and gap > NEAR_TIE_MARGIN else []
-            greedy = f"greedy {sw.get('greedy_identical')} identical (the server's log-probs)"
-        p = sw.get("t1_bonferroni_min_pvalue")
-        met = not far and p is not None and p >= 0.05 and sw.get("ramp_errors") == 0
-        out.append({"goal": "lossless_switching", "verdict": "met" if met else "not met",
-                    "detail": f"{sw['server']}: T=1 Bonferroni min p {p:.3g}; {greedy}, {len(far)} divergences "
-                              f"beyond a near-tie (largest gap {gap}); ramp errors {sw.get('ramp_errors')}"})
+    sw = summary.get("switching") or {}
+    try:  # default_rules.py's lossless check (the T=1 test, every greedy divergence a near-tie), and the ramp
+        lossless, why = default_rules.switching_lossless({"switching": switching_run}, summary)
+        out.append({"goal": "lossless_switching", "verdict": "met" if lossless and sw.get("ramp_errors") == 0
+                    else "not met", "detail": f"{sw.get('server')}: {why}; ramp errors {sw.get('ramp_errors')}"})
+    except default_rules.Undecided as e:
+        out.append({"goal": "lossless_switching", "verdict": "not measured", "detail": str(e)})
     return out
 
 
