@@ -1394,3 +1394,32 @@ def test_a_chain_verify_reads_its_context_with_the_grouped_kernel(served, device
     fb = _one_row_verify_batch(req_to_token, prefix, rows_of, rows)  # a chain's pass: causal, not the tree's
     stock.init_forward_metadata(fb)
     assert not torch.allclose(stock.forward(q, k, v, layer, fb).view(-1, hq, d), outs[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("env, grouped", [(None, True), ("grouped", True), ("0", False)])
+def test_a_tree_servers_verify_backend_gets_the_grouped_kernel_by_default(served, monkeypatch, env, grouped):
+    """The worker's kernel choice for a fixed tree server (N = 8 > B = 4): unset or grouped, the target's own
+    backend (the tree's, with its mask) verifies on DSPINE's grouped kernel (the default since the lease at 671b819
+    measured it faster than the extend kernel); SGLANG_DSPINE_SPLITKV_VERIFY=0 leaves SGLang's extend kernel.
+    DFlash's own backend set-up (a GPU's) is skipped; the backend is SGLang's real triton backend."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_dspine.serving.worker import DSpineWorker
+
+    if env is None:
+        monkeypatch.delenv("SGLANG_DSPINE_SPLITKV_VERIFY", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_DSPINE_SPLITKV_VERIFY", env)
+    pool, req_to_token, *_ = _scattered_kv(8, 2, 32, 256, 64, "cpu", seed=3)
+    backend = _triton_backend(8, pool, req_to_token, 8, 2, 32)
+    stock_fwd = backend.verify_splitkv_fwd
+    monkeypatch.setattr(DFlashWorkerV2, "init_attention_backends", lambda self: None)
+    worker = DSpineWorker.__new__(DSpineWorker)
+    worker.block_size, worker.tree_rows = 4, 8
+    worker.model_runner = SimpleNamespace(attn_backend=backend)
+    worker.init_attention_backends()
+    assert getattr(backend, "_dspine_grouped", False) is grouped
+    assert (backend.verify_splitkv_fwd is not stock_fwd) is grouped
+    assert bool(backend.use_verify_splitkv) is grouped

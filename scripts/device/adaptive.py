@@ -5,8 +5,9 @@ with the same --out skips the servers already there, so a lost machine loses one
   pair      the built-in pair (or --models): plain, DFLASH, DSPINE at the block, the tree of 32 (`dspine_tree32`),
             DSPINE adaptive (also with the tree in its menu: `dspine_adaptive_tree32`), each DSPINE server
             again under SGLANG_DSPINE_SPLITKV_VERIFY=1 (`_splitkv`), =grouped (`_grouped`, patch 10, the default
-            since a69f10b) and =0 (`_extend`, SGLang's extend kernel) and each adaptive one under =below-block
-            (`_below_block`), each alone;
+            since a69f10b; a tree's too since the lease at 671b819, so `dspine_tree32` before it is the extend
+            kernel's, `dspine_tree32_extend` after) and =0 (`_extend`, SGLang's extend kernel) and each adaptive
+            one under =below-block (`_below_block`), each alone;
             before the cells, `--warm-rounds` untimed rounds at each T=0 client count, largest first, so that an
             adaptive policy has learned every batch bucket's shapes (a long-running server learns them once; the
             pair's rounds are short, and at 84ba46f, before this, learning took ~30% of its steps at 48 clients;

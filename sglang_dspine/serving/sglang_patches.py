@@ -132,11 +132,11 @@ a69f10b), to the same backends as patch 8 (`grouped_verify`):
    `verify_splitkv_fwd` is replaced by it and `use_verify_splitkv` set, the dispatch SGLang's own forward_extend
    already has (it runs the kernel for TARGET_VERIFY passes). A pass it cannot serve (not causal, sinks, a logit
    cap, a sliding window, W varying by request) raises instead of silently taking the extend kernel; the start-up
-   checks refuse the servers whose passes would be such. A tree server's own backend gets it only where
-   SGLANG_DSPINE_SPLITKV_VERIFY=grouped is set (not yet served on a GPU): the kernel then reads the pass's tree mask
-   (SGLang's layout) for the rows' own block. Served at Qwen3-8B geometry (H100, a69f10b) fixed DSPINE
-   ran 1.10-1.38x faster with it from 1 to 64 clients; on another attention backend the default leaves the backend's
-   own kernel and says so in the log.
+   checks refuse the servers whose passes would be such. A tree server's own backend gets it too (since the lease at
+   671b819, where a tree of 32's step at Qwen3-8B geometry ran 0.80-0.93x the extend kernel's at 1-16 requests): the
+   kernel then reads the pass's tree mask (SGLang's layout) for the rows' own block. Served at Qwen3-8B geometry
+   (H100, a69f10b) fixed DSPINE ran 1.10-1.38x faster with it from 1 to 64 clients; on another attention backend
+   the default leaves the backend's own kernel and says so in the log.
 
 What DSPINE relies on in SGLang's DFlash code is checked when a DSPINE server starts (`check_dflash_hooks`, from
 the algorithm's server-argument handling in the launcher, and again when the worker is created): the DFlash
@@ -152,7 +152,7 @@ import logging
 import sys
 
 from .startup_checks import ALGORITHM, StartupRefusal, check_drafter_folder, check_not_a_dspine_drafter
-from .versions import dflash_returns_logprobs, sglang_version
+from .versions import dflash_plans_kv_locs, dflash_returns_logprobs, sglang_version
 from .versions import names_used as _names_used
 
 logger = logging.getLogger(__name__)
@@ -421,7 +421,7 @@ def decode_one_row_verify(backend) -> str | None:
         return None
     if int(backend.num_draft_tokens) != 1:
         raise ValueError(f"decode_one_row_verify: a backend of {backend.num_draft_tokens} verify rows, not 1")
-    if sglang_version() >= (0, 5, 23):  # its decode metadata reads KV ids through the iteration's plan
+    if dflash_plans_kv_locs():  # its decode metadata reads KV ids through the iteration's plan
         return "built on SGLang 0.5.17's triton backend (0.5.23 reads a pass's KV ids through its KVLocPlan)"
     if backend.sliding_window_size or backend.dcp_size > 1 or backend.use_mla or backend._translate_kv_loc:
         return "a sliding window, DCP, MLA or a virtual KV pool reads the decode path differently"

@@ -186,7 +186,7 @@ def check_split_kv_verify(server_args) -> None:
     server but for grouped (a tree's verify needs its mask, which only the grouped kernel reads; an adaptive tree
     server's chains get SGLang's kernel), and below-block on a fixed server (it verifies only the block, which
     below-block leaves on the extend kernel). Unset, the default (grouped) applies where it can and the worker's
-    log says where it does not; a tree keeps the extend kernel unless grouped is set."""
+    log says where it does not (a tree's too: the grouped kernel reads its mask)."""
     import os
 
     from ..env import ENV

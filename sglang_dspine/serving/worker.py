@@ -189,8 +189,9 @@ class DSpineWorker(DFlashWorkerV2):
         block = int(self.block_size)  # the server's own width (a chain server's)
         if self.tree_rows is None and verify_widths.reads_context_split_kv(self._split_kv, block, block):
             self._split_kv_kernel(self.model_runner.attn_backend)
-        elif self.tree_rows is not None and self._split_kv == "grouped" and ENV.split_kv_verify_set:
-            self._split_kv_kernel(self.model_runner.attn_backend, tree=True)  # the tree's mask: only when asked
+        elif self.tree_rows is not None and self._split_kv == "grouped":  # the kernel reads the tree's mask
+            # (default since the lease at 671b819: a tree32 step 0.80-0.93x the extend kernel's at Qwen3-8B geometry)
+            self._split_kv_kernel(self.model_runner.attn_backend, tree=True)
         if self._split_kv and self._split_kv != "grouped":
             logger.info("DSPINE: the target's chain verify passes (%s) read the context with SGLang's split-KV "
                         "kernel", "every width" if self._split_kv == "all" else "those narrower than the block")
