@@ -96,12 +96,28 @@ def measure(server: Server, prompts: list[list[int]], clients: int, max_new: int
 
 
 def steady_load(server: Server, prompts, clients: int, max_new: int, temperature: float = 0.0):
-    """A background load of `clients` requests of `max_new` tokens each (returns the executor, to be shut down).
-    `max_new` must let all of them fit in the KV pool at once, or SGLang runs fewer than `clients`."""
+    """A background load of `clients` requests of `max_new` tokens each: (the executor, to be shut down, and the
+    requests' futures). `max_new` must let all of them fit in the KV pool at once, or SGLang runs fewer."""
     ex = cf.ThreadPoolExecutor(clients)
-    for i in range(clients):
-        ex.submit(server.generate_ids, prompts[i % len(prompts)], max_new, temperature)
-    return ex
+    futures = [ex.submit(server.generate_ids, prompts[i % len(prompts)], max_new, temperature)
+               for i in range(clients)]
+    return ex, futures
+
+
+_RUNNING = re.compile(r"Decode batch, #running-req: (\d+)")
+
+
+def wait_until_running(server: Server, futures, clients: int, since: int, timeout: float) -> tuple[int, list[str]]:
+    """Waits until a decode log line after offset `since` of the server's log shows every one of `clients`
+    requests running (the profile then records a steady batch), a request of the load has failed, or `timeout`
+    seconds pass. Returns (the most requests running in those lines, the load's errors so far)."""
+    deadline, most = time.time() + timeout, 0
+    while True:
+        most = max([most, *(int(n) for n in _RUNNING.findall(server.text()[since:]))])
+        errors = [repr(f.exception())[:200] for f in futures if f.done() and f.exception() is not None]
+        if most >= clients or errors or time.time() > deadline:
+            return most, errors
+        time.sleep(0.5)
 
 
 def wait_for_trace(trace_dir: str, timeout: float) -> dict | None:
@@ -130,15 +146,24 @@ def profile(server: Server, prompts, clients: int, steps: int, out_dir: str, max
     """SGLang's profiler over `steps` forward steps of a steady load of `clients` requests of `max_new` tokens: GPU
     time per kernel name and per step. `keep`: a folder the trace is copied into (for timelines read later; traces
     with Python stacks run to tens of MiB, so not under a device call's $OUT)."""
-    ex = steady_load(server, prompts, clients, max_new)
-    time.sleep(3.0 + 0.05 * clients)  # past the prefills: every request decoding
+    since = len(server.text())
+    ex, futures = steady_load(server, prompts, clients, max_new)
+    # past the prefills, every request decoding: read from the server's log, not assumed after a fixed sleep (at
+    # 671b819 the pair's adaptive server was profiled with no load running and the trace never came)
+    running, errors = wait_until_running(server, futures, clients, since, 60.0 + 0.5 * clients)
+    if running < clients:
+        server.post("/abort_request", {"abort_all": True}, timeout=30)
+        ex.shutdown(wait=True, cancel_futures=True)
+        return {"error": f"the load of {clients} requests never ran whole (at most {running} in the decode log "
+                         f"lines)", "load_errors": errors[:3], "log_tail": server.tail(20)}
+    time.sleep(0.5)  # a few steps more: the batch settled
     d = os.path.join(out_dir, f"{server.name}_c{clients}")
     server.profile(d, steps)
     result = wait_for_trace(d, 240)
     server.post("/abort_request", {"abort_all": True}, timeout=30)
     ex.shutdown(wait=True, cancel_futures=True)
     if result is None:
-        return {"error": "no trace written"}
+        return {"error": "no trace written", "log_tail": server.tail(20)}
     total = sum(v["us"] for v in result["kernels"].values())
     running = [int(x) for x in re.findall(r"#running-req: (\d+)", server.text())[-steps:]]
     result.update(steps=steps, clients=clients, gpu_us_per_step=total / steps,

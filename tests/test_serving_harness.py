@@ -662,3 +662,44 @@ def test_adaptive_merge_judges_the_issues_goals_from_the_cells(tmp_path):
     assert goals[f"{geo}: >= plain at 48 and 64"]["verdict"] == "not measured"  # no 64 clients
     assert goals[f"{geo}: >= max(plain, block)"]["verdict"] == "not met"  # 48: 4800 / 5052.6 = 0.95
     assert goals["lossless_switching"]["verdict"] == "not measured"
+
+
+def test_a_profile_waits_for_its_whole_load_in_the_servers_log(tmp_path):
+    """serving_scale.wait_until_running reads the decode log lines written after the load began: it returns once
+    they show every request running, as soon as a request of the load fails (with its error), and after its
+    timeout otherwise (with the most it saw), so a profile never records a batch that is not the one asked for."""
+    import concurrent.futures as cf
+
+    scale = importlib.import_module("benchmarks.serving_scale")
+    log = tmp_path / "server.log"
+    log.write_text("Decode batch, #running-req: 48, #token: 9\n")  # an earlier round's line: before `since`
+    server = _server_with_log(log)
+    since = len(server.text())
+
+    def later(text, delay):
+        time.sleep(delay)
+        with open(log, "a") as f:
+            f.write(text)
+
+    with cf.ThreadPoolExecutor(2) as ex:
+        fine = [ex.submit(lambda: None)]
+        ex.submit(later, "Decode batch, #running-req: 7, #token: 1\nDecode batch, #running-req: 48, #token: 2 "
+                         "verify shapes: chain16 10\n", 0.3)
+        t = time.time()
+        assert scale.wait_until_running(server, fine, 48, since, 10.0) == (48, [])
+        assert time.time() - t < 5
+    since = len(server.text())
+    assert scale.wait_until_running(server, fine, 48, since, 0.6) == (0, [])  # nothing new: the timeout
+    with open(log, "a") as f:
+        f.write("Decode batch, #running-req: 12, #token: 3\n")
+    failed = cf.Future()
+    failed.set_exception(ConnectionError("refused"))
+    most, errors = scale.wait_until_running(server, [failed], 48, since, 10.0)
+    assert most == 12 and errors == ["ConnectionError('refused')"]
+
+
+def _server_with_log(log):
+    """What wait_until_running reads of a benchmarks.servers.Server: its log's text."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(text=lambda: open(log).read())
