@@ -565,7 +565,8 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     log = "....\n22 passed, 122 deselected in 92.49s\n"
     assert default_rules(tmp_path, run, pair(0.98), log) == {
         "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "met", "grouped": "met",
-        "upkeep": "met", "adaptive": "met", "wrapper": "undecided", "tree_grouped": "undecided"}
+        "upkeep": "met", "adaptive": "met", "wrapper": "undecided", "tree_grouped": "undecided",
+        "cap_cost": "undecided", "cap_graphs": "undecided"}
     # one threshold crossed at a time
     assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.79)}, pair(0.98), log)["new_cost"] \
         == "not met"
@@ -581,7 +582,8 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     assert default_rules(tmp_path, run, pair(0.96), log)["adaptive"] == "not met"
     assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.97)}, pair(0.98), log) == {
         "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "not met", "grouped": "met",
-        "upkeep": "met", "adaptive": "met", "wrapper": "undecided", "tree_grouped": "undecided"}
+        "upkeep": "met", "adaptive": "met", "wrapper": "undecided", "tree_grouped": "undecided",
+        "cap_cost": "undecided", "cap_graphs": "undecided"}
     assert default_rules(tmp_path, {**run, "geometry": geometry(upkeep=0.975)}, pair(0.98), log)["upkeep"] \
         == "not met"  # the graphs 0.975x the eager upkeep at the geometry
     assert default_rules(tmp_path, {**run, "geometry": geometry(upkeep=0.985)}, pair(0.98), log)["upkeep"] == "met"
@@ -600,7 +602,8 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     bare = default_rules(tmp_path, {"geometry": {"plain": row(1.0)}})
     assert bare == {"new_cost": "undecided", "below_block": "undecided", "split_kv": "undecided",
                     "floors": "undecided", "grouped": "undecided", "upkeep": "undecided", "adaptive": "undecided",
-                    "wrapper": "undecided", "tree_grouped": "undecided"}
+                    "wrapper": "undecided", "tree_grouped": "undecided", "cap_cost": "undecided",
+                    "cap_graphs": "undecided"}
 
 
 def test_the_wrapper_diagnosis_and_the_grouped_tree_rule_follow_their_thresholds(tmp_path):
@@ -633,6 +636,25 @@ def test_the_wrapper_diagnosis_and_the_grouped_tree_rule_follow_their_thresholds
     no_grouped = run()
     del no_grouped["geometry"]["dspine_adaptive_tree32_grouped"]
     assert default_rules(tmp_path, no_grouped, pair(0.9), log)["tree_grouped"] == "undecided"
+
+
+def test_the_cap_diagnoses_follow_their_thresholds(tmp_path):
+    """`cap_cost`: fixed DSPINE with a cap of 128 at <= 0.95x the cap of 48 at 1 and 16 clients in both passes.
+    `cap_graphs` (judged only where cap_cost is met): the cap of 128 with graphs to 48 at >= 0.97x there."""
+    cell = lambda tps: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": 3.0}
+
+    def run(cap128=0.9, graphs48=0.98, clients=(1, 16, 48)):
+        ratios_ = {"dspine": 1.0, "dspine_cap128": cap128, "dspine_cap128_graphs48": graphs48}
+        return {"pair": {n: {"t0": {str(c): cell(1000.0 * r) for c in clients}} for n, r in ratios_.items()}}
+
+    verdicts = default_rules(tmp_path, run(), run())
+    assert (verdicts["cap_cost"], verdicts["cap_graphs"]) == ("met", "met")
+    assert default_rules(tmp_path, run(), run(cap128=0.95, graphs48=0.97))["cap_graphs"] == "met"  # the edges
+    verdicts = default_rules(tmp_path, run(), run(cap128=0.96))  # the second pass above 0.95
+    assert (verdicts["cap_cost"], verdicts["cap_graphs"]) == ("not met", "undecided")
+    assert default_rules(tmp_path, run(), run(graphs48=0.96))["cap_graphs"] == "not met"
+    assert default_rules(tmp_path, run())["cap_cost"] == "undecided"  # one pass
+    assert default_rules(tmp_path, run(), run(clients=(48,)))["cap_cost"] == "undecided"
 
 
 def test_adaptive_merge_judges_the_issues_goals_from_the_cells(tmp_path):

@@ -347,7 +347,11 @@ def main():
                    # work, with shapes that cost and carry about the same: a menu of the block alone runs the fixed
                    # step), and fixed DSPINE with the adaptive server's cap of running requests
                    "dspine_adaptive_wide": (spec("DSPINE", "dspine"), {**ADAPTIVE_ENV, "SGLANG_DSPINE_SHAPES": "15"}),
-                   "dspine_cap128": (spec("DSPINE", "dspine") + ["--max-running-requests", "128"], None)}
+                   "dspine_cap128": (spec("DSPINE", "dspine") + ["--max-running-requests", "128"], None),
+                   # 671b819: the cap of 128 alone cost fixed DSPINE 0.87 / 0.86x at 1 / 16 clients, where it is
+                   # never reached; the same cap with the cap of 48's graphs (none captured above 48 requests)
+                   "dspine_cap128_graphs48": (spec("DSPINE", "dspine") + ["--max-running-requests", "128",
+                                                                          "--cuda-graph-max-bs-decode", "48"], None)}
         servers = with_split_kv(servers)
         for name in filter(None, args.pair_servers.split(",")) if "pair" in phases else ():
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)

@@ -42,6 +42,14 @@ Rules (each ratio is of median tokens/s, each server alone on the GPU, T=0):
   tree_grouped   (written 2026-12-07 after 84ba46f) trees verify on the grouped kernel by default if the GPU tests
                  pass, the grouped tree's greedy outputs equal plain's on >= 17 of the pair's 24 prompts, and its
                  tree32 step at the geometry is <= 0.95x the extend kernel's at 1, 4 and 16 requests;
+  cap_cost       (a diagnosis, written 2026-12-07 after 671b819, where fixed DSPINE with the adaptive server's cap of
+                 128 running requests served 0.87 / 0.86 / 0.78x fixed DSPINE's 48 at 1 / 16 / 48 clients on the pair,
+                 one pass) the cap itself costs the pair's step if `dspine_cap128` serves <= 0.95x `dspine` at 1
+                 and 16 clients (where neither server's cap is reached, so admission cannot differ) in both passes;
+  cap_graphs     (the same) where cap_cost is met, the verify and draft graphs captured for 49-64 requests are
+                 that cost if `dspine_cap128_graphs48` (the cap of 128, --cuda-graph-max-bs-decode 48) serves
+                 >= 0.97x `dspine` at 1 and 16 clients in both passes; 48 clients printed, not judged (there
+                 SGLang's MinFreeSlotsDelayer batches a full cap's admissions, which a cap of 128 never triggers);
   adaptive       adaptive becomes the server default if on the pair it serves >= 0.97x fixed DSPINE at 1, 16 and 48
                  clients in both passes, and at the geometry >= fixed DSPINE at every client count (the adaptive
                  server the below_block rule makes the default).
@@ -217,6 +225,35 @@ def wrapper(run: dict, rep2: dict | None = None, **_) -> tuple[bool, str]:
                  f"48 in both: the adaptive step's own work); pass 1: {'; '.join(extra)}")
 
 
+def _both_passes(run: dict, rep2: dict | None, num: str, den: str) -> list[dict[int, float]]:
+    """num ÷ den on the pair in each pass, each holding 1 and 16 clients."""
+    if rep2 is None:
+        raise Undecided("no second pass of the pair")
+    passes = [ratios(p, "pair", num, den) for p in (run, rep2)]
+    if not all({1, 16} <= set(p) for p in passes):
+        raise Undecided(f"the pair's passes lack 1 or 16 clients for {num}")
+    return passes
+
+
+def cap_cost(run: dict, rep2: dict | None = None, **_) -> tuple[bool, str]:
+    """A diagnosis: `met` says a server's cap of 128 running requests itself (not the adaptive step) costs the
+    host-bound pair's step where the cap is never reached."""
+    passes = _both_passes(run, rep2, "dspine_cap128", "dspine")
+    met = all(p[c] <= 0.95 for p in passes for c in (1, 16))
+    return met, (f"cap 128 ÷ cap 48 (fixed DSPINE), pass 1 {fmt(passes[0])}, pass 2 {fmt(passes[1])} (<= 0.95 at 1 "
+                 f"and 16 in both)")
+
+
+def cap_graphs(run: dict, rep2: dict | None = None, **_) -> tuple[bool, str]:
+    """A diagnosis, where cap_cost is met: the graphs captured above 48 requests are what the cap costs."""
+    if not cap_cost(run, rep2)[0]:
+        raise Undecided("cap_cost is not met: the cap costs nothing to explain")
+    passes = _both_passes(run, rep2, "dspine_cap128_graphs48", "dspine")
+    met = all(p[c] >= 0.97 for p in passes for c in (1, 16))
+    return met, (f"cap 128 with graphs to 48 ÷ cap 48, pass 1 {fmt(passes[0])}, pass 2 {fmt(passes[1])} (>= 0.97 at "
+                 f"1 and 16 in both; 48 not judged)")
+
+
 TREE32_GREEDY_84BA46F = 18  # dspine_tree32's greedy outputs equal to plain's on the pair at 84ba46f (of 24)
 
 
@@ -248,7 +285,8 @@ def tree_grouped(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]
 
 
 RULES = {"new_cost": new_cost, "below_block": below_block, "split_kv": split_kv, "floors": floors,
-         "grouped": grouped, "upkeep": upkeep, "adaptive": adaptive, "wrapper": wrapper, "tree_grouped": tree_grouped}
+         "grouped": grouped, "upkeep": upkeep, "adaptive": adaptive, "wrapper": wrapper, "tree_grouped": tree_grouped,
+         "cap_cost": cap_cost, "cap_graphs": cap_graphs}
 
 
 def decide(run: dict, rep2: dict | None = None, summary: dict | None = None, gpu_log: str | None = None) -> dict:

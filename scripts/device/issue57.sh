@@ -37,6 +37,10 @@
 # Then: python3 scripts/device/default_rules.py <adaptive.json> --rep2 <rep2/adaptive.json> --gpu-tests-log
 #   <gpu_tests.log> --summary benchmarks/results/adaptive_summary.json judges the rules below, as written there.
 # Decision rules, fixed before the run (2026-12-06, after c615dca):
+#   - (2026-12-07, after 671b819; diagnoses, no default changes) cap_cost: a cap of 128 running requests costs the
+#     pair's step if fixed DSPINE with it serves <= 0.95x fixed DSPINE (48) at 1 and 16 clients in both passes;
+#     cap_graphs: where it does, the graphs above 48 requests are the cost if the cap of 128 with graphs to 48
+#     serves >= 0.97x there in both passes;
 #   - (2026-12-07, after 97513c7, where the first upkeep rule was not met: its GPU tests failed, so the default
 #     became 0) SGLANG_DSPINE_UPKEEP_GRAPHS becomes 1 by default if the upkeep GPU tests pass and
 #     dspine_adaptive_upkeep_graphs serves >= 0.98x dspine_adaptive's tokens/s (medians) at the geometry at 1 and 48
@@ -73,49 +77,32 @@ OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 # 84ba46f ran the headline (benchmarks/results/adaptive_run_h100_84ba46f.json): every row of the issue but SGLang
-# 0.5.23 and the other attention backends. What it left, in the order a lease that ends early keeps the most
-# (adaptive.py skips what its JSON already has):
-#   1. why adaptive loses on the host-bound pair (84ba46f: 0.55-0.97x fixed DSPINE, and windows of chain16 steps
-#      alone at half fixed's speed at ~48 requests): the adaptive server with a menu of the block and chain15
-#      (`dspine_adaptive_wide`: the adaptive step's work, shapes alike in cost and tokens; a menu of the block
-#      alone runs the fixed step) beside fixed DSPINE, adaptive, and fixed
-#      DSPINE with adaptive's cap of 128 running requests, at 1 / 16 / 48 clients, two passes in opposite orders
-#      (~10 min; the `wrapper` diagnosis in default_rules.py);
-#   2. SGLang's profiler on adaptive, fixed DSPINE and plain at 48 clients on the pair (~5 min): the timelines'
-#      adaptive-minus-fixed difference says where a step's extra time goes;
-#   3. the tree on DSPINE's grouped kernel (~5 min): on the pair (greedy against plain) and at the geometry beside
-#      the extend-kernel tree (its step at 1 request was 1.15x the block's at 84ba46f, which kept the tree from
-#      paying at 1 client): the `tree_grouped` rule;
-#   4. the upkeep graphs' A/B at the geometry (~5 min; the `upkeep` rule), then FA3 and FlashInfer.
-# Since stop 71 every server gets one untimed round at each client count before its cells (adaptive.py
-# --warm-rounds 1): an adaptive policy has then learned each bucket's shapes, as a long-running server has; the
-# 84ba46f run had none (its adaptive pair cells hold the learning, ~30% of the steps at 48 clients).
+# 0.5.23 and the other attention backends. 671b819 (adaptive_run_h100_671b819*.json) answered two questions:
+#   - trees verify on the grouped kernel by default now (rule tree_grouped, met);
+#   - the adaptive server's loss on the host-bound pair is mostly its cap of 128 running requests: fixed DSPINE
+#     with that cap served 0.87 / 0.86 / 0.78x fixed DSPINE at 1 / 16 / 48 clients (one pass), about what the
+#     wide-menu adaptive server did (0.82-0.91x); the adaptive step itself cost 0-6% beyond it. Reading SGLang
+#     0.5.17 finds no per-step work that grows with the cap at 1 or 16 requests; at 48 SGLang's
+#     MinFreeSlotsDelayer batches a full cap's admissions (4 at a time), which a cap of 128 never triggers.
+# Its profile of the pair stalled (no load ran: serving_scale.profile now waits for the load in the log) and its
+# upkeep A/B ran out of lease. What is left, in the order a lease that ends early keeps the most (adaptive.py
+# skips what its JSON already has):
+#   1. the GPU tests (the tree's default kernel changed);
+#   2. the cap on the pair, two passes in opposite orders (~8 min): fixed DSPINE at 48, at 128, and at 128 with
+#      the 48 cap's graphs (`dspine_cap128_graphs48`), 1 / 16 / 48 clients: rules cap_cost and cap_graphs
+#      (default_rules.py, written before this run);
+#   3. the upkeep graphs' A/B at the geometry (~5 min; rule upkeep);
+#   4. SGLang's FA3 and FlashInfer backends at the geometry (5(b), ~12 min).
 # SGLang 0.5.23 (its adaptive server has run on the CPU only) is a lease of its own: bundle_0523.sh plan's calls,
 # then `source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 bash scripts/device/versions.sh
 # triton/pytorch features e2e adaptive`.
 bash scripts/device/gpu_tests.sh > /dev/null 2>&1
 echo "issue57: GPU tests rc $?"; tail -2 "$OUT/gpu_tests.log"
 P=(--phases pair --clients 1,16,48 --t1-clients "")
-$A "${P[@]}" --pair-servers plain,dspine,dspine_adaptive_wide,dspine_adaptive,dspine_cap128
+$A "${P[@]}" --pair-servers dspine,dspine_cap128,dspine_cap128_graphs48
 mkdir -p "$OUT/rep2"  # the second pass in the opposite order
 python3 scripts/device/adaptive.py --out "$OUT/rep2" "${P[@]}" --pair-servers \
-  dspine_adaptive,dspine_adaptive_wide,dspine
-export PROFILE_TRACES=/tmp/l57_traces
-T="$PROFILE_TRACES"
-tl() {  # tl NAME STEPS BASE_GLOB OTHER_GLOB: both traces (--diff: other minus base), or the one that exists
-  local f=() d=()
-  for g in $3 $4; do [ -e "$g" ] && f+=("$g"); done
-  [ "${#f[@]}" = 2 ] && d=(--diff)
-  [ "${#f[@]}" = 0 ] && { echo "issue57: timeline $1: no trace"; return; }
-  python3 -m benchmarks step_timeline "${f[@]}" --steps "$2" "${d[@]}" --out "$OUT/timeline_$1.json" > /dev/null 2>&1
-  echo "issue57: timeline $1 (${#f[@]} traces) rc $?"
-}
-$A --phases profile_pair --pair-servers "" --profile-servers dspine_adaptive,dspine,plain
-tl pair_fixed_c48 20 "$T/prof_pair_dspine_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
-tl pair_c48 20 "$T/prof_pair_plain_c48_*" "$T/prof_pair_dspine_adaptive_c48_*"
-tl pair_boundary 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_adaptive_boundary_*"
-$A --phases pair --pair-servers dspine_tree32_grouped --clients 1,16,48 --t1-clients ""
-$A --phases geometry --geometry-servers dspine_adaptive_tree32_grouped,dspine_adaptive_tree32 --clients 1,4,16
+  dspine_cap128_graphs48,dspine_cap128,dspine
 mkdir -p "$OUT/upkeep"
 python3 scripts/device/adaptive.py --out "$OUT/upkeep" --phases geometry --geometry-servers \
   dspine_adaptive,dspine_adaptive_upkeep_graphs --clients 1,48
