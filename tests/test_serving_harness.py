@@ -640,12 +640,13 @@ def test_the_wrapper_diagnosis_and_the_grouped_tree_rule_follow_their_thresholds
 
 def test_the_cap_diagnoses_follow_their_thresholds(tmp_path):
     """`cap_cost`: fixed DSPINE with a cap of 128 at <= 0.95x the cap of 48 at 1 and 16 clients in both passes.
-    `cap_graphs` (judged only where cap_cost is met): the cap of 128 with graphs to 48 at >= 0.97x there."""
+    `cap_graphs` (judged only where cap_cost is met): the cap of 128 with graphs to 48 at >= 0.97x there. Both are
+    undecided where fixed DSPINE's two instances differ by more than 5%."""
     cell = lambda tps: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": 3.0}
 
-    def run(cap128=0.9, graphs48=0.98, clients=(1, 16, 48)):
+    def run(cap128=0.9, graphs48=0.98, clients=(1, 16, 48), fixed=1.0):
         ratios_ = {"dspine": 1.0, "dspine_cap128": cap128, "dspine_cap128_graphs48": graphs48}
-        return {"pair": {n: {"t0": {str(c): cell(1000.0 * r) for c in clients}} for n, r in ratios_.items()}}
+        return {"pair": {n: {"t0": {str(c): cell(1000.0 * fixed * r) for c in clients}} for n, r in ratios_.items()}}
 
     verdicts = default_rules(tmp_path, run(), run())
     assert (verdicts["cap_cost"], verdicts["cap_graphs"]) == ("met", "met")
@@ -655,6 +656,9 @@ def test_the_cap_diagnoses_follow_their_thresholds(tmp_path):
     assert default_rules(tmp_path, run(), run(graphs48=0.96))["cap_graphs"] == "not met"
     assert default_rules(tmp_path, run())["cap_cost"] == "undecided"  # one pass
     assert default_rules(tmp_path, run(), run(clients=(48,)))["cap_cost"] == "undecided"
+    # fixed DSPINE's two instances 6% apart: more than the effect looked for, so neither rule decides
+    assert default_rules(tmp_path, run(), run(fixed=1.06))["cap_cost"] == "undecided"
+    assert default_rules(tmp_path, run(), run(fixed=1.05))["cap_cost"] == "met"
 
 
 def test_adaptive_merge_judges_the_issues_goals_from_the_cells(tmp_path):

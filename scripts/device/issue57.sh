@@ -40,7 +40,8 @@
 #   - (2026-12-07, after 671b819; diagnoses, no default changes) cap_cost: a cap of 128 running requests costs the
 #     pair's step if fixed DSPINE with it serves <= 0.95x fixed DSPINE (48) at 1 and 16 clients in both passes;
 #     cap_graphs: where it does, the graphs above 48 requests are the cost if the cap of 128 with graphs to 48
-#     serves >= 0.97x there in both passes;
+#     serves >= 0.97x there in both passes; both undecided where fixed DSPINE's two passes differ by > 5% at 1 or 16
+#     (identical servers differed by up to 28% on the pair at 97513c7);
 #   - (2026-12-07, after 97513c7, where the first upkeep rule was not met: its GPU tests failed, so the default
 #     became 0) SGLANG_DSPINE_UPKEEP_GRAPHS becomes 1 by default if the upkeep GPU tests pass and
 #     dspine_adaptive_upkeep_graphs serves >= 0.98x dspine_adaptive's tokens/s (medians) at the geometry at 1 and 48
