@@ -566,7 +566,7 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     assert default_rules(tmp_path, run, pair(0.98), log) == {
         "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "met", "grouped": "met",
         "upkeep": "met", "adaptive": "met", "wrapper": "undecided", "tree_grouped": "undecided",
-        "cap_cost": "undecided", "cap_graphs": "undecided"}
+        "cap_cost": "undecided", "cap_graphs": "undecided", "admission": "undecided"}
     # one threshold crossed at a time
     assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.79)}, pair(0.98), log)["new_cost"] \
         == "not met"
@@ -583,7 +583,7 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.97)}, pair(0.98), log) == {
         "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "not met", "grouped": "met",
         "upkeep": "met", "adaptive": "met", "wrapper": "undecided", "tree_grouped": "undecided",
-        "cap_cost": "undecided", "cap_graphs": "undecided"}
+        "cap_cost": "undecided", "cap_graphs": "undecided", "admission": "undecided"}
     assert default_rules(tmp_path, {**run, "geometry": geometry(upkeep=0.975)}, pair(0.98), log)["upkeep"] \
         == "not met"  # the graphs 0.975x the eager upkeep at the geometry
     assert default_rules(tmp_path, {**run, "geometry": geometry(upkeep=0.985)}, pair(0.98), log)["upkeep"] == "met"
@@ -603,7 +603,7 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     assert bare == {"new_cost": "undecided", "below_block": "undecided", "split_kv": "undecided",
                     "floors": "undecided", "grouped": "undecided", "upkeep": "undecided", "adaptive": "undecided",
                     "wrapper": "undecided", "tree_grouped": "undecided", "cap_cost": "undecided",
-                    "cap_graphs": "undecided"}
+                    "cap_graphs": "undecided", "admission": "undecided"}
 
 
 def test_the_wrapper_diagnosis_and_the_grouped_tree_rule_follow_their_thresholds(tmp_path):
@@ -659,6 +659,29 @@ def test_the_cap_diagnoses_follow_their_thresholds(tmp_path):
     # fixed DSPINE's two instances 6% apart: more than the effect looked for, so neither rule decides
     assert default_rules(tmp_path, run(), run(fixed=1.06))["cap_cost"] == "undecided"
     assert default_rules(tmp_path, run(), run(fixed=1.05))["cap_cost"] == "met"
+
+
+def test_the_admission_rule_follows_its_thresholds(tmp_path):
+    """`admission`: the cap of 128 with SGLang's prefill delayer at >= 1.10x the same cap without at 48 clients and
+    >= 0.97x at 1 and 16, in both passes; undecided with one pass, a client count missing, or the undelayed
+    server's two instances more than 5% apart at 48."""
+    cell = lambda tps: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": 3.0}
+
+    def run(at48=1.15, light=0.98, base48=1.0, clients=(1, 16, 48)):
+        delayed = {1: light, 16: light, 48: at48}
+        return {"pair": {"dspine_cap128": {"t0": {str(c): cell(1000.0 * (base48 if c == 48 else 1.0))
+                                                  for c in clients}},
+                         "dspine_cap128_delayed": {"t0": {str(c): cell(1000.0 * delayed[c] *
+                                                                       (base48 if c == 48 else 1.0))
+                                                          for c in clients}}}}
+
+    assert default_rules(tmp_path, run(), run())["admission"] == "met"
+    assert default_rules(tmp_path, run(), run(at48=1.10, light=0.97))["admission"] == "met"  # the edges
+    assert default_rules(tmp_path, run(), run(at48=1.09))["admission"] == "not met"
+    assert default_rules(tmp_path, run(light=0.96), run())["admission"] == "not met"  # it costs light loads
+    assert default_rules(tmp_path, run())["admission"] == "undecided"
+    assert default_rules(tmp_path, run(), run(clients=(1, 16)))["admission"] == "undecided"
+    assert default_rules(tmp_path, run(), run(base48=1.06))["admission"] == "undecided"
 
 
 def test_adaptive_merge_judges_the_issues_goals_from_the_cells(tmp_path):

@@ -73,6 +73,9 @@ EXTEND_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "0"}
 # the context upkeep after a step narrower than the block replayed from its CUDA graphs (context_upkeep.py), not
 # DFlash's eager writer (the default since 97513c7); `_eager_upkeep` (=0) is what runs up to 97513c7 named
 UPKEEP_GRAPHS_ENV = {"SGLANG_DSPINE_UPKEEP_GRAPHS": "1"}
+# SGLang's prefill delayer batching fresh admissions at any cap (the `admission` rule of default_rules.py)
+ADMISSION_BATCHING_ARGS = ["--enable-prefill-delayer", "--prefill-delayer-queue-min-ratio", "0.09",
+                           "--prefill-delayer-max-delay-ms", "100"]
 # SGLang's own attention backends for the geometry's step table beside the scripts' triton (issue 57's 5(b))
 OTHER_BACKENDS = ("fa3", "flashinfer")
 
@@ -351,7 +354,12 @@ def main():
                    # 671b819: the cap of 128 alone cost fixed DSPINE 0.87 / 0.86x at 1 / 16 clients, where it is
                    # never reached; the same cap with the cap of 48's graphs (none captured above 48 requests)
                    "dspine_cap128_graphs48": (spec("DSPINE", "dspine") + ["--max-running-requests", "128",
-                                                                          "--cuda-graph-max-bs-decode", "48"], None)}
+                                                                          "--cuda-graph-max-bs-decode", "48"], None),
+                   # the cap of 128 with admissions batched as a full cap of 48 batches them (SGLang's
+                   # MinFreeSlotsDelayer: 4 at a time), by SGLang's own prefill delayer: a fresh prefill waits
+                   # until int(0.09 x running) requests queue (4 at 48 running, none below 12), 100 ms at most
+                   "dspine_cap128_delayed": (spec("DSPINE", "dspine") + ["--max-running-requests", "128",
+                                                                         *ADMISSION_BATCHING_ARGS], None)}
         servers = with_split_kv(servers)
         for name in filter(None, args.pair_servers.split(",")) if "pair" in phases else ():
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)

@@ -51,6 +51,11 @@ Rules (each ratio is of median tokens/s, each server alone on the GPU, T=0):
                  that cost if `dspine_cap128_graphs48` (the cap of 128, --cuda-graph-max-bs-decode 48) serves
                  >= 0.97x `dspine` at 1 and 16 clients in both passes; 48 clients printed, not judged (there
                  SGLang's MinFreeSlotsDelayer batches a full cap's admissions, which a cap of 128 never triggers);
+  admission      (written 2026-12-07 after 671b819) the adaptive server's defaults gain SGLang's prefill delayer
+                 (--enable-prefill-delayer --prefill-delayer-queue-min-ratio 0.09 --prefill-delayer-max-delay-ms
+                 100: fresh admissions batched, as a full cap of 48 batches them) if `dspine_cap128_delayed` serves
+                 >= 1.10x `dspine_cap128` at 48 clients and >= 0.97x it at 1 and 16 in both passes of the pair
+                 (undecided where dspine_cap128's two passes differ by more than 5% at 48);
   adaptive       adaptive becomes the server default if on the pair it serves >= 0.97x fixed DSPINE at 1, 16 and 48
                  clients in both passes, and at the geometry >= fixed DSPINE at every client count (the adaptive
                  server the below_block rule makes the default).
@@ -264,6 +269,21 @@ def cap_graphs(run: dict, rep2: dict | None = None, **_) -> tuple[bool, str]:
                  f"1 and 16 in both; 48 not judged)")
 
 
+def admission(run: dict, rep2: dict | None = None, **_) -> tuple[bool, str]:
+    """The cap of 128 with admissions batched by SGLang's prefill delayer, against the same cap without."""
+    if rep2 is None:
+        raise Undecided("no second pass of the pair")
+    passes = [ratios(p, "pair", "dspine_cap128_delayed", "dspine_cap128") for p in (run, rep2)]
+    if not all({1, 16, 48} <= set(p) for p in passes):
+        raise Undecided("the pair's passes lack 1, 16 or 48 clients for dspine_cap128_delayed")
+    a, b = (tokens_per_s(p, "pair", "dspine_cap128") for p in (run, rep2))
+    if abs(a[48] / b[48] - 1) > PASS_SPREAD:
+        raise Undecided(f"dspine_cap128's two passes differ by {abs(a[48] / b[48] - 1):.3f} at 48 (> {PASS_SPREAD})")
+    met = all(p[48] >= 1.10 and p[1] >= 0.97 and p[16] >= 0.97 for p in passes)
+    return met, (f"delayed ÷ undelayed (cap 128), pass 1 {fmt(passes[0])}, pass 2 {fmt(passes[1])} (>= 1.10 at 48, "
+                 f">= 0.97 at 1 and 16, both passes)")
+
+
 TREE32_GREEDY_84BA46F = 18  # dspine_tree32's greedy outputs equal to plain's on the pair at 84ba46f (of 24)
 
 
@@ -296,7 +316,7 @@ def tree_grouped(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]
 
 RULES = {"new_cost": new_cost, "below_block": below_block, "split_kv": split_kv, "floors": floors,
          "grouped": grouped, "upkeep": upkeep, "adaptive": adaptive, "wrapper": wrapper, "tree_grouped": tree_grouped,
-         "cap_cost": cap_cost, "cap_graphs": cap_graphs}
+         "cap_cost": cap_cost, "cap_graphs": cap_graphs, "admission": admission}
 
 
 def decide(run: dict, rep2: dict | None = None, summary: dict | None = None, gpu_log: str | None = None) -> dict:

@@ -41,7 +41,9 @@
 #     pair's step if fixed DSPINE with it serves <= 0.95x fixed DSPINE (48) at 1 and 16 clients in both passes;
 #     cap_graphs: where it does, the graphs above 48 requests are the cost if the cap of 128 with graphs to 48
 #     serves >= 0.97x there in both passes; both undecided where fixed DSPINE's two passes differ by > 5% at 1 or 16
-#     (identical servers differed by up to 28% on the pair at 97513c7);
+#     (identical servers differed by up to 28% on the pair at 97513c7); admission: the adaptive server's defaults
+#     gain SGLang's prefill delayer (queue ratio 0.09, 100 ms at most) if fixed DSPINE at cap 128 with it serves
+#     >= 1.10x the same cap without it at 48 clients and >= 0.97x at 1 and 16, in both passes;
 #   - (2026-12-07, after 97513c7, where the first upkeep rule was not met: its GPU tests failed, so the default
 #     became 0) SGLANG_DSPINE_UPKEEP_GRAPHS becomes 1 by default if the upkeep GPU tests pass and
 #     dspine_adaptive_upkeep_graphs serves >= 0.98x dspine_adaptive's tokens/s (medians) at the geometry at 1 and 48
@@ -89,8 +91,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 # upkeep A/B ran out of lease. What is left, in the order a lease that ends early keeps the most (adaptive.py
 # skips what its JSON already has):
 #   1. the GPU tests (the tree's default kernel changed);
-#   2. the cap on the pair, two passes in opposite orders (~8 min): fixed DSPINE at 48, at 128, and at 128 with
-#      the 48 cap's graphs (`dspine_cap128_graphs48`), 1 / 16 / 48 clients: rules cap_cost and cap_graphs
+#   2. the cap on the pair, two passes in opposite orders (~13 min): fixed DSPINE at 48, at 128, at 128 with
+#      the 48 cap's graphs (`dspine_cap128_graphs48`), and at 128 with SGLang's prefill delayer batching
+#      admissions (`dspine_cap128_delayed`), 1 / 16 / 48 clients: rules cap_cost, cap_graphs and admission
 #      (default_rules.py, written before this run);
 #   3. the upkeep graphs' A/B at the geometry (~5 min; rule upkeep);
 #   4. SGLang's FA3 and FlashInfer backends at the geometry (5(b), ~12 min).
@@ -100,10 +103,10 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 bash scripts/device/gpu_tests.sh > /dev/null 2>&1
 echo "issue57: GPU tests rc $?"; tail -2 "$OUT/gpu_tests.log"
 P=(--phases pair --clients 1,16,48 --t1-clients "")
-$A "${P[@]}" --pair-servers dspine,dspine_cap128,dspine_cap128_graphs48
+$A "${P[@]}" --pair-servers dspine,dspine_cap128,dspine_cap128_graphs48,dspine_cap128_delayed
 mkdir -p "$OUT/rep2"  # the second pass in the opposite order
 python3 scripts/device/adaptive.py --out "$OUT/rep2" "${P[@]}" --pair-servers \
-  dspine_cap128_graphs48,dspine_cap128,dspine
+  dspine_cap128_delayed,dspine_cap128_graphs48,dspine_cap128,dspine
 mkdir -p "$OUT/upkeep"
 python3 scripts/device/adaptive.py --out "$OUT/upkeep" --phases geometry --geometry-servers \
   dspine_adaptive,dspine_adaptive_upkeep_graphs --clients 1,48
