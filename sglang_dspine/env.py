@@ -53,7 +53,8 @@ VARIABLES = (
               "log line, elsewhere); 0: SGLang's serial-prefix extend kernel (SGLang's own choice); 1: SGLang's "
               "split-KV verify kernel for every chain (what SGLang runs on AMD's MI350); below-block: SGLang's "
               "split-KV kernel for the adaptive server's shapes narrower than the block, the block on the extend "
-              "kernel. A tree verifies on the grouped kernel (which reads its mask) unless 0 is set "
+              "kernel. Unset or grouped, a tree verifies on the grouped kernel too (it reads the tree's mask), "
+              "otherwise on the extend kernel "
               "(docs/verify_shapes.md; set explicitly, refused at start on another attention backend, and "
               "below-block without SGLANG_DSPINE_VERIFY=adaptive)"),
     _Variable("SGLANG_DSPINE_UPKEEP_GRAPHS", False,
