@@ -150,11 +150,11 @@ def profile(server: Server, prompts, clients: int, steps: int, out_dir: str, max
     ex, futures = steady_load(server, prompts, clients, max_new)
     # past the prefills, every request decoding: read from the server's log, not assumed after a fixed sleep (at
     # 671b819 the pair's adaptive server was profiled with no load running and the trace never came)
-    running, errors = wait_until_running(server, futures, clients, since, 60.0 + 0.5 * clients)
-    if running < clients:
+    most, errors = wait_until_running(server, futures, clients, since, 60.0 + 0.5 * clients)
+    if most < clients:
         server.post("/abort_request", {"abort_all": True}, timeout=30)
         ex.shutdown(wait=True, cancel_futures=True)
-        return {"error": f"the load of {clients} requests never ran whole (at most {running} in the decode log "
+        return {"error": f"the load of {clients} requests never ran whole (at most {most} in the decode log "
                          f"lines)", "load_errors": errors[:3], "log_tail": server.tail(20)}
     time.sleep(0.5)  # a few steps more: the batch settled
     d = os.path.join(out_dir, f"{server.name}_c{clients}")

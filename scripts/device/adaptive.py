@@ -339,6 +339,7 @@ def main():
         models = model_layout(args.models)
         target, prompts = pair_prompts(models)
         spec = lambda algo, d: bench.spec_args(target, algo, os.path.join(models, d), *bench.ADAPTIVE_PAIR_ARGS)
+        cap128 = spec("DSPINE", "dspine") + ["--max-running-requests", "128"]  # the adaptive server's cap, fixed
         servers = {"plain": (["--model-path", target, *bench.ADAPTIVE_PAIR_ARGS], None),
                    "dflash": (spec("DFLASH", "dflash"), None),
                    "dspine": (spec("DSPINE", "dspine"), None), "dspine_adaptive": (spec("DSPINE", "dspine"),
@@ -350,16 +351,14 @@ def main():
                    # work, with shapes that cost and carry about the same: a menu of the block alone runs the fixed
                    # step), and fixed DSPINE with the adaptive server's cap of running requests
                    "dspine_adaptive_wide": (spec("DSPINE", "dspine"), {**ADAPTIVE_ENV, "SGLANG_DSPINE_SHAPES": "15"}),
-                   "dspine_cap128": (spec("DSPINE", "dspine") + ["--max-running-requests", "128"], None),
+                   "dspine_cap128": (cap128, None),
                    # 671b819: the cap of 128 alone cost fixed DSPINE 0.87 / 0.86x at 1 / 16 clients, where it is
                    # never reached; the same cap with the cap of 48's graphs (none captured above 48 requests)
-                   "dspine_cap128_graphs48": (spec("DSPINE", "dspine") + ["--max-running-requests", "128",
-                                                                          "--cuda-graph-max-bs-decode", "48"], None),
+                   "dspine_cap128_graphs48": (cap128 + ["--cuda-graph-max-bs-decode", "48"], None),
                    # the cap of 128 with admissions batched as a full cap of 48 batches them (SGLang's
                    # MinFreeSlotsDelayer: 4 at a time), by SGLang's own prefill delayer: a fresh prefill waits
                    # until int(0.09 x running) requests queue (4 at 48 running, none below 12), 100 ms at most
-                   "dspine_cap128_delayed": (spec("DSPINE", "dspine") + ["--max-running-requests", "128",
-                                                                         *ADMISSION_BATCHING_ARGS], None)}
+                   "dspine_cap128_delayed": (cap128 + ADMISSION_BATCHING_ARGS, None)}
         servers = with_split_kv(servers)
         for name in filter(None, args.pair_servers.split(",")) if "pair" in phases else ():
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)

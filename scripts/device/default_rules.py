@@ -211,15 +211,32 @@ def upkeep(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]:
     return ok, f"graphs ÷ eager upkeep, geometry {fmt(geo)} (>= 0.98), pair {pair} (not judged); {why}"
 
 
+PASS_SPREAD = 0.05  # the largest difference the pair rules allow between a baseline's two instances (one a pass)
+
+
+def _both_passes(run: dict, rep2: dict | None, num: str, den: str, clients=(1, 16),
+                 spread_at=(1, 16)) -> list[dict[int, float]]:
+    """num ÷ den on the pair in each pass, each holding `clients`. Undecided where `den`'s two instances differ by
+    more than PASS_SPREAD at a client count of `spread_at`: identical servers started twice have differed by up to
+    28% on the pair (97513c7), more than the effects these rules look for."""
+    if rep2 is None:
+        raise Undecided("no second pass of the pair")
+    passes = [ratios(p, "pair", num, den) for p in (run, rep2)]
+    if not all(set(clients) <= set(p) for p in passes):
+        raise Undecided(f"the pair's passes lack one of {'/'.join(map(str, clients))} clients for {num}")
+    if spread_at:
+        a, b = (tokens_per_s(p, "pair", den) for p in (run, rep2))
+        spread = {c: abs(a[c] / b[c] - 1) for c in spread_at}
+        if max(spread.values()) > PASS_SPREAD:
+            raise Undecided(f"{den}'s two passes differ by {fmt(spread)} (> {PASS_SPREAD}): the pair is too noisy")
+    return passes
+
+
 def wrapper(run: dict, rep2: dict | None = None, **_) -> tuple[bool, str]:
     """A diagnosis, not a default: `met` says the adaptive step's own work (the policy's bookkeeping, its events and
     copies, the adaptive server's set-up) is what costs the host-bound pair; `not met` that its shape switching and
     exploration are."""
-    if rep2 is None:
-        raise Undecided("no second pass of the pair")
-    passes = [ratios(p, "pair", "dspine_adaptive_wide", "dspine") for p in (run, rep2)]
-    if not all({16, 48} <= set(p) for p in passes):
-        raise Undecided("the pair's passes lack 16 or 48 clients")
+    passes = _both_passes(run, rep2, "dspine_adaptive_wide", "dspine", clients=(16, 48), spread_at=())
     met = all(p[c] <= 0.90 for p in passes for c in (16, 48))
     extra = []
     for num, den in (("dspine_adaptive", "dspine_adaptive_wide"), ("dspine_cap128", "dspine")):
@@ -229,25 +246,6 @@ def wrapper(run: dict, rep2: dict | None = None, **_) -> tuple[bool, str]:
             extra.append(str(e))
     return met, (f"wide-menu adaptive ÷ fixed, pass 1 {fmt(passes[0])}, pass 2 {fmt(passes[1])} (<= 0.90 at 16 and "
                  f"48 in both: the adaptive step's own work); pass 1: {'; '.join(extra)}")
-
-
-PASS_SPREAD = 0.05  # the cap rules' largest difference between fixed DSPINE's two instances (one a pass)
-
-
-def _both_passes(run: dict, rep2: dict | None, num: str, den: str) -> list[dict[int, float]]:
-    """num ÷ den on the pair in each pass, each holding 1 and 16 clients. Undecided where `den`'s two instances
-    differ by more than PASS_SPREAD at 1 or 16 clients: identical servers started twice have differed by up to
-    28% on the pair (97513c7), more than the effects these rules look for."""
-    if rep2 is None:
-        raise Undecided("no second pass of the pair")
-    passes = [ratios(p, "pair", num, den) for p in (run, rep2)]
-    if not all({1, 16} <= set(p) for p in passes):
-        raise Undecided(f"the pair's passes lack 1 or 16 clients for {num}")
-    a, b = (tokens_per_s(p, "pair", den) for p in (run, rep2))
-    spread = {c: abs(a[c] / b[c] - 1) for c in (1, 16)}
-    if max(spread.values()) > PASS_SPREAD:
-        raise Undecided(f"{den}'s two passes differ by {fmt(spread)} (> {PASS_SPREAD}): the pair is too noisy")
-    return passes
 
 
 def cap_cost(run: dict, rep2: dict | None = None, **_) -> tuple[bool, str]:
@@ -271,14 +269,7 @@ def cap_graphs(run: dict, rep2: dict | None = None, **_) -> tuple[bool, str]:
 
 def admission(run: dict, rep2: dict | None = None, **_) -> tuple[bool, str]:
     """The cap of 128 with admissions batched by SGLang's prefill delayer, against the same cap without."""
-    if rep2 is None:
-        raise Undecided("no second pass of the pair")
-    passes = [ratios(p, "pair", "dspine_cap128_delayed", "dspine_cap128") for p in (run, rep2)]
-    if not all({1, 16, 48} <= set(p) for p in passes):
-        raise Undecided("the pair's passes lack 1, 16 or 48 clients for dspine_cap128_delayed")
-    a, b = (tokens_per_s(p, "pair", "dspine_cap128") for p in (run, rep2))
-    if abs(a[48] / b[48] - 1) > PASS_SPREAD:
-        raise Undecided(f"dspine_cap128's two passes differ by {abs(a[48] / b[48] - 1):.3f} at 48 (> {PASS_SPREAD})")
+    passes = _both_passes(run, rep2, "dspine_cap128_delayed", "dspine_cap128", clients=(1, 16, 48), spread_at=(48,))
     met = all(p[48] >= 1.10 and p[1] >= 0.97 and p[16] >= 0.97 for p in passes)
     return met, (f"delayed ÷ undelayed (cap 128), pass 1 {fmt(passes[0])}, pass 2 {fmt(passes[1])} (>= 1.10 at 48, "
                  f">= 0.97 at 1 and 16, both passes)")
