@@ -424,6 +424,35 @@ def test_adaptive_merge_projects_each_attention_backend_on_its_own_plain_step(tm
                                                                                    "chain16")
 
 
+def test_adaptive_merge_projects_each_tree_from_its_own_server(tmp_path):
+    """The trees of 32 and 64 side by side: each tree's E comes from the pair's adaptive server with that tree in
+    its menu, its step from the geometry's such server, and neither tree's cells borrow the other's (the tree of
+    64 wins at 1 client on its own numbers, the tree of 32 does not)."""
+    table = {"1": {"none": 5.0, "chain16": 8.0}, "64": {"none": 20.0, "chain16": 60.0}}
+    accept = {"none": 1.0, "chain16": 3.0}
+    cell = lambda tps, tau=None: {"tokens_per_s": {"median": tps, "min": tps, "max": tps}, "tau": tau}
+    tree = lambda n, e: {"t0": {"1": {**cell(90.0, e), "policy": {"expected_tokens": {**accept, f"tree{n}": e}}}}}
+    with_step = lambda n, ms: {"policy_last": {"step_ms": {k: {**v, f"tree{n}": ms[k]} for k, v in table.items()}}}
+    run = {"provenance": {"gpu": "G", "commit": "c"},
+           "pair": {"dspine_adaptive": {"t0": {"1": {**cell(100.0, 3.0), "policy": {"expected_tokens": accept}}}},
+                    "dspine_adaptive_tree32": tree(32, 3.1), "dspine_adaptive_tree64": tree(64, 4.5)},
+           "geometry": {"plain": {"t0": {"1": cell(200.0), "48": cell(4800.0)}},
+                        "dspine_adaptive": {"policy_last": {"step_ms": table}},
+                        "dspine_adaptive_tree32": with_step(32, {"1": 8.4, "64": 70.0}),
+                        "dspine_adaptive_tree64": with_step(64, {"1": 9.0, "64": 120.0})}}
+    out = merged_summary(tmp_path, run)
+    assert out["projection_acceptance"]["geometry_projection"]["dspine"] == {**accept, "tree32": 3.1, "tree64": 4.5}
+    assert out["geometry_step_ms"]["dspine_shapes_tree64"]["1"] == {"none": 5.0, "chain16": 8.0, "tree64": 9.0}
+    one, many = out["geometry_projection"]["1"], out["geometry_projection"]["48"]
+    assert (one["dspine_tree64"], one["adaptive_shape_tree64"]) == (500.0, "tree64")  # 4.5 / 9.0 beats 3 / 8
+    assert (one["dspine_tree32"], one["adaptive_shape_tree32"]) == (round(1000 * 3.1 / 8.4, 1), "chain16")
+    assert one["dspine_adaptive_tree32"] == one["dspine"] == 375.0
+    assert many["dspine_tree64"] == 1800.0 and many["adaptive_shape_tree64"] == "none"  # 48 x 4.5 / 120
+    goals = {g["goal"]: g["verdict"] for g in out["goals"]}
+    assert goals["geometry_projection/dspine_adaptive_tree64: >= 1.15x block at 1 client"] == "met"  # 500 / 375
+    assert goals["geometry_projection/dspine_adaptive_tree32: >= 1.15x block at 1 client"] == "not met"
+
+
 def test_adaptive_merge_projects_the_geometry_step_table_with_each_acceptance(tmp_path):
     """scripts/device/adaptive.py --merge on a run of its own making: the geometry's step table (ms per batch
     bucket and shape) times E(shape) gives tokens/s per client count, for the pair's served acceptance and for

@@ -89,10 +89,12 @@ def test_the_kernel_matches_the_reference(rows, splits):
 
 
 @pytest.mark.parametrize("splits", [1, 4])
-def test_a_tree_sees_its_ancestors_and_the_context(splits):
+@pytest.mark.parametrize("rows", [8, 64])
+def test_a_tree_sees_its_ancestors_and_the_context(splits, rows):
     """With a tree's mask the rows' own block follows it (the reference against attention written out over each
-    row's context and ancestors), and the kernel matches the reference; a tree that is a chain gives causal."""
-    rows, contexts = 8, [5, 70, 33]
+    row's context and ancestors), and the kernel matches the reference; a tree that is a chain gives causal.
+    64 rows: the tree of 64, a tile of 256 rows at 4 query heads a KV head."""
+    contexts = [5, 70, 33]
     args = problem(rows, contexts, seed=11)
     mask, indptr = tree_mask(rows, contexts, seed=3, device=DEVICE)
     ref = va.grouped_verify_attention_torch(*args, rows=rows, sm_scale=0.2, mask=mask, mask_indptr=indptr)
@@ -153,10 +155,10 @@ def test_bad_inputs_are_refused_in_words():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 4, 16, 32])
+@pytest.mark.parametrize("rows", [1, 4, 16, 32, 64])
 def test_gpu_qwen3_8b_shapes_in_bf16(rows):
     """Qwen3-8B's heads (32 query, 8 KV, 128 dims) in bfloat16, split counts the server picks, chains and trees
-    (32 rows: the tree of 32's tile of 128)."""
+    (32 rows: the tree of 32's tile of 128; 64: the tree of 64's of 256)."""
     contexts = [576, 1, 2000, 333]
     args = problem(rows, contexts, h_q=32, h_kv=8, dim=128, pool=4096, dtype=torch.bfloat16, seed=rows)
     ref = va.grouped_verify_attention_torch(*args, rows=rows, sm_scale=128 ** -0.5)

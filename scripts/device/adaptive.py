@@ -2,8 +2,9 @@
 
 Phases (`--phases`, in order; each server's cell is written to the JSON as soon as it is measured, and a rerun
 with the same --out skips the servers already there, so a lost machine loses one server's work at most):
-  pair      the built-in pair (or --models): plain, DFLASH, DSPINE at the block, the tree of 32 (`dspine_tree32`),
-            DSPINE adaptive (also with the tree in its menu: `dspine_adaptive_tree32`), each DSPINE server
+  pair      the built-in pair (or --models): plain, DFLASH, DSPINE at the block, the trees of 32 and 64
+            (`dspine_tree32`, `dspine_tree64`), DSPINE adaptive (also with a tree in its menu:
+            `dspine_adaptive_tree32`, `dspine_adaptive_tree64`), each DSPINE server
             again under SGLANG_DSPINE_SPLITKV_VERIFY=1 (`_splitkv`), =grouped (`_grouped`, patch 10, the default
             since a69f10b; a tree's too since the lease at 671b819, so `dspine_tree32` before it is the extend
             kernel's, `dspine_tree32_extend` after) and =0 (`_extend`, SGLang's extend kernel) and each adaptive
@@ -18,7 +19,7 @@ with the same --out skips the servers already there, so a lost machine loses one
   geometry  Qwen3-8B geometry, random weights (--load-format dummy): plain, DSPINE at the block and adaptive
             (each also `_splitkv`, adaptive also `_below_block`; plain, DSPINE and adaptive also on SGLang's
             `_fa3` and `_flashinfer` attention backends, sampling still pytorch), and adaptive with the tree of 32
-            in its menu (its table times the tree too)
+            or of 64 in its menu (its table times the tree too)
             alone; tokens/s per client count, and the adaptive servers' own step-time
             tables per (batch bucket, shape), which their policies measured online (every shape is run a few
             times per bucket before it decides); projected tokens/s with the pair's acceptance per width.
@@ -61,9 +62,9 @@ from benchmarks.greedy_divergence import GREEDY_ASKED, pair_prompts  # noqa: E40
 from benchmarks.serve_e2e import greedy_agreement, load_test, max_gap, model_layout, t1_test  # noqa: E402
 
 ADAPTIVE_ENV = {"SGLANG_DSPINE_VERIFY": "adaptive"}
-# the issue's tree of 32 (31 nodes over the lattice; the drafter folder holds its tree calibration), served fixed
-# and in the adaptive menu
-TREE32 = (["--speculative-num-draft-tokens", "32"], {"SGLANG_DSPINE_TREE": "1"})
+# the issue's trees of 32 and 64 (N - 1 nodes over the lattice; the drafter folder holds its tree calibration),
+# served fixed and in the adaptive menu: (arguments, environment) per N
+TREES = {n: (["--speculative-num-draft-tokens", str(n)], {"SGLANG_DSPINE_TREE": "1"}) for n in (32, 64)}
 SPLIT_KV_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "1"}  # the chain verifies on SGLang's split-KV kernel (patch 8)
 # the adaptive server's shapes narrower than the block on the split-KV kernel, the block on the extend kernel
 BELOW_BLOCK_ENV = {"SGLANG_DSPINE_SPLITKV_VERIFY": "below-block"}
@@ -78,6 +79,16 @@ ADMISSION_BATCHING_ARGS = ["--enable-prefill-delayer", "--prefill-delayer-queue-
                            "--prefill-delayer-max-delay-ms", "100"]
 # SGLang's own attention backends for the geometry's step table beside the scripts' triton (issue 57's 5(b))
 OTHER_BACKENDS = ("fa3", "flashinfer")
+
+
+def tree_servers(dspine_args: list[str]) -> dict:
+    """Per tree of TREES, fixed DSPINE serving it (`dspine_treeN`) and the adaptive server with it in its menu
+    (`dspine_adaptive_treeN`), from fixed DSPINE's arguments."""
+    out = {}
+    for n, (args, env) in TREES.items():
+        out[f"dspine_tree{n}"] = (dspine_args + args, env)
+        out[f"dspine_adaptive_tree{n}"] = (dspine_args + args, {**ADAPTIVE_ENV, **env})
+    return out
 
 
 def with_split_kv(servers: dict) -> dict:
@@ -344,8 +355,7 @@ def main():
                    "dflash": (spec("DFLASH", "dflash"), None),
                    "dspine": (spec("DSPINE", "dspine"), None), "dspine_adaptive": (spec("DSPINE", "dspine"),
                                                                                   ADAPTIVE_ENV),
-                   "dspine_tree32": (spec("DSPINE", "dspine") + TREE32[0], TREE32[1]),
-                   "dspine_adaptive_tree32": (spec("DSPINE", "dspine") + TREE32[0], {**ADAPTIVE_ENV, **TREE32[1]}),
+                   **tree_servers(spec("DSPINE", "dspine")),
                    # where the adaptive server's time goes on the host-bound pair (84ba46f: 0.55-0.97x fixed): its
                    # step with a menu of the block and chain15 (the policy's bookkeeping and the adaptive step's
                    # work, with shapes that cost and carry about the same: a menu of the block alone runs the fixed
@@ -390,7 +400,7 @@ def main():
                    "dspine": (bench.spec_args(target, "DSPINE", drafters["dspine"], *common,
                                               "--speculative-draft-load-format", "safetensors"), None)}
         servers["dspine_adaptive"] = (servers["dspine"][0], ADAPTIVE_ENV)
-        servers["dspine_adaptive_tree32"] = (servers["dspine"][0] + TREE32[0], {**ADAPTIVE_ENV, **TREE32[1]})
+        servers.update({n: v for n, v in tree_servers(servers["dspine"][0]).items() if "adaptive" in n})
         servers = with_backends(with_split_kv(servers), ("plain", "dspine", "dspine_adaptive"))
         for name in filter(None, args.geometry_servers.split(",")):
             run_alone(res, "geometry", name, *servers[name], prompts, args, out_path)
@@ -481,7 +491,8 @@ def goals(summary: dict, switching_run: dict | None) -> list[dict]:
                     "at every client count measured"})
     for key in PROJECTIONS:
         proj = summary.get(key) or {}
-        for adaptive in ("dspine_adaptive", "dspine_adaptive_tree32", "dspine_adaptive_tree32_grouped"):
+        for adaptive in ("dspine_adaptive", "dspine_adaptive_tree32", "dspine_adaptive_tree32_grouped",
+                         "dspine_adaptive_tree64"):
             cells = {c: row for c, row in proj.items() if adaptive in row and "dspine" in row and "plain" in row}
             if adaptive != "dspine_adaptive" and not cells:  # a tree server that did not run
                 continue
@@ -503,8 +514,9 @@ def goals(summary: dict, switching_run: dict | None) -> list[dict]:
     return out
 
 
-PROJECTED = ("plain", "dflash", "dspine", "dspine_tree32", "dspine_tree32_grouped", "dspine_splitkv",
-             "dspine_adaptive", "dspine_adaptive_tree32", "dspine_adaptive_tree32_grouped", "dspine_adaptive_splitkv",
+PROJECTED = ("plain", "dflash", "dspine", "dspine_tree32", "dspine_tree32_grouped", "dspine_tree64", "dspine_splitkv",
+             "dspine_adaptive", "dspine_adaptive_tree32", "dspine_adaptive_tree32_grouped", "dspine_adaptive_tree64",
+             "dspine_adaptive_splitkv",
              "dspine_adaptive_below_block",
              "dspine_adaptive_below_block_composed",
              *(f"{n}_{b}" for b in OTHER_BACKENDS for n in ("plain", "dspine", "dspine_adaptive")))
@@ -529,8 +541,8 @@ def plot(summary: dict, path: str, named: dict) -> None:
     fig, axes = plt.subplots(1, 1 + len(projs), figsize=(5.5 * (1 + len(projs)), 4.5), squeeze=False)
     style = lambda name: {"marker": "o", "linestyle": "--" if "adaptive" in name else "-", "label": name}
     ax = axes[0][0]
-    for name in ("plain", "dflash", "dspine", "dspine_tree32", "dspine_splitkv", "dspine_adaptive",
-                 "dspine_adaptive_tree32", "dspine_adaptive_below_block"):
+    for name in ("plain", "dflash", "dspine", "dspine_tree32", "dspine_tree64", "dspine_splitkv", "dspine_adaptive",
+                 "dspine_adaptive_tree32", "dspine_adaptive_tree64", "dspine_adaptive_below_block"):
         cs = [c for c in sorted(e2e) if name in e2e[c]]
         if not cs:
             continue
@@ -590,8 +602,8 @@ def summarize(res: dict) -> dict:
     # the extend-kernel verify, SGLang's split-KV kernel (patch 8), and the table of a server with the tree in
     # its menu (it times the tree beside the chains)
     tables = {suffix: cost_table(geo.get(f"dspine_adaptive{suffix}", {}).get("policy_last"))
-              for suffix in ("", "_splitkv", "_tree32", "_tree32_grouped", "_below_block", "_grouped", "_extend",
-                             "_eager_upkeep", "_upkeep_graphs")}
+              for suffix in ("", "_splitkv", "_tree32", "_tree32_grouped", "_tree64", "_below_block", "_grouped",
+                             "_extend", "_eager_upkeep", "_upkeep_graphs")}
     if not tables["_below_block"] and tables[""] and tables["_splitkv"]:
         # not served yet: each shape's graphs are its own, so the narrower shapes' steps under split-KV and the
         # block's under the extend kernel are what SGLANG_DSPINE_SPLITKV_VERIFY=below-block would run
@@ -682,18 +694,20 @@ def projection_sources(res: dict) -> dict:
 
     out = {}
     pair = res.get("pair", {})
-    with_tree = last_t0_expected_tokens("dspine_adaptive_tree32") or {}
+    with_trees = {n: last_t0_expected_tokens(f"dspine_adaptive_tree{n}") or {} for n in TREES}
     accept, server = last_t0_expected_tokens("dspine_adaptive"), "dspine_adaptive"
-    if not accept and with_tree:  # the tree server's chains learn the same per-position acceptance
-        accept, server = {k: v for k, v in with_tree.items() if k != "tree32"}, "dspine_adaptive_tree32"
-    if accept and with_tree.get("tree32"):
-        accept = {**accept, "tree32": with_tree["tree32"]}  # the tree's own mean tokens a request on the pair
+    for n, with_tree in with_trees.items():
+        if not accept and with_tree:  # a tree server's chains learn the same per-position acceptance
+            accept, server = {k: v for k, v in with_tree.items() if k != f"tree{n}"}, f"dspine_adaptive_tree{n}"
+    for n, with_tree in with_trees.items():
+        if accept and with_tree.get(f"tree{n}"):  # the tree's own mean tokens a request on the pair
+            accept = {**accept, f"tree{n}": with_tree[f"tree{n}"]}
     if accept:
         taus = [v["tau"] for v in pair.get("dflash", {}).get("t0", {}).values() if v.get("tau")]
         out["geometry_projection"] = {
             "dspine": accept, "dflash_block": statistics.median(taus) if taus else None,
             "from": f"the built-in pair served: {server}'s per-position acceptance after its last T=0 cell "
-                    "(tree32: the adaptive tree server's mean tokens a tree step); DFLASH's tau, median over the "
+                    "(treeN: the adaptive treeN server's mean tokens a tree step); DFLASH's tau, median over the "
                     "pair's client counts"}
     if os.path.exists(RECIPE_LAB):
         lab = json.load(open(RECIPE_LAB))
@@ -714,7 +728,8 @@ def project(plain: dict, tables: dict, accept: dict, dflash_block: float | None)
     """Projected tokens/s per client count: plain's measured; DSPINE at the block, DSPINE adaptive (the shape of
     the step table's bucket with the most E(shape) / ms) and DFLASH (its E at the block over DSPINE's block step:
     the two steps measured 1.00-1.05x apart at this geometry) per table (`tables`: suffix -> step ms per bucket
-    and shape); from the tree server's table (`_tree32`), the tree of 32 fixed and adaptive with it."""
+    and shape); from a tree server's table (`_treeN`, `_treeN_<kernel>`), the tree of N fixed and adaptive with
+    it."""
     proj = {}
     for c, plain_ms in plain.items():
         cell_ = proj.setdefault(c, {"plain": round(1000 * int(c) / plain_ms, 1)})
@@ -724,10 +739,11 @@ def project(plain: dict, tables: dict, accept: dict, dflash_block: float | None)
             bucket = min((int(b) for b in table if int(b) >= int(c)), default=None)
             row = table.get(str(bucket)) or {}
             rates = {s: accept[s] / ms for s, ms in row.items() if s in accept}
-            if suffix.startswith("_tree32"):  # a tree server's other shapes are the plain table's again: only
-                if "tree32" not in rates:  # what the tree adds (an acceptance source without the tree: nothing)
+            if suffix.startswith("_tree"):  # a tree server's other shapes are the plain table's again: only
+                tree = suffix.split("_")[1]  # what the tree adds (an acceptance source without it: nothing)
+                if tree not in rates:
                     continue
-                cell_[f"dspine{suffix}"] = round(1000 * int(c) * rates["tree32"], 1)  # the tree of 32 fixed
+                cell_[f"dspine{suffix}"] = round(1000 * int(c) * rates[tree], 1)  # the tree fixed
             elif BLOCK in rates:
                 cell_[f"dspine{suffix}"] = round(1000 * int(c) * rates[BLOCK], 1)
                 if dflash_block:

@@ -80,35 +80,36 @@ OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 # 84ba46f ran the headline (benchmarks/results/adaptive_run_h100_84ba46f.json): every row of the issue but SGLang
-# 0.5.23 and the other attention backends. 671b819 (adaptive_run_h100_671b819*.json) answered two questions:
-#   - trees verify on the grouped kernel by default now (rule tree_grouped, met);
-#   - the adaptive server's loss on the host-bound pair is mostly its cap of 128 running requests: fixed DSPINE
-#     with that cap served 0.87 / 0.86 / 0.78x fixed DSPINE at 1 / 16 / 48 clients (one pass), about what the
-#     wide-menu adaptive server did (0.82-0.91x); the adaptive step itself cost 0-6% beyond it. Reading SGLang
-#     0.5.17 finds no per-step work that grows with the cap at 1 or 16 requests; at 48 SGLang's
-#     MinFreeSlotsDelayer batches a full cap's admissions (4 at a time), which a cap of 128 never triggers.
-# Its profile of the pair stalled (no load ran: serving_scale.profile now waits for the load in the log) and its
-# upkeep A/B ran out of lease. What is left, in the order a lease that ends early keeps the most (adaptive.py
-# skips what its JSON already has):
-#   1. the GPU tests (the tree's default kernel changed);
-#   2. the cap on the pair, two passes in opposite orders (~13 min): fixed DSPINE at 48, at 128, at 128 with
-#      the 48 cap's graphs (`dspine_cap128_graphs48`), and at 128 with SGLang's prefill delayer batching
-#      admissions (`dspine_cap128_delayed`), 1 / 16 / 48 clients: rules cap_cost, cap_graphs and admission
-#      (default_rules.py, written before this run);
-#   3. the upkeep graphs' A/B at the geometry (~5 min; rule upkeep);
-#   4. SGLang's FA3 and FlashInfer backends at the geometry (5(b), ~12 min).
+# 0.5.23, the other attention backends and the tree of 64. 671b819 (adaptive_run_h100_671b819*.json) made the
+# grouped kernel the trees' default (rule tree_grouped) and traced most of the adaptive server's loss on the
+# host-bound pair to its cap of 128 running requests (one pass: fixed DSPINE with that cap served 0.87 / 0.86 /
+# 0.78x fixed DSPINE at 1 / 16 / 48 clients; at 48 SGLang's MinFreeSlotsDelayer batches a full cap of 48's
+# admissions, 4 at a time, which a cap of 128 never triggers). What is left, in the order the issue needs it
+# (a lease that ends early keeps the first; adaptive.py skips what its JSON already has):
+#   1. the GPU tests (~2 min; the tree's default kernel changed, and the grouped kernel's tree of 64 is new);
+#   2. the tree of 64 (issue 57's 5(b) step table names it; ~4 min): its step at the geometry (the adaptive server
+#      with it in its menu times it beside the chains) and its acceptance on the pair (the same server's mean
+#      tokens a tree step after its last T=0 cell, as for the tree of 32: the projection's source, fixed now,
+#      before the run);
+#   3. SGLang's FA3 and FlashInfer backends at the geometry (5(b), ~10 min), every client count of the table;
+#   4. the cap on the pair, two passes in opposite orders (~10 min): fixed DSPINE at 48, at 128, and at 128 with
+#      SGLang's prefill delayer batching admissions (`dspine_cap128_delayed`), 1 / 16 / 48 clients: rules
+#      cap_cost and admission (default_rules.py, written before this run; cap_graphs, the cap with the 48 cap's
+#      graphs, waits: it is judged only where cap_cost is met);
+#   5. the upkeep graphs' A/B at the geometry (~5 min; rule upkeep), if the lease lasts.
 # SGLang 0.5.23 (its adaptive server has run on the CPU only) is a lease of its own: bundle_0523.sh plan's calls,
 # then `source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 bash scripts/device/versions.sh
 # triton/pytorch features e2e adaptive`.
 bash scripts/device/gpu_tests.sh > /dev/null 2>&1
 echo "issue57: GPU tests rc $?"; tail -2 "$OUT/gpu_tests.log"
+$A --phases geometry --geometry-servers dspine_adaptive_tree64 --clients 1,4,16,48,64
+$A --phases pair --pair-servers dspine_adaptive_tree64 --clients 1,4,16 --t1-clients ""
+$A --phases geometry --geometry-servers plain_fa3,dspine_adaptive_fa3,plain_flashinfer,dspine_adaptive_flashinfer \
+  --clients 1,4,16,48,64
 P=(--phases pair --clients 1,16,48 --t1-clients "")
-$A "${P[@]}" --pair-servers dspine,dspine_cap128,dspine_cap128_graphs48,dspine_cap128_delayed
+$A "${P[@]}" --pair-servers dspine,dspine_cap128,dspine_cap128_delayed
 mkdir -p "$OUT/rep2"  # the second pass in the opposite order
-python3 scripts/device/adaptive.py --out "$OUT/rep2" "${P[@]}" --pair-servers \
-  dspine_cap128_delayed,dspine_cap128_graphs48,dspine_cap128,dspine
+python3 scripts/device/adaptive.py --out "$OUT/rep2" "${P[@]}" --pair-servers dspine_cap128_delayed,dspine_cap128,dspine
 mkdir -p "$OUT/upkeep"
 python3 scripts/device/adaptive.py --out "$OUT/upkeep" --phases geometry --geometry-servers \
   dspine_adaptive,dspine_adaptive_upkeep_graphs --clients 1,48
-$A --phases geometry --geometry-servers plain_fa3,dspine_adaptive_fa3,plain_flashinfer,dspine_adaptive_flashinfer \
-  --clients 1,16,48
