@@ -595,7 +595,7 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     assert default_rules(tmp_path, run, pair(0.98), log) == {
         "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "met", "grouped": "met",
         "upkeep": "met", "adaptive": "met", "wrapper": "undecided", "tree_grouped": "undecided",
-        "cap_cost": "undecided", "cap_graphs": "undecided", "admission": "undecided"}
+        "cap_cost": "undecided", "cap_graphs": "undecided", "admission": "undecided", "tree64": "undecided"}
     # one threshold crossed at a time
     assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.79)}, pair(0.98), log)["new_cost"] \
         == "not met"
@@ -612,7 +612,7 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     assert default_rules(tmp_path, {**run, "geometry": geometry(none_share=0.97)}, pair(0.98), log) == {
         "new_cost": "met", "below_block": "met", "split_kv": "met", "floors": "not met", "grouped": "met",
         "upkeep": "met", "adaptive": "met", "wrapper": "undecided", "tree_grouped": "undecided",
-        "cap_cost": "undecided", "cap_graphs": "undecided", "admission": "undecided"}
+        "cap_cost": "undecided", "cap_graphs": "undecided", "admission": "undecided", "tree64": "undecided"}
     assert default_rules(tmp_path, {**run, "geometry": geometry(upkeep=0.975)}, pair(0.98), log)["upkeep"] \
         == "not met"  # the graphs 0.975x the eager upkeep at the geometry
     assert default_rules(tmp_path, {**run, "geometry": geometry(upkeep=0.985)}, pair(0.98), log)["upkeep"] == "met"
@@ -632,7 +632,7 @@ def test_default_rules_judge_each_default_from_the_runs_and_never_pass_without_d
     assert bare == {"new_cost": "undecided", "below_block": "undecided", "split_kv": "undecided",
                     "floors": "undecided", "grouped": "undecided", "upkeep": "undecided", "adaptive": "undecided",
                     "wrapper": "undecided", "tree_grouped": "undecided", "cap_cost": "undecided",
-                    "cap_graphs": "undecided", "admission": "undecided"}
+                    "cap_graphs": "undecided", "admission": "undecided", "tree64": "undecided"}
 
 
 def test_the_wrapper_diagnosis_and_the_grouped_tree_rule_follow_their_thresholds(tmp_path):
@@ -688,6 +688,45 @@ def test_the_cap_diagnoses_follow_their_thresholds(tmp_path):
     # fixed DSPINE's two instances 6% apart: more than the effect looked for, so neither rule decides
     assert default_rules(tmp_path, run(), run(fixed=1.06))["cap_cost"] == "undecided"
     assert default_rules(tmp_path, run(), run(fixed=1.05))["cap_cost"] == "met"
+
+
+def test_the_tree64_rule_compares_each_tree_within_its_own_table(tmp_path):
+    """`tree64`: the tree of 64 is recommended where E(tree64) / (its step ÷ chain16's) >= 1.05x the same for the
+    tree of 32 at 1 request (E from this run's pair, each step ratio within one geometry table), its greedy outputs
+    equal plain's on >= 17 of 24 prompts and the GPU tests passed. Without a tree32 table in the run, 671b819's
+    kept grouped tree server's (tree32 9.24 ms against chain16 8.99 at 1 request) and plain's greedy outputs."""
+    greedy = lambda equal: [[1, 2]] * equal + [[3, 4]] * (24 - equal)
+    e = lambda n, v: {"t0": {"1": {"policy": {"expected_tokens": {f"tree{n}": 99.0}}},
+                             "16": {"policy": {"expected_tokens": {"chain16": 3.0, f"tree{n}": v}}}}}
+    table = lambda n, tree_ms, chain_ms=10.0: {"policy_last": {"step_ms": {"1": {"chain16": chain_ms,
+                                                                                 f"tree{n}": tree_ms}}}}
+
+    def run(e64=5.0, step64=10.5, equal=18, tree32_table=True, plain=True):
+        out = {"pair": {"dspine_adaptive_tree32": e(32, 4.5), "dspine_adaptive_tree64": {**e(64, e64),
+                                                                                         "greedy_ids": greedy(equal)}},
+               "geometry": {"dspine_adaptive_tree64": table(64, step64)}}
+        if tree32_table:  # a table that runs 20% slower than tree64's: only the ratio within it counts
+            out["geometry"]["dspine_adaptive_tree32"] = table(32, 12.36, chain_ms=12.0)
+        if plain:
+            out["pair"]["plain"] = {"greedy_ids": greedy(24)}
+        return out
+
+    log = "....\n35 passed, 165 deselected in 135.37s\n"
+    # 5.0 / 1.05 = 4.762 against 4.5 / 1.03 = 4.369: 1.090x (the last T=0 cell's E, not the first's)
+    assert default_rules(tmp_path, run(), gpu_log=log)["tree64"] == "met"
+    assert default_rules(tmp_path, run(e64=4.8), gpu_log=log)["tree64"] == "not met"  # 1.046x
+    assert default_rules(tmp_path, run(equal=16), gpu_log=log)["tree64"] == "not met"
+    assert default_rules(tmp_path, run(), gpu_log="34 passed, 1 failed in 90s\n")["tree64"] == "not met"
+    assert default_rules(tmp_path, run())["tree64"] == "undecided"  # no GPU tests log
+    # 671b819's kept tree32 table (1.028x chain16) and its plain (the pair's first greedy answers)
+    kept = json.load(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                                       "results", "adaptive_run_h100_671b819.json")))["pair"]["plain"]["greedy_ids"]
+    fallback = run(tree32_table=False, plain=False)
+    fallback["pair"]["dspine_adaptive_tree64"]["greedy_ids"] = kept
+    assert default_rules(tmp_path, fallback, gpu_log=log)["tree64"] == "met"  # 4.762 / (4.5 / 1.0278) = 1.088x
+    fallback["pair"]["dspine_adaptive_tree64"]["greedy_ids"] = greedy(24)  # none equal to the kept plain's
+    assert default_rules(tmp_path, fallback, gpu_log=log)["tree64"] == "not met"
+    assert default_rules(tmp_path, {"pair": run()["pair"]}, gpu_log=log)["tree64"] == "undecided"  # no tables
 
 
 def test_the_admission_rule_follows_its_thresholds(tmp_path):

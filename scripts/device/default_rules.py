@@ -56,6 +56,15 @@ Rules (each ratio is of median tokens/s, each server alone on the GPU, T=0):
                  100: fresh admissions batched, as a full cap of 48 batches them) if `dspine_cap128_delayed` serves
                  >= 1.10x `dspine_cap128` at 48 clients and >= 0.97x it at 1 and 16 in both passes of the pair
                  (undecided where dspine_cap128's two passes differ by more than 5% at 48);
+  tree64         (written 2026-12-07, stop 73, before the lease that runs it) the docs' recommended tree for an
+                 adaptive server (SGLANG_DSPINE_TREE=1, --speculative-num-draft-tokens N) becomes N = 64, from 32,
+                 if the GPU tests pass (the grouped kernel's 64-row tile among them), on the pair the adaptive tree64
+                 server's greedy outputs equal plain's (this run's plain, else 671b819's kept one, which equals
+                 84ba46f's on 24/24) on >= 17 of 24 prompts, and at 1 request E(tree64) / (tree64 step ÷ chain16
+                 step) >= 1.05x the same for the tree of 32: E from each adaptive tree server on the pair in this
+                 run (its mean tokens a tree step after its last T=0 cell), each step ratio from one geometry table
+                 (tree64's from this run, tree32's from this run or else 671b819's grouped tree server), so that
+                 leases compare only within a table;
   adaptive       adaptive becomes the server default if on the pair it serves >= 0.97x fixed DSPINE at 1, 16 and 48
                  clients in both passes, and at the geometry >= fixed DSPINE at every client count (the adaptive
                  server the below_block rule makes the default).
@@ -305,9 +314,45 @@ def tree_grouped(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]
                 f"(>= {TREE32_GREEDY_84BA46F - 1}); {why}")
 
 
+_KEPT_671B819 = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                             "benchmarks", "results", "adaptive_run_h100_671b819.json")
+
+
+def _kept_671b819() -> dict:
+    return json.load(open(_KEPT_671B819)) if os.path.exists(_KEPT_671B819) else {}
+
+
+def tree_value_at_1(run: dict, n: int, table_run: dict, table_server: str) -> tuple[float, str]:
+    """E(treeN) on the pair over the tree's step in chain16 steps at 1 request (one table), and how it was read."""
+    cells = run.get("pair", {}).get(f"dspine_adaptive_tree{n}", {}).get("t0", {})
+    last = cells[max(cells, key=int)] if cells else {}
+    e = ((last.get("policy") or {}).get("expected_tokens") or {}).get(f"tree{n}")
+    if not e:
+        raise Undecided(f"no tree{n} acceptance from dspine_adaptive_tree{n} on the pair")
+    tree, block = (policy_step(table_run, table_server, s).get(1) for s in (f"tree{n}", "chain16"))
+    if not tree or not block:
+        raise Undecided(f"no 1-request tree{n} and chain16 steps in {table_server}'s table")
+    return e * block / tree, f"tree{n} E {e:.2f}, step {tree / block:.3f}x chain16"
+
+
+def tree64(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]:
+    """Which tree the docs recommend for an adaptive server at low load: 64 over 32 where it carries more per
+    chain16 step (the module docstring's rule)."""
+    v64, why64 = tree_value_at_1(run, 64, run, "dspine_adaptive_tree64")
+    in_run = "dspine_adaptive_tree32" in run.get("geometry", {})
+    v32, why32 = tree_value_at_1(run, 32, run if in_run else _kept_671b819(),
+                                 "dspine_adaptive_tree32" if in_run else "dspine_adaptive_tree32_grouped")
+    plain = run.get("pair", {}).get("plain") or _kept_671b819().get("pair", {}).get("plain")
+    same, n = greedy_equal({"pair": {**run.get("pair", {}), "plain": plain or {}}}, "dspine_adaptive_tree64")
+    tests, why = gpu_tests_passed(gpu_log)
+    ok = tests and same >= 17 and v64 >= 1.05 * v32
+    return ok, (f"value 64 ÷ 32 {v64 / v32:.3f} (>= 1.05; {why64}; {why32}); greedy = plain {same}/{n} (>= 17); "
+                f"{why}")
+
+
 RULES = {"new_cost": new_cost, "below_block": below_block, "split_kv": split_kv, "floors": floors,
          "grouped": grouped, "upkeep": upkeep, "adaptive": adaptive, "wrapper": wrapper, "tree_grouped": tree_grouped,
-         "cap_cost": cap_cost, "cap_graphs": cap_graphs, "admission": admission}
+         "cap_cost": cap_cost, "cap_graphs": cap_graphs, "admission": admission, "tree64": tree64}
 
 
 def decide(run: dict, rep2: dict | None = None, summary: dict | None = None, gpu_log: str | None = None) -> dict:

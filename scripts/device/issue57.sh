@@ -87,10 +87,11 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 # admissions, 4 at a time, which a cap of 128 never triggers). What is left, in the order the issue needs it
 # (a lease that ends early keeps the first; adaptive.py skips what its JSON already has):
 #   1. the GPU tests (~2 min; the tree's default kernel changed, and the grouped kernel's tree of 64 is new);
-#   2. the tree of 64 (issue 57's 5(b) step table names it; ~4 min): its step at the geometry (the adaptive server
+#   2. the tree of 64 (issue 57's 5(b) step table names it; ~5 min): its step at the geometry (the adaptive server
 #      with it in its menu times it beside the chains) and its acceptance on the pair (the same server's mean
 #      tokens a tree step after its last T=0 cell, as for the tree of 32: the projection's source, fixed now,
-#      before the run);
+#      before the run), beside the adaptive tree32 server's on the pair at the same client counts: rule tree64
+#      (default_rules.py, written before this run: which tree the docs recommend at low load);
 #   3. SGLang's FA3 and FlashInfer backends at the geometry (5(b), ~10 min), every client count of the table;
 #   4. the cap on the pair, two passes in opposite orders (~10 min): fixed DSPINE at 48, at 128, and at 128 with
 #      SGLang's prefill delayer batching admissions (`dspine_cap128_delayed`), 1 / 16 / 48 clients: rules
@@ -103,7 +104,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 bash scripts/device/gpu_tests.sh > /dev/null 2>&1
 echo "issue57: GPU tests rc $?"; tail -2 "$OUT/gpu_tests.log"
 $A --phases geometry --geometry-servers dspine_adaptive_tree64 --clients 1,4,16,48,64
-$A --phases pair --pair-servers dspine_adaptive_tree64 --clients 1,4,16 --t1-clients ""
+$A --phases pair --pair-servers dspine_adaptive_tree64,dspine_adaptive_tree32 --clients 1,4,16 --t1-clients ""
 $A --phases geometry --geometry-servers plain_fa3,dspine_adaptive_fa3,plain_flashinfer,dspine_adaptive_flashinfer \
   --clients 1,4,16,48,64
 P=(--phases pair --clients 1,16,48 --t1-clients "")
