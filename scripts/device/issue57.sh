@@ -92,25 +92,26 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 #      tokens a tree step after its last T=0 cell, as for the tree of 32: the projection's source, fixed now,
 #      before the run), beside the adaptive tree32 server's on the pair at the same client counts: rule tree64
 #      (default_rules.py, written before this run: which tree the docs recommend at low load);
-#   3. SGLang's FA3 and FlashInfer backends at the geometry (5(b), ~10 min), every client count of the table;
-#   4. the cap on the pair, two passes in opposite orders (~10 min): fixed DSPINE at 48, at 128, and at 128 with
-#      SGLang's prefill delayer batching admissions (`dspine_cap128_delayed`), 1 / 16 / 48 clients: rules
-#      cap_cost and admission (default_rules.py, written before this run; cap_graphs, the cap with the 48 cap's
-#      graphs, waits: it is judged only where cap_cost is met);
-#   5. the upkeep graphs' A/B at the geometry (~5 min; rule upkeep), if the lease lasts.
-# SGLang 0.5.23 (its adaptive server has run on the CPU only) is a lease of its own: bundle_0523.sh plan's calls,
-# then `source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 bash scripts/device/versions.sh
-# triton/pytorch features e2e adaptive`.
+#   3. the cap on the pair, two passes in opposite orders (~13 min): fixed DSPINE at 48, at 128, at 128 with the
+#      48 cap's graphs (`dspine_cap128_graphs48`), and at 128 with SGLang's prefill delayer batching admissions
+#      (`dspine_cap128_delayed`), 1 / 16 / 48 clients: rules cap_cost, cap_graphs and admission (default_rules.py,
+#      written before this run);
+#   4. the upkeep graphs' A/B at the geometry (~5 min; rule upkeep), if the lease lasts.
+# SGLang's FA3 and FlashInfer backends (5(b)) are not in this lease: the .devbundle leaves FA3's kernels out
+# (fa3_0517.sh carries them, ~1 GB in pieces) and FlashInfer's attention would JIT-build on the machine. SGLang
+# 0.5.23's pieces carry both (its fa3 and jit parts), so they run in the 0.5.23 lease, after its own checks:
+#   bundle_0523.sh plan's calls, then `source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 bash
+#   scripts/device/versions.sh triton/pytorch features e2e adaptive`, then the geometry's plain and adaptive
+#   servers on fa3 and flashinfer (adaptive.py --phases geometry --geometry-servers plain_fa3,...).
 bash scripts/device/gpu_tests.sh > /dev/null 2>&1
 echo "issue57: GPU tests rc $?"; tail -2 "$OUT/gpu_tests.log"
 $A --phases geometry --geometry-servers dspine_adaptive_tree64 --clients 1,4,16,48,64
 $A --phases pair --pair-servers dspine_adaptive_tree64,dspine_adaptive_tree32 --clients 1,4,16 --t1-clients ""
-$A --phases geometry --geometry-servers plain_fa3,dspine_adaptive_fa3,plain_flashinfer,dspine_adaptive_flashinfer \
-  --clients 1,4,16,48,64
 P=(--phases pair --clients 1,16,48 --t1-clients "")
-$A "${P[@]}" --pair-servers dspine,dspine_cap128,dspine_cap128_delayed
+$A "${P[@]}" --pair-servers dspine,dspine_cap128,dspine_cap128_graphs48,dspine_cap128_delayed
 mkdir -p "$OUT/rep2"  # the second pass in the opposite order
-python3 scripts/device/adaptive.py --out "$OUT/rep2" "${P[@]}" --pair-servers dspine_cap128_delayed,dspine_cap128,dspine
+python3 scripts/device/adaptive.py --out "$OUT/rep2" "${P[@]}" --pair-servers \
+  dspine_cap128_delayed,dspine_cap128_graphs48,dspine_cap128,dspine
 mkdir -p "$OUT/upkeep"
 python3 scripts/device/adaptive.py --out "$OUT/upkeep" --phases geometry --geometry-servers \
   dspine_adaptive,dspine_adaptive_upkeep_graphs --clients 1,48
