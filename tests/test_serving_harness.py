@@ -721,11 +721,13 @@ def test_the_tree64_rule_compares_each_tree_within_its_own_table(tmp_path):
     # 671b819's kept tree32 table (1.028x chain16) and its plain (the pair's first greedy answers)
     kept = json.load(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
                                        "results", "adaptive_run_h100_671b819.json")))["pair"]["plain"]["greedy_ids"]
-    fallback = run(tree32_table=False, plain=False)
+    fallback = {**run(tree32_table=False, plain=False), "provenance": {"gpu": "NVIDIA H100 80GB HBM3"}}
     fallback["pair"]["dspine_adaptive_tree64"]["greedy_ids"] = kept
     assert default_rules(tmp_path, fallback, gpu_log=log)["tree64"] == "met"  # 4.762 / (4.5 / 1.0278) = 1.088x
     fallback["pair"]["dspine_adaptive_tree64"]["greedy_ids"] = greedy(24)  # none equal to the kept plain's
     assert default_rules(tmp_path, fallback, gpu_log=log)["tree64"] == "not met"
+    fallback["provenance"]["gpu"] = "NVIDIA H200"  # 671b819's references are an H100's
+    assert default_rules(tmp_path, fallback, gpu_log=log)["tree64"] == "undecided"
     assert default_rules(tmp_path, {"pair": run()["pair"]}, gpu_log=log)["tree64"] == "undecided"  # no tables
 
 

@@ -64,7 +64,7 @@ Rules (each ratio is of median tokens/s, each server alone on the GPU, T=0):
                  step) >= 1.05x the same for the tree of 32: E from each adaptive tree server on the pair in this
                  run (its mean tokens a tree step after its last T=0 cell), each step ratio from one geometry table
                  (tree64's from this run, tree32's from this run or else 671b819's grouped tree server), so that
-                 leases compare only within a table;
+                 leases compare only within a table; undecided where 671b819's references are read on another GPU;
   adaptive       adaptive becomes the server default if on the pair it serves >= 0.97x fixed DSPINE at 1, 16 and 48
                  clients in both passes, and at the geometry >= fixed DSPINE at every client count (the adaptive
                  server the below_block rule makes the default).
@@ -340,9 +340,13 @@ def tree64(run: dict, gpu_log: str | None = None, **_) -> tuple[bool, str]:
     chain16 step (the module docstring's rule)."""
     v64, why64 = tree_value_at_1(run, 64, run, "dspine_adaptive_tree64")
     in_run = "dspine_adaptive_tree32" in run.get("geometry", {})
-    v32, why32 = tree_value_at_1(run, 32, run if in_run else _kept_671b819(),
+    kept = {} if in_run and "plain" in run.get("pair", {}) else _kept_671b819()
+    gpu = lambda r: (r.get("provenance") or {}).get("gpu")
+    if kept and gpu(run) != gpu(kept):  # a step ratio or a greedy answer of another card is no reference
+        raise Undecided(f"the run's GPU is {gpu(run)}, 671b819's reference {gpu(kept)}")
+    v32, why32 = tree_value_at_1(run, 32, run if in_run else kept,
                                  "dspine_adaptive_tree32" if in_run else "dspine_adaptive_tree32_grouped")
-    plain = run.get("pair", {}).get("plain") or _kept_671b819().get("pair", {}).get("plain")
+    plain = run.get("pair", {}).get("plain") or kept.get("pair", {}).get("plain")
     same, n = greedy_equal({"pair": {**run.get("pair", {}), "plain": plain or {}}}, "dspine_adaptive_tree64")
     tests, why = gpu_tests_passed(gpu_log)
     ok = tests and same >= 17 and v64 >= 1.05 * v32
