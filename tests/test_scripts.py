@@ -423,6 +423,11 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
         f"adaptive.py --out {adaptive_root} --phases pair,switching --pair-servers plain,dspine,dspine_adaptive "
         "--clients 1,16,48 --t1-clients 48 --switching-server dspine_adaptive"]
     log.unlink()
+    r = versions("triton/pytorch", "backends", release="0.5.23")  # by name only: 5(b) on FA3 and FlashInfer
+    assert r.returncode == 0 and log.read_text().splitlines() == [
+        f"adaptive.py --out {adaptive_root.parent / 'backends'} --phases geometry --geometry-servers "
+        "plain_fa3,dspine_adaptive_fa3,plain_flashinfer,dspine_adaptive_flashinfer --clients 1,4,16,48,64"]
+    log.unlink()
     for args, msg in ((["triton"], "want ATTENTION/SAMPLING"), (["triton/pytorch", "tests", "bench"], "unknown step bench")):
         r = versions(*args)
         assert r.returncode == 2 and msg in r.stderr and not log.exists()
@@ -430,6 +435,8 @@ def test_device_versions_runs_one_release_and_backend_pair(tmp_path):
     site = tmp_path / "site"
     (site / "sgl_kernel").mkdir(parents=True)
     r = versions("sglang-default/sglang-default", "scale", site=site)
+    assert r.returncode == 2 and "fa3_0517.sh setup" in r.stderr and not log.exists()
+    r = versions("triton/pytorch", "backends", site=site)  # its FA3 servers too, whatever the pair says
     assert r.returncode == 2 and "fa3_0517.sh setup" in r.stderr and not log.exists()
     versions("sglang-default/sglang-default", "tests", site=site)  # the GPU tests need no FA3
     assert log.read_text().startswith("gpu_tests.sh")

@@ -101,8 +101,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 # (fa3_0517.sh carries them, ~1 GB in pieces) and FlashInfer's attention would JIT-build on the machine. SGLang
 # 0.5.23's pieces carry both (its fa3 and jit parts), so they run in the 0.5.23 lease, after its own checks:
 #   bundle_0523.sh plan's calls, then `source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 bash
-#   scripts/device/versions.sh triton/pytorch features e2e adaptive`, then the geometry's plain and adaptive
-#   servers on fa3 and flashinfer (adaptive.py --phases geometry --geometry-servers plain_fa3,...).
+#   scripts/device/versions.sh triton/pytorch backends features e2e adaptive` (versions.sh's `backends` step:
+#   the geometry's plain and adaptive servers on fa3 and flashinfer).
 bash scripts/device/gpu_tests.sh > /dev/null 2>&1
 echo "issue57: GPU tests rc $?"; tail -2 "$OUT/gpu_tests.log"
 $A --phases geometry --geometry-servers dspine_adaptive_tree64 --clients 1,4,16,48,64

@@ -18,6 +18,10 @@
 #             harness's triton/pytorch backends whatever ATTENTION/SAMPLING say): plain, fixed DSPINE and adaptive at
 #             1 / 16 / 48 clients (T=1 at 48), then switching: greedy answers against plain and the T=1 two-sample
 #             test while the load varies, and a 1 -> 64 -> 1 ramp (~12 min; on 0.5.23 new in 97513c7)
+#   backends  (asked for by name only) issue 57's 5(b) on SGLang's own attention backends: at Qwen3-8B geometry, plain
+#             and adaptive DSPINE (its step table per shape) on FA3 and on FlashInfer, each alone, 1 / 4 / 16 / 48 /
+#             64 clients (adaptive.py --phases geometry; ~10 min; whatever ATTENTION/SAMPLING say: the backend is
+#             the server's name's). 0.5.23's pieces carry both backends; 0.5.17 needs FA3 carried (fa3_0517.sh)
 # A failed serving step (scale, features, e2e: a server that did not start, or a failed run) ends the run there: the
 # steps after it would start the same servers again (at 064fd69 every server failed the same way, for 10 minutes).
 # Results: $OUT/<release>_<attention>_<sampling>/{tests,scale,features,e2e,adaptive}/.
@@ -33,13 +37,14 @@ root="${OUT:-/tmp/out}/${release}_${attention}_${sampling}"
 servers="dflash,dspine"
 [ "$release" = 0.5.23 ] && servers="dflash,dspine,dflash2"
 for step in $steps; do
-  case "$step" in tests|scale|features|e2e|adaptive) ;;
-    *) echo "versions.sh: unknown step $step (tests, scale, features, e2e, adaptive)" >&2; exit 2 ;; esac
+  case "$step" in tests|scale|features|e2e|adaptive|backends) ;;
+    *) echo "versions.sh: unknown step $step (tests, scale, features, e2e, adaptive, backends)" >&2; exit 2 ;; esac
 done
 # 0.5.17's .devbundle leaves FA3 out (1.07 GB), SGLang's default attention on an H200: carried apart first
-if [ "$release" = 0.5.17 ] && { [ "$attention" = sglang-default ] || [ "$attention" = fa3 ]; } \
+if [ "$release" = 0.5.17 ] && { [ "$attention" = sglang-default ] || [ "$attention" = fa3 ] \
+     || [[ " $steps " == *" backends "* ]]; } \
    && [ "$steps" != tests ] && [ ! -f "${SGLANG_SITE:-/tmp/site}/sgl_kernel/flash_ops.abi3.so" ]; then
-  echo "versions.sh: 0.5.17 with $attention attention needs FA3, which the .devbundle leaves out: carry" \
+  echo "versions.sh: 0.5.17 with $attention attention (or the backends step) needs FA3, which the .devbundle leaves out: carry" \
     ".carry-store/fa3-0517 and run scripts/device/fa3_0517.sh setup first (its header says how)" >&2
   exit 2
 fi
@@ -58,6 +63,9 @@ for step in $steps; do
     adaptive) mkdir -p "$root/adaptive" && python3 scripts/device/adaptive.py --out "$root/adaptive" \
                 --phases pair,switching --pair-servers plain,dspine,dspine_adaptive --clients 1,16,48 \
                 --t1-clients 48 --switching-server dspine_adaptive ;;
+    backends) mkdir -p "$root/backends" && python3 scripts/device/adaptive.py --out "$root/backends" \
+                --phases geometry --geometry-servers \
+                plain_fa3,dspine_adaptive_fa3,plain_flashinfer,dspine_adaptive_flashinfer --clients 1,4,16,48,64 ;;
   esac
   r=$?
   echo "versions.sh: $release $pair $step rc $r in $(( $(date +%s) - t0 )) s" | tee -a "$root/steps.txt"
