@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 57 (verify shapes) in one detached job on the GPU machine, from the repo root (carry .devbundle):
-#   GIT_COMMIT=<hash> bash scripts/device/job.sh start l57 'bash scripts/device/issue57.sh'
+#   GIT_COMMIT=<hash> bash scripts/device/job.sh start l57 'bash scripts/device/issue57.sh'   # or `... headline`
 #   bash scripts/device/job.sh wait l57 540     # again within ~30 s of each return; $OUT/l57.tar.gz each time
 # What the leases at 6f41609 and c615dca (benchmarks/results/adaptive_run_h100_*.json) left, and what changed since
 # (cab6869: a step's cost is the larger of its settled wall time and its GPU time, medians, and every 500 decisions
@@ -79,6 +79,20 @@ set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
+if [ "${1:-}" = headline ]; then
+  # `issue57.sh headline`: every row of the issue at one commit, as 84ba46f ran it (now with a warm round a client
+  # count), for the summary the issue's "done when" asks for once the serving code stops changing; a lease that
+  # ends early leaves a run that a second lease at the same commit completes (adaptive.py skips what it has)
+  bash scripts/device/gpu_tests.sh > /dev/null 2>&1
+  echo "issue57 headline: GPU tests rc $?"; tail -2 "$OUT/gpu_tests.log"
+  $A --phases pair --pair-servers plain,dspine_adaptive,dspine,dflash,dspine_tree32 --clients 1,4,16,48,64 \
+    --t1-clients 1,48
+  $A --phases geometry --geometry-servers plain,dspine_adaptive --clients 1,4,16,48,64
+  $A --phases switching --switching-server dspine_adaptive
+  $A --phases pair --pair-servers dspine_adaptive_tree32,dspine_adaptive_tree64 --clients 1,4,16,48,64 --t1-clients ""
+  $A --phases geometry --geometry-servers dspine_adaptive_tree32,dspine_adaptive_tree64 --clients 1,4,16,48,64
+  exit 0
+fi
 # 84ba46f ran the headline (benchmarks/results/adaptive_run_h100_84ba46f.json): every row of the issue but SGLang
 # 0.5.23, the other attention backends and the tree of 64. 671b819 (adaptive_run_h100_671b819*.json) made the
 # grouped kernel the trees' default (rule tree_grouped) and traced most of the adaptive server's loss on the
