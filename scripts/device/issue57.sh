@@ -82,7 +82,13 @@ nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
 if [ "${1:-}" = headline ]; then
   # `issue57.sh headline`: every row of the issue at one commit, as 84ba46f ran it (now with a warm round a client
   # count), for the summary the issue's "done when" asks for once the serving code stops changing; a lease that
-  # ends early leaves a run that a second lease at the same commit completes (adaptive.py skips what it has)
+  # ends early leaves a run that a second lease at the same commit completes: `issue57.sh headline RUN_JSON`
+  # (the first lease's adaptive.json, carried) starts from it, and adaptive.py skips what it has
+  if [ -n "${2:-}" ]; then
+    had="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["provenance"]["commit"])' "$2")"
+    [ "$had" = "${GIT_COMMIT:-?}" ] || { echo "issue57 headline: $2 ran at $had, this lease at ${GIT_COMMIT:-?}" >&2; exit 2; }
+    cp "$2" "$OUT/adaptive.json"
+  fi
   bash scripts/device/gpu_tests.sh > /dev/null 2>&1
   echo "issue57 headline: GPU tests rc $?"; tail -2 "$OUT/gpu_tests.log"
   $A --phases pair --pair-servers plain,dspine_adaptive,dspine,dflash,dspine_tree32 --clients 1,4,16,48,64 \
