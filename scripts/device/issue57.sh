@@ -115,8 +115,8 @@ fi
 #   3. the cap on the pair, two passes in opposite orders (~9 min): fixed DSPINE at 48, at 128, and at 128 with
 #      SGLang's prefill delayer batching admissions (`dspine_cap128_delayed`), 1 / 16 / 48 clients: rules
 #      cap_cost and admission (default_rules.py, written before this run); the cap with the 48 cap's graphs
-#      (`dspine_cap128_graphs48`, rule cap_graphs, judged only where cap_cost is met) waits for a lease with time
-#      (this session's failed starts left ~21 device minutes);
+#      (`dspine_cap128_graphs48`, rule cap_graphs) waits: it is judged only where cap_cost is met, and its ~3
+#      minutes would push the second pass past a lease that refused starts have shortened (stop 73: 18 minutes);
 #   4. the upkeep graphs' A/B at the geometry (~5 min; rule upkeep), if the lease lasts.
 # SGLang's FA3 and FlashInfer backends (5(b)) are not in this lease: the .devbundle leaves FA3's kernels out
 # (fa3_0517.sh carries them, ~1 GB in pieces) and FlashInfer's attention would JIT-build on the machine. SGLang
