@@ -687,15 +687,10 @@ def projection_sources(res: dict) -> dict:
       - geometry_projection_recipe_lab: the recipe lab's pair offline (`RECIPE_LAB`): rounds accepting at least
         i drafts per position, mean over its seeds and suites; E(chainW) = 1 + the first W - 1 of them (no tree:
         the lab measured none)."""
-    def last_t0_expected_tokens(name: str) -> dict | None:  # the server's policy after its last T=0 cell
-        cells = pair.get(name, {}).get("t0", {})
-        last = cells[max(cells, key=int)] if cells else {}
-        return (last.get("policy") or {}).get("expected_tokens")
-
     out = {}
     pair = res.get("pair", {})
-    with_trees = {n: last_t0_expected_tokens(f"dspine_adaptive_tree{n}") or {} for n in TREES}
-    accept, server = last_t0_expected_tokens("dspine_adaptive"), "dspine_adaptive"
+    with_trees = {n: default_rules.last_t0_expected_tokens(res, f"dspine_adaptive_tree{n}") or {} for n in TREES}
+    accept, server = default_rules.last_t0_expected_tokens(res, "dspine_adaptive"), "dspine_adaptive"
     for n, with_tree in with_trees.items():
         if not accept and with_tree:  # a tree server's chains learn the same per-position acceptance
             accept, server = {k: v for k, v in with_tree.items() if k != f"tree{n}"}, f"dspine_adaptive_tree{n}"

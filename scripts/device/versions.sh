@@ -44,8 +44,8 @@ done
 if [ "$release" = 0.5.17 ] && { [ "$attention" = sglang-default ] || [ "$attention" = fa3 ] \
      || [[ " $steps " == *" backends "* ]]; } \
    && [ "$steps" != tests ] && [ ! -f "${SGLANG_SITE:-/tmp/site}/sgl_kernel/flash_ops.abi3.so" ]; then
-  echo "versions.sh: 0.5.17 with $attention attention (or the backends step) needs FA3, which the .devbundle leaves out: carry" \
-    ".carry-store/fa3-0517 and run scripts/device/fa3_0517.sh setup first (its header says how)" >&2
+  echo "versions.sh: 0.5.17 with $attention attention (or the backends step) needs FA3, which the .devbundle" \
+    "leaves out: carry .carry-store/fa3-0517 and run scripts/device/fa3_0517.sh setup first (its header says how)" >&2
   exit 2
 fi
 mkdir -p "$root"
