@@ -822,3 +822,27 @@ def _server_with_log(log):
     from types import SimpleNamespace
 
     return SimpleNamespace(text=lambda: open(log).read())
+
+
+def test_geometry_servers_give_the_tree_of_64_the_memory_its_graphs_need():
+    """scripts/device/adaptive.py's Qwen3-8B geometry servers: every one keeps 15% of the GPU beside the KV pool but
+    the adaptive servers with the tree of 64 in their menu, which keep 20% (at 0.85 it ran out of memory capturing its
+    graphs on an 80 GB H100, 61da15d); the rest of each server's arguments are the same as the tree of 32's."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import adaptive; "
+            "print(json.dumps({n: a for n, (a, e) in adaptive.geometry_servers('/t', '/d').items()}))")
+    out = subprocess.run([sys.executable, "-c", code, os.path.join(repo, "scripts", "device")], check=True,
+                         capture_output=True, text=True, cwd=repo).stdout
+    servers = json.loads(out)
+
+    def fraction(args):
+        return args[args.index("--mem-fraction-static") + 1]
+
+    tree64 = {n: fraction(a) for n, a in servers.items() if "tree64" in n}  # its kernel variants too
+    others = {n: fraction(a) for n, a in servers.items() if "tree64" not in n}
+    assert set(tree64.values()) == {"0.80"} and "dspine_adaptive_tree64" in tree64
+    assert set(others.values()) == {"0.85"} and {"plain", "dspine", "dspine_adaptive_tree32"} <= set(others)
+    t32, t64 = servers["dspine_adaptive_tree32"], servers["dspine_adaptive_tree64"]
+    width = t64.index("--speculative-num-draft-tokens") + 1
+    assert t64[width] == "64" and t32[width] == "32"
+    assert ["0.85" if x == "0.80" else x for x in [*t64[:width], "32", *t64[width + 1:]]] == t32

@@ -79,6 +79,17 @@ ADMISSION_BATCHING_ARGS = ["--enable-prefill-delayer", "--prefill-delayer-queue-
                            "--prefill-delayer-max-delay-ms", "100"]
 # SGLang's own attention backends for the geometry's step table beside the scripts' triton (issue 57's 5(b))
 OTHER_BACKENDS = ("fa3", "flashinfer")
+# The geometry's servers keep 15% of the GPU beside the KV pool (--mem-fraction-static 0.85). A menu with the tree of
+# 64 needs ~3.8 GB more of it: its verify graphs for 1-64 requests took 7.40 GB against the tree of 32's 3.65 GB, and
+# at 61da15d (H100 80 GB) capturing the last shape's graphs ran out of memory at 60 requests. 0.80 gives it ~4 GB
+# more, at ~9% of the KV pool's tokens (far more than 64 clients need; a step's cost does not depend on it).
+GEOMETRY_MEM_FRACTION = {"": "0.85", "tree64": "0.80"}
+
+
+def with_mem_fraction(args: list[str], fraction: str) -> list[str]:
+    """`args` with --mem-fraction-static's value replaced by `fraction` (refused where it is absent)."""
+    i = args.index("--mem-fraction-static")
+    return [*args[:i + 1], fraction, *args[i + 2:]]
 
 
 def tree_servers(dspine_args: list[str]) -> dict:
@@ -89,6 +100,20 @@ def tree_servers(dspine_args: list[str]) -> dict:
         out[f"dspine_tree{n}"] = (dspine_args + args, env)
         out[f"dspine_adaptive_tree{n}"] = (dspine_args + args, {**ADAPTIVE_ENV, **env})
     return out
+
+
+def geometry_servers(target: str, dspine: str) -> dict:
+    """The Qwen3-8B geometry's servers (random weights, `target` config only, `dspine` the drafter's folder):
+    name -> (arguments, environment)."""
+    common = ["--load-format", "dummy", "--skip-tokenizer-init", "--mem-fraction-static", GEOMETRY_MEM_FRACTION[""],
+              "--cuda-graph-max-bs-decode", "64", "--disable-prefill-cuda-graph"]
+    servers = {"plain": (["--model-path", target, *common], None),
+               "dspine": (bench.spec_args(target, "DSPINE", dspine, *common,
+                                          "--speculative-draft-load-format", "safetensors"), None)}
+    servers["dspine_adaptive"] = (servers["dspine"][0], ADAPTIVE_ENV)
+    servers.update({n: (with_mem_fraction(a, GEOMETRY_MEM_FRACTION["tree64"]) if n.endswith("tree64") else a, e)
+                    for n, (a, e) in tree_servers(servers["dspine"][0]).items() if "adaptive" in n})
+    return with_backends(with_split_kv(servers), ("plain", "dspine", "dspine_adaptive"))
 
 
 def with_split_kv(servers: dict) -> dict:
@@ -394,14 +419,7 @@ def main():
         target = scale.write_target(work, scale.GEOMETRIES["qwen3-8b"])
         drafters = scale.write_drafters(work, scale.GEOMETRIES["qwen3-8b"], scale.DRAFTER, "cuda")
         prompts = scale.random_prompts(64, 512, scale.GEOMETRIES["qwen3-8b"]["vocab_size"])
-        common = ["--load-format", "dummy", "--skip-tokenizer-init", "--mem-fraction-static", "0.85",
-                  "--cuda-graph-max-bs-decode", "64", "--disable-prefill-cuda-graph"]
-        servers = {"plain": (["--model-path", target, *common], None),
-                   "dspine": (bench.spec_args(target, "DSPINE", drafters["dspine"], *common,
-                                              "--speculative-draft-load-format", "safetensors"), None)}
-        servers["dspine_adaptive"] = (servers["dspine"][0], ADAPTIVE_ENV)
-        servers.update({n: v for n, v in tree_servers(servers["dspine"][0]).items() if "adaptive" in n})
-        servers = with_backends(with_split_kv(servers), ("plain", "dspine", "dspine_adaptive"))
+        servers = geometry_servers(target, drafters["dspine"])
         for name in filter(None, args.geometry_servers.split(",")):
             run_alone(res, "geometry", name, *servers[name], prompts, args, out_path)
         if "profile" in phases:  # where a step's time goes: 1 and 48 clients, a request's boundary
