@@ -83,7 +83,7 @@ OTHER_BACKENDS = ("fa3", "flashinfer")
 # 64 needs ~3.8 GB more of it: its verify graphs for 1-64 requests took 7.40 GB against the tree of 32's 3.65 GB, and
 # at 61da15d (H100 80 GB) capturing the last shape's graphs ran out of memory at 60 requests. 0.80 gives it ~4 GB
 # more, at ~9% of the KV pool's tokens (far more than 64 clients need; a step's cost does not depend on it).
-GEOMETRY_MEM_FRACTION = {"": "0.85", "tree64": "0.80"}
+GEOMETRY_MEM_FRACTION, TREE64_MEM_FRACTION = "0.85", "0.80"
 
 
 def with_mem_fraction(args: list[str], fraction: str) -> list[str]:
@@ -105,13 +105,13 @@ def tree_servers(dspine_args: list[str]) -> dict:
 def geometry_servers(target: str, dspine: str) -> dict:
     """The Qwen3-8B geometry's servers (random weights, `target` config only, `dspine` the drafter's folder):
     name -> (arguments, environment)."""
-    common = ["--load-format", "dummy", "--skip-tokenizer-init", "--mem-fraction-static", GEOMETRY_MEM_FRACTION[""],
+    common = ["--load-format", "dummy", "--skip-tokenizer-init", "--mem-fraction-static", GEOMETRY_MEM_FRACTION,
               "--cuda-graph-max-bs-decode", "64", "--disable-prefill-cuda-graph"]
     servers = {"plain": (["--model-path", target, *common], None),
                "dspine": (bench.spec_args(target, "DSPINE", dspine, *common,
                                           "--speculative-draft-load-format", "safetensors"), None)}
     servers["dspine_adaptive"] = (servers["dspine"][0], ADAPTIVE_ENV)
-    servers.update({n: (with_mem_fraction(a, GEOMETRY_MEM_FRACTION["tree64"]) if n.endswith("tree64") else a, e)
+    servers.update({n: (with_mem_fraction(a, TREE64_MEM_FRACTION) if n.endswith("tree64") else a, e)
                     for n, (a, e) in tree_servers(servers["dspine"][0]).items() if "adaptive" in n})
     return with_backends(with_split_kv(servers), ("plain", "dspine", "dspine_adaptive"))
 

@@ -108,7 +108,7 @@ fi
 # (a lease that ends early keeps the first; adaptive.py skips what its JSON already has):
 #   (61da15d, 15 device minutes after 8 refused starts, H100: the GPU tests passed (35) and the pair's two adaptive
 #   tree servers ran at 1 / 4 / 16 clients; the geometry's tree-64 server ran out of memory capturing its graphs at
-#   --mem-fraction-static 0.85, and now keeps 20% of the GPU (adaptive.py GEOMETRY_MEM_FRACTION); rerun from step 1,
+#   --mem-fraction-static 0.85, and now keeps 20% of the GPU (adaptive.py TREE64_MEM_FRACTION); rerun from step 1,
 #   adaptive.py skips nothing of this lease's since its JSON starts empty)
 #   1. the GPU tests (~3 min; the tree's default kernel changed, and the grouped kernel's tree of 64 is new);
 #   2. the tree of 64 (issue 57's 5(b) step table names it; ~5 min): its step at the geometry (the adaptive server
