@@ -18,13 +18,12 @@ import os
 import statistics
 import sys
 
-from sglang_dspine.provenance import changed_files
+from sglang_dspine.provenance import MEASURED_CODE, changed_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 HEADLINE = os.path.join(RESULTS, "headline.json")
 README = os.path.join(ROOT, "README.md")
-MEASURED_CODE = ("sglang_dspine", "kernels")
 BEGIN = ("<!-- headline table: generated from benchmarks/results/headline.json by "
          "`python -m benchmarks.headline_table`; edit the JSON, not this table -->")
 END = "<!-- end of headline table -->"

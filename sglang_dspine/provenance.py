@@ -1,10 +1,15 @@
-"""Provenance stamped on every benchmark result: command, git commit, GPU, versions, date."""
+"""Provenance stamped on every benchmark result: command, git commit, a digest of the code measured, GPU, versions,
+date."""
 from __future__ import annotations
 
 import datetime
 import os
 import subprocess
 import sys
+
+# what a measurement measured, as paths of a checkout (`changed_files`) and as the digest of the imported package
+# (`measured_code_digest`): the plugin, the drafter, the kernels
+MEASURED_CODE = ("sglang_dspine", "kernels")
 
 
 def git_commit() -> str:
@@ -34,6 +39,33 @@ def changed_files(since: str, until: str, paths: tuple[str, ...] | list[str]) ->
     return out.stdout.split() if out.returncode == 0 else None
 
 
+def measured_code_digest() -> str:
+    """A digest of the code a measurement ran: every file of the imported `sglang_dspine` package and of its
+    kernels (`sglang_dspine.kernels`, which the GPU machine lays out inside the package and a checkout keeps in
+    `kernels/`), by path relative to each and content, caches left out. Two runs with equal digests ran the same
+    serving code whatever their commits; the GPU machine has no git to say so (`changed_files`)."""
+    import hashlib
+    import importlib.util
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.find_spec("sglang_dspine.kernels")
+    kernels = os.path.abspath(list(spec.submodule_search_locations)[0]) if spec else None
+    h = hashlib.sha256()
+    for prefix, root in (("sglang_dspine", package), ("kernels", kernels)):
+        if root is None:
+            continue
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and os.path.join(folder, d) != kernels)
+            for f in sorted(files):
+                if f.endswith((".pyc", ".pyo")):
+                    continue
+                path = os.path.join(folder, f)
+                h.update(f"{prefix}/{os.path.relpath(path, root)}\0".encode())
+                h.update(open(path, "rb").read())
+                h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
 def provenance(argv: list[str] | None = None) -> dict:
     import torch
 
@@ -47,6 +79,7 @@ def provenance(argv: list[str] | None = None) -> dict:
     return {
         "command": " ".join(argv if argv is not None else sys.argv),
         "commit": git_commit(),
+        "measured_code": measured_code_digest(),
         "gpu": gpu,
         "versions": versions,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

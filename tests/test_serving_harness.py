@@ -6,6 +6,7 @@ import importlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -846,3 +847,96 @@ def test_geometry_servers_give_the_tree_of_64_the_memory_its_graphs_need():
     width = t64.index("--speculative-num-draft-tokens") + 1
     assert t64[width] == "64" and t32[width] == "32"
     assert ["0.85" if x == "0.80" else x for x in [*t64[:width], "32", *t64[width + 1:]]] == t32
+
+
+def test_measured_code_digest_follows_the_code_not_its_layout(tmp_path):
+    """sglang_dspine.provenance.measured_code_digest: the GPU machine lays the package out with the kernels inside
+    it (scripts/device/layout_package.sh), a checkout keeps them in kernels/; the same files give the same digest
+    either way, caches do not count, and one changed byte changes it."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = "from sglang_dspine.provenance import measured_code_digest as d; print(d())"
+
+    def digest(site):
+        env = {**os.environ, "PYTHONPATH": str(site)}
+        return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path,
+                              env=env).stdout.strip()
+
+    site = tmp_path / "site"
+    subprocess.run(["bash", os.path.join(repo, "scripts", "device", "layout_package.sh"), str(site)], check=True)
+    checkout = tmp_path / "checkout"
+    shutil.copytree(os.path.join(repo, "sglang_dspine"), checkout / "sglang_dspine",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(repo, "kernels"), checkout / "sglang_dspine" / "kernels",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    laid_out = digest(site)
+    assert len(laid_out) == 16 and digest(checkout) == laid_out
+    (site / "sglang_dspine" / "kernels" / "__pycache__").mkdir(exist_ok=True)
+    (site / "sglang_dspine" / "kernels" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"cache")
+    assert digest(site) == laid_out
+    env_py = site / "sglang_dspine" / "env.py"
+    env_py.write_text(env_py.read_text() + "\n")
+    assert digest(site) != laid_out
+
+
+def _adaptive_script():
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(repo, "scripts", "device"))
+    try:
+        import adaptive
+    finally:
+        sys.path.pop(0)
+    return adaptive
+
+
+def test_a_run_continues_an_earlier_one_only_on_its_card_and_its_code():
+    """scripts/device/adaptive.py on an $OUT/adaptive.json that holds an earlier run's cells (a second lease
+    continuing the first): refused on another GPU, or where the measured code differs (a run from before the digest:
+    where the commit differs); otherwise this run's provenance, the earlier one kept under `continues`."""
+    adaptive = _adaptive_script()
+    first = {"commit": "aaa", "gpu": "NVIDIA H100 80GB HBM3", "measured_code": "d1", "date": "1"}
+    same_code = {**first, "commit": "bbb", "date": "2"}
+    assert adaptive.continued_provenance({}, first, "p") == first
+    cont = adaptive.continued_provenance({"provenance": first}, same_code, "p")
+    assert cont == {**same_code, "continues": [first]}
+    third = {**same_code, "commit": "ccc", "date": "3"}
+    assert adaptive.continued_provenance({"provenance": cont}, third, "p")["continues"] == [first, same_code]
+    # another call of the same lease: nothing to keep
+    assert adaptive.continued_provenance({"provenance": first}, {**first, "date": "9"}, "p") == {**first, "date": "9"}
+    with pytest.raises(adaptive.RunMismatch, match="NVIDIA H200"):
+        adaptive.continued_provenance({"provenance": first}, {**same_code, "gpu": "NVIDIA H200"}, "p")
+    with pytest.raises(adaptive.RunMismatch, match="measured code differs"):
+        adaptive.continued_provenance({"provenance": first}, {**same_code, "measured_code": "d2"}, "p")
+    with pytest.raises(adaptive.RunMismatch, match="measured code differs"):  # the same commit, edited code
+        adaptive.continued_provenance({"provenance": first}, {**first, "measured_code": "d2"}, "p")
+    old = {k: v for k, v in first.items() if k != "measured_code"}
+    assert "continues" not in adaptive.continued_provenance({"provenance": old}, first, "p")
+    with pytest.raises(adaptive.RunMismatch, match="not recorded"):
+        adaptive.continued_provenance({"provenance": old}, same_code, "p")
+
+
+def test_adaptive_merge_refuses_two_cards_and_code_changes_unless_asked(tmp_path):
+    """`adaptive.py --merge`: runs from two GPUs never make one summary; runs at two commits whose measured code
+    (sglang_dspine, kernels) differs only with --across-code-changes, which the summary records (git on this
+    machine: 5509f56 -> aa1a580 changed no measured code, 84ba46f -> 5a5e0e7 changed the serving code)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def merge(*runs, extra=()):
+        paths = []
+        for i, prov in enumerate(runs):
+            p = tmp_path / f"run{i}.json"
+            p.write_text(json.dumps({"provenance": prov, "pair": {}}))
+            paths.append(str(p))
+        return subprocess.run([sys.executable, os.path.join(repo, "scripts", "device", "adaptive.py"), "--merge",
+                               *paths, "--out", str(tmp_path / "m"), *extra], capture_output=True, text=True)
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    out = merge({"gpu": h100, "commit": "5509f56"}, {"gpu": "NVIDIA H200", "commit": "5509f56"})
+    assert out.returncode != 0 and "one card a summary" in out.stderr
+    assert merge({"gpu": h100, "commit": "5509f56"}, {"gpu": h100, "commit": "aa1a580"}).returncode == 0
+    assert "measured_code_changed_since" not in json.loads((tmp_path / "m" / "adaptive_summary.json").read_text())
+    out = merge({"gpu": h100, "commit": "84ba46f"}, {"gpu": h100, "commit": "5a5e0e7"})
+    assert out.returncode != 0 and "sglang_dspine/serving/worker.py" in out.stderr
+    assert merge({"gpu": h100, "commit": "84ba46f"}, {"gpu": h100, "commit": "5a5e0e7"},
+                 extra=["--across-code-changes"]).returncode == 0
+    changed = json.loads((tmp_path / "m" / "adaptive_summary.json").read_text())["measured_code_changed_since"]
+    assert "sglang_dspine/serving/worker.py" in changed["84ba46f"]

@@ -48,7 +48,7 @@ import sys
 import threading
 import time
 
-from sglang_dspine.provenance import provenance
+from sglang_dspine.provenance import MEASURED_CODE, changed_files, provenance
 from sglang_dspine.serving.sglang_patches import verify_shapes_in_log
 from sglang_dspine.source_files import load_package
 
@@ -338,6 +338,33 @@ def run_alone(res, phase, name, args_, env, prompts, args, out_path, timeout=600
     json.dump(res, open(out_path, "w"), indent=1)
 
 
+class RunMismatch(SystemExit):
+    """An earlier run's JSON that this run must not add cells to."""
+
+
+def continued_provenance(res: dict, now: dict, path: str) -> dict:
+    """This run's provenance, for a JSON that may hold an earlier run's cells (a lease that continues another's,
+    or another call of the same lease). Its cells stay only where they describe what this run measures: the same
+    GPU, and the same commit or at least the same measured code (`measured_code`, a digest: the GPU machine has no
+    git). The earlier provenances are kept under `continues`, so no cell is credited to a commit it did not run."""
+    before = res.get("provenance")
+    if not before:
+        return now
+    if before.get("gpu") != now.get("gpu"):
+        raise RunMismatch(f"adaptive.py: {path} was measured on {before.get('gpu')!r}, this run is on "
+                          f"{now.get('gpu')!r}: numbers from two cards do not go in one run (use another --out)")
+    same_code = before.get("measured_code") == now.get("measured_code") if before.get("measured_code") else \
+        before.get("commit") == now.get("commit")  # a run from before the digest: only its own commit
+    if not same_code:
+        raise RunMismatch(f"adaptive.py: {path} was measured at {before.get('commit')} (code "
+                          f"{before.get('measured_code') or 'not recorded'}), this run is at {now.get('commit')} (code "
+                          f"{now.get('measured_code')}): the measured code differs (use another --out)")
+    earlier = [*before.get("continues", []), {k: v for k, v in before.items() if k != "continues"}]
+    if before.get("commit") == now.get("commit"):  # another call of the same lease: nothing to add
+        earlier = before.get("continues", [])
+    return {**now, **({"continues": earlier} if earlier else {})}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
@@ -363,13 +390,15 @@ def main():
     ap.add_argument("--merge", nargs="+", metavar="ADAPTIVE_JSON",
                     help="no GPU: merge these runs' phases (later files win) and write the summary to "
                          "--out/adaptive_summary.json")
+    ap.add_argument("--across-code-changes", action="store_true",
+                    help="with --merge: merge runs whose measured code differs (the summary lists what changed)")
     args = ap.parse_args()
     if args.merge:
-        return merge(args.merge, args.out, args.models)
+        return merge(args.merge, args.out, args.models, args.across_code_changes)
     os.makedirs(args.out, exist_ok=True)
     out_path = os.path.join(args.out, "adaptive.json")
     res = json.load(open(out_path)) if os.path.exists(out_path) else {}
-    res["provenance"] = provenance(sys.argv)
+    res["provenance"] = continued_provenance(res, provenance(sys.argv), out_path)
     phases = args.phases.split(",")
     if "pair" in phases or "switching" in phases or "profile_pair" in phases:
         models = model_layout(args.models)
@@ -429,13 +458,38 @@ def main():
     print(json.dumps(res["summary"], indent=1))
 
 
-def merge(paths: list[str], out: str, models: str | None = None) -> None:
+def code_changes(provenances: list[dict]) -> dict[str, list[str] | None]:
+    """For runs to be merged: the measured code's files that changed from each run's commit to the last run's
+    (git on this machine), {} where the digests say it is the same code; None where git cannot tell."""
+    last = provenances[-1]
+    out = {}
+    for p in provenances[:-1]:
+        if p.get("measured_code") and p.get("measured_code") == last.get("measured_code"):
+            continue
+        if p.get("commit") != last.get("commit"):
+            changed = changed_files(str(p.get("commit")), str(last.get("commit")), MEASURED_CODE)
+            if changed != []:
+                out[str(p.get("commit"))] = changed
+    return out
+
+
+def merge(paths: list[str], out: str, models: str | None = None, across_code_changes: bool = False) -> None:
     """The phases of several runs in one summary (`summarize`), with each run's provenance and the GPU it names;
     with `models` (the pair's folder) each greedy divergence from plain decoding judged by the float32 target
-    on this machine's CPU (benchmarks/greedy_divergence.py: near-tie or not)."""
+    on this machine's CPU (benchmarks/greedy_divergence.py: near-tie or not). Runs from two GPUs are refused;
+    runs whose measured code differs only with `across_code_changes` (the summary then lists the changes)."""
+    loaded = [json.load(open(p)) for p in paths]
+    provenances = [r.get("provenance") or {} for r in loaded]
+    gpus = sorted({str(p.get("gpu")) for p in provenances})
+    if len(gpus) > 1:
+        raise RunMismatch(f"adaptive.py --merge: the runs were measured on {', '.join(gpus)}: one card a summary")
+    changes = code_changes(provenances)
+    if changes and not across_code_changes:
+        raise RunMismatch("adaptive.py --merge: the measured code changed between the runs ("
+                          + "; ".join(f"since {c}: {', '.join(f or ['git cannot tell'])}" for c, f in changes.items())
+                          + "); pass --across-code-changes to merge them anyway, recorded in the summary")
     res, runs = {}, []
-    for p in paths:
-        r = json.load(open(p))
+    for p, r in zip(paths, loaded):
         phases = [k for k in ("pair", "geometry", "profile", "profile_pair", "switching") if k in r]
         # a run is named by its file (a kept run: benchmarks/results/adaptive_run_*.json), or for a job's
         # $OUT/adaptive.json by the job's folder
@@ -464,8 +518,8 @@ def merge(paths: list[str], out: str, models: str | None = None) -> None:
     named = {k: ", ".join(sorted({str((r.get("provenance") or {}).get(k, "?")) for r in runs}))
              for k in ("gpu", "commit")}
     summary["goals"] = goals(summary, res.get("switching"))
-    json.dump({**named, **summary, "runs": runs, "pair_cells": pair, "geometry_cells": geo}, open(path, "w"),
-              indent=1)
+    json.dump({**named, **summary, "runs": runs, **({"measured_code_changed_since": changes} if changes else {}),
+               "pair_cells": pair, "geometry_cells": geo}, open(path, "w"), indent=1)
     for g in summary["goals"]:
         print(f"goal {g['goal']}: {g['verdict']} ({g['detail']})")
     print(f"wrote {path}")

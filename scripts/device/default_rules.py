@@ -1,5 +1,5 @@
 """The decision rules that pick the verify defaults from a lease's runs (issue 57), written before the lease that
-judges them (scripts/device/issue57.sh names them in words), so that nobody picks a rule after seeing the numbers.
+judges them, so that nobody picks a rule after seeing the numbers (the leases ran scripts/device/issue57.sh).
 
     python3 scripts/device/default_rules.py RUN_JSON [--rep2 RUN_JSON] [--gpu-tests-log LOG] [--summary SUMMARY]
 
