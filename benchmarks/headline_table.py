@@ -90,12 +90,19 @@ def render_table(headline: dict, until: str = "HEAD") -> str:
     return "\n".join(lines + ["", END])
 
 
+def replace_block(readme: str, block: str, begin: str, end: str, what: str) -> str:
+    """`readme` with what lies from its `begin` marker to its `end` marker (both included) replaced by `block`
+    (which carries the markers again); `what` ("the headline table's") names them in the error where they are not
+    there once each."""
+    if readme.count(begin) != 1 or readme.count(end) != 1:
+        raise ValueError(f"README.md: {what} markers must appear once each")
+    head, rest = readme.split(begin)
+    _, tail = rest.split(end)
+    return head + block + tail
+
+
 def replace_table(readme: str, table: str) -> str:
-    if readme.count(BEGIN) != 1 or readme.count(END) != 1:
-        raise ValueError("README.md: the headline table's markers must appear once each")
-    head, rest = readme.split(BEGIN)
-    _, tail = rest.split(END)
-    return head + table + tail
+    return replace_block(readme, table, BEGIN, END, "the headline table's")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,8 @@
 # (sglang_dspine and kernels, by digest: the machine has no git), so one run never mixes cards or code.
 # After the lease, on this machine:
 #   python3 scripts/device/adaptive.py --merge <adaptive.json> --models models/default --out benchmarks/results
-# writes benchmarks/results/adaptive_summary.json with the issue's goals judged, and its plot. The decision rules
+# writes benchmarks/results/adaptive_summary.json with the issue's goals judged, and its plot; then
+# `python -m benchmarks.adaptive_table` writes the README's tables from it. The decision rules
 # the leases before this one judged are in scripts/device/default_rules.py, each with the date it was written.
 #
 # What the issue asks and the earlier leases did not leave at one commit (docs/results.md, "Adaptive
