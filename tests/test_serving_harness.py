@@ -917,7 +917,8 @@ def test_a_run_continues_an_earlier_one_only_on_its_card_and_its_code():
 def test_adaptive_merge_refuses_two_cards_and_code_changes_unless_asked(tmp_path):
     """`adaptive.py --merge`: runs from two GPUs never make one summary; runs at two commits whose measured code
     (sglang_dspine, kernels) differs only with --across-code-changes, which the summary records (git on this
-    machine: 5509f56 -> aa1a580 changed no measured code, 84ba46f -> 5a5e0e7 changed the serving code)."""
+    machine: 5509f56 -> aa1a580 changed no measured code, 84ba46f -> 5a5e0e7 changed the serving code); the
+    summary's commit names every commit a run measured at, those it continued included."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def merge(*runs, extra=()):
@@ -940,3 +941,7 @@ def test_adaptive_merge_refuses_two_cards_and_code_changes_unless_asked(tmp_path
                  extra=["--across-code-changes"]).returncode == 0
     changed = json.loads((tmp_path / "m" / "adaptive_summary.json").read_text())["measured_code_changed_since"]
     assert "sglang_dspine/serving/worker.py" in changed["84ba46f"]
+    # a run that continued an earlier lease's: the summary names both commits
+    first = {"gpu": h100, "commit": "5509f56", "measured_code": "d"}
+    assert merge({"gpu": h100, "commit": "aa1a580", "measured_code": "d", "continues": [first]}).returncode == 0
+    assert json.loads((tmp_path / "m" / "adaptive_summary.json").read_text())["commit"] == "5509f56, aa1a580"

@@ -515,8 +515,9 @@ def merge(paths: list[str], out: str, models: str | None = None, across_code_cha
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "adaptive_summary.json")
     # the top-level keys: the GPU and commit of every run merged (one each, unless runs differ)
-    named = {k: ", ".join(sorted({str((r.get("provenance") or {}).get(k, "?")) for r in runs}))
-             for k in ("gpu", "commit")}
+    # a run that continued an earlier lease's keeps that lease's provenance under `continues`: its commit counts too
+    every = [q for r in runs for p in [r.get("provenance") or {}] for q in (p, *p.get("continues", []))]
+    named = {k: ", ".join(sorted({str(p.get(k, "?")) for p in every})) for k in ("gpu", "commit")}
     summary["goals"] = goals(summary, res.get("switching"))
     json.dump({**named, **summary, "runs": runs, **({"measured_code_changed_since": changes} if changes else {}),
                "pair_cells": pair, "geometry_cells": geo}, open(path, "w"), indent=1)
