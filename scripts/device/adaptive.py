@@ -514,7 +514,7 @@ def merge(paths: list[str], out: str, models: str | None = None, across_code_cha
     geo = res.get("geometry", {})
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "adaptive_summary.json")
-    # the top-level keys: the GPU and commit of every run merged (one each, unless runs differ)
+    # the top-level keys: the GPU (one: checked above) and every commit measured
     # a run that continued an earlier lease's keeps that lease's provenance under `continues`: its commit counts too
     every = [q for r in runs for p in [r.get("provenance") or {}] for q in (p, *p.get("continues", []))]
     named = {k: ", ".join(sorted({str(p.get(k, "?")) for p in every})) for k in ("gpu", "commit")}
