@@ -145,14 +145,22 @@ class Server:
               flush=True)
 
     def memory(self) -> dict:
-        """KV-cache tokens and the request limit, from the scheduler's start-up line in the log, and the static
-        memory fraction and captured batch sizes it was started with."""
-        m = re.search(r"max_total_num_tokens=(\d+).*?max_running_requests=(\d+)", self.text())
+        """KV-cache tokens and the request limit, from the scheduler's start-up line in the log, the static
+        memory fraction and captured batch sizes it was started with, and (None where the log has no such line)
+        what an adaptive DSPINE server's other verify widths took after the KV pool was sized (its start-up line
+        "DSPINE adaptive verify: ... GiB") and what the target's verify graphs took (SGLang's "Capture target
+        verify CUDA graph end" line)."""
+        text = self.text()
+        m = re.search(r"max_total_num_tokens=(\d+).*?max_running_requests=(\d+)", text)
+        menu = re.search(r"DSPINE adaptive verify: shapes [^\n]*?, ([\d.]+) GiB for the other widths", text)
+        graphs = re.search(r"Capture target verify CUDA graph end\.[^\n]*?mem usage=([\d.]+) GB", text)
         info = self.info()
         return {"max_total_num_tokens": int(m.group(1)) if m else info.get("max_total_num_tokens"),
                 "max_running_requests": int(m.group(2)) if m else None,
                 "mem_fraction_static": info.get("mem_fraction_static"),
-                "cuda_graph_max_bs": info.get("cuda_graph_max_bs")}
+                "cuda_graph_max_bs": info.get("cuda_graph_max_bs"),
+                "verify_menu_gib": float(menu.group(1)) if menu else None,
+                "target_verify_graphs_gb": float(graphs.group(1)) if graphs else None}
 
     def post(self, path: str, payload: dict, timeout: float = 300) -> dict:
         return post(self.url + path, payload, timeout)

@@ -195,6 +195,25 @@ def test_kv_pools_from_memory_records():
     assert servers.kv_pools({"x": {}}) == {"x": None}
 
 
+def test_memory_reads_the_pool_and_the_verify_graphs_from_the_servers_log():
+    """benchmarks.servers.Server.memory on an adaptive server's start-up lines (as SGLang 0.5.17 and the plugin
+    print them at Qwen3-8B geometry, 5a5e0e7); a plain server's log has neither verify line."""
+    from types import SimpleNamespace
+
+    log = ("[2026-12-07 17:47:30] max_total_num_tokens=606022, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+           "max_running_requests=128, context_len=40960\n"
+           "[2026-12-07 17:47:44] Capture target verify CUDA graph end. elapsed=13.38 s, mem usage=3.66 GB, "
+           "avail mem=16.30 GB.\n"
+           "[2026-12-07 17:48:05] DSPINE adaptive verify: shapes none, chain4, chain8, chain16, tree32, 2.46 GiB for "
+           "the other widths' backends and graphs and the context upkeep's graphs, batch buckets [1, 2, 64]\n")
+    info = {"mem_fraction_static": 0.85, "cuda_graph_max_bs": None}
+    mem = servers.Server.memory(SimpleNamespace(text=lambda: log, info=lambda: info))
+    assert mem == {"max_total_num_tokens": 606022, "max_running_requests": 128, "mem_fraction_static": 0.85,
+                   "cuda_graph_max_bs": None, "verify_menu_gib": 2.46, "target_verify_graphs_gb": 3.66}
+    plain = servers.Server.memory(SimpleNamespace(text=lambda: log.splitlines()[0], info=lambda: info))
+    assert plain["verify_menu_gib"] is None and plain["target_verify_graphs_gb"] is None
+
+
 def test_e2e_servers_take_the_backends_asked_for():
     """benchmarks/serve_e2e.py (the T=1 two-sample test among its items): its servers' flags name the backends
     given, and leave a flag out for 'sglang-default' (SGLang's own choice, FA3 and FlashInfer on an H200), with the
@@ -945,3 +964,23 @@ def test_adaptive_merge_refuses_two_cards_and_code_changes_unless_asked(tmp_path
     first = {"gpu": h100, "commit": "5509f56", "measured_code": "d"}
     assert merge({"gpu": h100, "commit": "aa1a580", "measured_code": "d", "continues": [first]}).returncode == 0
     assert json.loads((tmp_path / "m" / "adaptive_summary.json").read_text())["commit"] == "5509f56, aa1a580"
+
+
+def test_the_summary_reports_what_the_verify_menu_costs_in_memory():
+    """adaptive.py's summary at the geometry: each adaptive server's KV tokens lost against fixed DSPINE (its pool
+    is sized before the menu's graphs, so 0 at the same memory fraction) and the menu's memory as a share of the
+    pool's bytes (144 KiB a token at Qwen3-8B: 36 layers x 8 KV heads x 128 x K and V x bf16)."""
+    adaptive = _adaptive_script()
+    assert adaptive.kv_bytes_a_token(adaptive.scale.GEOMETRIES["qwen3-8b"]) == 144 * 1024
+    mem = lambda tokens, frac, menu=None: {"memory": {"max_total_num_tokens": tokens,  # noqa: E731
+                                                      "mem_fraction_static": frac, "verify_menu_gib": menu}}
+    geo = {"dspine": mem(276560, 0.85), "plain": mem(400000, 0.85), "dspine_adaptive": mem(276560, 0.85, 1.14),
+           "dspine_adaptive_tree64": mem(251000, 0.80, 2.46), "dspine_adaptive_old": mem(276560, 0.85)}
+    out = adaptive.menu_memory(geo)
+    assert set(out) == {"dspine_adaptive", "dspine_adaptive_tree64"}  # a record from before the menu's line: none
+    assert out["dspine_adaptive"]["kv_tokens_lost"] == 0
+    assert out["dspine_adaptive"]["menu_share_of_pool"] == pytest.approx(1.14 * 2**30 / (276560 * 147456), abs=1e-4)
+    assert out["dspine_adaptive_tree64"]["kv_tokens_lost"] == 25560
+    del geo["dspine"]
+    assert adaptive.menu_memory(geo)["dspine_adaptive"]["kv_tokens_lost"] is None
+    assert adaptive.summarize({"geometry": geo})["geometry_memory"]["dspine_adaptive_tree64"]["verify_menu_gib"] == 2.46

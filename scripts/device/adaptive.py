@@ -693,6 +693,9 @@ def summarize(res: dict) -> dict:
             out.setdefault("geometry_step_ms", {})[f"plain_{b}"] = {c: round(v, 3) for c, v in plain_b.items()}
         if table:
             out.setdefault("geometry_step_ms", {})[f"dspine_shapes_{b}"] = table
+    memory = menu_memory(geo)
+    if memory:
+        out["geometry_memory"] = memory
     sources = projection_sources(res)
     if sources and plain and any(tables.values()):
         out["projection_acceptance"] = sources
@@ -709,6 +712,34 @@ def summarize(res: dict) -> dict:
                                         source.get("dflash_block")).items():
                     out[key].setdefault(c, {}).update({f"plain_{b}" if k == "plain" else k: v
                                                        for k, v in cell_.items()})
+    return out
+
+
+def kv_bytes_a_token(geometry: dict) -> int:
+    """The target's KV cache a token takes: K and V in every layer, bf16."""
+    return 2 * geometry["num_hidden_layers"] * geometry["num_key_value_heads"] * geometry["head_dim"] * 2
+
+
+def menu_memory(geo: dict) -> dict:
+    """What the adaptive servers' verify shapes cost in memory at the Qwen3-8B geometry (the issue's goal: <= 3% of
+    the KV cache's tokens against fixed DSPINE). Their other widths' backends and graphs are allocated after SGLang
+    sizes the KV pool, so at the same memory fraction the pool keeps fixed DSPINE's size; a server the harness
+    starts at a lower fraction (the tree of 64's, for its graphs) loses tokens. `kv_tokens_lost`: the pools'
+    difference where fixed DSPINE ran in these runs (else None). `menu_share_of_pool`: the menu's memory as a share
+    of the pool's own bytes, what it would cost in tokens had it been taken from the pool."""
+    fixed = geo.get("dspine", {}).get("memory") or {}
+    per_token = kv_bytes_a_token(scale.GEOMETRIES["qwen3-8b"])
+    out = {}
+    for name, rec in geo.items():
+        mem = rec.get("memory") or {}
+        tokens, menu = mem.get("max_total_num_tokens"), mem.get("verify_menu_gib")
+        if not (name.startswith("dspine_adaptive") and tokens and menu is not None):
+            continue
+        out[name] = {"kv_tokens": tokens, "mem_fraction_static": mem.get("mem_fraction_static"),
+                     "verify_menu_gib": menu, "target_verify_graphs_gb": mem.get("target_verify_graphs_gb"),
+                     "menu_share_of_pool": round(menu * 2**30 / (tokens * per_token), 4),
+                     "kv_tokens_lost": fixed["max_total_num_tokens"] - tokens if fixed.get("max_total_num_tokens")
+                     else None}
     return out
 
 

@@ -15,11 +15,13 @@
 #
 # What the issue asks and the earlier leases did not leave at one commit (docs/results.md, "Adaptive
 # verification"): 84ba46f (H100) ran every row, and since then 37a3dfa changed the serving code (trees verify on the
-# grouped kernel), so the summary must be measured again. In the order the issue needs it (~27 device minutes on an
-# H100 at 84ba46f's pace, less the GPU tests and the tree of 64 on the pair):
+# grouped kernel), so the summary must be measured again. In the order the issue needs it (~29 device minutes on an
+# H100 at 84ba46f's pace, less the GPU tests and the tree of 64 on the pair; a lease that starts late leaves the
+# last steps to a second one on the same card):
 #   1. the built-in pair, each server alone: plain, adaptive, DSPINE at the block, DFLASH, the tree of 32, at
 #      1 / 4 / 16 / 48 / 64 clients, T = 1 at 1 and 48 (5(a));
-#   2. the Qwen3-8B geometry: plain and adaptive at the same client counts (5(b): the step table, the projection);
+#   2. the Qwen3-8B geometry: plain, adaptive and fixed DSPINE at the same client counts (5(b): the step table, the
+#      projection, the block's own step; 1: the menu's memory against fixed DSPINE's KV pool, `geometry_memory`);
 #   3. switching under a varying load, with the load ramp (3, 5(c));
 #   4. the adaptive server with the tree of 32 in its menu, on the pair and at the geometry (the projection's
 #      "adaptive + tree", the 1-client goal's best chance);
@@ -40,7 +42,7 @@ if [ -n "${1:-}" ]; then
 fi
 C=(--clients 1,4,16,48,64)
 $A --phases pair --pair-servers plain,dspine_adaptive,dspine,dflash,dspine_tree32 "${C[@]}" --t1-clients 1,48
-$A --phases geometry --geometry-servers plain,dspine_adaptive "${C[@]}"
+$A --phases geometry --geometry-servers plain,dspine_adaptive,dspine "${C[@]}"
 $A --phases switching --switching-server dspine_adaptive
 $A --phases pair --pair-servers dspine_adaptive_tree32 "${C[@]}" --t1-clients ""
 $A --phases geometry --geometry-servers dspine_adaptive_tree32,dspine_adaptive_tree64 "${C[@]}"
