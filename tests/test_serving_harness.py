@@ -983,4 +983,12 @@ def test_the_summary_reports_what_the_verify_menu_costs_in_memory():
     assert out["dspine_adaptive_tree64"]["kv_tokens_lost"] == 25560
     del geo["dspine"]
     assert adaptive.menu_memory(geo)["dspine_adaptive"]["kv_tokens_lost"] is None
-    assert adaptive.summarize({"geometry": geo})["geometry_memory"]["dspine_adaptive_tree64"]["verify_menu_gib"] == 2.46
+    summary = adaptive.summarize({"geometry": geo})
+    assert summary["geometry_memory"]["dspine_adaptive_tree64"]["verify_menu_gib"] == 2.46
+    assert [g for g in adaptive.goals(summary, None) if g["goal"] == "memory"][0]["verdict"] == "not measured"
+    geo["dspine"] = mem(276560, 0.85)
+    goal = [g for g in adaptive.goals(adaptive.summarize({"geometry": geo}), None) if g["goal"] == "memory"][0]
+    assert goal["verdict"] == "not met" and "dspine_adaptive 0.0%" in goal["detail"]  # the tree of 64 loses 9.2%
+    del geo["dspine_adaptive_tree64"]
+    assert [g for g in adaptive.goals(adaptive.summarize({"geometry": geo}), None)
+            if g["goal"] == "memory"][0]["verdict"] == "met"

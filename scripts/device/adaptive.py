@@ -537,7 +537,9 @@ def goals(summary: dict, switching_run: dict | None) -> list[dict]:
         adaptive >= max(plain, DSPINE at the block) at every client count; >= 1.15x DSPINE at the block at 1
         client; >= plain at 48 and 64;
       - lossless_switching: under the varying load the T=1 test passes and every greedy divergence is a near-tie
-        (default_rules.switching_lossless), and the ramp had 0 errors."""
+        (default_rules.switching_lossless), and the ramp had 0 errors;
+      - memory: each adaptive server at the geometry loses <= 3% of fixed DSPINE's KV-cache tokens
+        (`geometry_memory`)."""
     out = []
 
     def judge(goal: str, cells: dict[str, tuple[float, float]], need: float, missing: bool = False) -> None:
@@ -584,6 +586,15 @@ def goals(summary: dict, switching_run: dict | None) -> list[dict]:
                     else "not met", "detail": f"{sw.get('server')}: {why}; ramp errors {sw.get('ramp_errors')}"})
     except default_rules.Undecided as e:
         out.append({"goal": "lossless_switching", "verdict": "not measured", "detail": str(e)})
+    memory = {n: m for n, m in (summary.get("geometry_memory") or {}).items() if m.get("kv_tokens_lost") is not None}
+    if memory:
+        lost = {n: m["kv_tokens_lost"] / (m["kv_tokens"] + m["kv_tokens_lost"]) for n, m in memory.items()}
+        out.append({"goal": "memory", "verdict": "met" if all(v <= 0.03 for v in lost.values()) else "not met",
+                    "detail": "KV tokens lost against fixed DSPINE (<= 3%): "
+                              + ", ".join(f"{n} {v:.1%}" for n, v in lost.items())})
+    else:
+        out.append({"goal": "memory", "verdict": "not measured", "detail": "no adaptive server's memory beside "
+                    "fixed DSPINE's at the geometry"})
     return out
 
 
