@@ -909,8 +909,9 @@ def _adaptive_script():
 
 def test_a_run_continues_an_earlier_one_only_on_its_card_and_its_code():
     """scripts/device/adaptive.py on an $OUT/adaptive.json that holds an earlier run's cells (a second lease
-    continuing the first): refused on another GPU, or where the measured code differs (a run from before the digest:
-    where the commit differs); otherwise this run's provenance, the earlier one kept under `continues`."""
+    continuing the first): refused on another GPU or software stack, or where the measured code differs (a run from
+    before the digest: where the commit differs); otherwise this run's provenance, the earlier one under
+    `continues`."""
     adaptive = _adaptive_script()
     first = {"commit": "aaa", "gpu": "NVIDIA H100 80GB HBM3", "measured_code": "d1", "date": "1"}
     same_code = {**first, "commit": "bbb", "date": "2"}
@@ -923,6 +924,8 @@ def test_a_run_continues_an_earlier_one_only_on_its_card_and_its_code():
     assert adaptive.continued_provenance({"provenance": first}, {**first, "date": "9"}, "p") == {**first, "date": "9"}
     with pytest.raises(adaptive.RunMismatch, match="NVIDIA H200"):
         adaptive.continued_provenance({"provenance": first}, {**same_code, "gpu": "NVIDIA H200"}, "p")
+    with pytest.raises(adaptive.RunMismatch, match="two software stacks"):  # SGLang 0.5.23's lease, say
+        adaptive.continued_provenance({"provenance": first}, {**same_code, "versions": {"sglang": "0.5.23"}}, "p")
     with pytest.raises(adaptive.RunMismatch, match="measured code differs"):
         adaptive.continued_provenance({"provenance": first}, {**same_code, "measured_code": "d2"}, "p")
     with pytest.raises(adaptive.RunMismatch, match="measured code differs"):  # the same commit, edited code

@@ -345,14 +345,19 @@ class RunMismatch(SystemExit):
 def continued_provenance(res: dict, now: dict, path: str) -> dict:
     """This run's provenance, for a JSON that may hold an earlier run's cells (a lease that continues another's,
     or another call of the same lease). Its cells stay only where they describe what this run measures: the same
-    GPU, and the same commit or at least the same measured code (`measured_code`, a digest: the GPU machine has no
-    git). The earlier provenances are kept under `continues`, so no cell is credited to a commit it did not run."""
+    GPU, the same SGLang, torch and Triton, and the same commit or at least the same measured code (`measured_code`,
+    a digest: the GPU machine has no git). The earlier provenances are kept under `continues`, so no cell is
+    credited to a commit it did not run."""
     before = res.get("provenance")
     if not before:
         return now
     if before.get("gpu") != now.get("gpu"):
         raise RunMismatch(f"adaptive.py: {path} was measured on {before.get('gpu')!r}, this run is on "
                           f"{now.get('gpu')!r}: numbers from two cards do not go in one run (use another --out)")
+    stack = lambda p: {k: (p.get("versions") or {}).get(k) for k in ("sglang", "torch", "triton")}  # noqa: E731
+    if stack(before) != stack(now):
+        raise RunMismatch(f"adaptive.py: {path} was measured with {stack(before)}, this run has {stack(now)}: "
+                          "numbers from two software stacks do not go in one run (use another --out)")
     same_code = before.get("measured_code") == now.get("measured_code") if before.get("measured_code") else \
         before.get("commit") == now.get("commit")  # a run from before the digest: only its own commit
     if not same_code:
