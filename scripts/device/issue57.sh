@@ -15,18 +15,20 @@
 #
 # What the issue asks and the earlier leases did not leave at one commit (docs/results.md, "Adaptive
 # verification"): 84ba46f (H100) ran every row, and since then 37a3dfa changed the serving code (trees verify on the
-# grouped kernel), so the summary must be measured again. In the order the issue needs it (~29 device minutes on an
-# H100 at 84ba46f's pace, less the GPU tests and the tree of 64 on the pair; a lease that starts late leaves the
-# last steps to a second one on the same card):
+# grouped kernel), so the summary must be measured again. In the order the issue needs it (a lease that ends early
+# leaves the last steps to a second one on the same card):
 #   1. the built-in pair, each server alone: plain, adaptive, DSPINE at the block, DFLASH, the tree of 32, at
 #      1 / 4 / 16 / 48 / 64 clients, T = 1 at 1 and 48 (5(a));
-#   2. the Qwen3-8B geometry: plain, adaptive and fixed DSPINE at the same client counts (5(b): the step table, the
-#      projection, the block's own step; 1: the menu's memory against fixed DSPINE's KV pool, `geometry_memory`);
-#   3. switching under a varying load, with the load ramp (3, 5(c));
-#   4. the adaptive server with the tree of 32 in its menu, on the pair and at the geometry (the projection's
+#   2. the Qwen3-8B geometry: plain and adaptive at the same client counts (5(b): the step table, the projection);
+#   3. switching under a varying load, with the load ramp (3, 5(c)); with 1-3 every row "done when" names is in;
+#   4. fixed DSPINE at the geometry (1: the menu's memory against its KV pool, `geometry_memory`; the block's own
+#      step beside the adaptive table's);
+#   5. the adaptive server with the tree of 32 in its menu, on the pair and at the geometry (the projection's
 #      "adaptive + tree", the 1-client goal's best chance);
-#   5. the tree of 64's row of the step table at the geometry (its server keeps 20% of the GPU: adaptive.py
+#   6. the tree of 64's row of the step table at the geometry (its server keeps 20% of the GPU: adaptive.py
 #      TREE64_MEM_FRACTION). Rule tree64 (5a5e0e7, H200) was not met, so the pair does not run it again.
+# At 5a5e0e7's pace (H200: a pair server ~2 min, a geometry server ~3, the tree of 64's ~4.6) 1-3 take ~24 device
+# minutes and 4-6 ~10 more.
 # Not here: the GPU tests (35 passed at 5a5e0e7: `bash scripts/device/gpu_tests.sh`, ~3 min, when the serving code
 # changes), SGLang 0.5.23 and its FA3 / FlashInfer backends (their own lease: bundle_0523.sh plan's calls, then
 # `source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 bash scripts/device/versions.sh
@@ -42,7 +44,8 @@ if [ -n "${1:-}" ]; then
 fi
 C=(--clients 1,4,16,48,64)
 $A --phases pair --pair-servers plain,dspine_adaptive,dspine,dflash,dspine_tree32 "${C[@]}" --t1-clients 1,48
-$A --phases geometry --geometry-servers plain,dspine_adaptive,dspine "${C[@]}"
+$A --phases geometry --geometry-servers plain,dspine_adaptive "${C[@]}"
 $A --phases switching --switching-server dspine_adaptive
+$A --phases geometry --geometry-servers dspine "${C[@]}"
 $A --phases pair --pair-servers dspine_adaptive_tree32 "${C[@]}" --t1-clients ""
 $A --phases geometry --geometry-servers dspine_adaptive_tree32,dspine_adaptive_tree64 "${C[@]}"
