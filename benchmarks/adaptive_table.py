@@ -17,7 +17,7 @@ import os
 import sys
 import textwrap
 
-from benchmarks.headline_table import README, RESULTS, replace_block, run_status
+from benchmarks.headline_table import README, RESULTS, replace_block, run_status, write_or_check
 
 SUMMARY = os.path.join(RESULTS, "adaptive_summary.json")
 BEGIN = ("<!-- adaptive tables: generated from benchmarks/results/adaptive_summary.json by "
@@ -91,17 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.readme) as f:
         readme = f.read()
     new = replace_block(readme, render(summary), BEGIN, END, "the adaptive tables'")
-    if args.check:
-        if new != readme:
-            print(f"{args.readme}: the adaptive tables differ from {args.summary}; "
-                  "run python -m benchmarks.adaptive_table", file=sys.stderr)
-            return 1
-        return 0
-    if new != readme:
-        with open(args.readme, "w") as f:
-            f.write(new)
-    print(f"{args.readme}: adaptive tables from {args.summary} ({summary['gpu']}, {summary['commit']})")
-    return 0
+    return write_or_check(args.readme, readme, new, args.check, f"the adaptive tables differ from {args.summary}; "
+                          "run python -m benchmarks.adaptive_table",
+                          f"adaptive tables from {args.summary} ({summary['gpu']}, {summary['commit']})")
 
 
 if __name__ == "__main__":

@@ -117,16 +117,23 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.readme) as f:
         readme = f.read()
     new = replace_table(readme, render_table(headline))
-    if args.check:
-        if new != readme:
-            print(f"{args.readme}: the headline table differs from {args.headline}; "
-                  "run python -m benchmarks.headline_table", file=sys.stderr)
+    return write_or_check(args.readme, readme, new, args.check, f"the headline table differs from {args.headline}; "
+                          "run python -m benchmarks.headline_table",
+                          f"headline table from {args.headline} ({len(headline['rows'])} rows)")
+
+
+def write_or_check(path: str, old: str, new: str, check: bool, differs: str, wrote: str) -> int:
+    """A generated README block's last step: with `check`, 1 (saying `differs`) where the README's text `old` is
+    not `new`, else 0; without, `new` written where it differs (saying `wrote`), 0."""
+    if check:
+        if new != old:
+            print(f"{path}: {differs}", file=sys.stderr)
             return 1
         return 0
-    if new != readme:
-        with open(args.readme, "w") as f:
+    if new != old:
+        with open(path, "w") as f:
             f.write(new)
-    print(f"{args.readme}: headline table from {args.headline} ({len(headline['rows'])} rows)")
+    print(f"{path}: {wrote}")
     return 0
 
 
