@@ -60,7 +60,8 @@ VARIABLES = (
     _Variable("SGLANG_DSPINE_UPKEEP_GRAPHS", False,
               "1: under SGLANG_DSPINE_VERIFY=adaptive, the drafter's context upkeep after a step narrower than the "
               "block (none, a short chain) replays a CUDA graph per width and captured batch size instead of "
-              "DFlash's eager writer (not yet verified on a GPU); 0 (default): the eager writer "
+              "DFlash's eager writer (its GPU tests pass; at Qwen3-8B geometry it measured 0.98-1.00x the eager "
+              "writer, 5a5e0e7); 0 (default): the eager writer "
               "(docs/verify_shapes.md)"),
     _Variable("SGLANG_DSPINE_STACKS_ON_SIGUSR1", False,
               "1: `kill -USR1 <scheduler pid>` prints every thread's Python stack to the server log"),
