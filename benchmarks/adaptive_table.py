@@ -17,7 +17,7 @@ import os
 import sys
 import textwrap
 
-from benchmarks.headline_table import README, RESULTS, replace_block, run_status, write_or_check
+from benchmarks.headline_table import README, RESULTS, replace_block, stale_note, write_or_check
 
 SUMMARY = os.path.join(RESULTS, "adaptive_summary.json")
 BEGIN = ("<!-- adaptive tables: generated from benchmarks/results/adaptive_summary.json by "
@@ -64,9 +64,7 @@ def geometry_rows(summary: dict) -> list[list[str]]:
 
 def render(summary: dict, until: str = "HEAD") -> str:
     commits = [c.strip() for c in str(summary["commit"]).split(",")]
-    stale = [c for c in commits if run_status(c, until)]
-    status = ("**stale**: the measured code (`sglang_dspine/`, `kernels/`) changed since " + ", ".join(stale)
-              if stale else "the measured code is as at HEAD")
+    status = stale_note(commits, until) or "the measured code is as at HEAD"
     wrap = lambda text: textwrap.fill(text, 116, break_long_words=False, break_on_hyphens=False)  # noqa: E731
     lines = [BEGIN, "",
              wrap(f"Measured on {summary['gpu']} at {summary['commit']} ({status}), each server alone, output "

@@ -65,20 +65,26 @@ def run_status(commit: str, until: str = "HEAD") -> str | None:
     return "changed" if files else None
 
 
+def stale_note(commits: list[str], until: str = "HEAD") -> str | None:
+    """None where the measured code at `until` is as at every one of `commits`; else the words a generated table
+    says it with, each such commit once (by its short hash), with why where git cannot tell."""
+    stale = []
+    for commit in commits:
+        status = run_status(commit, until)
+        if status and commit[:7] not in [c[:7] for c in stale]:
+            stale.append(commit[:7] + ("" if status == "changed" else f" ({status})"))
+    return ("**stale**: the measured code (`sglang_dspine/`, `kernels/`) changed since " + ", ".join(stale)
+            if stale else None)
+
+
 def render_row(row: dict, until: str = "HEAD") -> str:
     result = row["result"].format(**{name: shown(spec["value"], spec["fmt"])
                                      for name, spec in row.get("figures", {}).items()})
     measurement = row["measurement"]
     if row.get("sampling_rule"):
         measurement += f"; the server's sampling rule: {row['sampling_rule']}"
-    runs, stale = [], []
-    for run in row["runs"]:
-        runs.append(f"{run['commit'][:7]}, {run['device']}, {run['repeats']}")
-        status = run_status(run["commit"], until)
-        if status and run["commit"][:7] not in [c[:7] for c in stale]:
-            stale.append(run["commit"][:7] + ("" if status == "changed" else f" ({status})"))
-    at_head = ("**stale**: the measured code (`sglang_dspine/`, `kernels/`) changed since " + ", ".join(stale)
-               if stale else "current")
+    runs = [f"{run['commit'][:7]}, {run['device']}, {run['repeats']}" for run in row["runs"]]
+    at_head = stale_note([run["commit"] for run in row["runs"]], until) or "current"
     cells = [measurement, result, "; ".join(runs), at_head, row["where"]]
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
