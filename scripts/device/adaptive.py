@@ -364,9 +364,9 @@ def continued_provenance(res: dict, now: dict, path: str) -> dict:
         raise RunMismatch(f"adaptive.py: {path} was measured at {before.get('commit')} (code "
                           f"{before.get('measured_code') or 'not recorded'}), this run is at {now.get('commit')} (code "
                           f"{now.get('measured_code')}): the measured code differs (use another --out)")
-    earlier = [*before.get("continues", []), {k: v for k, v in before.items() if k != "continues"}]
-    if before.get("commit") == now.get("commit"):  # another call of the same lease: nothing to add
-        earlier = before.get("continues", [])
+    earlier = before.get("continues", [])
+    if before.get("commit") != now.get("commit"):  # (another call of the same lease adds nothing)
+        earlier = [*earlier, {k: v for k, v in before.items() if k != "continues"}]
     return {**now, **({"continues": earlier} if earlier else {})}
 
 
