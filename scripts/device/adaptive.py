@@ -390,6 +390,9 @@ def main():
     ap.add_argument("--profile-servers", type=lambda s: tuple(filter(None, s.split(","))),
                     default=("dspine_adaptive", "plain"),
                     help="the servers the profile phases profile, in order (e.g. dspine_adaptive,dspine,plain)")
+    ap.add_argument("--profile-clients", type=lambda s: tuple(int(c) for c in s.split(",") if c), default=None,
+                    help="the client counts the profile phases profile (default: 1,48 at the geometry, 48 on the "
+                         "pair)")
     ap.add_argument("--t1-samples", type=int, default=300)
     ap.add_argument("--ramp-seconds", type=int, default=15)
     ap.add_argument("--merge", nargs="+", metavar="ADAPTIVE_JSON",
@@ -432,7 +435,8 @@ def main():
         for name in filter(None, args.pair_servers.split(",")) if "pair" in phases else ():
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)
         if "profile_pair" in phases:  # the small pair's step is the host's: 48 clients, a request's boundary
-            profile_servers(res, "profile_pair", servers, prompts, (48,), args.out, out_path, args.profile_servers)
+            profile_servers(res, "profile_pair", servers, prompts, args.profile_clients or (48,), args.out, out_path,
+                            args.profile_servers)
         if "switching" in phases and "switching" not in res:
             name = args.switching_server
             started = []  # each server stopped however the phase ends: a leaked one holds its GPU memory
@@ -457,7 +461,8 @@ def main():
         for name in filter(None, args.geometry_servers.split(",")):
             run_alone(res, "geometry", name, *servers[name], prompts, args, out_path)
         if "profile" in phases:  # where a step's time goes: 1 and 48 clients, a request's boundary
-            profile_servers(res, "profile", servers, prompts, (1, 48), args.out, out_path, args.profile_servers)
+            profile_servers(res, "profile", servers, prompts, args.profile_clients or (1, 48), args.out, out_path,
+                            args.profile_servers)
     res["summary"] = summarize(res)
     json.dump(res, open(out_path, "w"), indent=1)
     print(json.dumps(res["summary"], indent=1))

@@ -26,9 +26,14 @@
 #   5. the adaptive server with the tree of 32 in its menu, on the pair and at the geometry (the projection's
 #      "adaptive + tree", the 1-client goal's best chance);
 #   6. the tree of 64's row of the step table at the geometry (its server keeps 20% of the GPU: adaptive.py
-#      TREE64_MEM_FRACTION). Rule tree64 (5a5e0e7, H200) was not met, so the pair does not run it again.
+#      TREE64_MEM_FRACTION). Rule tree64 (5a5e0e7, H200) was not met, so the pair does not run it again;
+#   7. not a row of the issue: why the pair's adaptive server is slower than fixed DSPINE running the same shape
+#      (65085fb, H100: 0.72x at 4 clients, the block on 99-100% of both servers' steps). SGLang's profiler on the
+#      adaptive server, fixed DSPINE and plain at 4 and 48 clients (~7 min); the traces stay outside $OUT (tens of
+#      MiB each), their timelines come back: adaptive minus fixed (the adaptive step's own work), fixed minus
+#      plain (DFlash's step on a host-bound model).
 # At 5a5e0e7's pace (H200: a pair server ~2 min, a geometry server ~3, the tree of 64's ~4.6) 1-3 take ~24 device
-# minutes and 4-6 ~10 more.
+# minutes and 4-6 ~10 more; on the H100 at 65085fb 1-4 took 27.
 # Not here: the GPU tests (35 passed at 5a5e0e7: `bash scripts/device/gpu_tests.sh`, ~3 min, when the serving code
 # changes), SGLang 0.5.23 and its FA3 / FlashInfer backends (their own lease: bundle_0523.sh plan's calls, then
 # `source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 bash scripts/device/versions.sh
@@ -49,3 +54,20 @@ $A --phases switching --switching-server dspine_adaptive
 $A --phases geometry --geometry-servers dspine "${C[@]}"
 $A --phases pair --pair-servers dspine_adaptive_tree32 "${C[@]}" --t1-clients ""
 $A --phases geometry --geometry-servers dspine_adaptive_tree32,dspine_adaptive_tree64 "${C[@]}"
+export PROFILE_TRACES=/tmp/l57_traces
+T="$PROFILE_TRACES"
+tl() {  # tl NAME STEPS BASE_GLOB OTHER_GLOB: both traces (--diff: OTHER minus BASE), or the one that exists
+  local f=() d=()
+  for g in $3 $4; do [ -e "$g" ] && f+=("$g"); done
+  [ "${#f[@]}" = 2 ] && d=(--diff)
+  [ "${#f[@]}" = 0 ] && { echo "issue57: timeline $1: no trace"; return; }
+  python3 -m benchmarks step_timeline "${f[@]}" --steps "$2" "${d[@]}" --out "$OUT/timeline_$1.json" > /dev/null 2>&1
+  echo "issue57: timeline $1 (${#f[@]} traces) rc $?"
+}
+$A --phases profile_pair --pair-servers "" --profile-servers dspine_adaptive,dspine,plain --profile-clients 4,48
+for c in c4 c48; do
+  tl "pair_${c}_adaptive_vs_fixed" 20 "$T/prof_pair_dspine_${c}_*" "$T/prof_pair_dspine_adaptive_${c}_*"
+  tl "pair_${c}_fixed_vs_plain" 20 "$T/prof_pair_plain_${c}_*" "$T/prof_pair_dspine_${c}_*"
+done
+tl pair_boundary_fixed_vs_plain 40 "$T/prof_pair_plain_boundary_*" "$T/prof_pair_dspine_boundary_*"
+ls -la "$T"
