@@ -32,6 +32,7 @@ SCENARIOS = {
     "verify_attention": ("verify_attention", "a verify step's attention kernels vs plain decode's (Qwen3-8B heads)"),
     "greedy_divergence": ("greedy_divergence", "a GPU run's greedy divergences from plain, judged by the fp32 target"),
     "step_timeline": ("step_timeline", "where a served step's time goes, from a trace of SGLang's profiler"),
+    "policy_host": ("policy_host", "the adaptive policy's host work per decode step, on this machine's CPU"),
 }
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

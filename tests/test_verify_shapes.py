@@ -597,3 +597,19 @@ def test_a_shape_left_after_a_burst_of_slow_steps_is_measured_again_soon():
     # a shape really slower: left once, checked once, not run again
     slower = run(recheck=50, burst_at=10**9)
     assert slower[100:].count(block) <= 5 and slower[-200:].count(none) == 200
+
+
+def test_the_policy_host_benchmark_times_the_servers_menu_and_writes_its_spread(tmp_path):
+    """`python -m benchmarks policy_host`: per batch size, µs a step over ≥ 3 repeats (median within min–max), with
+    the provenance and the CPU named; fewer than 3 repeats refused."""
+    import json
+
+    from benchmarks import policy_host
+
+    assert policy_host.main(["--batch", "4,48", "--steps", "200", "--repeats", "3", "--out", str(tmp_path)]) == 0
+    got = json.loads((tmp_path / "policy_host.json").read_text())
+    assert got["cpu"] and got["provenance"]["commit"] and set(got["us_per_step"]) == {"4", "48"}
+    for cell in got["us_per_step"].values():
+        assert 0 < cell["min"] <= cell["median"] <= cell["max"]
+    with pytest.raises(SystemExit):
+        policy_host.main(["--repeats", "2"])

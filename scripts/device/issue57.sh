@@ -31,7 +31,8 @@
 #      (65085fb, H100: 0.72x at 4 clients, the block on 99-100% of both servers' steps). SGLang's profiler on the
 #      adaptive server, fixed DSPINE and plain at 4 and 48 clients (~7 min); the traces stay outside $OUT (tens of
 #      MiB each), their timelines come back: adaptive minus fixed (the adaptive step's own work), fixed minus
-#      plain (DFlash's step on a host-bound model).
+#      plain (DFlash's step on a host-bound model); first the policy's own Python a step on this host's CPU
+#      (`python -m benchmarks policy_host`, seconds).
 # At 5a5e0e7's pace (H200: a pair server ~2 min, a geometry server ~3, the tree of 64's ~4.6) 1-3 take ~24 device
 # minutes and 4-6 ~10 more; on the H100 at 65085fb 1-4 took 27.
 # Not here: the GPU tests (35 passed at 5a5e0e7: `bash scripts/device/gpu_tests.sh`, ~3 min, when the serving code
@@ -64,6 +65,7 @@ tl() {  # tl NAME STEPS BASE_GLOB OTHER_GLOB: both traces (--diff: OTHER minus B
   python3 -m benchmarks step_timeline "${f[@]}" --steps "$2" "${d[@]}" --out "$OUT/timeline_$1.json" > /dev/null 2>&1
   echo "issue57: timeline $1 (${#f[@]} traces) rc $?"
 }
+python3 -m benchmarks policy_host --out "$OUT/policy_host.json"  # the policy's own host work a step, this host
 $A --phases profile_pair --pair-servers "" --profile-servers dspine_adaptive,dspine,plain --profile-clients 4,48
 for c in c4 c48; do
   tl "pair_${c}_adaptive_vs_fixed" 20 "$T/prof_pair_dspine_${c}_*" "$T/prof_pair_dspine_adaptive_${c}_*"
