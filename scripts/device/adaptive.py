@@ -32,6 +32,7 @@ with the same --out skips the servers already there, so a lost machine loses one
             time per step (each kernel's) against the wall time per step, and 40 steps of 12-token requests at 1
             client (prefills among them); the traces kept in $PROFILE_TRACES (else $OUT/traces) for their timelines
             (benchmarks/step_timeline.py). `profile_pair`: the same on the built-in pair at 48 clients.
+            `--profile-clients`: other client counts for either.
 Writes $OUT/adaptive.json. Usage (GPU machine, repo root, after `source scripts/device/setup.sh`):
     python3 scripts/device/adaptive.py --out $OUT [--phases pair,geometry]
 """
@@ -434,7 +435,7 @@ def main():
         servers = with_split_kv(servers)
         for name in filter(None, args.pair_servers.split(",")) if "pair" in phases else ():
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)
-        if "profile_pair" in phases:  # the small pair's step is the host's: 48 clients, a request's boundary
+        if "profile_pair" in phases:  # the small pair's step is the host's: 48 clients unless told, a boundary
             profile_servers(res, "profile_pair", servers, prompts, args.profile_clients or (48,), args.out, out_path,
                             args.profile_servers)
         if "switching" in phases and "switching" not in res:
