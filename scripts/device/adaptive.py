@@ -634,10 +634,13 @@ def plot(summary: dict, path: str, named: dict) -> None:
     e2e = {int(c): row for c, row in summary.get("end_to_end", {}).items() if c.isdigit()}
     projs = {key: {int(c): row for c, row in summary[key].items()} for key in PROJECTIONS if summary.get(key)}
     fig, axes = plt.subplots(1, 1 + len(projs), figsize=(5.5 * (1 + len(projs)), 4.5), squeeze=False)
-    style = lambda name: {"marker": "o", "linestyle": "--" if "adaptive" in name else "-", "label": name}
+    order = ("plain", "dflash", "dspine", "dspine_tree32", "dspine_tree64", "dspine_splitkv", "dspine_adaptive",
+             "dspine_adaptive_tree32", "dspine_adaptive_tree64", "dspine_adaptive_below_block")
+    # one colour a server in every panel (matplotlib's ten-colour cycle, by the server's place in `order`)
+    style = lambda name: {"marker": "o", "linestyle": "--" if "adaptive" in name else "-", "label": name,
+                          "color": f"C{order.index(name) % 10}" if name in order else None}
     ax = axes[0][0]
-    for name in ("plain", "dflash", "dspine", "dspine_tree32", "dspine_tree64", "dspine_splitkv", "dspine_adaptive",
-                 "dspine_adaptive_tree32", "dspine_adaptive_tree64", "dspine_adaptive_below_block"):
+    for name in order:
         cs = [c for c in sorted(e2e) if name in e2e[c]]
         if not cs:
             continue
