@@ -27,7 +27,9 @@
 #      "adaptive + tree", the 1-client goal's best chance);
 #   6. the tree of 64's row of the step table at the geometry (its server keeps 20% of the GPU: adaptive.py
 #      TREE64_MEM_FRACTION). Rule tree64 (5a5e0e7, H200) was not met, so the pair does not run it again;
-#   7. not a row of the issue: why the pair's adaptive server is slower than fixed DSPINE running the same shape
+#   7. every request feature with adaptive on, plain beside it (serving_features, 60 s of mixed load; ~3 min): the
+#      issue's 3 at the final code (20 / 20 checks at 33f82f8, before the grouped kernel and the trees' changes);
+#   8. not a row of the issue: why the pair's adaptive server is slower than fixed DSPINE running the same shape
 #      (65085fb, H100: 0.72x at 4 clients, the block on 99-100% of both servers' steps). SGLang's profiler on the
 #      adaptive server, fixed DSPINE and plain at 4 and 48 clients (~7 min); the traces stay outside $OUT (tens of
 #      MiB each), their timelines come back: adaptive minus fixed (the adaptive step's own work), fixed minus
@@ -55,6 +57,9 @@ $A --phases switching --switching-server dspine_adaptive
 $A --phases geometry --geometry-servers dspine "${C[@]}"
 $A --phases pair --pair-servers dspine_adaptive_tree32 "${C[@]}" --t1-clients ""
 $A --phases geometry --geometry-servers dspine_adaptive_tree32,dspine_adaptive_tree64 "${C[@]}"
+SGLANG_DSPINE_VERIFY=adaptive OUT="$OUT/features_adaptive" bash scripts/device/run.sh features \
+  --servers plain,dspine --tag adaptive --load-seconds 60 > "$OUT/features_adaptive.log" 2>&1
+echo "issue57: features (adaptive) rc $?"
 export PROFILE_TRACES=/tmp/l57_traces
 T="$PROFILE_TRACES"
 tl() {  # tl NAME STEPS BASE_GLOB OTHER_GLOB: both traces (--diff: OTHER minus BASE), or the one that exists
