@@ -35,6 +35,12 @@
 #      MiB each), their timelines come back: adaptive minus fixed (the adaptive step's own work), fixed minus
 #      plain (DFlash's step on a host-bound model); first the policy's own Python a step on this host's CPU
 #      (`python -m benchmarks policy_host`, seconds).
+#      Its reading, fixed before it runs (2026-12-07, stop 76): the adaptive step's own work is what slows the pair
+#      if, in the adaptive-minus-fixed timelines at 4 and at 48 clients, the host time a step in the adaptive
+#      worker's own frames (worker.py's _step, _read_finished_steps, _count, verify_shapes.py) and the step's CUDA
+#      event and copy calls adds up to >= 5% of fixed DSPINE's wall step there; below 2% at both, the gap is not
+#      in the step (the spread between two starts of a server), and the pair's comparison needs starts interleaved;
+#      between, undecided.
 # At 5a5e0e7's pace (H200: a pair server ~2 min, a geometry server ~3, the tree of 64's ~4.6) 1-3 take ~24 device
 # minutes and 4-6 ~10 more; on the H100 at 65085fb 1-4 took 27.
 # Not here: the GPU tests (35 passed at 5a5e0e7: `bash scripts/device/gpu_tests.sh`, ~3 min, when the serving code
