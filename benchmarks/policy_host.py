@@ -25,7 +25,9 @@ from sglang_dspine.provenance import provenance
 from sglang_dspine.serving.verify_shapes import ShapePolicy, StepClock, parse_menu
 
 BLOCK = 16
-BUCKETS = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128]  # SGLang's decode graph sizes to 128
+# the batch buckets: the sizes SGLang captures a speculative server's decode graphs at (its server_args), to the
+# adaptive server's cap of 128; the worker reads them from its graph runner
+BUCKETS = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 129, 8)]
 
 
 def cpu_name() -> str:
