@@ -17,7 +17,7 @@ import os
 import sys
 import textwrap
 
-from benchmarks.headline_table import README, RESULTS, replace_block, stale_note, write_or_check
+from benchmarks.headline_table import README, RESULTS, stale_note, write_or_check_block
 
 SUMMARY = os.path.join(RESULTS, "adaptive_summary.json")
 BEGIN = ("<!-- adaptive tables: generated from benchmarks/results/adaptive_summary.json by "
@@ -86,12 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with open(args.summary) as f:
         summary = json.load(f)
-    with open(args.readme) as f:
-        readme = f.read()
-    new = replace_block(readme, render(summary), BEGIN, END, "the adaptive tables'")
-    return write_or_check(args.readme, readme, new, args.check, f"the adaptive tables differ from {args.summary}; "
-                          "run python -m benchmarks.adaptive_table",
-                          f"adaptive tables from {args.summary} ({summary['gpu']}, {summary['commit']})")
+    return write_or_check_block(args.readme, render(summary), BEGIN, END, "the adaptive tables'", args.check,
+                                f"the adaptive tables differ from {args.summary}; run python -m "
+                                "benchmarks.adaptive_table",
+                                f"adaptive tables from {args.summary} ({summary['gpu']}, {summary['commit']})")
 
 
 if __name__ == "__main__":

@@ -107,10 +107,6 @@ def replace_block(readme: str, block: str, begin: str, end: str, what: str) -> s
     return head + block + tail
 
 
-def replace_table(readme: str, table: str) -> str:
-    return replace_block(readme, table, BEGIN, END, "the headline table's")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,17 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with open(args.headline) as f:
         headline = json.load(f)
-    with open(args.readme) as f:
-        readme = f.read()
-    new = replace_table(readme, render_table(headline))
-    return write_or_check(args.readme, readme, new, args.check, f"the headline table differs from {args.headline}; "
-                          "run python -m benchmarks.headline_table",
-                          f"headline table from {args.headline} ({len(headline['rows'])} rows)")
+    return write_or_check_block(args.readme, render_table(headline), BEGIN, END, "the headline table's", args.check,
+                                f"the headline table differs from {args.headline}; run python -m "
+                                "benchmarks.headline_table",
+                                f"headline table from {args.headline} ({len(headline['rows'])} rows)")
 
 
-def write_or_check(path: str, old: str, new: str, check: bool, differs: str, wrote: str) -> int:
-    """A generated README block's last step: with `check`, 1 (saying `differs`) where the README's text `old` is
-    not `new`, else 0; without, `new` written where it differs (saying `wrote`), 0."""
+def write_or_check_block(path: str, block: str, begin: str, end: str, what: str, check: bool, differs: str,
+                         wrote: str) -> int:
+    """A generated README block (`replace_block`'s arguments) into the README at `path`: with `check`, 1 (saying
+    `differs`) where the README's text is not what the block gives, else 0; without, the README written where it
+    differs (saying `wrote`), 0."""
+    with open(path) as f:
+        old = f.read()
+    new = replace_block(old, block, begin, end, what)
     if check:
         if new != old:
             print(f"{path}: {differs}", file=sys.stderr)
