@@ -4,10 +4,11 @@ summary `scripts/device/adaptive.py --merge` writes after a lease).
     python -m benchmarks.adaptive_table            # rewrite the tables between the README's markers
     python -m benchmarks.adaptive_table --check    # exit 1 where the README's tables are not what the JSON gives
 
-Two tables: the built-in pair served end to end (T = 0, each server alone, median tokens/s), and the Qwen3-8B
-geometry's projection on the recipe lab's acceptance (the step table measured there × acceptance per shape). The
-caption names the GPU and commit the summary gives, and marks the tables stale where the measured code changed
-since (as the headline table does).
+Two tables: the built-in pair served end to end (T = 0, each server alone, median tokens/s; the last column the
+adaptive server with the tree of 32 in its menu, SGLANG_DSPINE_TREE=1), and the Qwen3-8B geometry's projection on
+the recipe lab's acceptance (the step table measured there × acceptance per shape). The caption names the GPU and
+commit the summary gives, and marks the tables stale where the measured code changed since (as the headline table
+does).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ BEGIN = ("<!-- adaptive tables: generated from benchmarks/results/adaptive_summa
          "`python -m benchmarks.adaptive_table`; edit the JSON, not these tables -->")
 END = "<!-- end of adaptive tables -->"
 PAIR_SERVERS = (("plain", "plain"), ("dflash", "DFLASH"), ("dspine", "DSPINE (block)"),
-                ("dspine_tree32", "tree of 32"), ("dspine_adaptive", "DSPINE adaptive"))
+                ("dspine_tree32", "tree of 32"), ("dspine_adaptive", "DSPINE adaptive"),
+                ("dspine_adaptive_tree32", "adaptive + tree of 32"))
 GEOMETRY_SERVERS = (("plain", "plain"), ("dflash", "DFLASH"), ("dspine", "DSPINE (block)"),
                     ("dspine_adaptive", "DSPINE adaptive"))
 PROJECTION = "geometry_projection_recipe_lab"

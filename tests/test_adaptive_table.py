@@ -17,7 +17,8 @@ def _summary(commit: str) -> dict:
     return {"gpu": "NVIDIA H200", "commit": commit,
             "end_to_end": {"16": {"plain": cell(800.4), "dspine": cell(900.6), "dspine_adaptive": cell(950.0)},
                            "1": {"plain": cell(100.0), "dflash": cell(150.0), "dspine": cell(200.0),
-                                 "dspine_tree32": cell(210.0), "dspine_adaptive": cell(205.0)},
+                                 "dspine_tree32": cell(210.0), "dspine_adaptive": cell(205.0),
+                                 "dspine_adaptive_tree32": cell(215.0)},
                            "1_t1": {"plain": cell(1.0)}},
             at.PROJECTION: {"48": {"plain": 50.0, "dflash": 60.0, "dspine": 70.0, "dspine_adaptive": 80.0,
                                    "adaptive_shape": "chain8"},
@@ -30,7 +31,8 @@ def test_tables_give_each_servers_median_in_client_order_and_mark_stale_code(tmp
     changed since (a commit git does not know: stale, as the headline table marks it)."""
     head = at.render(_summary(git_commit()[:7]))
     assert "the measured code is as at HEAD" in head and "NVIDIA H200" in head
-    assert at.pair_rows(_summary("x")) == [["1", "100", "150", "200", "210", "205"], ["16", "800", "–", "901", "–", "950"]]
+    assert at.pair_rows(_summary("x")) == [["1", "100", "150", "200", "210", "205", "215"],
+                                             ["16", "800", "–", "901", "–", "950", "–"]]
     assert at.geometry_rows(_summary("x")) == [["1", "10", "–", "30", "–"], ["48", "50", "60", "70", "80 (chain8)"]]
     assert "**stale**" in at.render(_summary("0" * 40))
 
