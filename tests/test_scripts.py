@@ -680,3 +680,37 @@ def test_device_tree_runs_its_steps_in_order(tmp_path):
     log.unlink()
     r = tree("e2e", "bench")
     assert r.returncode == 2 and "unknown step bench" in r.stderr and not log.exists()
+
+
+def test_device_issue57_runs_the_steps_it_is_given(tmp_path):
+    """scripts/device/issue57.sh: ISSUE57_STEPS picks its steps (a later lease reruns the pair's profile alone),
+    each step the phases of adaptive.py it names; an unknown step refused before anything runs (the GPU too)."""
+    dev = tmp_path / "scripts" / "device"
+    dev.mkdir(parents=True)
+    shutil.copy(os.path.join(REPO, "scripts", "device", "issue57.sh"), dev)
+    log = tmp_path / "calls.txt"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for path, body in ((dev / "adaptive.py", f"import sys\nopen({str(log)!r}, 'a').write('adaptive ' + ' '.join("
+                                                f"sys.argv[3:]) + '\\n')\n"),
+                       (dev / "run.sh", f'echo "run.sh $*" >> {shlex.quote(str(log))}\n'),
+                       (fake / "nvidia-smi", f'echo "nvidia-smi" >> {shlex.quote(str(log))}\n')):
+        path.write_text(body if path.suffix == ".py" else "#!/usr/bin/env bash\n" + body)
+        path.chmod(0o755)
+
+    def issue57(steps):
+        (tmp_path / "out").mkdir(exist_ok=True)
+        env = {**os.environ, "OUT": str(tmp_path / "out"), "ISSUE57_STEPS": steps,
+               "PATH": f"{fake}:{os.environ['PATH']}"}
+        return subprocess.run(["bash", "scripts/device/issue57.sh"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    r = issue57("5 7")
+    assert r.returncode == 0, r.stderr
+    assert log.read_text().splitlines() == [
+        "nvidia-smi",
+        "adaptive --phases pair --pair-servers dspine_adaptive_tree32 --clients 1,4,16,48,64 --t1-clients ",
+        "run.sh features --servers plain,dspine --tag adaptive --load-seconds 60"]
+    log.unlink()
+    r = issue57("2 9")
+    assert r.returncode == 2 and "unknown step '9'" in r.stderr and not log.exists()

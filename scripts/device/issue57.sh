@@ -3,6 +3,7 @@
 # machine from the repo root (carry .devbundle):
 #   GIT_COMMIT=<hash> bash scripts/device/job.sh start l57 'bash scripts/device/issue57.sh'
 #   bash scripts/device/job.sh wait l57 540     # again within ~30 s of each return; $OUT/l57.tar.gz each time
+# Some steps only (numbered below): ISSUE57_STEPS="8" bash scripts/device/issue57.sh
 # A lease that ends early leaves $OUT/adaptive.json; a later lease continues it (carry it, e.g. as l57_run.json):
 #   ... 'bash scripts/device/issue57.sh l57_run.json'
 # adaptive.py skips every cell the JSON has, and refuses to continue it on another GPU model or other measured code
@@ -48,6 +49,13 @@
 # `source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 bash scripts/device/versions.sh
 # triton/pytorch backends features e2e adaptive`).
 set -uo pipefail
+# ISSUE57_STEPS: which steps run (default all; e.g. "8" for the profile alone in a fresh run: its three servers'
+# traces must come from one lease, and a continued run would skip the servers it already profiled)
+steps=" ${ISSUE57_STEPS:-1 2 3 4 5 6 7 8} "
+for s in $steps; do
+  case "$s" in [1-8]) ;; *) echo "issue57: ISSUE57_STEPS: unknown step '$s' (1-8)" >&2; exit 2 ;; esac
+done
+step() { [[ "$steps" == *" $1 "* ]]; }
 OUT="${OUT:-/tmp/out}"
 A="python3 scripts/device/adaptive.py --out $OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt"
@@ -57,15 +65,18 @@ if [ -n "${1:-}" ]; then
   $A --phases "" > /dev/null || exit 2  # the card and the measured code checked before any server starts
 fi
 C=(--clients 1,4,16,48,64)
-$A --phases pair --pair-servers plain,dspine_adaptive,dspine,dflash,dspine_tree32 "${C[@]}" --t1-clients 1,48
-$A --phases geometry --geometry-servers plain,dspine_adaptive "${C[@]}"
-$A --phases switching --switching-server dspine_adaptive
-$A --phases geometry --geometry-servers dspine "${C[@]}"
-$A --phases pair --pair-servers dspine_adaptive_tree32 "${C[@]}" --t1-clients ""
-$A --phases geometry --geometry-servers dspine_adaptive_tree32,dspine_adaptive_tree64 "${C[@]}"
-SGLANG_DSPINE_VERIFY=adaptive OUT="$OUT/features_adaptive" bash scripts/device/run.sh features \
-  --servers plain,dspine --tag adaptive --load-seconds 60 > "$OUT/features_adaptive.log" 2>&1
-echo "issue57: features (adaptive) rc $?"
+step 1 && $A --phases pair --pair-servers plain,dspine_adaptive,dspine,dflash,dspine_tree32 "${C[@]}" --t1-clients 1,48
+step 2 && $A --phases geometry --geometry-servers plain,dspine_adaptive "${C[@]}"
+step 3 && $A --phases switching --switching-server dspine_adaptive
+step 4 && $A --phases geometry --geometry-servers dspine "${C[@]}"
+step 5 && $A --phases pair --pair-servers dspine_adaptive_tree32 "${C[@]}" --t1-clients ""
+step 6 && $A --phases geometry --geometry-servers dspine_adaptive_tree32,dspine_adaptive_tree64 "${C[@]}"
+if step 7; then
+  SGLANG_DSPINE_VERIFY=adaptive OUT="$OUT/features_adaptive" bash scripts/device/run.sh features \
+    --servers plain,dspine --tag adaptive --load-seconds 60 > "$OUT/features_adaptive.log" 2>&1
+  echo "issue57: features (adaptive) rc $?"
+fi
+step 8 || exit 0
 export PROFILE_TRACES=/tmp/l57_traces
 T="$PROFILE_TRACES"
 tl() {  # tl NAME STEPS BASE_GLOB OTHER_GLOB: both traces (--diff: OTHER minus BASE), or the one that exists
