@@ -712,5 +712,11 @@ def test_device_issue57_runs_the_steps_it_is_given(tmp_path):
         "adaptive --phases pair --pair-servers dspine_adaptive_tree32 --clients 1,4,16,48,64 --t1-clients ",
         "run.sh features --servers plain,dspine --tag adaptive --load-seconds 60"]
     log.unlink()
-    r = issue57("2 9")
-    assert r.returncode == 2 and "unknown step '9'" in r.stderr and not log.exists()
+    r = issue57("9")  # the pair's interleaved starts
+    assert r.returncode == 0, r.stderr
+    assert log.read_text().splitlines() == [
+        "nvidia-smi",
+        "adaptive --phases pair_starts --starts 3 --start-servers dspine,dspine_adaptive --clients 4,16,48"]
+    log.unlink()
+    r = issue57("2 10")
+    assert r.returncode == 2 and "unknown step '10'" in r.stderr and not log.exists()

@@ -995,3 +995,38 @@ def test_the_summary_reports_what_the_verify_menu_costs_in_memory():
     del geo["dspine_adaptive_tree64"]
     assert [g for g in adaptive.goals(adaptive.summarize({"geometry": geo}), None)
             if g["goal"] == "memory"][0]["verdict"] == "met"
+
+
+def test_the_pair_starts_phase_interleaves_starts_and_summarises_them_over_starts(tmp_path, monkeypatch):
+    """adaptive.py's pair_starts: start i runs the servers rotated by i (over len(servers) starts each server is
+    first once and last once), and --merge's summary gives, per server and client count, the median over starts of
+    each start's tokens/s with min, max and n, and adaptive / fixed per start (statistics-free references: the
+    middle of a sorted list)."""
+    from sglang_dspine.source_files import load_file
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.syspath_prepend(os.path.join(repo, "scripts", "device"))  # its folder, as when run as a script
+    adaptive = load_file(os.path.join(repo, "scripts", "device", "adaptive.py"))
+    names = ["dspine", "dspine_adaptive", "plain"]
+    orders = [adaptive.start_order(names, i) for i in range(3)]
+    assert orders[0] == names and all(sorted(o) == sorted(names) for o in orders)
+    assert {o[0] for o in orders} == {o[-1] for o in orders} == set(names)
+
+    def rec(tps: dict) -> dict:
+        return {"t0": {c: {"tokens_per_s": {"median": v, "min": v, "max": v, "all": [v]}, "tau": 3.0}
+                       for c, v in tps.items()}}
+
+    fixed = [{"4": 2900.0, "16": 4500.0}, {"4": 2100.0, "16": 4400.0}, {"4": 2500.0, "16": 6000.0}]
+    adapt = [{"4": 2000.0, "16": 4400.0}, {"4": 2800.0, "16": 4300.0}, {"4": 2600.0}]
+    starts = {f"start{i}": {"dspine": rec(f), "dspine_adaptive": rec(a)} for i, (f, a) in enumerate(zip(fixed, adapt))}
+    summary = merged_summary(tmp_path, {"pair_starts": starts})["pair_starts"]
+    mid = lambda v: sorted(v)[len(v) // 2]  # noqa: E731  (odd counts here)
+    assert summary["starts"] == 3
+    assert summary["tokens_per_s"]["dspine"]["4"] == {"median": 2500.0, "min": 2100.0, "max": 2900.0, "n": 3}
+    assert summary["tokens_per_s"]["dspine_adaptive"]["16"] == {"median": 4350.0, "min": 4300.0, "max": 4400.0,
+                                                                "n": 2}
+    ratios4 = [a["4"] / f["4"] for f, a in zip(fixed, adapt)]
+    assert summary["dspine_adaptive_to_dspine"]["4"] == {"median": round(mid(ratios4), 3),
+                                                         "min": round(min(ratios4), 3),
+                                                         "max": round(max(ratios4), 3), "n": 3}
+    assert summary["dspine_adaptive_to_dspine"]["16"]["n"] == 2  # the third start has no adaptive cell at 16

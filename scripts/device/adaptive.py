@@ -28,6 +28,13 @@ with the same --out skips the servers already there, so a lost machine loses one
             against plain (near-tie gaps) and the T=1 two-sample test (serve_e2e's); then a load ramp
             1 -> 64 -> 1 clients (--ramp-seconds a level): requests, errors and the shapes chosen per level, from
             SGLang's decode log lines (patch 7's suffix).
+  pair_starts  the built-in pair again, each of --start-servers started --starts times (default fixed DSPINE and
+            adaptive, 3 starts each), the starts interleaved (start i runs the servers in an order rotated by i, so
+            no server always runs first or last), each start alone with its warm rounds and --start-repeats rounds
+            per T=0 client count: on this host-bound pair a server's speed differs between two starts of it by
+            15-62% (5a5e0e7), more than these servers differ, so one start per server cannot judge them. The
+            summary's `pair_starts`: per server and client count the median over starts (min-max), and adaptive /
+            fixed per start index (two starts near in time).
   profile   (with geometry) SGLang's profiler over 20 steps at 1 and 48 clients, adaptive and plain: GPU kernel
             time per step (each kernel's) against the wall time per step, and 40 steps of 12-token requests at 1
             client (prefills among them); the traces kept in $PROFILE_TRACES (else $OUT/traces) for their timelines
@@ -319,7 +326,9 @@ def profile_servers(res, key, servers, prompts, clients, out, out_path, names=("
         json.dump(res, open(out_path, "w"), indent=1)
 
 
-def run_alone(res, phase, name, args_, env, prompts, args, out_path, timeout=600):
+def run_alone(res, phase, name, args_, env, prompts, args, out_path, timeout=600, run=None):
+    """Server `name` alone: started, measured into res[phase][name], stopped; the run (`run`, else `res`) written to
+    `out_path` after it."""
     if name in res.setdefault(phase, {}):
         print(f"{phase}/{name}: already measured, skipped", flush=True)
         return
@@ -336,7 +345,43 @@ def run_alone(res, phase, name, args_, env, prompts, args, out_path, timeout=600
     finally:
         server.stop()
         os.replace(server.log, os.path.join(args.out, f"server_{phase}_{name}.log"))
-    json.dump(res, open(out_path, "w"), indent=1)
+    json.dump(res if run is None else run, open(out_path, "w"), indent=1)
+
+
+def start_order(names: list[str], start: int) -> list[str]:
+    """The order of the servers in start `start` of the pair_starts phase: `names` rotated by `start`."""
+    k = start % len(names)
+    return names[k:] + names[:k]
+
+
+def run_starts(res, servers, prompts, args, out_path) -> None:
+    """The pair_starts phase: res["pair_starts"]["start<i>"][server], each cell as the pair phase's (T=0 only)."""
+    names = [n for n in args.start_servers.split(",") if n]
+    once = argparse.Namespace(**{**vars(args), "repeats": args.start_repeats, "t1_clients": []})
+    starts = res.setdefault("pair_starts", {})
+    for i in range(args.starts):
+        for name in start_order(names, i):
+            run_alone(starts, f"start{i}", name, *servers[name], prompts, once, out_path, run=res)
+
+
+def starts_summary(starts: dict, adaptive: str = "dspine_adaptive", fixed: str = "dspine") -> dict:
+    """Per server and T=0 client count, the median over starts of each start's tokens/s (min, max, n); and per
+    client count adaptive / fixed in each start where both ran (median, min, max, n)."""
+    per: dict[str, dict[str, list[float]]] = {}
+    ratios: dict[str, list[float]] = {}
+    for start in starts.values():
+        for name, rec in start.items():
+            for c, v in rec.get("t0", {}).items():
+                per.setdefault(name, {}).setdefault(c, []).append(v["tokens_per_s"]["median"])
+        a, f = start.get(adaptive, {}).get("t0", {}), start.get(fixed, {}).get("t0", {})
+        for c in a.keys() & f.keys():
+            ratios.setdefault(c, []).append(a[c]["tokens_per_s"]["median"] / f[c]["tokens_per_s"]["median"])
+    spread = lambda v, d: {"median": round(statistics.median(v), d), "min": round(min(v), d),  # noqa: E731
+                           "max": round(max(v), d), "n": len(v)}
+    by_clients = lambda d: sorted(d, key=int)  # noqa: E731
+    return {"starts": len(starts),
+            "tokens_per_s": {n: {c: spread(cs[c], 1) for c in by_clients(cs)} for n, cs in per.items()},
+            f"{adaptive}_to_{fixed}": {c: spread(ratios[c], 3) for c in by_clients(ratios)}}
 
 
 class RunMismatch(SystemExit):
@@ -394,6 +439,9 @@ def main():
     ap.add_argument("--profile-clients", type=lambda s: tuple(int(c) for c in s.split(",") if c), default=None,
                     help="the client counts the profile phases profile (default: 1,48 at the geometry, 48 on the "
                          "pair)")
+    ap.add_argument("--starts", type=int, default=3, help="pair_starts: starts of each server")
+    ap.add_argument("--start-servers", default="dspine,dspine_adaptive", help="pair_starts: the servers started")
+    ap.add_argument("--start-repeats", type=int, default=1, help="pair_starts: timed rounds a client count a start")
     ap.add_argument("--t1-samples", type=int, default=300)
     ap.add_argument("--ramp-seconds", type=int, default=15)
     ap.add_argument("--merge", nargs="+", metavar="ADAPTIVE_JSON",
@@ -409,7 +457,7 @@ def main():
     res = json.load(open(out_path)) if os.path.exists(out_path) else {}
     res["provenance"] = continued_provenance(res, provenance(sys.argv), out_path)
     phases = args.phases.split(",")
-    if "pair" in phases or "switching" in phases or "profile_pair" in phases:
+    if {"pair", "switching", "profile_pair", "pair_starts"} & set(phases):
         models = model_layout(args.models)
         target, prompts = pair_prompts(models)
         spec = lambda algo, d: bench.spec_args(target, algo, os.path.join(models, d), *bench.ADAPTIVE_PAIR_ARGS)
@@ -435,6 +483,8 @@ def main():
         servers = with_split_kv(servers)
         for name in filter(None, args.pair_servers.split(",")) if "pair" in phases else ():
             run_alone(res, "pair", name, *servers[name], prompts, args, out_path)
+        if "pair_starts" in phases:
+            run_starts(res, servers, prompts, args, out_path)
         if "profile_pair" in phases:  # the small pair's step is the host's: 48 clients unless told, a boundary
             profile_servers(res, "profile_pair", servers, prompts, args.profile_clients or (48,), args.out, out_path,
                             args.profile_servers)
@@ -501,13 +551,13 @@ def merge(paths: list[str], out: str, models: str | None = None, across_code_cha
                           + "); pass --across-code-changes to merge them anyway, recorded in the summary")
     res, runs = {}, []
     for p, r in zip(paths, loaded):
-        phases = [k for k in ("pair", "geometry", "profile", "profile_pair", "switching") if k in r]
+        phases = [k for k in ("pair", "geometry", "profile", "profile_pair", "switching", "pair_starts") if k in r]
         # a run is named by its file (a kept run: benchmarks/results/adaptive_run_*.json), or for a job's
         # $OUT/adaptive.json by the job's folder
         name = os.path.splitext(os.path.basename(p))[0]
         runs.append({"file": name if name != "adaptive" else os.path.basename(os.path.dirname(os.path.dirname(p))) or p,
                      "provenance": r.get("provenance"), "phases": phases})
-        for phase in ("pair", "geometry", "profile", "profile_pair"):
+        for phase in ("pair", "geometry", "profile", "profile_pair", "pair_starts"):
             res.setdefault(phase, {}).update(r.get(phase, {}))
         if "switching" in r:  # one server's record, not one per server: the later run's
             res["switching"] = r["switching"]
@@ -678,6 +728,8 @@ def summarize(res: dict) -> dict:
     same = {n: [a == b for a, b in zip(r["greedy_ids"], ref)] for n, r in res.get("pair", {}).items()
             if ref and n != "plain" and r.get("greedy_ids")}
     out = {"end_to_end": e2e, "greedy_equal_to_plain": {n: f"{sum(v)}/{len(v)}" for n, v in same.items()}}
+    if res.get("pair_starts"):
+        out["pair_starts"] = starts_summary(res["pair_starts"])
     sw = res.get("switching")
     if sw and "ramp" in sw:
         out["switching"] = {"server": sw["server"], "greedy_identical": sw["greedy"].get("identical"),
