@@ -58,8 +58,10 @@
 # minutes and 4-6 ~10 more; on the H100 at 65085fb 1-4 took 27.
 # Not here: the GPU tests (35 passed at 5a5e0e7: `bash scripts/device/gpu_tests.sh`, ~3 min, when the serving code
 # changes), SGLang 0.5.23 and its FA3 / FlashInfer backends (their own lease: bundle_0523.sh plan's calls, then
-# `source scripts/device/bundle_0523.sh setup && DEVICE_SGLANG=0.5.23 bash scripts/device/versions.sh
-# triton/pytorch backends features e2e adaptive`).
+# `source scripts/device/bundle_0523.sh setup`, then as a job.sh job with DEVICE_SGLANG=0.5.23:
+# `bash scripts/device/versions.sh triton/pytorch features e2e backends adaptive`: the fixed server's conformance
+# and end-to-end runs first, since a server that fails to start ends versions.sh there, and adaptive verification
+# has not yet run on 0.5.23 on a GPU; ~5 device minutes of piece calls, then ~4 + ~3 + ~10 + ~12).
 set -uo pipefail
 # ISSUE57_STEPS: which steps run (default all; e.g. "8" for the profile alone in a fresh run: its three servers'
 # traces must come from one lease, and a continued run would skip the servers it already profiled)
