@@ -67,6 +67,7 @@ import default_rules  # noqa: E402 - this folder's decision rules (a script besi
 from benchmarks import servers as bench  # noqa: E402
 from benchmarks import serving_scale as scale  # noqa: E402
 from benchmarks.greedy_divergence import GREEDY_ASKED, pair_prompts  # noqa: E402
+from benchmarks.headline import spread  # noqa: E402
 from benchmarks.serve_e2e import greedy_agreement, load_test, max_gap, model_layout, t1_test  # noqa: E402
 
 ADAPTIVE_ENV = {"SGLANG_DSPINE_VERIFY": "adaptive"}
@@ -376,8 +377,6 @@ def starts_summary(starts: dict, adaptive: str = "dspine_adaptive", fixed: str =
         a, f = start.get(adaptive, {}).get("t0", {}), start.get(fixed, {}).get("t0", {})
         for c in a.keys() & f.keys():
             ratios.setdefault(c, []).append(a[c]["tokens_per_s"]["median"] / f[c]["tokens_per_s"]["median"])
-    spread = lambda v, d: {"median": round(statistics.median(v), d), "min": round(min(v), d),  # noqa: E731
-                           "max": round(max(v), d), "n": len(v)}
     by_clients = lambda d: sorted(d, key=int)  # noqa: E731
     return {"starts": len(starts),
             "tokens_per_s": {n: {c: spread(cs[c], 1) for c in by_clients(cs)} for n, cs in per.items()},
@@ -534,6 +533,10 @@ def code_changes(provenances: list[dict]) -> dict[str, list[str] | None]:
     return out
 
 
+# a run's phases that hold one record per server (or per start): --merge takes each server's from the later run
+PER_SERVER_PHASES = ("pair", "geometry", "profile", "profile_pair", "pair_starts")
+
+
 def merge(paths: list[str], out: str, models: str | None = None, across_code_changes: bool = False) -> None:
     """The phases of several runs in one summary (`summarize`), with each run's provenance and the GPU it names;
     with `models` (the pair's folder) each greedy divergence from plain decoding judged by the float32 target
@@ -551,13 +554,13 @@ def merge(paths: list[str], out: str, models: str | None = None, across_code_cha
                           + "); pass --across-code-changes to merge them anyway, recorded in the summary")
     res, runs = {}, []
     for p, r in zip(paths, loaded):
-        phases = [k for k in ("pair", "geometry", "profile", "profile_pair", "switching", "pair_starts") if k in r]
+        phases = [k for k in (*PER_SERVER_PHASES, "switching") if k in r]
         # a run is named by its file (a kept run: benchmarks/results/adaptive_run_*.json), or for a job's
         # $OUT/adaptive.json by the job's folder
         name = os.path.splitext(os.path.basename(p))[0]
         runs.append({"file": name if name != "adaptive" else os.path.basename(os.path.dirname(os.path.dirname(p))) or p,
                      "provenance": r.get("provenance"), "phases": phases})
-        for phase in ("pair", "geometry", "profile", "profile_pair", "pair_starts"):
+        for phase in PER_SERVER_PHASES:
             res.setdefault(phase, {}).update(r.get(phase, {}))
         if "switching" in r:  # one server's record, not one per server: the later run's
             res["switching"] = r["switching"]
